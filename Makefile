@@ -1,0 +1,64 @@
+# gpuplan — developer entry points. `make help` lists them.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTHON := $(BIN)/python
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test unit integration lint verify bench eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 2; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip setuptools wheel
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+install: $(STAMP) ## create .venv and install gpuplan with its dev tools
+
+demo: $(STAMP) ## estimate a shipped example model on every catalog GPU (no cluster)
+	$(BIN)/gpuplan demo
+
+test: $(STAMP) ## unit + integration tests (integration needs `make testbed-build`)
+	$(BIN)/pytest -q tests
+
+unit: $(STAMP) ## unit tests only
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP) ## integration tests on the local control plane
+	$(BIN)/pytest -q -m integration tests
+
+lint: $(STAMP) ## ruff + mypy
+	$(BIN)/ruff check estimator operator tests
+	$(BIN)/mypy
+
+bench: $(STAMP) ## speed benchmarks (reported, not asserted)
+	$(PYTHON) -m gpuplan_estimator.benchmarks
+
+eval: $(STAMP) ## accuracy evaluation -> docs/accuracy.md
+	$(BIN)/gpuplan eval
+
+models: $(STAMP) ## rebuild the shipped default model bundle from ../shared/data
+	$(BIN)/gpuplan train --shipped
+
+testbed-build: ## build Kubernetes/etcd/kwok/helm from Go modules into ~/.cache/gpuplan/testbed
+	bash hack/testbed-build.sh
+
+testbed: testbed-build testbed-up ## build (if needed) and start the local control plane
+
+testbed-up: $(STAMP) ## start the local control plane
+	$(PYTHON) -m gpuplan_testbed up
+
+testbed-down: $(STAMP) ## stop the local control plane
+	$(PYTHON) -m gpuplan_testbed down
+
+testbed-status: $(STAMP) ## show the local control plane's components
+	$(PYTHON) -m gpuplan_testbed status
+
+clean: ## remove the venv and caches in the repo
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

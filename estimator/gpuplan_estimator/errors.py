@@ -1,0 +1,55 @@
+"""Domain errors of the estimator. The CLI maps `GpuplanError` to a one-line message and exit 2."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class GpuplanError(Exception):
+    """Base of every error a user can cause with bad input."""
+
+
+class InvalidModelError(GpuplanError):
+    """The model file is not ONNX, is truncated, or fails the checker."""
+
+
+class UnsupportedOpsetError(InvalidModelError):
+    """The model's opset is outside the supported range."""
+
+
+class UnboundDimError(GpuplanError):
+    """A symbolic dimension has no value; the message names every unbound dim."""
+
+    def __init__(self, dims: Sequence[str], where: str = "") -> None:
+        self.dims = tuple(dims)
+        loc = f" in {where}" if where else ""
+        super().__init__(
+            f"unbound symbolic dimension(s){loc}: {', '.join(self.dims)}; "
+            f"bind them with --batch N or --dim NAME=VALUE"
+        )
+
+
+class UnknownDeviceError(GpuplanError):
+    """A device name matches nothing in the catalog; suggests the closest names."""
+
+    def __init__(self, name: str, suggestions: Sequence[str] = ()) -> None:
+        self.name = name
+        self.suggestions = tuple(suggestions)
+        hint = f"; did you mean: {', '.join(self.suggestions)}?" if self.suggestions else ""
+        super().__init__(f"unknown device {name!r}{hint}")
+
+
+class InvalidRequestError(GpuplanError):
+    """A request field is out of range or malformed; `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class BundleError(GpuplanError):
+    """A model bundle is missing, corrupt, or has an incompatible feature schema."""
+
+
+class DatabaseError(GpuplanError):
+    """The performance database is unreachable, locked, or has an unexpected schema."""

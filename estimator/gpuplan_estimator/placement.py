@@ -55,9 +55,9 @@ class StepProfile:
         if exact:
             return exact[0]
         if len(pts) == 1:
-            lo = hi = pts[0]
-            frac = per_gpu_batch / lo.per_gpu_batch  # proportional: no fixed part known
-            return _scaled(lo, per_gpu_batch, frac)
+            only = pts[0]
+            frac = per_gpu_batch / only.per_gpu_batch  # proportional: no fixed part known
+            return _scaled(only, per_gpu_batch, frac)
         lo, hi = pts[0], pts[-1]
         t = (per_gpu_batch - lo.per_gpu_batch) / (hi.per_gpu_batch - lo.per_gpu_batch)
         return _interpolated(lo, hi, per_gpu_batch, t)
@@ -84,7 +84,7 @@ def _interpolated(lo: StepPoint, hi: StepPoint, batch: int, t: float) -> StepPoi
         forward_ms=lin(lo.forward_ms, hi.forward_ms),
         backward_ms=lin(lo.backward_ms, hi.backward_ms),
         optimizer_ms=lin(lo.optimizer_ms, hi.optimizer_ms),
-        memory_bytes=int(math.ceil(lin(lo.memory_bytes, hi.memory_bytes))),
+        memory_bytes=math.ceil(lin(lo.memory_bytes, hi.memory_bytes)),
         p10_ms=lin(lo.p10_ms, hi.p10_ms),
         p90_ms=lin(lo.p90_ms, hi.p90_ms),
     )

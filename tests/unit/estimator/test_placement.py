@@ -13,7 +13,9 @@ GIB = 2**30
 def point(batch: int, fwd: float, bwd: float, mem_gib: float, opt: float = 1.0):
     return placement.StepPoint(
         per_gpu_batch=batch, forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt,
-        memory_bytes=int(mem_gib * GIB), p10_ms=0.9 * (fwd + bwd + opt), p90_ms=1.1 * (fwd + bwd + opt),
+        memory_bytes=int(mem_gib * GIB),
+        p10_ms=0.9 * (fwd + bwd + opt),
+        p90_ms=1.1 * (fwd + bwd + opt),
     )
 
 
@@ -24,8 +26,10 @@ def profile(key: str, *, cap_gib: float, price: float, points, grad_bytes: int =
     )
 
 
-FAST = profile("fast", cap_gib=80, price=4.0, points=[point(4, 10, 20, 10), point(64, 100, 200, 40)])
-SLOW = profile("slow", cap_gib=24, price=1.0, points=[point(4, 40, 80, 10), point(64, 400, 800, 40)])
+FAST = profile("fast", cap_gib=80, price=4.0,
+               points=[point(4, 10, 20, 10), point(64, 100, 200, 40)])
+SLOW = profile("slow", cap_gib=24, price=1.0,
+               points=[point(4, 40, 80, 10), point(64, 400, 800, 40)])
 POOLS = [
     placement.GpuPool("FAST-GPU", "fast", gpus_per_node=8, nodes=2, free_gpus=16),
     placement.GpuPool("SLOW-GPU", "slow", gpus_per_node=4, nodes=4, free_gpus=16),
@@ -93,7 +97,7 @@ def test_cluster_size_limits_counts() -> None:
 
 
 def test_unknown_objective_is_an_error_naming_the_field() -> None:
-    with pytest.raises(ValueError, match="objective.prefer"):
+    with pytest.raises(ValueError, match=r"objective\.prefer"):
         placement.plan({}, [], SHAPE, placement.Objective(prefer="quickest"), NO_COMM)
 
 

@@ -7,7 +7,8 @@ from gpuplan_estimator.scaling import ScalingModel, ScalingSample, fit_scaling
 
 def test_single_gpu_has_no_allreduce() -> None:
     m = ScalingModel()
-    assert m.allreduce_ms(gradient_bytes=10**9, gpu_count=1, gpus_per_node=8, intra_node_gbps=600) == 0
+    ms = m.allreduce_ms(gradient_bytes=10**9, gpu_count=1, gpus_per_node=8, intra_node_gbps=600)
+    assert ms == 0
 
 
 def test_ring_allreduce_by_hand() -> None:
@@ -39,7 +40,8 @@ def test_fit_recovers_constants_from_synthetic_runs() -> None:
         for grad in (10**8, 5 * 10**8, 2 * 10**9):
             ar = truth.allreduce_ms(gradient_bytes=grad, gpu_count=n, gpus_per_node=8,
                                     intra_node_gbps=300)
-            step = truth.step_time_ms(compute_ms=50, backward_ms=30, optimizer_ms=2, allreduce_ms=ar)
+            step = truth.step_time_ms(compute_ms=50, backward_ms=30, optimizer_ms=2,
+                                      allreduce_ms=ar)
             samples.append(ScalingSample(n, 8, 300, grad, 50, 30, 2, step))
     fitted = fit_scaling(samples, random_state=1)
     assert fitted.overlap == pytest.approx(0.3, abs=0.05)

@@ -1,0 +1,1 @@
+"""Alembic migrations of the performance database, applied by `PerfStore.open`."""

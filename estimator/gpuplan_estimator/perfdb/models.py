@@ -1,0 +1,112 @@
+"""ORM tables of the performance database (SQLAlchemy 2 declarative).
+
+The schema is owned by the Alembic migrations in `migrations/versions`; these classes must match
+them (a unit test compares the two).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Device(Base):
+    __tablename__ = "devices"
+
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))
+    vendor: Mapped[str] = mapped_column(String(32), default="")
+    nvml_name: Mapped[str] = mapped_column(String(256), default="")
+    nvml_uuid: Mapped[str] = mapped_column(String(128), default="")
+    spec_json: Mapped[str] = mapped_column(Text, default="{}")
+    first_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class BenchmarkRun(Base):
+    __tablename__ = "benchmark_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    device: Mapped[str] = mapped_column(String(128), index=True)
+    backend: Mapped[str] = mapped_column(String(128))
+    backend_version: Mapped[str] = mapped_column(String(64), default="")
+    host: Mapped[str] = mapped_column(String(256), default="")
+    git_commit: Mapped[str] = mapped_column(String(64), default="")
+    command: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    status: Mapped[str] = mapped_column(String(32), default="running")
+    sweep_digest: Mapped[str] = mapped_column(String(64), default="", index=True)
+    source: Mapped[str] = mapped_column(Text, default="")
+    # The sampled plan (JSON) and run settings, so an interrupted run resumes exactly.
+    plan_json: Mapped[str] = mapped_column(Text, default="")
+    settings_json: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class Measurement(Base):
+    __tablename__ = "measurements"
+    __table_args__ = (
+        UniqueConstraint(
+            "run_id", "device", "backend", "kernel", "op", "dtype", "dims", "seq",
+            name="uq_measurements_key",
+        ),
+        Index("ix_measurements_device_kernel", "device", "kernel"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("benchmark_runs.id", ondelete="CASCADE"))
+    device: Mapped[str] = mapped_column(String(128))
+    backend: Mapped[str] = mapped_column(String(128))
+    kernel: Mapped[str] = mapped_column(String(32))
+    op: Mapped[str] = mapped_column(String(64))
+    dtype: Mapped[str] = mapped_column(String(16))
+    dims: Mapped[str] = mapped_column(String(1024))
+    # Occurrence index of an identical key within one run: sources that repeat a shape keep
+    # every repeat as its own row and re-import stays idempotent.
+    seq: Mapped[int] = mapped_column(Integer, default=0)
+    feature_schema_version: Mapped[int] = mapped_column(Integer, default=1)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    latency_std_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latency_min_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    repeats: Mapped[int] = mapped_column(Integer, default=0)
+    power_watts: Mapped[float | None] = mapped_column(Float, nullable=True)
+    energy_mj: Mapped[float | None] = mapped_column(Float, nullable=True)
+    source: Mapped[str] = mapped_column(Text, default="")
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    data_digest: Mapped[str] = mapped_column(String(128))
+    metrics_json: Mapped[str] = mapped_column(Text, default="{}")
+    bundle_path: Mapped[str] = mapped_column(Text, default="")
+
+
+class JobOutcome(Base):
+    __tablename__ = "job_outcomes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_uid: Mapped[str] = mapped_column(String(128), index=True)
+    device: Mapped[str] = mapped_column(String(128))
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    estimated_seconds: Mapped[float] = mapped_column(Float)
+    actual_seconds: Mapped[float] = mapped_column(Float)
+    model_digest: Mapped[str] = mapped_column(String(128), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,404 @@
+"""`PerfStore`: the one API over the performance database (SQLite file or PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import Select, delete, insert, select, update
+from sqlalchemy.engine import Engine
+
+from gpuplan_estimator import errors
+from gpuplan_estimator.devices import DeviceSpec
+from gpuplan_estimator.measurements import MEASUREMENT_COLUMNS
+from gpuplan_estimator.perfdb import engine as dbengine
+from gpuplan_estimator.perfdb import paths
+from gpuplan_estimator.perfdb.models import (
+    BenchmarkRun,
+    Device,
+    JobOutcome,
+    Measurement,
+    ModelVersion,
+)
+
+Clock = Callable[[], datetime]
+KEY_COLUMNS: tuple[str, ...] = ("device", "backend", "kernel", "op", "dtype", "dims")
+OPTIONAL_COLUMNS: dict[str, Any] = {
+    "latency_min_ms": None,
+    "power_watts": None,
+    "energy_mj": None,
+}
+EXTRA_COLUMNS: tuple[str, ...] = ("latency_min_ms", "power_watts", "energy_mj", "run_id")
+RUN_STATUSES = frozenset({"running", "done", "failed", "interrupted"})
+DEFAULT_FEATURE_SCHEMA_VERSION = 1
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: int
+    device: str
+    backend: str
+    status: str
+    sweep_digest: str
+    source: str
+    plan_json: str
+    settings_json: str
+    started_at: datetime
+    ended_at: datetime | None
+
+
+class PerfStore:
+    """Devices, benchmark runs, measurements, model versions and job outcomes.
+
+    Open with `PerfStore.open(url)`; migrations are applied on open. Every write retries a
+    locked or unreachable database with backoff, then raises `errors.DatabaseError`.
+    """
+
+    def __init__(
+        self, engine: Engine, *, retries: int, retry_delay_s: float, clock: Clock = _utcnow
+    ) -> None:
+        self.engine = engine
+        self.retries = retries
+        self.retry_delay_s = retry_delay_s
+        self.clock = clock
+
+    @classmethod
+    def open(
+        cls,
+        url: str | None = None,
+        *,
+        retries: int = 5,
+        retry_delay_s: float = 0.5,
+        clock: Clock = _utcnow,
+    ) -> PerfStore:
+        """Connect to `url` (default `paths.default_db_url()`) and upgrade the schema to head."""
+        eng = dbengine.create(url or paths.default_db_url())
+        store = cls(eng, retries=retries, retry_delay_s=retry_delay_s, clock=clock)
+        store._retry(lambda: dbengine.upgrade(eng))
+        return store
+
+    @property
+    def url(self) -> str:
+        return dbengine.masked(self.engine.url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> PerfStore:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _retry(self, fn: Callable[[], Any]) -> Any:
+        return dbengine.with_retry(
+            fn, url=self.engine.url, retries=self.retries, retry_delay_s=self.retry_delay_s
+        )
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def add_run(
+        self,
+        *,
+        device: str,
+        backend: str,
+        backend_version: str = "",
+        host: str = "",
+        git_commit: str = "",
+        command: str = "",
+        sweep_digest: str = "",
+        source: str = "",
+        plan_json: str = "",
+        settings: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Record a run in status ``running``; returns its id."""
+        row = {
+            "device": device,
+            "backend": backend,
+            "backend_version": backend_version,
+            "host": host,
+            "git_commit": git_commit,
+            "command": command,
+            "started_at": self.clock(),
+            "ended_at": None,
+            "status": "running",
+            "sweep_digest": sweep_digest,
+            "source": source,
+            "plan_json": plan_json,
+            "settings_json": json.dumps(dict(settings or {}), sort_keys=True),
+        }
+
+        def _do() -> int:
+            with self.engine.begin() as conn:
+                result = conn.execute(insert(BenchmarkRun).values(**row))
+                return int(result.inserted_primary_key[0])  # type: ignore[index]
+
+        return int(self._retry(_do))
+
+    def finish_run(self, run_id: int, status: str) -> None:
+        if status not in RUN_STATUSES:
+            raise errors.InvalidRequestError("status", f"{status!r} not in {sorted(RUN_STATUSES)}")
+        stmt = (
+            update(BenchmarkRun)
+            .where(BenchmarkRun.id == run_id)
+            .values(status=status, ended_at=self.clock())
+        )
+
+        def _do() -> None:
+            with self.engine.begin() as conn:
+                if conn.execute(stmt).rowcount != 1:
+                    raise errors.DatabaseError(f"no benchmark run with id {run_id}")
+
+        self._retry(_do)
+
+    def runs(
+        self, *, device: str | None = None, sweep_digest: str | None = None,
+        source: str | None = None,
+    ) -> list[RunInfo]:
+        """Runs, oldest first, filtered by any of the given fields."""
+        stmt: Select[Any] = select(BenchmarkRun.__table__).order_by(BenchmarkRun.id)
+        if device is not None:
+            stmt = stmt.where(BenchmarkRun.device == device)
+        if sweep_digest is not None:
+            stmt = stmt.where(BenchmarkRun.sweep_digest == sweep_digest)
+        if source is not None:
+            stmt = stmt.where(BenchmarkRun.source == source)
+
+        def _do() -> list[RunInfo]:
+            with self.engine.connect() as conn:
+                rows = conn.execute(stmt).mappings().all()
+            return [RunInfo(**{f: r[f] for f in RunInfo.__dataclass_fields__}) for r in rows]
+
+        return list(self._retry(_do))
+
+    # -- measurements -----------------------------------------------------------------------
+
+    def add_measurements(self, run_id: int, frame: pd.DataFrame) -> int:
+        """Insert the rows of a measurement frame not already stored for this run.
+
+        Idempotent: the key is (device, backend, kernel, op, dtype, dims) plus the occurrence
+        index of that key in `frame`, so re-adding the same frame adds nothing. Returns rows added.
+        """
+        rows = _prepare_rows(run_id, frame)
+        if rows.empty:
+            return 0
+        existing = self._existing_keys(run_id)
+        if not existing.empty:
+            merged = rows.merge(existing, on=[*KEY_COLUMNS, "seq"], how="left", indicator=True)
+            rows = merged[merged["_merge"] == "left_only"].drop(columns="_merge")
+        if rows.empty:
+            return 0
+        records = _to_records(rows)
+
+        def _do() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(insert(Measurement), records)
+
+        self._retry(_do)
+        return len(records)
+
+    def _existing_keys(self, run_id: int) -> pd.DataFrame:
+        cols = [getattr(Measurement, c) for c in (*KEY_COLUMNS, "seq")]
+        stmt = select(*cols).where(Measurement.run_id == run_id)
+
+        def _do() -> pd.DataFrame:
+            with self.engine.connect() as conn:
+                data = conn.execute(stmt).all()
+            return pd.DataFrame(data, columns=[*KEY_COLUMNS, "seq"])
+
+        frame: pd.DataFrame = self._retry(_do)
+        return frame
+
+    def measurements(
+        self,
+        *,
+        devices: Iterable[str] | None = None,
+        kernels: Iterable[str] | None = None,
+        backend: str | None = None,
+        run_id: int | None = None,
+    ) -> pd.DataFrame:
+        """Stored rows as a measurement frame (`MEASUREMENT_COLUMNS` + `EXTRA_COLUMNS`)."""
+        cols = [getattr(Measurement, c) for c in (*MEASUREMENT_COLUMNS, *EXTRA_COLUMNS)]
+        stmt = select(*cols).order_by(Measurement.id)
+        if devices is not None:
+            stmt = stmt.where(Measurement.device.in_(list(devices)))
+        if kernels is not None:
+            stmt = stmt.where(Measurement.kernel.in_(list(kernels)))
+        if backend is not None:
+            stmt = stmt.where(Measurement.backend == backend)
+        if run_id is not None:
+            stmt = stmt.where(Measurement.run_id == run_id)
+
+        def _do() -> pd.DataFrame:
+            with self.engine.connect() as conn:
+                data = conn.execute(stmt).all()
+            return pd.DataFrame(data, columns=[*MEASUREMENT_COLUMNS, *EXTRA_COLUMNS])
+
+        frame: pd.DataFrame = self._retry(_do)
+        for col in ("latency_ms", "latency_std_ms", *OPTIONAL_COLUMNS):
+            frame[col] = frame[col].astype("float64")
+        frame["repeats"] = frame["repeats"].astype("int64")
+        return frame
+
+    def delete_run(self, run_id: int) -> None:
+        def _do() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(delete(Measurement).where(Measurement.run_id == run_id))
+                conn.execute(delete(BenchmarkRun).where(BenchmarkRun.id == run_id))
+
+        self._retry(_do)
+
+    # -- devices, model versions, job outcomes ---------------------------------------------
+
+    def upsert_device(self, spec: DeviceSpec, *, nvml_name: str = "", nvml_uuid: str = "") -> None:
+        """Insert or refresh a device; `first_seen` is kept, `last_seen` moves to now."""
+        now = self.clock()
+        values = {
+            "name": spec.name,
+            "vendor": spec.vendor,
+            "nvml_name": nvml_name,
+            "nvml_uuid": nvml_uuid,
+            "spec_json": json.dumps(asdict(spec), sort_keys=True, default=_jsonable),
+            "last_seen": now,
+        }
+
+        def _do() -> None:
+            with self.engine.begin() as conn:
+                found = conn.execute(
+                    update(Device).where(Device.key == spec.key).values(**values)
+                ).rowcount
+                if not found:
+                    conn.execute(insert(Device).values(key=spec.key, first_seen=now, **values))
+
+        self._retry(_do)
+
+    def devices(self) -> pd.DataFrame:
+        stmt = select(Device.__table__).order_by(Device.key)
+
+        def _do() -> pd.DataFrame:
+            with self.engine.connect() as conn:
+                result = conn.execute(stmt)
+                return pd.DataFrame(result.all(), columns=list(result.keys()))
+
+        frame: pd.DataFrame = self._retry(_do)
+        return frame
+
+    def record_model_version(
+        self, *, data_digest: str, metrics: Mapping[str, Any], bundle_path: str
+    ) -> int:
+        row = {
+            "created_at": self.clock(),
+            "data_digest": data_digest,
+            "metrics_json": json.dumps(dict(metrics), sort_keys=True, default=_jsonable),
+            "bundle_path": bundle_path,
+        }
+        return self._insert(ModelVersion, row)
+
+    def model_versions(self) -> pd.DataFrame:
+        return self._frame(select(ModelVersion.__table__).order_by(ModelVersion.id))
+
+    def record_job_outcome(
+        self,
+        *,
+        job_uid: str,
+        device: str,
+        gpu_count: int,
+        estimated_seconds: float,
+        actual_seconds: float,
+        model_digest: str = "",
+    ) -> int:
+        if gpu_count < 1:
+            raise errors.InvalidRequestError("gpu_count", f"must be >= 1, got {gpu_count}")
+        if estimated_seconds <= 0 or actual_seconds <= 0:
+            raise errors.InvalidRequestError(
+                "estimated_seconds/actual_seconds", "must be positive"
+            )
+        row = {
+            "job_uid": job_uid,
+            "device": device,
+            "gpu_count": gpu_count,
+            "estimated_seconds": float(estimated_seconds),
+            "actual_seconds": float(actual_seconds),
+            "model_digest": model_digest,
+            "created_at": self.clock(),
+        }
+        return self._insert(JobOutcome, row)
+
+    def job_outcomes(
+        self, *, device: str | None = None, job_uid: str | None = None
+    ) -> pd.DataFrame:
+        stmt: Select[Any] = select(JobOutcome.__table__).order_by(JobOutcome.id)
+        if device is not None:
+            stmt = stmt.where(JobOutcome.device == device)
+        if job_uid is not None:
+            stmt = stmt.where(JobOutcome.job_uid == job_uid)
+        frame = self._frame(stmt)
+        if frame.empty:
+            return pd.DataFrame(columns=[c.name for c in JobOutcome.__table__.columns])
+        frame["drift_ratio"] = frame["actual_seconds"] / frame["estimated_seconds"]
+        return frame
+
+    def _insert(self, table: type[Any], row: Mapping[str, Any]) -> int:
+        def _do() -> int:
+            with self.engine.begin() as conn:
+                result = conn.execute(insert(table).values(**row))
+                return int(result.inserted_primary_key[0])  # type: ignore[index]
+
+        return int(self._retry(_do))
+
+    def _frame(self, stmt: Select[Any]) -> pd.DataFrame:
+        def _do() -> pd.DataFrame:
+            with self.engine.connect() as conn:
+                result = conn.execute(stmt)
+                return pd.DataFrame(result.all(), columns=list(result.keys()))
+
+        frame: pd.DataFrame = self._retry(_do)
+        return frame
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, tuple | set | frozenset):
+        return list(value)
+    return str(value)
+
+
+def _prepare_rows(run_id: int, frame: pd.DataFrame) -> pd.DataFrame:
+    missing = [c for c in MEASUREMENT_COLUMNS if c not in frame.columns]
+    if missing:
+        raise errors.GpuplanError(f"measurement frame lacks column(s): {', '.join(missing)}")
+    if frame.empty:
+        return frame.iloc[0:0]
+    rows = frame.copy()
+    for col, default in OPTIONAL_COLUMNS.items():
+        if col not in rows.columns:
+            rows[col] = default
+    if "feature_schema_version" not in rows.columns:
+        rows["feature_schema_version"] = DEFAULT_FEATURE_SCHEMA_VERSION
+    bad = rows["latency_ms"].isna() | ~(rows["latency_ms"].astype("float64") > 0)
+    if bad.any():
+        raise errors.GpuplanError(
+            f"measurement frame column latency_ms: {int(bad.sum())} row(s) not positive"
+        )
+    rows["seq"] = rows.groupby(list(KEY_COLUMNS), sort=False).cumcount()
+    rows["run_id"] = run_id
+    keep = [
+        *KEY_COLUMNS, "seq", "run_id", "latency_ms", "latency_std_ms", "repeats", "source",
+        "feature_schema_version", *OPTIONAL_COLUMNS,
+    ]
+    return rows[keep]
+
+
+def _to_records(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    out = rows.astype(object).where(rows.notna(), None)
+    records: list[dict[str, Any]] = out.to_dict("records")  # type: ignore[assignment]
+    return records

@@ -13,9 +13,9 @@ cache=${GPUPLAN_TESTBED_CACHE:-$HOME/.cache/gpuplan/testbed}
 bin=$cache/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION/bin
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath
 export GOMODCACHE=$cache/gomod GOCACHE=$cache/gocache
-mkdir -p "$bin"
 
 if [ "${1:-}" = "--print-bin" ]; then echo "$bin"; exit 0; fi
+mkdir -p "$bin"
 
 log() { printf '[testbed-build %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 have() { for b in "$@"; do [ -x "$bin/$b" ] || return 1; done; }

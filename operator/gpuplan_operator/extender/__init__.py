@@ -1,0 +1,1 @@
+"""gpuplan-scheduler's HTTP extender: filters and scores GPU nodes for planned pods."""

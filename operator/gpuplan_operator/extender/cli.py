@@ -1,0 +1,127 @@
+"""Command line of the extender: `python -m gpuplan_operator.extender` or `gpuplan extender`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from gpuplan_operator.extender import app as app_module
+from gpuplan_operator.extender import plans, store, watcher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Everything `serve` needs; built from the command line by `settings_from_args`."""
+
+    host: str = "127.0.0.1"
+    port: int = 8888
+    kubeconfig: str | None = None
+    """Path of a kubeconfig; None means the in-cluster service account."""
+    app: app_module.AppSettings = field(default_factory=app_module.AppSettings)
+    watch: watcher.WatchSettings = field(default_factory=watcher.WatchSettings)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster config)")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8888, help="listen port (default 8888)")
+    parser.add_argument("--stale-after-seconds", type=float, default=120.0,
+                        help="relist and report not-ready when the inventory is older than this")
+    parser.add_argument("--resync-seconds", type=float, default=600.0,
+                        help="relist nodes and pods this often even when watches are healthy")
+    parser.add_argument("--watch-timeout-seconds", type=int, default=60,
+                        help="server-side timeout of each watch call")
+    parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
+                        help="reject larger request bodies with HTTP 413")
+    parser.add_argument("--log-level", default="INFO", help="Python logging level")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `extender` subcommand to a parent CLI; its handler is in `func`."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "extender", help="run the gpuplan-scheduler HTTP extender")
+    add_arguments(parser)
+    parser.set_defaults(func=main_from_args)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> ServeSettings:
+    if not 0 < args.port < 65536:
+        raise SystemExit(f"--port: {args.port} is not a TCP port")
+    for name in ("stale_after_seconds", "resync_seconds", "watch_timeout_seconds",
+                 "max_body_bytes"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"--{name.replace('_', '-')}: must be positive")
+    return ServeSettings(
+        host=args.host,
+        port=args.port,
+        kubeconfig=args.kubeconfig,
+        app=app_module.AppSettings(max_body_bytes=args.max_body_bytes,
+                                   stale_after_s=args.stale_after_seconds),
+        watch=watcher.WatchSettings(watch_timeout_s=args.watch_timeout_seconds,
+                                    stale_after_s=args.stale_after_seconds,
+                                    resync_every_s=args.resync_seconds),
+    )
+
+
+def core_v1_api(kubeconfig: str | None) -> Any:
+    from kubernetes import client, config
+
+    if kubeconfig:
+        return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+    config.load_incluster_config()
+    return client.CoreV1Api()
+
+
+async def serve(
+    settings: ServeSettings,
+    api: Any,
+    registry: CollectorRegistry = REGISTRY,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run watcher and HTTP server until `stop` is set (or SIGTERM/SIGINT)."""
+    inventory = store.InventoryStore(clock=time.monotonic)
+    watch = watcher.kube_watcher(api, inventory, settings.watch, time.monotonic)
+    watch.start()
+    application = app_module.make_app(inventory, registry, settings=settings.app,
+                                      resolve_type=plans.resolve_gfd_only)
+    runner = web.AppRunner(application, access_log=None)
+    await runner.setup()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        log.info("gpuplan extender listening on %s:%d", settings.host, settings.port)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        watch.stop()
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(args)
+    asyncio.run(serve(settings, core_v1_api(settings.kubeconfig)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpuplan_operator.extender",
+                                     description="gpuplan-scheduler HTTP extender")
+    add_arguments(parser)
+    return main_from_args(parser.parse_args(argv))

@@ -1,0 +1,95 @@
+"""Pure: a pod's gpuplan annotations → the GPU type and count it must be placed on.
+
+A pod is *managed* when it carries `gpuplan.io/gpu-type` or `gpuplan.io/gpu-count`; every other
+pod passes the extender untouched. The GPUs a pod needs on one node are its own effective
+`nvidia.com/gpu` request; the count annotation is used only when the pod requests none, because
+a multi-pod job's plan counts GPUs over all its pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuplan_estimator.devices import DeviceSpec
+from gpuplan_operator import annotations as plan_keys
+from gpuplan_operator.extender import inventory
+
+TypeResolver = Callable[[str], frozenset[str]]
+"""Planned type as written → the accepted `nvidia.com/gpu.product` values, casefolded."""
+
+
+class PlanError(ValueError):
+    """A plan annotation is malformed; `field` names the annotation."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """Where a managed pod may go: `accepted_products` is None when any GPU type will do."""
+
+    planned_type: str | None
+    accepted_products: frozenset[str] | None
+    gpus: int
+
+
+def resolve_gfd_only(planned: str) -> frozenset[str]:
+    """Without a device catalog, the planned type must be the GFD product value itself."""
+    return frozenset({planned.casefold()})
+
+
+def catalog_resolver(specs: Iterable[DeviceSpec]) -> TypeResolver:
+    """Accept a catalog key or any GFD alias of one device; unknown names match themselves."""
+    aliases: dict[str, frozenset[str]] = {}
+    for spec in specs:
+        products = frozenset(p.casefold() for p in spec.gfd_products)
+        if not products:
+            continue
+        for name in (spec.key, *spec.gfd_products):
+            aliases[name.casefold()] = products | aliases.get(name.casefold(), frozenset())
+
+    def resolve(planned: str) -> frozenset[str]:
+        return aliases.get(planned.casefold(), resolve_gfd_only(planned))
+
+    return resolve
+
+
+def plan_for_pod(pod: Mapping[str, Any], resolve: TypeResolver) -> PodPlan | None:
+    """The pod's plan, None for an unmanaged pod; raises PlanError on malformed annotations."""
+    notes = (pod.get("metadata") or {}).get("annotations") or {}
+    raw_type = notes.get(plan_keys.GPU_TYPE)
+    raw_count = notes.get(plan_keys.GPU_COUNT)
+    if raw_type is None and raw_count is None:
+        return None
+    planned_type = _planned_type(raw_type)
+    try:
+        requested = inventory.pod_gpu_request(pod)
+    except inventory.QuantityError as exc:
+        raise PlanError(f"spec.containers[].resources[{inventory.GPU_RESOURCE}]", str(exc)) from exc
+    annotated = _planned_count(raw_count)
+    gpus = requested if requested > 0 else (annotated or 0)
+    return PodPlan(
+        planned_type=planned_type,
+        accepted_products=None if planned_type is None else resolve(planned_type),
+        gpus=gpus,
+    )
+
+
+def _planned_type(raw: object) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.strip():
+        raise PlanError(plan_keys.GPU_TYPE, f"expected a GPU type name, got {raw!r}")
+    return raw.strip()
+
+
+def _planned_count(raw: object) -> int | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.strip().isdigit() or int(raw) < 1:
+        raise PlanError(plan_keys.GPU_COUNT, f"expected a positive integer, got {raw!r}")
+    return int(raw)

@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test unit integration lint verify bench eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
+.PHONY: help install demo test unit integration lint verify crds chart bench eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -45,6 +45,16 @@ eval: $(STAMP) ## accuracy evaluation -> docs/accuracy.md
 
 models: $(STAMP) ## rebuild the shipped default model bundle from ../shared/data
 	$(BIN)/gpuplan train --shipped
+
+crds: ## copy crds/*.yaml into the chart (the chart's crds/ is generated)
+	rm -f charts/gpuplan/crds/*.yaml && cp crds/*.yaml charts/gpuplan/crds/
+
+verify: crds ## fail when generated artefacts (chart CRDs) differ from their sources
+	git diff --exit-code -- charts/gpuplan/crds
+
+chart: ## lint and render the Helm chart
+	$$(bash hack/testbed-build.sh --print-bin)/helm lint charts/gpuplan
+	$$(bash hack/testbed-build.sh --print-bin)/helm template gpuplan charts/gpuplan --kube-version 1.34.4 >/dev/null
 
 testbed-build: ## build Kubernetes/etcd/kwok/helm from Go modules into ~/.cache/gpuplan/testbed
 	bash hack/testbed-build.sh

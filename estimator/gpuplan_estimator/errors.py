@@ -53,3 +53,11 @@ class BundleError(GpuplanError):
 
 class DatabaseError(GpuplanError):
     """The performance database is unreachable, locked, or has an unexpected schema."""
+
+
+class CatalogError(GpuplanError):
+    """The device catalog YAML is unreadable or invalid; the message names entry and field."""
+
+
+class CalibrationError(GpuplanError):
+    """The local CPU device has no calibration (or a corrupt one) and measuring is not allowed."""

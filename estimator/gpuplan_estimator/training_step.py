@@ -35,7 +35,7 @@ KernelDimsFn = Callable[[Layer], KernelDims]
 # Each pass: (op, tensors read, tensors written, flops per element). Reads+writes per parameter:
 # sgd 3 (p += -lr*g), momentum 8 (buf*=m; buf+=g; p+=-lr*buf), adam 18 (exp_avg.lerp_(g);
 # exp_avg_sq*=b2; exp_avg_sq.addcmul_(g,g); s=sqrt(exp_avg_sq); s/=bc2; s+=eps;
-# p.addcdiv_(exp_avg,s)), adamw 20 (adam + p*=1-lr*wd), adagrad 12, rmsprop 13.
+# p.addcdiv_(exp_avg,s)), adamw 20 (adam + p*=1-lr*wd), adagrad 11, rmsprop 13.
 # zero_grad(set_to_none=True), PyTorch 2.x's default, launches no kernel.
 OPTIMIZER_PASSES: Mapping[str, tuple[tuple[str, int, int, int], ...]] = MappingProxyType(
     {

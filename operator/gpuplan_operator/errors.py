@@ -1,0 +1,71 @@
+"""Domain errors of the operator; handlers map them to conditions and kopf errors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class OperatorError(Exception):
+    """Base of the operator's domain errors; `reason` is the condition reason it maps to."""
+
+    reason = "Error"
+
+
+class InvalidSpecError(OperatorError):
+    """The TrainingJob spec is invalid; `errors` lists every problem with its field path."""
+
+    reason = "InvalidSpec"
+
+    def __init__(self, errors: Sequence[str]) -> None:
+        self.errors = tuple(errors)
+        super().__init__("; ".join(self.errors))
+
+
+class InvalidModelError(OperatorError):
+    """The model cannot be fetched or is not an acceptable model file."""
+
+    reason = "InvalidModel"
+
+
+class ModelSourceUnavailableError(OperatorError):
+    """The model source is temporarily unreachable (retry later)."""
+
+    reason = "ModelSourceUnavailable"
+
+
+class BlockedUrlError(InvalidModelError):
+    """The model URL points at a refused scheme or address."""
+
+
+class EstimatorRejectedError(OperatorError):
+    """The estimator answered 422; `reason` is its InvalidModel/NoFeasiblePlan/InvalidRequest."""
+
+    def __init__(self, reason: str, message: str, details: Sequence[object] = ()) -> None:
+        self.reason = reason
+        self.details = tuple(details)
+        super().__init__(message)
+
+
+class EstimatorUnavailableError(OperatorError):
+    """The estimator timed out, refused the connection or answered 5xx."""
+
+    reason = "EstimatorUnavailable"
+
+
+class EstimatorProtocolError(OperatorError):
+    """The estimator answered with a body that does not follow the contract."""
+
+    reason = "EstimatorProtocolError"
+
+
+class SettingsError(OperatorError):
+    """Operator settings are invalid; the message names every bad field."""
+
+    reason = "InvalidSettings"
+
+
+class JobNameConflictError(OperatorError):
+    """A Job with the deterministic name exists but belongs to something else (retry later:
+    it may be the garbage-collected Job of a deleted TrainingJob of the same name)."""
+
+    reason = "JobNameConflict"

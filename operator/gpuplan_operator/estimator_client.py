@@ -1,0 +1,128 @@
+"""HTTP client of the estimator service's `POST /v1/plans`, with a timeout and typed errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from gpuplan_operator import errors, inventory, resources
+
+PLANS_PATH = "/v1/plans"
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+
+
+def build_request(
+    spec: resources.TrainingJobSpec, model_bytes: bytes, pools: Sequence[inventory.GpuPool]
+) -> dict[str, Any]:
+    """The JSON body of `POST /v1/plans` (pure)."""
+    t, o = spec.training, spec.objective
+    objective: dict[str, Any] = {"prefer": o.prefer, "max_gpus": o.max_gpus}
+    if o.deadline_seconds is not None:
+        objective["deadline_seconds"] = o.deadline_seconds
+    if o.budget_usd is not None:
+        objective["budget_usd"] = o.budget_usd
+    training: dict[str, Any] = {
+        "batch_size": t.batch_size, "dataset_size": t.dataset_size, "epochs": t.epochs,
+        "optimizer": t.optimizer, "precision": t.precision, "dims": dict(t.dims),
+    }
+    if t.sequence_length is not None:
+        training["sequence_length"] = t.sequence_length
+    return {
+        "model_onnx_b64": base64.b64encode(model_bytes).decode(),
+        "training": training,
+        "objective": objective,
+        "inventory": [p.to_request() for p in pools],
+        "gpu_types": list(spec.gpu_types),
+    }
+
+
+def parse_plan(body: Mapping[str, Any], *, generation: int) -> resources.Plan:
+    """The `plan` of a 200 response; EstimatorProtocolError names the first missing field."""
+    try:
+        p = body["plan"]
+        return resources.Plan(
+            gpu_type=str(p["gpu_type"]), device=str(p.get("device", "")),
+            gpu_count=int(p["gpu_count"]), gpus_per_node=int(p["gpus_per_node"]),
+            nodes=int(p["nodes"]), estimated_seconds=float(p["estimated_seconds"]),
+            step_time_ms=float(p["step_time_ms"]),
+            memory_bytes_per_gpu=int(p["memory_bytes_per_gpu"]),
+            cost_usd=float(p["cost_usd"]) if p.get("cost_usd") is not None else None,
+            predictor=str(p.get("predictor", "")), observed_generation=generation,
+            alternatives=tuple(_alternative(c) for c in body.get("candidates") or ())[:16],
+            rejected=tuple(rejection(r) for r in body.get("rejected") or ()),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise errors.EstimatorProtocolError(
+            f"estimator plan response: bad or missing {exc}") from exc
+
+
+def _alternative(c: Mapping[str, Any]) -> dict[str, Any]:
+    keys = {"gpu_type": "gpuType", "gpu_count": "gpuCount", "estimated_seconds": "estimatedSeconds",
+            "cost_usd": "costUsd", "memory_bytes_per_gpu": "memoryBytes"}
+    return {camel: c[snake] for snake, camel in keys.items() if snake in c}
+
+
+def rejection(r: Mapping[str, Any]) -> resources.Rejection:
+    count = r.get("gpu_count")
+    return resources.Rejection(str(r.get("gpu_type", "")),
+                               int(count) if count is not None else None, str(r.get("reason", "")))
+
+
+def _rejected_error(status: int, body: Mapping[str, Any]) -> errors.EstimatorRejectedError:
+    err = body.get("error") if isinstance(body, Mapping) else None
+    if not isinstance(err, Mapping) or "reason" not in err:
+        return errors.EstimatorRejectedError(
+            resources.Reason.INVALID_REQUEST, f"estimator answered {status} without an error body")
+    return errors.EstimatorRejectedError(
+        str(err["reason"]), str(err.get("message", "")), list(err.get("details") or []))
+
+
+async def request_plan(
+    base_url: str, body: Mapping[str, Any], *, generation: int, timeout_seconds: float,
+    session: aiohttp.ClientSession | None = None,
+) -> resources.Plan:
+    """POST the request: 200 → Plan, 4xx → EstimatorRejectedError, 5xx/timeout → Unavailable."""
+    url = base_url.rstrip("/") + PLANS_PATH
+    timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+    own = session is None
+    client = session or aiohttp.ClientSession()
+    try:
+        async with client.post(url, json=body, timeout=timeout) as resp:
+            raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+            status = resp.status
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise errors.EstimatorUnavailableError(
+            f"estimator at {url} unavailable: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if own:
+            await client.close()
+    if status >= 500 or status in {408, 429}:
+        raise errors.EstimatorUnavailableError(f"estimator at {url} answered {status}")
+    if len(raw) > MAX_RESPONSE_BYTES:
+        raise errors.EstimatorProtocolError(f"estimator response larger than {MAX_RESPONSE_BYTES}")
+    try:
+        decoded = json.loads(raw)
+    except ValueError as exc:
+        raise errors.EstimatorProtocolError(f"estimator answered {status} with non-JSON") from exc
+    if status >= 400:
+        raise _rejected_error(status, decoded)
+    if status != 200:
+        raise errors.EstimatorProtocolError(f"estimator answered unexpected status {status}")
+    return parse_plan(decoded, generation=generation)
+
+
+def describe_rejections(details: Sequence[object]) -> str:
+    """One line per GPU type for a NoFeasiblePlan message."""
+    lines = []
+    for d in details:
+        if isinstance(d, Mapping):
+            r = rejection(d)
+            count = f" x{r.gpu_count}" if r.gpu_count is not None else ""
+            lines.append(f"{r.gpu_type}{count}: {r.reason}")
+        else:
+            lines.append(str(d))
+    return "; ".join(lines)

@@ -1,0 +1,83 @@
+"""kopf handlers for TrainingJobs and their Jobs: unpack, call `reconcile`, map errors.
+
+Run as a file (`kopf run --standalone path/to/handlers.py`) or via `gpuplan-operator`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Mapping
+from typing import Any, cast
+
+import kopf
+import prometheus_client
+
+from gpuplan_operator import errors, kube, metrics, modelsource, reconcile, resources
+from gpuplan_operator import settings as operator_settings
+
+LOG = logging.getLogger(__name__)
+G, V, P = resources.GROUP, resources.VERSION, resources.PLURAL
+# Domain errors worth retrying: the world may change (estimator back, ConfigMap created).
+TEMPORARY = (errors.EstimatorUnavailableError, errors.ModelSourceUnavailableError,
+             errors.JobNameConflictError)
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Progress lives in annotations: status belongs to the CRD's schema, which prunes status.kopf.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpuplan.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="gpuplan.io")
+    settings.watching.server_timeout = 60
+    settings.watching.client_timeout = 90
+    cfg = operator_settings.Settings.from_env().validate()
+    registry = prometheus_client.CollectorRegistry()
+    memo.registry = registry
+    memo.ctx = reconcile.Context(
+        kube=kube.Kube.from_environment(), settings=cfg, metrics=metrics.OperatorMetrics(registry),
+        clock=_now, guard=modelsource.UrlGuard.from_cidrs(
+            block_private=cfg.model_url_block_private, cidrs=cfg.model_url_allowed_networks))
+    memo.metrics_server = metrics.serve(registry, cfg.metrics_port)
+    LOG.info("gpuplan operator started: estimator %s, scheduler %r",
+                cfg.estimator_url, cfg.scheduler_name or "default")
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    server = memo.get("metrics_server")
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+
+
+def _emitter(body: Mapping[str, Any]) -> reconcile.EventSink:
+    def emit(*, warning: bool, reason: str, message: str) -> None:
+        kopf.event(cast(kopf.Body, body), type="Warning" if warning else "Normal", reason=reason,
+                   message=message[:1024])
+    return emit
+
+
+@kopf.on.resume(G, V, P)
+@kopf.on.create(G, V, P)
+@kopf.on.update(G, V, P, field="spec")
+async def plan_and_launch(body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status,
+                          retry: int, memo: kopf.Memo, **_: Any) -> None:
+    ctx: reconcile.Context = memo.ctx
+    tj = reconcile.TrainingJobRef(
+        namespace=str(meta["namespace"]), name=str(meta["name"]), uid=str(meta["uid"]),
+        generation=int(meta.get("generation", 1)), status=dict(status), emit=_emitter(body))
+    try:
+        await reconcile.reconcile(ctx, tj, dict(spec))
+    except TEMPORARY as exc:
+        raise kopf.TemporaryError(str(exc), delay=ctx.settings.retry_delay_seconds(retry)) from exc
+    except errors.OperatorError as exc:
+        raise kopf.PermanentError(f"{exc.reason}: {exc}") from exc
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={resources.OWNER_LABEL: kopf.PRESENT})
+async def job_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await reconcile.record_job(memo.ctx, dict(body), _emitter)

@@ -1,0 +1,106 @@
+"""The only module that calls the Kubernetes API. Everything returns plain JSON dicts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from gpuplan_operator import resources
+
+REQUEST_TIMEOUT = (5.0, 30.0)  # (connect, read) seconds on every call
+
+
+class Kube:
+    """Thin async facade over the `kubernetes` client (blocking calls run in threads)."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
+        self._core = kubernetes.client.CoreV1Api(api_client)
+        self._batch = kubernetes.client.BatchV1Api(api_client)
+        self._custom = kubernetes.client.CustomObjectsApi(api_client)
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        """In-cluster config when running in a pod, else KUBECONFIG / ~/.kube/config."""
+        config = kubernetes.client.Configuration()
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=config)
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(client_configuration=config)
+        config.connection_pool_maxsize = 32
+        return cls(kubernetes.client.ApiClient(config))
+
+    async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await _call_or_none(self._core.read_namespaced_config_map, name, namespace)
+
+    async def list_gpu_nodes(self) -> list[dict[str, Any]]:
+        out = await _call(self._core.list_node, label_selector=resources.GPU_PRODUCT_LABEL)
+        return list(out.get("items", []))
+
+    async def list_active_pods(self) -> list[dict[str, Any]]:
+        out = await _call(self._core.list_pod_for_all_namespaces,
+                          field_selector="status.phase!=Succeeded,status.phase!=Failed")
+        return list(out.get("items", []))
+
+    async def get_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await _call_or_none(self._custom.get_namespaced_custom_object, resources.GROUP,
+                                   resources.VERSION, namespace, resources.PLURAL, name)
+
+    async def patch_trainingjob_status(self, namespace: str, name: str,
+                                       status: Mapping[str, Any]) -> dict[str, Any]:
+        return await _call(self._custom.patch_namespaced_custom_object_status, resources.GROUP,
+                           resources.VERSION, namespace, resources.PLURAL, name,
+                           {"status": dict(status)})
+
+    async def patch_trainingjob_annotations(self, namespace: str, name: str,
+                                            annotations: Mapping[str, str]) -> dict[str, Any]:
+        return await _call(self._custom.patch_namespaced_custom_object, resources.GROUP,
+                           resources.VERSION, namespace, resources.PLURAL, name,
+                           {"metadata": {"annotations": dict(annotations)}})
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await _call_or_none(self._batch.read_namespaced_job, name, namespace)
+
+    async def create_job(self, namespace: str,
+                         body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Create, or return the existing object of that name; the bool says whether it is new."""
+        return await _create(self._batch.create_namespaced_job, self._batch.read_namespaced_job,
+                             namespace, body)
+
+    async def create_service(self, namespace: str,
+                             body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        return await _create(self._core.create_namespaced_service,
+                             self._core.read_namespaced_service, namespace, body)
+
+
+async def _call(fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def run() -> dict[str, Any]:
+        resp = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+        data: dict[str, Any] = json.loads(resp.data)
+        return data
+    return await asyncio.to_thread(run)
+
+
+async def _call_or_none(fn: Any, *args: Any) -> dict[str, Any] | None:
+    try:
+        return await _call(fn, *args)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+async def _create(create: Any, read: Any, namespace: str,
+                  body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    try:
+        return await _call(create, namespace, dict(body)), True
+    except ApiException as exc:
+        # A restarted operator finds the object it created before: deterministic names make
+        # "already exists" the idempotency check.
+        if exc.status != 409:
+            raise
+    return await _call(read, body["metadata"]["name"], namespace), False

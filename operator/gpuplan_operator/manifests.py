@@ -1,0 +1,177 @@
+"""Pure builders of the Kubernetes objects a planned TrainingJob launches (plain dicts)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gpuplan_operator import annotations as plan_keys
+from gpuplan_operator import resources
+
+# Pods of an Indexed Job are named <job>-<index>-<5 random> and use <job>-<index> as hostname
+# (a 63-char DNS label), so the Job name leaves room for both.
+MAX_JOB_NAME = 52
+JOB_SUFFIX = "-train"
+COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """The TrainingJob that owns everything built here (garbage collection by kcm)."""
+
+    name: str
+    uid: str
+    api_version: str = f"{resources.GROUP}/{resources.VERSION}"
+    kind: str = resources.KIND
+
+
+def job_name(tj_name: str) -> str:
+    """Deterministic DNS-1035 name `<tj>-train`; long names are truncated and hashed."""
+    base = re.sub(r"[^a-z0-9-]", "-", tj_name.lower())
+    if not base[:1].isalpha():
+        base = "tj-" + base
+    full = base + JOB_SUFFIX
+    if len(full) <= MAX_JOB_NAME and base == tj_name:
+        return full
+    digest = hashlib.sha256(tj_name.encode()).hexdigest()[:8]
+    keep = MAX_JOB_NAME - len(JOB_SUFFIX) - len(digest) - 1
+    return f"{base[:keep].rstrip('-')}-{digest}{JOB_SUFFIX}"
+
+
+def plan_annotations(plan: resources.Plan, *, per_pod: bool = False) -> dict[str, str]:
+    """The plan as annotations. On the TrainingJob and Job the count is the total; on pods it is
+    the pod's own share (the extender's contract, `annotations.GPU_COUNT`)."""
+    count = plan.gpus_per_node if per_pod else plan.gpu_count
+    return {
+        plan_keys.GPU_TYPE: plan.gpu_type,
+        plan_keys.GPU_COUNT: str(count),
+        plan_keys.ESTIMATED_SECONDS: f"{plan.estimated_seconds:.0f}",
+    }
+
+
+def owner_references(owner: Owner) -> list[dict[str, Any]]:
+    return [{
+        "apiVersion": owner.api_version, "kind": owner.kind, "name": owner.name,
+        "uid": owner.uid, "controller": True, "blockOwnerDeletion": True,
+    }]
+
+
+def build_job(
+    *, owner: Owner, namespace: str, plan: resources.Plan, template: Mapping[str, Any],
+    scheduler_name: str = "", master_port: int = 29500,
+) -> dict[str, Any]:
+    """batch/v1 Job running `template` on the planned GPU type and count."""
+    name = job_name(owner.name)
+    pod = _pod_template(owner, plan, template, scheduler_name)
+    spec: dict[str, Any] = {"backoffLimit": 0, "template": pod}
+    if plan.multi_node:
+        spec.update(completions=plan.nodes, parallelism=plan.nodes, completionMode="Indexed")
+        pod["spec"]["subdomain"] = name
+        extra = _distributed_env(name, namespace, plan, master_port)
+    else:
+        spec.update(completions=1, parallelism=1)
+        extra = []
+    for container in pod["spec"]["containers"]:
+        _set_env(container, _plan_env(plan) + extra)
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {
+            "name": name, "namespace": namespace,
+            "labels": {resources.OWNER_LABEL: owner.name},
+            "annotations": plan_annotations(plan),
+            "ownerReferences": owner_references(owner),
+        },
+        "spec": spec,
+    }
+
+
+def build_headless_service(
+    *, owner: Owner, namespace: str, master_port: int = 29500
+) -> dict[str, Any]:
+    """Headless Service giving Indexed Job pods stable DNS names (<job>-<i>.<service>)."""
+    name = job_name(owner.name)
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {
+            "name": name, "namespace": namespace,
+            "labels": {resources.OWNER_LABEL: owner.name},
+            "ownerReferences": owner_references(owner),
+        },
+        "spec": {
+            "clusterIP": "None",
+            # Rendezvous happens before any trainer is Ready.
+            "publishNotReadyAddresses": True,
+            "selector": {JOB_NAME_LABEL: name},
+            "ports": [{"name": "rendezvous", "port": master_port, "targetPort": master_port}],
+        },
+    }
+
+
+def _pod_template(owner: Owner, plan: resources.Plan, template: Mapping[str, Any],
+                  scheduler_name: str) -> dict[str, Any]:
+    pod = copy.deepcopy(dict(template))
+    meta = pod.setdefault("metadata", {})
+    meta.setdefault("labels", {})[resources.OWNER_LABEL] = owner.name
+    meta.setdefault("annotations", {}).update(plan_annotations(plan, per_pod=True))
+    spec = pod.setdefault("spec", {})
+    spec.setdefault("restartPolicy", "Never")
+    if scheduler_name:
+        spec["schedulerName"] = scheduler_name
+    spec["affinity"] = _with_gpu_affinity(spec.get("affinity") or {}, plan.gpu_type)
+    _set_gpu_limit(spec["containers"][0], plan.gpus_per_node)
+    return pod
+
+
+def _with_gpu_affinity(affinity: Mapping[str, Any], gpu_type: str) -> dict[str, Any]:
+    """AND the GPU-type requirement into every node selector term (terms are ORed)."""
+    out = copy.deepcopy(dict(affinity))
+    node = out.setdefault("nodeAffinity", {})
+    required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    requirement = {"key": resources.GPU_PRODUCT_LABEL, "operator": "In", "values": [gpu_type]}
+    for term in terms:
+        exprs = [e for e in term.get("matchExpressions", [])
+                 if e.get("key") != resources.GPU_PRODUCT_LABEL]
+        term["matchExpressions"] = [*exprs, requirement]
+    required["nodeSelectorTerms"] = terms
+    return out
+
+
+def _set_gpu_limit(container: dict[str, Any], gpus: int) -> None:
+    res = container.setdefault("resources", {})
+    res.setdefault("limits", {})[resources.GPU_RESOURCE] = str(gpus)
+    if resources.GPU_RESOURCE in res.get("requests", {}):
+        # Extended resources must have requests == limits.
+        res["requests"][resources.GPU_RESOURCE] = str(gpus)
+
+
+def _plan_env(plan: resources.Plan) -> list[dict[str, Any]]:
+    return [
+        {"name": "GPUPLAN_GPU_TYPE", "value": plan.gpu_type},
+        {"name": "GPUPLAN_GPU_COUNT", "value": str(plan.gpu_count)},
+        {"name": "GPUPLAN_ESTIMATED_SECONDS", "value": f"{plan.estimated_seconds:.0f}"},
+        {"name": "NPROC_PER_NODE", "value": str(plan.gpus_per_node)},
+        # torchrun convention: WORLD_SIZE counts processes (one per GPU), NNODES counts pods.
+        {"name": "WORLD_SIZE", "value": str(plan.gpu_count)},
+        {"name": "NNODES", "value": str(plan.nodes)},
+    ]
+
+
+def _distributed_env(job: str, namespace: str, plan: resources.Plan,
+                     master_port: int) -> list[dict[str, Any]]:
+    return [
+        {"name": "MASTER_ADDR", "value": f"{job}-0.{job}.{namespace}.svc"},
+        {"name": "MASTER_PORT", "value": str(master_port)},
+        {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX_FIELD}}},
+    ]
+
+
+def _set_env(container: dict[str, Any], env: list[dict[str, Any]]) -> None:
+    ours = {e["name"] for e in env}
+    kept = [e for e in container.get("env", []) if e.get("name") not in ours]
+    container["env"] = kept + env

@@ -1,0 +1,167 @@
+"""Resolve a TrainingJob's model bytes: a ConfigMap key, or an http(s) URL behind an address guard.
+
+The URL guard exists because the operator runs with cluster credentials inside the cluster: an
+arbitrary user-supplied URL could otherwise read the cloud metadata service or internal services
+(SSRF). Every address a host resolves to is checked, literal IPs included, and each redirect hop
+is checked again.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import ipaddress
+import socket
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from gpuplan_operator import errors
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+MAX_REDIRECTS = 3
+_MAGIC = {"gzip": b"\x1f\x8b", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
+# Metadata endpoints of the big clouds (AWS/GCP/Azure/OCI share 169.254.169.254, which is
+# link-local anyway); listed so they stay blocked even when private ranges are allowed.
+METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
+    "169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200", "168.63.129.16",
+))
+
+
+@dataclasses.dataclass(frozen=True)
+class UrlGuard:
+    block_private: bool = True
+    allowed_networks: tuple[IpNetwork, ...] = ()
+
+    @classmethod
+    def from_cidrs(cls, *, block_private: bool, cidrs: tuple[str, ...]) -> UrlGuard:
+        return cls(block_private, tuple(ipaddress.ip_network(c, strict=False) for c in cidrs))
+
+    def blocked_reason(self, ip: IpAddress) -> str | None:
+        """Why `ip` may not be fetched from, or None when it may."""
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if any(ip in net for net in self.allowed_networks):
+            return None
+        if ip in METADATA_ADDRESSES:
+            return "cloud metadata address"
+        checks = (("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
+                  ("unspecified", ip.is_unspecified), ("multicast", ip.is_multicast),
+                  ("reserved", ip.is_reserved))
+        for name, hit in checks:
+            if hit:
+                return f"{name} address"
+        if self.block_private and (ip.is_private or ip in ipaddress.ip_network("100.64.0.0/10")):
+            return "private address"
+        return None
+
+    def check(self, host: str, ip: IpAddress) -> None:
+        reason = self.blocked_reason(ip)
+        if reason:
+            raise errors.BlockedUrlError(
+                f"model URL host {host!r} resolves to {ip}: {reason} refused")
+
+
+class GuardedResolver(AbstractResolver):
+    """Resolves with the system resolver and refuses the whole host if any address is blocked."""
+
+    def __init__(self, guard: UrlGuard) -> None:
+        self._guard = guard
+        self._inner = aiohttp.ThreadedResolver()
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        results = await self._inner.resolve(host, port, family)
+        for r in results:
+            self._guard.check(host, ipaddress.ip_address(r["host"]))
+        return results
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def check_url(url: str, guard: UrlGuard) -> None:
+    """Scheme and literal-IP checks (aiohttp skips the resolver for literal IPs)."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"http", "https"}:
+        raise errors.BlockedUrlError(f"model URL scheme {parts.scheme!r} refused: use http(s)")
+    if not parts.hostname:
+        raise errors.BlockedUrlError(f"model URL {url!r} has no host")
+    try:
+        ip = ipaddress.ip_address(parts.hostname)
+    except ValueError:
+        return
+    guard.check(parts.hostname, ip)
+
+
+async def fetch_url(url: str, *, guard: UrlGuard, max_bytes: int, timeout_seconds: float) -> bytes:
+    """GET `url` with the guard, a total timeout and a size cap; redirects are re-checked."""
+    timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+    connector = aiohttp.TCPConnector(resolver=GuardedResolver(guard), force_close=True)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            for _ in range(MAX_REDIRECTS + 1):
+                check_url(url, guard)
+                async with session.get(url, allow_redirects=False) as resp:
+                    if resp.status in {301, 302, 303, 307, 308} and "Location" in resp.headers:
+                        url = urljoin(url, resp.headers["Location"])
+                        continue
+                    return await _read_body(resp, url, max_bytes)
+            raise errors.InvalidModelError(f"model URL: more than {MAX_REDIRECTS} redirects")
+    except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+        raise errors.ModelSourceUnavailableError(
+            f"model URL {url!r} unreachable: {type(exc).__name__}: {exc}") from exc
+
+
+async def _read_body(resp: aiohttp.ClientResponse, url: str, max_bytes: int) -> bytes:
+    if resp.status >= 500:
+        raise errors.ModelSourceUnavailableError(f"model URL {url!r} answered {resp.status}")
+    if resp.status != 200:
+        raise errors.InvalidModelError(f"model URL {url!r} answered {resp.status}")
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        raise errors.InvalidModelError(
+            f"model URL {url!r}: {resp.content_length} bytes exceeds the cap of {max_bytes}")
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        body += chunk
+        if len(body) > max_bytes:
+            raise errors.InvalidModelError(f"model URL {url!r}: larger than the cap of {max_bytes}")
+    return bytes(body)
+
+
+def from_config_map(config_map: Mapping[str, Any], key: str, max_bytes: int) -> bytes:
+    """The bytes under `key` (binaryData first, then data), capped at `max_bytes`."""
+    name = (config_map.get("metadata") or {}).get("name", "?")
+    binary, text = config_map.get("binaryData") or {}, config_map.get("data") or {}
+    if key in binary:
+        try:
+            data = base64.b64decode(binary[key], validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise errors.InvalidModelError(
+                f"configmap {name}: binaryData.{key} is not base64") from exc
+    elif key in text:
+        data = str(text[key]).encode()
+    else:
+        raise errors.InvalidModelError(
+            f"configmap {name}: no key {key!r} in binaryData or data "
+            f"(keys: {sorted([*binary, *text])})")
+    if len(data) > max_bytes:
+        raise errors.InvalidModelError(
+            f"configmap {name}/{key}: {len(data)} bytes exceeds {max_bytes}")
+    if not data:
+        raise errors.InvalidModelError(f"configmap {name}/{key}: empty")
+    return data
+
+
+def check_format(data: bytes, fmt: str) -> None:
+    """Verify the declared `spec.model.format` against the bytes' magic numbers."""
+    detected = next((name for name, magic in _MAGIC.items() if data.startswith(magic)), "raw")
+    if fmt != "auto" and fmt != detected:
+        raise errors.InvalidModelError(
+            f"spec.model.format is {fmt!r} but the model bytes look like {detected!r}")
+

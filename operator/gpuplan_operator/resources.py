@@ -1,0 +1,204 @@
+"""Typed views of the TrainingJob spec and status, condition helpers and Reason constants."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+GROUP = "gpuplan.io"
+VERSION = "v1alpha1"
+PLURAL = "trainingjobs"
+KIND = "TrainingJob"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+OWNER_LABEL = "gpuplan.io/trainingjob"
+
+
+class ConditionType:
+    ESTIMATED = "Estimated"
+    LAUNCHED = "Launched"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SPEC_CHANGED = "SpecChangedAfterLaunch"
+
+
+class Reason:
+    """CamelCase condition reasons (metav1.Condition requires the pattern)."""
+
+    PLANNED = "Planned"
+    INVALID_SPEC = "InvalidSpec"
+    INVALID_MODEL = "InvalidModel"
+    NO_FEASIBLE_PLAN = "NoFeasiblePlan"
+    INVALID_REQUEST = "InvalidRequest"
+    ESTIMATOR_UNAVAILABLE = "EstimatorUnavailable"
+    MODEL_SOURCE_UNAVAILABLE = "ModelSourceUnavailable"
+    JOB_CREATED = "JobCreated"
+    JOB_COMPLETED = "JobCompleted"
+    JOB_FAILED = "JobFailed"
+    SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRef:
+    config_map_name: str | None
+    config_map_key: str | None
+    url: str | None
+    format: str  # auto | raw | gzip | xz | zstd
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    batch_size: int
+    dataset_size: int
+    epochs: int
+    optimizer: str
+    precision: str
+    sequence_length: int | None
+    dims: Mapping[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    prefer: str
+    deadline_seconds: float | None
+    budget_usd: float | None
+    max_gpus: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingJobSpec:
+    model: ModelRef
+    training: Training
+    objective: Objective
+    gpu_types: tuple[str, ...]
+    template: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    gpu_type: str
+    gpu_count: int | None
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The estimator's choice, as stored in `status.plan`."""
+
+    gpu_type: str
+    device: str
+    gpu_count: int
+    gpus_per_node: int
+    nodes: int
+    estimated_seconds: float
+    step_time_ms: float
+    memory_bytes_per_gpu: int
+    cost_usd: float | None
+    predictor: str
+    observed_generation: int
+    alternatives: tuple[Mapping[str, Any], ...] = ()
+    rejected: tuple[Rejection, ...] = ()
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "gpuType": self.gpu_type, "device": self.device, "gpuCount": self.gpu_count,
+            "gpusPerNode": self.gpus_per_node, "nodes": self.nodes,
+            "estimatedSeconds": self.estimated_seconds, "stepTimeMs": self.step_time_ms,
+            "memoryBytes": self.memory_bytes_per_gpu, "predictor": self.predictor,
+            "observedGeneration": self.observed_generation,
+            "alternatives": [dict(a) for a in self.alternatives[:64]],
+            "rejected": [{"gpuType": r.gpu_type, "gpuCount": r.gpu_count, "reason": r.reason}
+                         for r in self.rejected[:256]],
+        }
+        if self.cost_usd is not None:
+            out["costUsd"] = self.cost_usd
+        return out
+
+    @classmethod
+    def from_status(cls, data: Mapping[str, Any]) -> Plan:
+        """Inverse of `to_status` (a restarted operator resumes from the stored plan)."""
+        return cls(
+            gpu_type=str(data["gpuType"]), device=str(data.get("device", "")),
+            gpu_count=int(data["gpuCount"]), gpus_per_node=int(data["gpusPerNode"]),
+            nodes=int(data["nodes"]), estimated_seconds=float(data["estimatedSeconds"]),
+            step_time_ms=float(data["stepTimeMs"]), memory_bytes_per_gpu=int(data["memoryBytes"]),
+            cost_usd=float(data["costUsd"]) if "costUsd" in data else None,
+            predictor=str(data.get("predictor", "")),
+            observed_generation=int(data.get("observedGeneration", 0)),
+            alternatives=tuple(data.get("alternatives") or ()),
+            rejected=tuple(Rejection(str(r.get("gpuType", "")), r.get("gpuCount"),
+                                     str(r.get("reason", ""))) for r in data.get("rejected") or ()),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Actual:
+    start_time: datetime.datetime
+    completion_time: datetime.datetime
+
+    @property
+    def seconds(self) -> float:
+        return (self.completion_time - self.start_time).total_seconds()
+
+    def to_status(self) -> dict[str, Any]:
+        return {"startTime": format_time(self.start_time),
+                "completionTime": format_time(self.completion_time), "seconds": self.seconds}
+
+
+def drift_ratio(actual_seconds: float, estimated_seconds: float) -> float | None:
+    """actual / estimated; None when the estimate is not positive (no meaningful ratio)."""
+    if estimated_seconds <= 0:
+        return None
+    return actual_seconds / estimated_seconds
+
+
+def format_time(t: datetime.datetime) -> str:
+    return t.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(s: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]], *, type_: str, status: bool, reason: str,
+    message: str, observed_generation: int, now: datetime.datetime,
+) -> list[dict[str, Any]]:
+    """Return conditions with `type_` set; lastTransitionTime moves only when status changes."""
+    status_str = "True" if status else "False"
+    out: list[dict[str, Any]] = []
+    previous = None
+    for c in conditions:
+        if c.get("type") == type_:
+            previous = c
+        else:
+            out.append(dict(c))
+    transition = format_time(now)
+    if previous is not None and previous.get("status") == status_str:
+        transition = str(previous.get("lastTransitionTime", transition))
+    out.append({
+        "type": type_, "status": status_str, "reason": reason,
+        "message": message[:32768], "observedGeneration": observed_generation,
+        "lastTransitionTime": transition,
+    })
+    return out
+
+
+def find_condition(
+    conditions: Sequence[Mapping[str, Any]], type_: str
+) -> Mapping[str, Any] | None:
+    for c in conditions:
+        if c.get("type") == type_:
+            return c
+    return None
+
+
+def is_true(conditions: Sequence[Mapping[str, Any]], type_: str) -> bool:
+    c = find_condition(conditions, type_)
+    return c is not None and c.get("status") == "True"

@@ -1,0 +1,117 @@
+"""Operator settings: a dataclass with defaults, `from_env()` and `validate()`."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from gpuplan_operator import errors
+
+ENV_PREFIX = "GPUPLAN_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    estimator_url: str = ""
+    """Base URL of the estimator service, e.g. http://gpuplan-estimator:8080 (required)."""
+
+    estimator_timeout_seconds: float = 30.0
+    """Total time allowed for one `POST /v1/plans`."""
+
+    scheduler_name: str = ""
+    """schedulerName for launched pods (e.g. gpuplan-scheduler); empty keeps the default one."""
+
+    model_max_bytes: int = 32 * 1024 * 1024
+    """Largest model file accepted from a ConfigMap or URL (bytes as stored, compressed or not)."""
+
+    model_fetch_timeout_seconds: float = 30.0
+    """Total time allowed for downloading a model URL."""
+
+    model_url_block_private: bool = True
+    """Refuse model URLs resolving to RFC 1918 / unique-local addresses (in-cluster services)."""
+
+    model_url_allowed_networks: tuple[str, ...] = ()
+    """CIDRs exempt from the URL guard (e.g. 127.0.0.1/32 in tests, an in-cluster model store)."""
+
+    retry_base_delay_seconds: float = 5.0
+    """First delay before re-asking an unavailable estimator; doubles per retry."""
+
+    retry_max_delay_seconds: float = 300.0
+    """Cap on the retry delay."""
+
+    master_port: int = 29500
+    """torchrun rendezvous port for multi-node jobs."""
+
+    metrics_port: int = 9090
+    """Port of the /metrics endpoint; 0 disables it."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read GPUPLAN_<FIELD> variables; unknown fields keep their defaults."""
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for field in dataclasses.fields(cls):
+            raw = env.get(ENV_PREFIX + field.name.upper())
+            if raw is None:
+                continue
+            values[field.name] = _parse(field.name, field.type, raw)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def validate(self) -> Settings:
+        """Raise SettingsError naming every invalid field; return self when valid."""
+        problems = list(_problems(self))
+        if problems:
+            raise errors.SettingsError("; ".join(problems))
+        return self
+
+    def retry_delay_seconds(self, retry: int) -> float:
+        """Exponential backoff for the `retry`-th retry (0-based), capped."""
+        exponent = min(max(retry, 0), 30)
+        delay = self.retry_base_delay_seconds * (2**exponent)
+        return float(min(delay, self.retry_max_delay_seconds))
+
+
+def _parse(name: str, type_name: object, raw: str) -> object:
+    env_name = ENV_PREFIX + name.upper()
+    try:
+        if type_name == "bool":
+            if raw.lower() not in {"true", "false", "1", "0", "yes", "no"}:
+                raise ValueError(raw)
+            return raw.lower() in {"true", "1", "yes"}
+        if type_name == "int":
+            return int(raw)
+        if type_name == "float":
+            return float(raw)
+        if type_name == "tuple[str, ...]":
+            return tuple(p.strip() for p in raw.split(",") if p.strip())
+    except ValueError as exc:
+        raise errors.SettingsError(f"{env_name}: cannot parse {raw!r} as {type_name}") from exc
+    return raw
+
+
+def _problems(s: Settings) -> list[str]:
+    out: list[str] = []
+    url = urlsplit(s.estimator_url)
+    if url.scheme not in {"http", "https"} or not url.netloc:
+        out.append(f"estimator_url: need an http(s) URL, got {s.estimator_url!r}")
+    for name in ("estimator_timeout_seconds", "model_fetch_timeout_seconds",
+                 "retry_base_delay_seconds", "retry_max_delay_seconds"):
+        if not getattr(s, name) > 0:
+            out.append(f"{name}: must be > 0, got {getattr(s, name)}")
+    if s.retry_max_delay_seconds < s.retry_base_delay_seconds:
+        out.append("retry_max_delay_seconds: must be >= retry_base_delay_seconds")
+    if not 1 <= s.model_max_bytes <= 1024**3:
+        out.append(f"model_max_bytes: must be in 1..1 GiB, got {s.model_max_bytes}")
+    if not 1 <= s.master_port <= 65535:
+        out.append(f"master_port: must be in 1..65535, got {s.master_port}")
+    if not 0 <= s.metrics_port <= 65535:
+        out.append(f"metrics_port: must be in 0..65535, got {s.metrics_port}")
+    for cidr in s.model_url_allowed_networks:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            out.append(f"model_url_allowed_networks: {cidr!r} is not a CIDR")
+    return out

@@ -1,0 +1,180 @@
+"""Pure validation of a TrainingJob spec: every error with its field path, then a typed view."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gpuplan_operator import errors, resources
+
+OPTIMIZERS = frozenset({"sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop", "lamb"})
+PRECISIONS = frozenset({"fp32", "tf32", "fp16", "bf16", "amp-fp16", "amp-bf16"})
+PREFERENCES = frozenset({"cheapest", "fastest", "balanced"})
+FORMATS = frozenset({"auto", "raw", "gzip", "xz", "zstd"})
+_DURATION = re.compile(r"^(?:[0-9]+[dhms])+$")
+_DURATION_PART = re.compile(r"([0-9]+)([dhms])")
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+MAX_DIMS = 32
+
+
+def parse_duration_seconds(text: str) -> int:
+    """'1h30m' → 5400. Raises ValueError for anything else (same grammar as the CRD's CEL rule)."""
+    if not _DURATION.match(text):
+        raise ValueError(f"not a duration like 4h, 90m or 1h30m: {text!r}")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+
+
+def validate_spec(spec: Mapping[str, Any]) -> list[str]:
+    """All problems of `spec`, each prefixed with its field path; empty when valid."""
+    out: list[str] = []
+    _check_model(spec.get("model"), out)
+    _check_training(spec.get("training"), out)
+    _check_objective(spec.get("objective", {}), out)
+    _check_gpu_types(spec.get("gpuTypes", []), out)
+    _check_template(spec.get("template"), out)
+    return out
+
+
+def parse_spec(spec: Mapping[str, Any]) -> resources.TrainingJobSpec:
+    """Typed view of a valid spec; raises InvalidSpecError listing every problem."""
+    problems = validate_spec(spec)
+    if problems:
+        raise errors.InvalidSpecError(problems)
+    model, onnx = spec["model"], spec["model"]["onnx"]
+    ref = onnx.get("configMapKeyRef") or {}
+    training, objective = spec["training"], spec.get("objective", {})
+    deadline = objective.get("deadline")
+    return resources.TrainingJobSpec(
+        model=resources.ModelRef(
+            config_map_name=ref.get("name"), config_map_key=ref.get("key"),
+            url=onnx.get("url"), format=model.get("format", "auto"),
+        ),
+        training=resources.Training(
+            batch_size=int(training["batchSize"]), dataset_size=int(training["datasetSize"]),
+            epochs=int(training["epochs"]), optimizer=training.get("optimizer", "adamw"),
+            precision=training.get("precision", "fp32"),
+            sequence_length=training.get("sequenceLength"),
+            dims={str(k): int(v) for k, v in (training.get("dims") or {}).items()},
+        ),
+        objective=resources.Objective(
+            prefer=objective.get("prefer", "cheapest"),
+            deadline_seconds=float(parse_duration_seconds(deadline)) if deadline else None,
+            budget_usd=float(objective["budget"]) if "budget" in objective else None,
+            max_gpus=int(objective.get("maxGpus", 8)),
+        ),
+        gpu_types=tuple(spec.get("gpuTypes") or ()),
+        template=spec["template"],
+    )
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_int(obj: Mapping[str, Any], key: str, path: str, lo: int, hi: int,
+               out: list[str], *, required: bool) -> None:
+    if key not in obj:
+        if required:
+            out.append(f"{path}.{key}: required")
+        return
+    v = obj[key]
+    if not _is_int(v):
+        out.append(f"{path}.{key}: must be an integer, got {v!r}")
+    elif not lo <= v <= hi:
+        out.append(f"{path}.{key}: must be in [{lo}, {hi}], got {v}")
+
+
+def _check_enum(obj: Mapping[str, Any], key: str, path: str, allowed: frozenset[str],
+                out: list[str]) -> None:
+    if key in obj and obj[key] not in allowed:
+        out.append(f"{path}.{key}: must be one of {sorted(allowed)}, got {obj[key]!r}")
+
+
+def _check_model(model: object, out: list[str]) -> None:
+    if not isinstance(model, Mapping):
+        out.append("spec.model: required object")
+        return
+    _check_enum(model, "format", "spec.model", FORMATS, out)
+    onnx = model.get("onnx")
+    if not isinstance(onnx, Mapping):
+        out.append("spec.model.onnx: required object")
+        return
+    has_ref, has_url = "configMapKeyRef" in onnx, "url" in onnx
+    if has_ref == has_url:
+        out.append("spec.model.onnx: set exactly one of configMapKeyRef and url")
+    if has_ref:
+        ref = onnx["configMapKeyRef"]
+        for key in ("name", "key"):
+            if not isinstance(ref, Mapping) or not isinstance(ref.get(key), str) or not ref[key]:
+                out.append(f"spec.model.onnx.configMapKeyRef.{key}: required non-empty string")
+    if has_url:
+        url = onnx["url"]
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            out.append(f"spec.model.onnx.url: must be an http:// or https:// URL, got {url!r}")
+
+
+def _check_training(training: object, out: list[str]) -> None:
+    path = "spec.training"
+    if not isinstance(training, Mapping):
+        out.append(f"{path}: required object")
+        return
+    _check_int(training, "batchSize", path, 1, 1 << 20, out, required=True)
+    _check_int(training, "datasetSize", path, 1, 10**12, out, required=True)
+    _check_int(training, "epochs", path, 1, 100_000, out, required=True)
+    _check_int(training, "sequenceLength", path, 1, 1 << 20, out, required=False)
+    _check_enum(training, "optimizer", path, OPTIMIZERS, out)
+    _check_enum(training, "precision", path, PRECISIONS, out)
+    dims = training.get("dims", {})
+    if not isinstance(dims, Mapping):
+        out.append(f"{path}.dims: must be a map of name to integer")
+        return
+    if len(dims) > MAX_DIMS:
+        out.append(f"{path}.dims: at most {MAX_DIMS} entries, got {len(dims)}")
+    for name in dims:
+        _check_int(dims, name, f"{path}.dims", 1, 1 << 30, out, required=True)
+
+
+def _check_objective(objective: object, out: list[str]) -> None:
+    path = "spec.objective"
+    if not isinstance(objective, Mapping):
+        out.append(f"{path}: must be an object")
+        return
+    _check_enum(objective, "prefer", path, PREFERENCES, out)
+    _check_int(objective, "maxGpus", path, 1, 4096, out, required=False)
+    if "deadline" in objective:
+        d = objective["deadline"]
+        if not isinstance(d, str) or not _DURATION.match(d):
+            out.append(f"{path}.deadline: must be a duration like 4h, 90m or 1h30m, got {d!r}")
+        elif parse_duration_seconds(d) <= 0:
+            out.append(f"{path}.deadline: must be longer than 0s")
+    if "budget" in objective:
+        b = objective["budget"]
+        if isinstance(b, bool) or not isinstance(b, int | float) or not b > 0:
+            out.append(f"{path}.budget: must be a number > 0 (USD), got {b!r}")
+
+
+def _check_gpu_types(gpu_types: object, out: list[str]) -> None:
+    if not isinstance(gpu_types, list):
+        out.append("spec.gpuTypes: must be a list of strings")
+        return
+    for i, g in enumerate(gpu_types):
+        if not isinstance(g, str) or not g:
+            out.append(f"spec.gpuTypes[{i}]: must be a non-empty string")
+    if len(set(map(str, gpu_types))) != len(gpu_types):
+        out.append("spec.gpuTypes: duplicate entries")
+
+
+def _check_template(template: object, out: list[str]) -> None:
+    path = "spec.template"
+    if not isinstance(template, Mapping):
+        out.append(f"{path}: required PodTemplateSpec")
+        return
+    pod_spec = template.get("spec")
+    containers = pod_spec.get("containers") if isinstance(pod_spec, Mapping) else None
+    if not isinstance(containers, list) or not containers:
+        out.append(f"{path}.spec.containers: at least one container is required")
+        return
+    for i, c in enumerate(containers):
+        if not isinstance(c, Mapping) or not c.get("name") or not c.get("image"):
+            out.append(f"{path}.spec.containers[{i}]: needs name and image")

@@ -1,0 +1,143 @@
+"""Pure inventory functions and the thread-safe store built on them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuplan_operator.extender import builders, inventory
+from gpuplan_operator.extender.store import NODES, PODS, InventoryStore
+
+L4 = "NVIDIA-L4"
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"), [("8", 8), (8, 8), ("0", 0), ("4000m", 4)],
+)
+def test_parse_gpu_quantity(raw: object, value: int) -> None:
+    assert inventory.parse_gpu_quantity(raw) == value
+
+
+@pytest.mark.parametrize("raw", ["1.5", "1500m", "-1", -1, "x", True, None, "1Ki"])
+def test_parse_gpu_quantity_rejects(raw: object) -> None:
+    with pytest.raises(inventory.QuantityError):
+        inventory.parse_gpu_quantity(raw)
+
+
+def test_node_gpus_reads_label_and_allocatable() -> None:
+    view = inventory.node_gpus(builders.make_node("n", L4, 4))
+    assert view == inventory.NodeGpus("n", L4, 4, 0)
+    assert view.free_gpus == 4
+    bare = inventory.node_gpus(builders.make_node("cpu"))
+    assert bare.product is None and bare.allocatable_gpus is None and bare.free_gpus is None
+
+
+def test_node_gpus_tolerates_garbage_allocatable() -> None:
+    node = builders.make_node("n", L4, 4)
+    node["status"]["allocatable"]["nvidia.com/gpu"] = "lots"
+    assert inventory.node_gpus(node).allocatable_gpus is None
+
+
+def test_pod_gpu_request_requests_limits_and_init_containers() -> None:
+    assert inventory.pod_gpu_request(builders.make_pod("p", gpus=2)) == 2
+    assert inventory.pod_gpu_request(builders.make_pod("p", gpus=2, use_limits=False)) == 2
+    pod = builders.make_pod("p", gpus=2)
+    pod["spec"]["containers"].append(
+        {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}})
+    pod["spec"]["initContainers"] = [
+        {"name": "warm", "resources": {"limits": {"nvidia.com/gpu": "4"}}},
+    ]
+    assert inventory.pod_gpu_request(pod) == 4  # the init container's peak exceeds 2 + 1
+    pod["spec"]["initContainers"].insert(
+        0, {"name": "side", "restartPolicy": "Always",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}})
+    assert inventory.pod_gpu_request(pod) == 5  # the sidecar runs beside the init container
+
+
+@pytest.mark.parametrize(
+    ("phase", "node", "counted"),
+    [("Running", "n", True), ("Pending", "n", True), ("Succeeded", "n", False),
+     ("Failed", "n", False), ("Pending", None, False)],
+)
+def test_pod_usage_counts_bound_non_terminal_pods(
+    phase: str, node: str | None, counted: bool
+) -> None:
+    usage = inventory.pod_usage(builders.make_pod("p", gpus=2, node_name=node, phase=phase))
+    assert (usage == inventory.PodUsage("n", 2)) is counted
+    assert counted or usage is None
+
+
+def test_build_snapshot_subtracts_bound_pods() -> None:
+    nodes = [builders.make_node("a", L4, 4), builders.make_node("b", L4, 4)]
+    pods = [builders.make_pod("p1", gpus=1, node_name="a", phase="Running"),
+            builders.make_pod("p2", gpus=2, node_name="a", phase="Running"),
+            builders.make_pod("p3", gpus=4, node_name="b", phase="Succeeded")]
+    snap = inventory.build_snapshot(nodes, pods, fresh_at_s=3.0)
+    assert snap.nodes["a"].free_gpus == 1
+    assert snap.nodes["b"].free_gpus == 4
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_store_is_unsynced_until_both_kinds_are_listed() -> None:
+    store = InventoryStore(FakeClock())
+    assert store.snapshot() is None and store.age_seconds() is None
+    store.replace(NODES, [builders.make_node("a", L4, 4)])
+    assert store.snapshot() is None
+    store.replace(PODS, [])
+    snap = store.snapshot()
+    assert snap is not None and snap.nodes["a"].free_gpus == 4
+
+
+def test_store_applies_events_and_keeps_old_snapshots_unchanged() -> None:
+    clock = FakeClock()
+    store = InventoryStore(clock)
+    store.replace(NODES, [builders.make_node("a", L4, 4)])
+    store.replace(PODS, [])
+    before = store.snapshot()
+    pod = builders.make_pod("p", gpus=3, node_name="a", phase="Running")
+    store.apply(PODS, "ADDED", pod)
+    after = store.snapshot()
+    assert before is not None and after is not None
+    assert before.nodes["a"].free_gpus == 4  # a request's snapshot never changes under it
+    assert after.nodes["a"].free_gpus == 1
+    store.apply(PODS, "MODIFIED", {**pod, "status": {"phase": "Succeeded"}})
+    assert store.snapshot().nodes["a"].free_gpus == 4  # type: ignore[union-attr]
+    store.apply(PODS, "ADDED", pod)
+    store.apply(PODS, "DELETED", pod)
+    store.apply(NODES, "ADDED", builders.make_node("b", L4, 8))
+    store.apply(NODES, "DELETED", builders.make_node("a", L4, 4))
+    final = store.snapshot()
+    assert final is not None and dict(final.nodes) == {"b": inventory.NodeGpus("b", L4, 8, 0)}
+
+
+def test_store_unchanged_snapshot_is_reused() -> None:
+    store = InventoryStore(FakeClock())
+    store.replace(NODES, [builders.make_node("a", L4, 4)])
+    store.replace(PODS, [])
+    assert store.snapshot() is store.snapshot()
+
+
+def test_store_age_tracks_the_oldest_kind() -> None:
+    clock = FakeClock()
+    store = InventoryStore(clock)
+    store.replace(NODES, [])
+    clock.now_s += 10
+    store.replace(PODS, [])
+    clock.now_s += 5
+    assert store.age_seconds() == 15.0
+    store.mark_fresh(NODES)
+    assert store.age_seconds() == 5.0
+    snap = store.snapshot()
+    assert snap is not None and snap.fresh_at_s == 110.0
+
+
+def test_store_rejects_unknown_kind() -> None:
+    store = InventoryStore(FakeClock())
+    with pytest.raises(ValueError, match="unknown kind"):
+        store.replace("services", [])

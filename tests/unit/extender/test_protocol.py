@@ -1,0 +1,82 @@
+"""ExtenderArgs parsing and ExtenderFilterResult / HostPriorityList encoding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuplan_operator.extender import builders, protocol
+
+
+def test_parse_cache_capable_args() -> None:
+    body = builders.extender_args(builders.make_pod("p", gpus=1), ["n1", "n2"])
+    args = protocol.parse_args(body)
+    assert args.node_names == ("n1", "n2")
+    assert args.node_items is None
+    assert args.pod_key == "default/p"
+
+
+def test_parse_full_node_args() -> None:
+    nodes = [builders.make_node("n1", "NVIDIA-L4", 4), builders.make_node("n2")]
+    args = protocol.parse_args(builders.extender_args_full(builders.make_pod("p"), nodes))
+    assert args.node_names == ("n1", "n2")
+    assert args.node_items is not None and len(args.node_items) == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ([], "$"),
+        ("x", "$"),
+        ({"Nodes": None, "NodeNames": []}, "Pod"),
+        ({"Pod": [], "NodeNames": []}, "Pod"),
+        ({"Pod": {"metadata": "x"}, "NodeNames": []}, "Pod.metadata"),
+        ({"Pod": {"spec": 3}, "NodeNames": []}, "Pod.spec"),
+        ({"Pod": {}, "NodeNames": None, "Nodes": None}, "NodeNames"),
+        ({"Pod": {}, "NodeNames": "n1"}, "NodeNames"),
+        ({"Pod": {}, "NodeNames": ["n1", 2]}, "NodeNames[1]"),
+        ({"Pod": {}, "NodeNames": None, "Nodes": []}, "Nodes"),
+        ({"Pod": {}, "NodeNames": None, "Nodes": {"items": {}}}, "Nodes.items"),
+        ({"Pod": {}, "NodeNames": None, "Nodes": {"items": [1]}}, "Nodes.items[0]"),
+        ({"Pod": {}, "NodeNames": None, "Nodes": {"items": [{"metadata": {}}]}},
+         "Nodes.items[0].metadata.name"),
+    ],
+)
+def test_parse_rejects_wrong_shapes_naming_the_field(body: Any, field: str) -> None:
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.parse_args(body)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}: ")
+
+
+def test_encode_filter_result_cache_capable_uses_names_and_go_keys() -> None:
+    args = protocol.parse_args(builders.extender_args(builders.make_pod("p"), ["a", "b", "c"]))
+    result = protocol.FilterResult(passed=("a",), failed={"b": "why"},
+                                   failed_unresolvable={"c": "never"})
+    assert protocol.encode_filter_result(result, args) == {
+        "Nodes": None,
+        "NodeNames": ["a"],
+        "FailedNodes": {"b": "why"},
+        "FailedAndUnresolvableNodes": {"c": "never"},
+        "Error": "",
+    }
+
+
+def test_encode_filter_result_full_nodes_echoes_passing_items() -> None:
+    nodes = [builders.make_node("a"), builders.make_node("b")]
+    args = protocol.parse_args(builders.extender_args_full(builders.make_pod("p"), nodes))
+    result = protocol.FilterResult(passed=("b",), failed={"a": "why"}, failed_unresolvable={})
+    encoded = protocol.encode_filter_result(result, args)
+    assert encoded["NodeNames"] is None
+    assert encoded["Nodes"] == {"items": [nodes[1]]}
+
+
+def test_encode_priorities_is_a_bare_array() -> None:
+    assert protocol.encode_priorities([("a", 10), ("b", 0)]) == [
+        {"Host": "a", "Score": 10}, {"Host": "b", "Score": 0}]
+
+
+def test_encode_filter_error() -> None:
+    encoded = protocol.encode_filter_error("boom")
+    assert encoded["Error"] == "boom" and encoded["NodeNames"] is None

@@ -49,7 +49,14 @@ build_kwok() {
 build_helm() {
   have helm && return 0
   log "building helm $HELM_VERSION"
-  GOBIN=$bin go install -ldflags "-s -w" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  # Without these -X flags (set by helm's own Makefile) `helm template` assumes Kubernetes
+  # v1.20.0 and rejects charts with `kubeVersion: >=1.30`; we pin it to the testbed's minor.
+  local p=helm.sh/helm/v3 minor=${K8S_VERSION#v1.}
+  minor=${minor%%.*}
+  GOBIN=$bin go install -ldflags "-s -w -X $p/internal/version.version=$HELM_VERSION \
+    -X $p/pkg/chartutil.k8sVersionMajor=1 -X $p/pkg/chartutil.k8sVersionMinor=$minor \
+    -X $p/pkg/lint/rules.k8sVersionMajor=1 -X $p/pkg/lint/rules.k8sVersionMinor=$minor" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
 start=$(date +%s)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -266,7 +266,10 @@ class PerfStore:
             "vendor": spec.vendor,
             "nvml_name": nvml_name,
             "nvml_uuid": nvml_uuid,
-            "spec_json": json.dumps(asdict(spec), sort_keys=True, default=_jsonable),
+            "spec_json": json.dumps(
+                {f.name: getattr(spec, f.name) for f in fields(spec)},
+                sort_keys=True, default=_jsonable,
+            ),
             "last_seen": now,
         }
 

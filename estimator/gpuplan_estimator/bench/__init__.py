@@ -1,0 +1,1 @@
+"""`gpuplan bench`: sample single-kernel configurations, time them, store measurement rows."""

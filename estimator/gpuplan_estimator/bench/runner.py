@@ -1,0 +1,293 @@
+"""Runs a benchmark plan on one device into the performance database, resumably.
+
+The sampled plan and its digest are stored with the run; a later invocation with the same
+sweep specs, seed, sample count, device and backend finds the unfinished run and measures only
+the rows that are still missing.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pandas as pd
+from tqdm import tqdm
+
+from gpuplan_estimator import devices, errors
+from gpuplan_estimator.bench import nvml, sweep, timing, units
+from gpuplan_estimator.measurements import MEASUREMENT_COLUMNS
+from gpuplan_estimator.perfdb.store import PerfStore, RunInfo
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_SWEEP_DIR = REPO_ROOT / "benchmark-jobs" / "sweeps"
+BACKENDS = ("onnxruntime", "torch")
+FLUSH_EVERY_ROWS = 10
+FLUSH_EVERY_S = 5.0
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What `gpuplan bench` measures and for how long."""
+
+    device: str = "cpu"
+    """``cpu``, ``cuda`` or ``cuda:N``."""
+    families: tuple[str, ...] | None = None
+    """Kernel families to sample (None = every spec found)."""
+    samples: int = 200
+    """Size of the sampled plan across families."""
+    budget_minutes: float = 3.0
+    """Stop starting new rows after this long; the run stays resumable."""
+    seed: int = 0
+    backend: str = "onnxruntime"
+    sweep_paths: tuple[str, ...] = (str(DEFAULT_SWEEP_DIR),)
+    timing: timing.TimingSettings = field(default_factory=timing.TimingSettings)
+    command: str = ""
+    """Command line recorded with the run (provenance)."""
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    run_id: int
+    device: str
+    backend: str
+    status: str  # done | interrupted
+    resumed: bool
+    planned: int
+    rows_added: int
+    rows_total: int
+    elapsed_s: float
+    intra_op_threads: int
+
+    @property
+    def rows_per_min(self) -> float:
+        return 60.0 * self.rows_added / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def parse_device(device: str) -> tuple[str, int]:
+    """``cpu`` → ("cpu", 0); ``cuda`` / ``cuda:N`` → ("cuda", N)."""
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (kind == "cpu" and index):
+        raise errors.InvalidRequestError("device", f"expected cpu, cuda or cuda:N, got {device!r}")
+    if not index:
+        return kind, 0
+    if not index.isdigit():
+        raise errors.InvalidRequestError("device", f"bad GPU index in {device!r}")
+    return kind, int(index)
+
+
+def backend_name(backend: str, kind: str) -> str:
+    if backend == "onnxruntime":
+        return f"onnxruntime-{ort.__version__}-{kind}"
+    if backend == "torch":
+        try:
+            import torch  # type: ignore[import-not-found, unused-ignore]
+        except ImportError:
+            raise errors.GpuplanError(
+                "--backend torch needs PyTorch, which is not importable here "
+                "(pip install torch), or use --backend onnxruntime"
+            ) from None
+        raise errors.GpuplanError(
+            f"--backend torch (torch {torch.__version__}) is not implemented yet; "
+            "use --backend onnxruntime"
+        )
+    raise errors.InvalidRequestError("backend", f"expected one of {BACKENDS}, got {backend!r}")
+
+
+def git_commit(cwd: Path = REPO_ROOT) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str
+    index: int
+    key: str
+    spec: devices.DeviceSpec
+    identity: nvml.NvmlIdentity | None
+    provider: str
+
+
+def resolve_target(device: str) -> Target:
+    kind, index = parse_device(device)
+    if kind == "cpu":
+        spec = devices.resolve_device("cpu")
+        return Target(kind, index, spec.key, spec, None, "CPUExecutionProvider")
+    ident = nvml.device_identity(index)
+    if ident is None:
+        raise errors.GpuplanError(f"{device}: NVML unavailable, cannot identify the GPU")
+    spec = devices.resolve_device(ident.name)
+    return Target(kind, index, spec.key, spec, ident, "CUDAExecutionProvider")
+
+
+def _find_resumable(store: PerfStore, key: str, digest: str) -> RunInfo | None:
+    """The latest run with this plan digest (a finished one measures nothing new)."""
+    runs = store.runs(device=key, sweep_digest=digest)
+    return runs[-1] if runs else None
+
+
+def _measured_keys(store: PerfStore, run_id: int) -> set[tuple[str, str, str, str]]:
+    frame = store.measurements(run_id=run_id)
+    cols = ["kernel", "op", "dtype", "dims"]
+    return {(str(a), str(b), str(c), str(d)) for a, b, c, d in frame[cols].itertuples(index=False)}
+
+
+def measure_item(
+    item: sweep.PlanItem, target: Target, settings: timing.TimingSettings, seed: int
+) -> dict[str, Any]:
+    """Build, time and describe one plan item as a measurement-frame row (without source)."""
+    rng = np.random.default_rng([seed, *(int(v) for v in item.dims.values())])
+    unit = units.build_unit(item, rng)
+    with nvml.PowerSampler(target.index) if target.kind == "cuda" else _NoPower() as power:
+        result = timing.time_unit(
+            unit, provider=target.provider, settings=settings, device_id=target.index
+        )
+    watts = power.mean_watts
+    return {
+        "kernel": item.kernel,
+        "op": item.op,
+        "dtype": item.dtype,
+        "dims": sweep.dims_json(item.dims),
+        "latency_ms": result.latency_ms,
+        "latency_std_ms": result.latency_std_ms,
+        "latency_min_ms": result.latency_min_ms,
+        "repeats": result.repeats,
+        "power_watts": watts,
+        "energy_mj": watts * result.latency_ms if watts is not None else None,  # W x ms = mJ
+    }
+
+
+class _NoPower:
+    mean_watts: float | None = None
+
+    def __enter__(self) -> _NoPower:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+def run_bench(
+    settings: BenchSettings,
+    store: PerfStore,
+    *,
+    target: Target | None = None,
+    clock: Clock = time.monotonic,
+    progress: bool = True,
+) -> BenchReport:
+    """Measure the plan of `settings` (resuming an unfinished identical run) into `store`."""
+    tgt = target or resolve_target(settings.device)
+    backend = backend_name(settings.backend, tgt.kind)
+    specs = sweep.load_specs(settings.sweep_paths)
+    digest = sweep.plan_digest(
+        specs, samples=settings.samples, seed=settings.seed, kind=tgt.kind,
+        families=sorted(settings.families) if settings.families else None, backend=backend,
+    )
+    threads = timing.resolved_threads(settings.timing)
+    found = _find_resumable(store, tgt.key, digest)
+    if found is not None:
+        run_id = found.id
+        plan = [sweep.PlanItem.from_json(x) for x in json.loads(found.plan_json)]
+        done = _measured_keys(store, run_id)
+    else:
+        plan = sweep.sample_plan(
+            specs, samples=settings.samples, seed=settings.seed, device_kind=tgt.kind,
+            families=settings.families,
+        )
+        run_id = _start_run(store, settings, tgt, backend, digest, plan, threads)
+        done = set()
+    store.upsert_device(
+        tgt.spec,
+        nvml_name=tgt.identity.name if tgt.identity else "",
+        nvml_uuid=tgt.identity.uuid if tgt.identity else "",
+    )
+    todo = [it for it in plan if it.key() not in done]
+    started = clock()
+    added = _measure_all(store, run_id, todo, tgt, backend, settings, started, clock, progress,
+                         already=len(plan) - len(todo), planned=len(plan))
+    remaining = len(todo) - added
+    final = "done" if remaining == 0 else "interrupted"
+    store.finish_run(run_id, final)
+    return BenchReport(
+        run_id=run_id, device=tgt.key, backend=backend, status=final,
+        resumed=found is not None, planned=len(plan), rows_added=added,
+        rows_total=len(plan) - remaining, elapsed_s=clock() - started, intra_op_threads=threads,
+    )
+
+
+def _start_run(
+    store: PerfStore, settings: BenchSettings, tgt: Target, backend: str, digest: str,
+    plan: Sequence[sweep.PlanItem], threads: int,
+) -> int:
+    run_settings = {
+        "seed": settings.seed,
+        "samples": settings.samples,
+        "families": list(settings.families) if settings.families else None,
+        "sweep_paths": list(settings.sweep_paths),
+        "timing": {**asdict(settings.timing), "intra_op_threads": threads},
+        "platform": platform.platform(),
+        "cpu_model": tgt.spec.name if tgt.kind == "cpu" else "",
+        "nvml": asdict(tgt.identity) if tgt.identity else None,
+    }
+    return store.add_run(
+        device=tgt.key, backend=backend, backend_version=ort.__version__,
+        host=socket.gethostname(), git_commit=git_commit(), command=settings.command,
+        sweep_digest=digest, source="gpuplan-bench",
+        plan_json=json.dumps([it.to_json() for it in plan]), settings=run_settings,
+    )
+
+
+def _measure_all(
+    store: PerfStore, run_id: int, todo: Sequence[sweep.PlanItem], tgt: Target, backend: str,
+    settings: BenchSettings, started: float, clock: Clock, progress: bool, *, already: int,
+    planned: int,
+) -> int:
+    deadline = started + settings.budget_minutes * 60.0
+    buffer: list[dict[str, Any]] = []
+    added = 0
+    last_flush = clock()
+    bar = tqdm(total=planned, initial=already, unit="row", disable=not progress,
+               desc=f"bench {tgt.key}", mininterval=1.0)
+    try:
+        for item in todo:
+            if clock() >= deadline:
+                break
+            row = measure_item(item, tgt, settings.timing, settings.seed)
+            buffer.append({**row, "device": tgt.key, "backend": backend,
+                           "source": f"gpuplan-bench run {run_id}"})
+            bar.update(1)
+            if len(buffer) >= FLUSH_EVERY_ROWS or clock() - last_flush >= FLUSH_EVERY_S:
+                added += store.add_measurements(run_id, pd.DataFrame(buffer))
+                buffer, last_flush = [], clock()
+    finally:
+        # Also on Ctrl-C: what was measured is kept, and the next run resumes after it.
+        if buffer:
+            added += store.add_measurements(run_id, pd.DataFrame(buffer))
+        bar.close()
+    return added
+
+
+def export_run(store: PerfStore, run_id: int, path: Path, sidecar: dict[str, Any]) -> int:
+    """Write a run's rows as a measurement-frame parquet plus ``<path>.json``; returns rows."""
+    frame = store.measurements(run_id=run_id)
+    cols = [*MEASUREMENT_COLUMNS, "latency_min_ms"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame[cols].to_parquet(path, index=False, compression="zstd")
+    path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
+    return len(frame)

@@ -1,0 +1,71 @@
+"""kueue-style builders for TrainingJob specs and plans used by the operator unit tests."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from gpuplan_operator import resources
+
+
+class SpecBuilder:
+    def __init__(self) -> None:
+        self._spec: dict[str, Any] = {
+            "model": {"onnx": {"configMapKeyRef": {"name": "resnet", "key": "model.onnx"}}},
+            "training": {"batchSize": 256, "datasetSize": 1_281_167, "epochs": 1},
+            "objective": {"prefer": "cheapest", "deadline": "4h", "maxGpus": 8},
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "pytorch:2"}]}},
+        }
+
+    def set(self, path: str, value: Any) -> SpecBuilder:
+        *parents, leaf = path.split(".")
+        node = self._spec
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+        return self
+
+    def drop(self, path: str) -> SpecBuilder:
+        *parents, leaf = path.split(".")
+        node = self._spec
+        for p in parents:
+            node = node[p]
+        del node[leaf]
+        return self
+
+    def obj(self) -> dict[str, Any]:
+        return copy.deepcopy(self._spec)
+
+
+def make_plan(*, gpu_type: str = "NVIDIA-A100-SXM4-80GB", gpu_count: int = 4,
+              gpus_per_node: int = 4, nodes: int = 1, estimated_seconds: float = 3600.0,
+              generation: int = 1) -> resources.Plan:
+    return resources.Plan(
+        gpu_type=gpu_type, device="a100-sxm4-80gb", gpu_count=gpu_count,
+        gpus_per_node=gpus_per_node, nodes=nodes, estimated_seconds=estimated_seconds,
+        step_time_ms=120.5, memory_bytes_per_gpu=30 * 2**30, cost_usd=12.5,
+        predictor="lightgbm", observed_generation=generation,
+    )
+
+
+class LocalServer:
+    """A real aiohttp server on 127.0.0.1 with a random port, for client tests."""
+
+    def __init__(self, app: Any) -> None:
+        from aiohttp import web
+
+        self._runner = web.AppRunner(app)
+        self.url = ""
+
+    async def __aenter__(self) -> LocalServer:
+        from aiohttp import web
+
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._runner.cleanup()

@@ -1,0 +1,106 @@
+"""Estimator client against a real local aiohttp server: success and every error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import pytest
+from aiohttp import web
+from operator_builders import LocalServer, SpecBuilder
+
+from gpuplan_operator import errors, estimator_client, inventory, resources, validation
+
+PLAN = {"plan": {"gpu_type": "NVIDIA-L4", "device": "l4", "gpu_count": 8, "gpus_per_node": 4,
+                 "nodes": 2, "estimated_seconds": 7200.0, "step_time_ms": 250.0,
+                 "memory_bytes_per_gpu": 20_000_000_000, "cost_usd": 9.5, "predictor": "roofline"},
+        "candidates": [{"gpu_type": "NVIDIA-L4", "gpu_count": 4, "estimated_seconds": 14000.0}],
+        "rejected": [{"gpu_type": "NVIDIA-A100-SXM4-80GB", "gpu_count": None,
+                      "reason": "not in allow-list"}]}
+
+
+def _app(status: int, body: Any, delay: float = 0.0) -> web.Application:
+    seen: list[Any] = []
+
+    async def plans(request: web.Request) -> web.Response:
+        seen.append(await request.json())
+        await asyncio.sleep(delay)
+        text = body if isinstance(body, str) else json.dumps(body)
+        return web.Response(status=status, text=text, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/plans", plans)
+    app["seen"] = seen
+    return app
+
+
+def _ask(app: web.Application, timeout: float = 5) -> resources.Plan:
+    async def run() -> resources.Plan:
+        async with LocalServer(app) as srv:
+            return await estimator_client.request_plan(srv.url + "/", {"x": 1}, generation=4,
+                                                       timeout_seconds=timeout)
+    return asyncio.run(run())
+
+
+def test_ok_response_becomes_plan() -> None:
+    app = _app(200, PLAN)
+    plan = _ask(app)
+    assert app["seen"] == [{"x": 1}]
+    assert (plan.gpu_type, plan.gpu_count, plan.nodes, plan.observed_generation) == (
+        "NVIDIA-L4", 8, 2, 4)
+    assert plan.alternatives[0]["gpuCount"] == 4
+    assert plan.rejected[0].reason == "not in allow-list"
+
+
+@pytest.mark.parametrize("reason", ["InvalidModel", "NoFeasiblePlan", "InvalidRequest"])
+def test_422_carries_reason_and_details(reason: str) -> None:
+    body = {"error": {"reason": reason, "message": "m", "details": [
+        {"gpu_type": "NVIDIA-L4", "gpu_count": 8, "reason": "needs 30 GiB per GPU, has 22"}]}}
+    with pytest.raises(errors.EstimatorRejectedError) as info:
+        _ask(_app(422, body))
+    assert info.value.reason == reason
+    assert estimator_client.describe_rejections(info.value.details) == (
+        "NVIDIA-L4 x8: needs 30 GiB per GPU, has 22")
+
+
+@pytest.mark.parametrize(("status", "body", "error"), [
+    (500, {"error": "boom"}, errors.EstimatorUnavailableError),
+    (503, "", errors.EstimatorUnavailableError),
+    (200, "not json", errors.EstimatorProtocolError),
+    (200, {"plan": {"gpu_type": "x"}}, errors.EstimatorProtocolError),
+    (422, {"unexpected": True}, errors.EstimatorRejectedError),
+])
+def test_error_mapping(status: int, body: Any, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        _ask(_app(status, body))
+
+
+def test_timeout_is_unavailable() -> None:
+    with pytest.raises(errors.EstimatorUnavailableError, match="Timeout"):
+        _ask(_app(200, PLAN, delay=2.0), timeout=0.3)
+
+
+def test_connection_refused_is_unavailable() -> None:
+    async def run() -> resources.Plan:
+        return await estimator_client.request_plan("http://127.0.0.1:9", {}, generation=1,
+                                                   timeout_seconds=2)
+    with pytest.raises(errors.EstimatorUnavailableError):
+        asyncio.run(run())
+
+
+def test_request_body_follows_the_contract() -> None:
+    spec = validation.parse_spec(SpecBuilder().set("training.sequenceLength", 128)
+                                 .set("training.dims", {"heads": 12}).set("gpuTypes", ["NVIDIA-L4"])
+                                 .obj())
+    pools = [inventory.GpuPool("NVIDIA-L4", gpus_per_node=4, nodes=8, free_gpus=30)]
+    body = estimator_client.build_request(spec, b"\x01\x02", pools)
+    assert base64.b64decode(body["model_onnx_b64"]) == b"\x01\x02"
+    assert body["training"] == {"batch_size": 256, "dataset_size": 1_281_167, "epochs": 1,
+                                "optimizer": "adamw", "precision": "fp32", "dims": {"heads": 12},
+                                "sequence_length": 128}
+    assert body["objective"] == {"prefer": "cheapest", "max_gpus": 8, "deadline_seconds": 14400}
+    assert body["inventory"] == [{"gpu_type": "NVIDIA-L4", "gpus_per_node": 4, "nodes": 8,
+                                  "free_gpus": 30}]
+    assert body["gpu_types"] == ["NVIDIA-L4"]

@@ -1,0 +1,61 @@
+"""Pure inventory from Nodes/Pods and Job outcome extraction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuplan_operator import inventory, tracking
+
+
+def node(name: str, product: str | None, gpus: str, *, ready: bool = True,
+         unschedulable: bool = False) -> dict[str, Any]:
+    labels = {"nvidia.com/gpu.product": product} if product else {}
+    return {"metadata": {"name": name, "labels": labels},
+            "spec": {"unschedulable": unschedulable},
+            "status": {"allocatable": {"nvidia.com/gpu": gpus},
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def pod(node_name: str | None, gpus: str, phase: str = "Running") -> dict[str, Any]:
+    return {"spec": {"nodeName": node_name, "containers": [
+        {"resources": {"limits": {"nvidia.com/gpu": gpus}}}, {"resources": {}}]},
+        "status": {"phase": phase}}
+
+
+def test_inventory_groups_by_product_and_subtracts_active_requests() -> None:
+    nodes = [node("a0", "A100", "8"), node("a1", "A100", "8"), node("l0", "L4", "4"),
+             node("cpu", None, "0"), node("bad", "A100", "8", ready=False),
+             node("cordoned", "L4", "4", unschedulable=True)]
+    pods = [pod("a0", "3"), pod("a0", "8", phase="Succeeded"), pod("l0", "4"), pod(None, "2")]
+    assert inventory.build_inventory(nodes, pods) == [
+        inventory.GpuPool("A100", gpus_per_node=8, nodes=2, free_gpus=13),
+        inventory.GpuPool("L4", gpus_per_node=4, nodes=1, free_gpus=0),
+    ]
+
+
+def test_gpu_quantity_rejects_non_integers() -> None:
+    assert inventory.gpu_quantity("8") == 8
+    assert inventory.gpu_quantity("1k") == 0
+
+
+def job(conditions: list[dict[str, Any]], **status: Any) -> dict[str, Any]:
+    return {"status": {"conditions": conditions, **status}}
+
+
+def test_running_job_has_no_outcome() -> None:
+    assert tracking.job_outcome(job([], startTime="2026-01-01T00:00:00Z")) is None
+
+
+def test_completed_job() -> None:
+    out = tracking.job_outcome(job([{"type": "Complete", "status": "True"}],
+                                   startTime="2026-01-01T00:00:00Z",
+                                   completionTime="2026-01-01T00:01:30Z", succeeded=1))
+    assert out is not None and out.succeeded and out.actual.seconds == 90
+
+
+def test_failed_job_ends_at_the_failed_condition() -> None:
+    out = tracking.job_outcome(job([{"type": "Failed", "status": "True", "reason": "BackoffLimit",
+                                     "lastTransitionTime": "2026-01-01T00:00:10Z"}],
+                                   startTime="2026-01-01T00:00:00Z"))
+    assert out is not None and not out.succeeded and out.actual.seconds == 10
+    assert "BackoffLimit" in out.message

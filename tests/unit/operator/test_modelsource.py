@@ -1,0 +1,142 @@
+"""Model source: the URL guard (SSRF), real HTTP fetches with caps, ConfigMap keys, formats."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ipaddress
+from typing import Any
+
+import pytest
+from aiohttp import web
+from operator_builders import LocalServer
+
+from gpuplan_operator import errors, modelsource
+
+GUARD = modelsource.UrlGuard()
+LOOPBACK_OK = modelsource.UrlGuard.from_cidrs(block_private=True, cidrs=("127.0.0.0/8",))
+
+
+@pytest.mark.parametrize(("ip", "reason"), [
+    ("127.0.0.1", "loopback"), ("::1", "loopback"), ("::ffff:127.0.0.1", "loopback"),
+    ("169.254.169.254", "metadata"), ("fd00:ec2::254", "metadata"), ("169.254.1.1", "link-local"),
+    ("fe80::1", "link-local"), ("0.0.0.0", "unspecified"), ("10.1.2.3", "private"),
+    ("192.168.0.1", "private"), ("100.64.0.1", "private"), ("fc00::1", "private"),
+    ("224.0.0.1", "multicast"),
+])
+def test_blocked_addresses(ip: str, reason: str) -> None:
+    got = GUARD.blocked_reason(ipaddress.ip_address(ip))
+    assert got is not None and reason in got
+
+
+@pytest.mark.parametrize("ip", ["93.184.216.34", "2606:2800:220:1::1", "8.8.8.8"])
+def test_public_addresses_pass(ip: str) -> None:
+    assert GUARD.blocked_reason(ipaddress.ip_address(ip)) is None
+
+
+def test_private_allowed_by_config_but_metadata_never_implicitly() -> None:
+    relaxed = modelsource.UrlGuard(block_private=False)
+    assert relaxed.blocked_reason(ipaddress.ip_address("10.0.0.5")) is None
+    assert relaxed.blocked_reason(ipaddress.ip_address("100.100.100.200")) is not None
+    assert LOOPBACK_OK.blocked_reason(ipaddress.ip_address("127.0.0.1")) is None
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://h/m.onnx", "gopher://x",
+                                 "http://169.254.169.254/latest/meta-data/", "http://[::1]/m"])
+def test_check_url_refuses(url: str) -> None:
+    with pytest.raises(errors.BlockedUrlError):
+        modelsource.check_url(url, GUARD)
+
+
+def _app() -> web.Application:
+    async def model(_: web.Request) -> web.Response:
+        return web.Response(body=b"\x08\x07onnx-bytes")
+
+    async def big(_: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()  # chunked: no Content-Length to trust
+        await resp.prepare(_)
+        for _i in range(20):
+            await resp.write(b"x" * 1024)
+        return resp
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPFound(request.query["to"])
+
+    async def status(request: web.Request) -> web.Response:
+        return web.Response(status=int(request.match_info["code"]))
+
+    app = web.Application()
+    app.router.add_get("/m.onnx", model)
+    app.router.add_get("/big", big)
+    app.router.add_get("/redirect", redirect)
+    app.router.add_get("/status/{code}", status)
+    return app
+
+
+def _fetch(path: str, guard: modelsource.UrlGuard, *, max_bytes: int = 4096,
+           host: str = "127.0.0.1") -> Any:
+    async def run() -> bytes:
+        async with LocalServer(_app()) as srv:
+            url = srv.url.replace("127.0.0.1", host) + path
+            return await modelsource.fetch_url(url, guard=guard, max_bytes=max_bytes,
+                                               timeout_seconds=5)
+    return asyncio.run(run())
+
+
+def test_fetch_allowed_network() -> None:
+    assert _fetch("/m.onnx", LOOPBACK_OK) == b"\x08\x07onnx-bytes"
+
+
+def test_fetch_refuses_loopback_by_default_even_by_hostname() -> None:
+    with pytest.raises(errors.BlockedUrlError, match="loopback"):
+        _fetch("/m.onnx", GUARD)
+    with pytest.raises(errors.BlockedUrlError, match="localhost"):
+        _fetch("/m.onnx", GUARD, host="localhost")
+
+
+def test_redirect_to_metadata_is_refused() -> None:
+    with pytest.raises(errors.BlockedUrlError, match="metadata"):
+        _fetch("/redirect?to=http://169.254.169.254/latest/", LOOPBACK_OK)
+
+
+def test_size_cap_on_streamed_body() -> None:
+    with pytest.raises(errors.InvalidModelError, match="cap"):
+        _fetch("/big", LOOPBACK_OK, max_bytes=10_000)
+
+
+def test_http_status_mapping() -> None:
+    with pytest.raises(errors.InvalidModelError, match="404"):
+        _fetch("/status/404", LOOPBACK_OK)
+    with pytest.raises(errors.ModelSourceUnavailableError, match="503"):
+        _fetch("/status/503", LOOPBACK_OK)
+
+
+def test_unreachable_is_temporary() -> None:
+    async def run() -> bytes:
+        return await modelsource.fetch_url("http://127.0.0.1:9/m", guard=LOOPBACK_OK,
+                                           max_bytes=10, timeout_seconds=2)
+    with pytest.raises(errors.ModelSourceUnavailableError):
+        asyncio.run(run())
+
+
+def test_config_map_binary_data_then_data() -> None:
+    cm = {"metadata": {"name": "m"}, "binaryData": {"a": base64.b64encode(b"\x00\x01").decode()},
+          "data": {"b": "text"}}
+    assert modelsource.from_config_map(cm, "a", 10) == b"\x00\x01"
+    assert modelsource.from_config_map(cm, "b", 10) == b"text"
+    with pytest.raises(errors.InvalidModelError, match="no key 'c'.*\\['a', 'b'\\]"):
+        modelsource.from_config_map(cm, "c", 10)
+    with pytest.raises(errors.InvalidModelError, match="exceeds"):
+        modelsource.from_config_map(cm, "b", 3)
+
+
+@pytest.mark.parametrize(("data", "fmt", "ok"), [
+    (b"\x1f\x8bxxx", "gzip", True), (b"\x1f\x8bxxx", "auto", True), (b"\x08\x07", "raw", True),
+    (b"\x08\x07", "gzip", False), (b"\x28\xb5\x2f\xfdx", "xz", False),
+])
+def test_format_check(data: bytes, fmt: str, ok: bool) -> None:
+    if ok:
+        modelsource.check_format(data, fmt)
+    else:
+        with pytest.raises(errors.InvalidModelError, match=r"spec\.model\.format"):
+            modelsource.check_format(data, fmt)

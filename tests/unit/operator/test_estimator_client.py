@@ -21,6 +21,9 @@ PLAN = {"plan": {"gpu_type": "NVIDIA-L4", "device": "l4", "gpu_count": 8, "gpus_
                       "reason": "not in allow-list"}]}
 
 
+SEEN = web.AppKey("seen", list)
+
+
 def _app(status: int, body: Any, delay: float = 0.0) -> web.Application:
     seen: list[Any] = []
 
@@ -32,7 +35,7 @@ def _app(status: int, body: Any, delay: float = 0.0) -> web.Application:
 
     app = web.Application()
     app.router.add_post("/v1/plans", plans)
-    app["seen"] = seen
+    app[SEEN] = seen
     return app
 
 
@@ -47,7 +50,7 @@ def _ask(app: web.Application, timeout: float = 5) -> resources.Plan:
 def test_ok_response_becomes_plan() -> None:
     app = _app(200, PLAN)
     plan = _ask(app)
-    assert app["seen"] == [{"x": 1}]
+    assert app[SEEN] == [{"x": 1}]
     assert (plan.gpu_type, plan.gpu_count, plan.nodes, plan.observed_generation) == (
         "NVIDIA-L4", 8, 2, 4)
     assert plan.alternatives[0]["gpuCount"] == 4

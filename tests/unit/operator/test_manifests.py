@@ -40,7 +40,7 @@ def test_single_node_job() -> None:
     assert env["GPUPLAN_GPU_TYPE"] == "NVIDIA-A100-SXM4-80GB"
     assert env["GPUPLAN_GPU_COUNT"] == "4" and env["GPUPLAN_ESTIMATED_SECONDS"] == "3600"
     assert "MASTER_ADDR" not in env
-    assert TEMPLATE == SpecBuilder().obj()["template"], "the input template must not be mutated"
+    assert SpecBuilder().obj()["template"] == TEMPLATE, "the input template must not be mutated"
 
 
 def test_no_scheduler_name_keeps_default_scheduler() -> None:

@@ -124,7 +124,7 @@ def test_config_map_binary_data_then_data() -> None:
           "data": {"b": "text"}}
     assert modelsource.from_config_map(cm, "a", 10) == b"\x00\x01"
     assert modelsource.from_config_map(cm, "b", 10) == b"text"
-    with pytest.raises(errors.InvalidModelError, match="no key 'c'.*\\['a', 'b'\\]"):
+    with pytest.raises(errors.InvalidModelError, match=r"no key 'c'.*\['a', 'b'\]"):
         modelsource.from_config_map(cm, "c", 10)
     with pytest.raises(errors.InvalidModelError, match="exceeds"):
         modelsource.from_config_map(cm, "b", 3)

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -162,7 +161,7 @@ def to_device(facts: HostFacts, cal: Calibration, source: str) -> DeviceSpec:
     return DeviceSpec(
         key=CPU_KEY, name=facts.model_name, vendor="cpu", memory_bytes=facts.memory_bytes,
         mem_bandwidth_gbps=cal.mem_bandwidth_gbps,
-        peak_tflops=MappingProxyType({"fp32": cal.peak_gflops_fp32 / 1000.0}),
+        peak_tflops={"fp32": cal.peak_gflops_fp32 / 1000.0},
         sm_count=facts.cores, boost_clock_mhz=facts.max_clock_mhz, l2_cache_mb=facts.l2_cache_mb,
         interconnect="none", nvml_names=(), gfd_products=(), cores_per_sm=1, source=source,
         notes="peak fp32 and bandwidth measured on this machine; other dtypes use the fp32 peak",

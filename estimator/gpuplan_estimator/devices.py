@@ -16,7 +16,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -92,7 +91,7 @@ class Catalog:
     _index: Mapping[str, DeviceSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_index", MappingProxyType(_build_index(self.devices)))
+        object.__setattr__(self, "_index", _build_index(self.devices))
 
     def resolve(self, name: str) -> DeviceSpec:
         """Key, NVML name, GFD label or alias → spec; `UnknownDeviceError` with suggestions."""
@@ -191,7 +190,7 @@ def _peaks(entry: Mapping[str, Any], where: str) -> Mapping[str, float]:
         if dtype not in PEAK_DTYPES:
             raise _fail(where, f"peak_tflops.{dtype}", f"is not one of {', '.join(PEAK_DTYPES)}")
         peaks[dtype] = _positive(raw, dtype, f"{where}: peak_tflops")
-    return MappingProxyType(peaks)
+    return peaks
 
 
 def _str_list(entry: Mapping[str, Any], fld: str, where: str) -> tuple[str, ...]:
@@ -205,7 +204,7 @@ def _extra(entry: Mapping[str, Any], where: str) -> Mapping[str, float]:
     raw = entry.get("extra", {})
     if not isinstance(raw, Mapping):
         raise _fail(where, "extra", "must be a mapping of numbers")
-    return MappingProxyType({str(k): _positive(raw, k, f"{where}: extra") for k in raw})
+    return {str(k): _positive(raw, k, f"{where}: extra") for k in raw}
 
 
 def parse_entry(entry: Any, position: int) -> DeviceSpec:

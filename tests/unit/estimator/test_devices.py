@@ -296,3 +296,12 @@ def test_cpu_resolves_to_the_calibrated_local_device(tmp_path: Path) -> None:
     assert len(calls) == 1
     assert devices.canonical_key("cpu") == "cpu"
     assert devices.resolve_device("Tesla-T4").key == "t4"
+
+
+def test_catalog_survives_pickle_and_deepcopy(catalog: devices.Catalog) -> None:
+    # Services hand the catalog to worker processes; mappingproxy fields would break that.
+    import copy
+    import pickle
+
+    for clone in (pickle.loads(pickle.dumps(catalog)), copy.deepcopy(catalog)):
+        assert clone == catalog and clone.resolve("NVIDIA-L4") == catalog.resolve("l4")

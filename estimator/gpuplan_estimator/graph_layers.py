@@ -220,7 +220,7 @@ def _mark_outputs(node: NodeRecord, family: OpFamily, outputs: Sequence[TensorIn
             else:
                 state.static.add(out.name)
         return
-    if inputs_static and family is not OpFamily.OTHER:
+    if node.op_type in ("Shape", "Size") or (inputs_static and family is not OpFamily.OTHER):
         state.static.update(o.name for o in outputs)
     elif _is_weight_view(node, weight_inputs, state):
         for out in outputs:

@@ -1,0 +1,169 @@
+"""Model bundles: the only module that reads or writes them (LightGBM text + manifest.json).
+
+A bundle is a directory: ``manifest.json`` plus ``<kernel>.txt`` (median) and
+``<kernel>.p10.txt`` / ``<kernel>.p90.txt`` (quantiles), each LightGBM ``model_to_string``.
+No pickle: a bundle is inert data that any LightGBM of the same major version can read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightgbm as lgb
+
+from gpuplan_estimator import errors, features
+from gpuplan_estimator.devices import DeviceSpec
+from gpuplan_estimator.latency import LayerLatencyModel
+
+BUNDLE_SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+SHIPPED_BUNDLE = Path(__file__).parent / "data" / "bundle"
+MAX_MODEL_FILE_BYTES = 64 * 1024 * 1024  # a shipped bundle is a few MB; refuse runaway files
+_KERNEL_RE = re.compile(r"^[a-z0-9_]+$")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Fitted models per kernel plus the manifest that describes them."""
+
+    models: Mapping[str, LayerLatencyModel]
+    manifest: Mapping[str, Any]
+    path: Path | None = None
+    origin: str = field(default="memory")  # explicit | data-dir | shipped | memory
+
+    def backend_code(self, device: DeviceSpec, backend: str | None = None) -> int | None:
+        """Code of the backend to predict for: explicit, the device's own, else its vendor's."""
+        backends: list[str] = list(self.manifest.get("backends", []))
+        if backend is None:
+            backend = self.manifest.get("device_backends", {}).get(device.key)
+        if backend is None:
+            kind = "cpu" if device.vendor == "cpu" else "gpu"
+            backend = self.manifest.get("default_backends", {}).get(kind)
+        return backends.index(backend) if backend in backends else None
+
+
+def save_bundle(bundle: Bundle, directory: Path) -> Path:
+    """Write models and manifest; the manifest goes last so a partial write never loads."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stale = directory / MANIFEST
+    if stale.exists():
+        stale.unlink()
+    for old in directory.glob("*.txt"):
+        old.unlink()
+    files: dict[str, dict[str, str]] = {}
+    for kernel, model in sorted(bundle.models.items()):
+        files[kernel] = {}
+        for part, booster in sorted(model._fitted().items()):
+            name = f"{kernel}.txt" if part == "median" else f"{kernel}.{part}.txt"
+            (directory / name).write_text(booster.model_to_string(), encoding="utf-8")
+            files[kernel][part] = name
+    manifest = {
+        **bundle.manifest,
+        "schema_version": BUNDLE_SCHEMA_VERSION,
+        "feature_schema_version": features.FEATURE_SCHEMA_VERSION,
+        "lightgbm_version": lgb.__version__,
+        "kernels": sorted(bundle.models),
+        "files": files,
+        "model_params": {k: m.get_params() for k, m in sorted(bundle.models.items())},
+    }
+    tmp = directory / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, directory / MANIFEST)
+    return directory
+
+
+def load_bundle(directory: Path, *, origin: str = "explicit") -> Bundle:
+    """Read a bundle; `errors.BundleError` names the file or the mismatching versions."""
+    manifest = read_manifest(directory)
+    models: dict[str, LayerLatencyModel] = {}
+    for kernel, parts in manifest["files"].items():
+        if not _KERNEL_RE.match(kernel):
+            raise errors.BundleError(f"{directory / MANIFEST}: bad kernel name {kernel!r}")
+        boosters = {part: _read_booster(directory / name) for part, name in parts.items()}
+        params = manifest.get("model_params", {}).get(kernel, {})
+        models[kernel] = LayerLatencyModel.from_boosters(boosters, params)
+        expected = len(features.feature_names(kernel))
+        if models[kernel].n_features_in_ != expected:
+            raise errors.BundleError(
+                f"{directory}: model {kernel!r} has {models[kernel].n_features_in_} features, "
+                f"feature schema {features.FEATURE_SCHEMA_VERSION} defines {expected}")
+    return Bundle(models=models, manifest=manifest, path=directory, origin=origin)
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """Parse and check ``manifest.json`` (schema and feature-schema versions, files)."""
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise errors.BundleError(f"{path}: no manifest; not a model bundle") from None
+    except (OSError, ValueError) as exc:
+        raise errors.BundleError(f"{path}: unreadable manifest: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise errors.BundleError(f"{path}: manifest must be a JSON object")
+    if manifest.get("schema_version") != BUNDLE_SCHEMA_VERSION:
+        raise errors.BundleError(
+            f"{path}: bundle schema_version {manifest.get('schema_version')!r}, "
+            f"this gpuplan reads {BUNDLE_SCHEMA_VERSION}")
+    got = manifest.get("feature_schema_version")
+    if got != features.FEATURE_SCHEMA_VERSION:
+        raise errors.BundleError(
+            f"{path}: bundle feature schema {got!r} differs from this gpuplan's "
+            f"{features.FEATURE_SCHEMA_VERSION!r}; retrain with `gpuplan train`")
+    if not isinstance(manifest.get("files"), dict):
+        raise errors.BundleError(f"{path}: manifest field 'files' missing or not an object")
+    return manifest
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/gpuplan/bundles`` or ``~/.local/share/gpuplan/bundles``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "gpuplan" / "bundles"
+
+
+def find_bundle_with_origin(
+    explicit: Path | None = None, data_dir: Path | None = None
+) -> tuple[Path, str]:
+    """(path, origin): explicit path, else the newest valid bundle in the data dir, else shipped."""
+    if explicit is not None:
+        read_manifest(explicit)  # an explicit bad bundle is an error, not a silent fallback
+        return explicit, "explicit"
+    root = data_dir if data_dir is not None else default_data_dir()
+    candidates: list[tuple[str, Path]] = []
+    if root.is_dir():
+        for sub in root.iterdir():
+            try:
+                manifest = read_manifest(sub)
+            except errors.BundleError:
+                continue  # stale schema or half-written: skip, the next one may be valid
+            candidates.append((str(manifest.get("created", "")), sub))
+    if candidates:
+        return max(candidates)[1], "data-dir"
+    return SHIPPED_BUNDLE, "shipped"
+
+
+def find_bundle(explicit: Path | None = None, data_dir: Path | None = None) -> Path:
+    return find_bundle_with_origin(explicit, data_dir)[0]
+
+
+def load_default(explicit: Path | None = None, data_dir: Path | None = None) -> Bundle:
+    path, origin = find_bundle_with_origin(explicit, data_dir)
+    return load_bundle(path, origin=origin)
+
+
+def _read_booster(path: Path) -> lgb.Booster:
+    try:
+        size = path.stat().st_size
+        if size > MAX_MODEL_FILE_BYTES:
+            raise errors.BundleError(f"{path}: {size} bytes exceeds {MAX_MODEL_FILE_BYTES}")
+        return lgb.Booster(model_str=path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise errors.BundleError(f"{path}: cannot read model: {exc.strerror}") from None
+    except lgb.basic.LightGBMError as exc:
+        raise errors.BundleError(f"{path}: not a LightGBM text model: {exc}") from None

@@ -1,0 +1,197 @@
+"""Training and validation of the per-kernel latency models from a measurement frame.
+
+`train_bundle` fits one `LayerLatencyModel` per kernel on all rows and validates it with a
+held-out random split and leave-one-device-out refits; only held-out rows produce the metrics
+written to the manifest. ``python -m gpuplan_estimator.train --report`` prints the tables and
+writes ``docs/latency-models.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuplan_estimator import devices, errors, features, measurements
+from gpuplan_estimator.bundle import Bundle
+from gpuplan_estimator.devices import DeviceSpec
+from gpuplan_estimator.latency import LayerLatencyModel
+from gpuplan_estimator.predictors import FloatArray
+
+DeviceResolver = Callable[[str], DeviceSpec]
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What `train_bundle` fits and how it validates."""
+
+    seed: int = 0
+    """random_state of the split, the subsample and LightGBM."""
+    max_rows_per_kernel: int = 40_000
+    """Subsample cap per kernel (stratified by device) so training stays in minutes on 2 cores."""
+    test_fraction: float = 0.2
+    leave_one_device_out: bool = True
+    model_params: Mapping[str, Any] = field(default_factory=dict)
+    """Overrides of `LayerLatencyModel` keyword arguments."""
+    min_rows_per_kernel: int = 200
+    """Kernels with fewer rows get no model (they fall back to the roofline)."""
+
+
+@dataclass(frozen=True)
+class KernelData:
+    """Rows of one kernel ready for LightGBM."""
+
+    x: FloatArray
+    y: FloatArray  # log(latency / base)
+    base_ms: FloatArray
+    latency_ms: FloatArray
+    device: np.ndarray  # catalog key per row
+
+
+def data_digest(frame: pd.DataFrame) -> str:
+    """sha256 over the frame's rows in a canonical column order and row order."""
+    cols = [c for c in measurements.MEASUREMENT_COLUMNS if c in frame.columns]
+    canon = frame[cols].sort_values(cols[:6]).reset_index(drop=True)
+    hashed = pd.util.hash_pandas_object(canon, index=False).to_numpy()
+    return "sha256:" + hashlib.sha256(hashed.tobytes()).hexdigest()
+
+
+def kernel_data(
+    frame: pd.DataFrame, kernel: str, resolve: DeviceResolver, backends: Sequence[str]
+) -> KernelData:
+    """Features and target for the rows of one kernel (any mix of devices and backends)."""
+    rows = frame[frame["kernel"] == kernel]
+    if (rows["latency_ms"] <= 0).any() or rows["latency_ms"].isna().any():
+        raise errors.InvalidRequestError("latency_ms", f"{kernel}: latencies must be > 0")
+    parsed = [measurements.dims_from_json(t) for t in rows["dims"]]
+    keys = features.KERNEL_DIMS[kernel]
+    try:
+        dims = {k: np.array([p[k] for p in parsed], dtype=np.int64) for k in keys}
+    except KeyError as exc:
+        raise errors.InvalidRequestError(
+            "dims", f"{kernel} rows lack dim {exc.args[0]!r}") from None
+    cols = features.WorkColumns(
+        kernel, dims, rows["dtype"].to_numpy().astype(str), rows["op"].to_numpy().astype(str))
+    specs = {d: resolve(d) for d in rows["device"].unique()}
+    codes = [backends.index(b) for b in rows["backend"]]
+    dev = features.device_columns([specs[d] for d in rows["device"]], cols.dtype, codes)
+    x, base = features.feature_matrix(cols, dev)
+    latency = rows["latency_ms"].to_numpy(dtype=np.float64)
+    return KernelData(x, np.log(latency / base), base, latency, rows["device"].to_numpy())
+
+
+def error_metrics(actual_ms: FloatArray, predicted_ms: FloatArray) -> dict[str, float]:
+    ape = np.abs(predicted_ms - actual_ms) / actual_ms
+    return {
+        "rows": float(len(actual_ms)),
+        "mape_pct": round(float(100 * ape.mean()), 3),
+        "p90_ape_pct": round(float(100 * np.quantile(ape, 0.9)), 3),
+        "rmse_log": round(float(np.sqrt(np.mean(np.log(predicted_ms / actual_ms) ** 2))), 5),
+    }
+
+
+def validate_kernel(data: KernelData, settings: TrainSettings) -> dict[str, Any]:
+    """Held-out metrics: random split (overall and per device) and leave-one-device-out."""
+    rng = np.random.default_rng(settings.seed)
+    order = rng.permutation(len(data.y))
+    n_test = max(1, int(len(order) * settings.test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    pred = _fit_predict(data, train, test, settings)
+    out: dict[str, Any] = {"random_split": error_metrics(data.latency_ms[test], pred)}
+    out["random_split_by_device"] = {
+        str(d): error_metrics(data.latency_ms[test][m], pred[m])
+        for d in np.unique(data.device[test]) for m in [data.device[test] == d]
+    }
+    devs = np.unique(data.device)
+    if settings.leave_one_device_out and len(devs) > 1:
+        loo: dict[str, Any] = {}
+        for d in devs:
+            held = np.flatnonzero(data.device == d)
+            rest = np.flatnonzero(data.device != d)
+            pred_held = _fit_predict(data, rest, held, settings)
+            loo[str(d)] = error_metrics(data.latency_ms[held], pred_held)
+        out["leave_one_device_out"] = loo
+    return out
+
+
+def train_bundle(
+    frame: pd.DataFrame, settings: TrainSettings, *, resolve: DeviceResolver | None = None,
+    now: Callable[[], datetime] | None = None, command: str = "", commit: str = "",
+    validate: bool = True,
+) -> Bundle:
+    """Fit every kernel with enough rows; the manifest carries held-out metrics and provenance."""
+    _check_frame(frame)
+    resolve = resolve if resolve is not None else devices.resolve_device
+    frame = subsample(frame, settings.max_rows_per_kernel, settings.seed)
+    backends = sorted(frame["backend"].unique())
+    models: dict[str, LayerLatencyModel] = {}
+    metrics: dict[str, Any] = {}
+    skipped: dict[str, int] = {}
+    for kernel, count in frame["kernel"].value_counts().sort_index().items():
+        if count < settings.min_rows_per_kernel or kernel not in features.KERNEL_DIMS:
+            skipped[str(kernel)] = int(count)
+            continue
+        data = kernel_data(frame, str(kernel), resolve, backends)
+        if validate:
+            metrics[str(kernel)] = validate_kernel(data, settings)
+        models[str(kernel)] = _model(settings, quantiles=True).fit(data.x, data.y)
+    created = (now() if now is not None else datetime.now().astimezone()).isoformat()
+    device_backends = (frame.groupby("device")["backend"].agg(lambda s: s.value_counts().index[0]))
+    manifest = {
+        "created": created, "command": command, "commit": commit,
+        "data_digest": data_digest(frame), "rows": len(frame),
+        "devices": sorted(frame["device"].unique()), "backends": backends,
+        "device_backends": {str(k): str(v) for k, v in device_backends.items()},
+        "default_backends": _default_backends(frame, resolve),
+        "skipped_kernels": skipped, "metrics": metrics,
+        "settings": {"seed": settings.seed, "max_rows_per_kernel": settings.max_rows_per_kernel,
+                     "test_fraction": settings.test_fraction},
+        "feature_names": {k: list(features.feature_names(k)) for k in models},
+    }
+    return Bundle(models=models, manifest=manifest)
+
+
+def subsample(frame: pd.DataFrame, max_rows: int, seed: int) -> pd.DataFrame:
+    """At most `max_rows` per kernel, the same fraction from every device (deterministic)."""
+    parts = []
+    for _, rows in frame.groupby("kernel", sort=True):
+        frac = min(1.0, max_rows / len(rows))
+        parts.append(rows if frac >= 1.0 else rows.groupby("device", group_keys=False).sample(
+            frac=frac, random_state=seed))
+    return pd.concat(parts, ignore_index=True) if parts else frame
+
+
+def _model(settings: TrainSettings, *, quantiles: bool) -> LayerLatencyModel:
+    params = {"random_state": settings.seed, **settings.model_params, "quantiles": quantiles}
+    return LayerLatencyModel(**params)
+
+
+def _fit_predict(data: KernelData, train: np.ndarray, test: np.ndarray, settings: TrainSettings
+                 ) -> FloatArray:
+    model = _model(settings, quantiles=False).fit(data.x[train], data.y[train])
+    return data.base_ms[test] * np.exp(model.predict(data.x[test]))
+
+
+def _default_backends(frame: pd.DataFrame, resolve: DeviceResolver) -> dict[str, str]:
+    kinds = {d: ("cpu" if resolve(d).vendor == "cpu" else "gpu") for d in frame["device"].unique()}
+    kind = frame["device"].map(kinds)
+    return {str(k): str(rows.value_counts().index[0]) for k, rows in frame["backend"].groupby(kind)}
+
+
+def _check_frame(frame: pd.DataFrame) -> None:
+    missing = [c for c in ("device", "backend", "kernel", "op", "dtype", "dims", "latency_ms")
+               if c not in frame.columns]
+    if missing:
+        raise errors.InvalidRequestError("frame", f"measurement frame lacks {', '.join(missing)}")
+    if frame.empty:
+        raise errors.InvalidRequestError("frame", "no measurement rows to train on")
+
+
+def metrics_json(bundle: Bundle) -> str:
+    return json.dumps(bundle.manifest.get("metrics", {}), indent=2, sort_keys=True)

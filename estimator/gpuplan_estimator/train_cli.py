@@ -1,0 +1,122 @@
+"""`gpuplan train`: read measurements (gpu-ops dirs, measurement parquet, a database), fit, save.
+
+``--shipped`` rebuilds the shipped default bundle from ``$GPUPLAN_SHARED_DATA/gpu-ops``
+(default ``../shared/data`` next to the repo) plus the CPU measurements in the package data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpuplan_estimator import bundle, errors, measurements, train
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CPU_MEASUREMENTS = Path(__file__).parent / "data" / "cpu-measurements"
+SHIPPED_MAX_ROWS = 40_000
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("train", help="fit the per-kernel latency models into a bundle")
+    p.add_argument("--data", action="append", default=[], metavar="DIR_OR_DB_URL",
+                   help="gpu-ops dir, measurement parquet file/dir, or database URL (repeatable)")
+    p.add_argument("--out", type=Path, help="bundle directory (default: a new one in the data dir)")
+    p.add_argument("--shipped", action="store_true",
+                   help="rebuild the shipped default bundle from the shared data + CPU rows")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-rows", type=int, default=SHIPPED_MAX_ROWS,
+                   help="subsample cap per kernel (default %(default)s)")
+    p.add_argument("--no-validate", action="store_true", help="skip held-out validation")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    sources = list(args.data)
+    out: Path | None = args.out
+    if args.shipped:
+        sources = shipped_sources() + sources
+        out = out or bundle.SHIPPED_BUNDLE
+    if not sources:
+        raise errors.InvalidRequestError("--data", "give at least one --data source or --shipped")
+    if args.max_rows < 100:
+        raise errors.InvalidRequestError("--max-rows", "must be at least 100")
+    frame = load_sources(sources)
+    settings = train.TrainSettings(seed=args.seed, max_rows_per_kernel=args.max_rows)
+    command = "gpuplan train " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    fitted = train.train_bundle(frame, settings, command=command, commit=git_commit(),
+                                validate=not args.no_validate)
+    out = out or bundle.default_data_dir() / datetime.now().strftime("bundle-%Y%m%dT%H%M%S")
+    bundle.save_bundle(fitted, out)
+    print(f"wrote bundle {out} ({', '.join(sorted(fitted.models))}; {len(frame)} rows)")
+    for kernel, m in fitted.manifest.get("metrics", {}).items():
+        rs = m["random_split"]
+        print(f"  {kernel:12s} held-out MAPE {rs['mape_pct']:6.2f} %  "
+              f"P90 APE {rs['p90_ape_pct']:6.2f} %")
+    return 0
+
+
+def shared_data_dir() -> Path:
+    return Path(os.environ.get("GPUPLAN_SHARED_DATA") or REPO_ROOT.parent / "shared" / "data")
+
+
+def shipped_sources() -> list[str]:
+    gpu = shared_data_dir() / "gpu-ops"
+    if not gpu.is_dir():
+        raise errors.InvalidRequestError(
+            "GPUPLAN_SHARED_DATA", f"{gpu} is not a directory; point $GPUPLAN_SHARED_DATA at it")
+    out = [str(gpu)]
+    if CPU_MEASUREMENTS.is_dir() and any(CPU_MEASUREMENTS.glob("*.parquet")):
+        out.append(str(CPU_MEASUREMENTS))
+    return out
+
+
+def load_sources(sources: list[str]) -> pd.DataFrame:
+    """One measurement frame from every source (see `register` for the kinds)."""
+    frames = [_load_one(s) for s in sources]
+    frame = pd.concat(frames, ignore_index=True)
+    return frame[list(measurements.MEASUREMENT_COLUMNS)]
+
+
+def _load_one(source: str) -> pd.DataFrame:
+    if "://" in source:
+        from gpuplan_estimator.perfdb.store import PerfStore  # only DB sources need SQLAlchemy
+
+        with PerfStore.open(source) as store:
+            return store.measurements()
+    path = Path(source)
+    if path.is_dir() and (path / "bmm.parquet").exists():
+        from gpuplan_estimator import importer
+
+        return pd.concat([importer.load_gpu_ops_frame(f) for f in sorted(path.glob("*.parquet"))],
+                         ignore_index=True)
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise errors.InvalidRequestError("--data", f"{source}: no parquet files or database URL")
+    frames = []
+    for f in files:
+        try:
+            frames.append(pd.read_parquet(f))
+        except Exception as exc:  # pyarrow raises several unrelated types for bad files
+            raise errors.InvalidRequestError(
+                "--data", f"{f}: not a readable parquet: {exc}") from None
+        missing = set(measurements.MEASUREMENT_COLUMNS) - set(frames[-1].columns)
+        if missing:
+            raise errors.InvalidRequestError("--data", f"{f}: missing columns {sorted(missing)}")
+    return pd.concat(frames, ignore_index=True)
+
+
+def git_commit() -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip()

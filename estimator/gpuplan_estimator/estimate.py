@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.errors import InvalidRequestError
-from gpuplan_estimator.layers import ModelGraph
+from gpuplan_estimator.layers import ModelGraph, OpFamily
 from gpuplan_estimator.memory import MemoryBreakdown, training_memory
 from gpuplan_estimator.predictors import LatencyPredictor
 from gpuplan_estimator.training_step import KernelDimsFn, StepWork, TrainingSettings, build_step
@@ -123,6 +123,7 @@ def _item_key(item: WorkItem) -> Hashable:
 def _plan(graph: ModelGraph, step: StepWork) -> _Plan:
     layer_pos = {layer.name: i for i, layer in enumerate(graph.layers)}
     op_of = [layer.op_type for layer in graph.layers]
+    family_of = [layer.family for layer in graph.layers]
     seen: dict[Hashable, int] = {}
     unique: list[WorkItem] = []
     uidx, counts, lidx, phase, ops = [], [], [], [], []
@@ -138,7 +139,8 @@ def _plan(graph: ModelGraph, step: StepWork) -> _Plan:
         pos = layer_pos.get(item.layer, -1) if item.phase is not Phase.OPTIMIZER else -1
         lidx.append(pos)
         phase.append(_PHASE_CODE[item.phase])
-        ops.append(op_of[pos] if pos >= 0 else item.op)
+        ops.append(_op_type(item, op_of[pos] if pos >= 0 else None,
+                            family_of[pos] if pos >= 0 else None))
     return _Plan(
         step=step,
         unique=tuple(unique),
@@ -148,6 +150,13 @@ def _plan(graph: ModelGraph, step: StepWork) -> _Plan:
         phase=np.asarray(phase, dtype=np.intp),
         op_types=tuple(ops),
     )
+
+
+def _op_type(item: WorkItem, layer_op: str | None, layer_family: OpFamily | None) -> str:
+    """What an uncovered item is reported as: its layer's op, or the derived kernel's op."""
+    if layer_op is None:
+        return f"optimizer:{item.op}"
+    return layer_op if item.family is layer_family else item.op
 
 
 def _price(

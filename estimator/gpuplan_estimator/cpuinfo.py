@@ -148,6 +148,8 @@ def _write_cache(path: Path, facts: HostFacts, cal: Calibration, sizes: Calibrat
         "measured_at": datetime.fromtimestamp(measured_at, UTC).isoformat(),
         "measured_at_unix": measured_at,
         "command": COMMAND, "python": sys.version.split()[0], "numpy": np.__version__,
+        # A busy machine calibrates low and the cache keeps it; the load says whether to re-run.
+        "loadavg_1m": os.getloadavg()[0],
         "sizes": asdict(sizes),
     }
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ def test_real_measurement_is_positive_and_cached(tmp_path: Path) -> None:
     doc = json.loads(path.read_text())
     assert doc["measured_at"].startswith("2023-11-14") and doc["measured_at_unix"] == 1.7e9
     assert doc["command"] == cpuinfo.COMMAND and doc["sizes"]["matmul_sizes"] == [64, 128]
+    assert doc["loadavg_1m"] >= 0
     assert doc["peak_gflops_fp32"] == pytest.approx(spec.peak_tflops["fp32"] * 1000)
     again = cpuinfo.local_cpu_device(cache_dir=tmp_path, measure=False)
     assert again == spec

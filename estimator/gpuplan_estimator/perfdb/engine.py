@@ -18,7 +18,7 @@ from gpuplan_estimator.perfdb import migrations
 
 T = TypeVar("T")
 
-SQLITE_BUSY_TIMEOUT_MS = 10_000
+SQLITE_BUSY_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 10
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
@@ -36,16 +36,19 @@ def masked(url: str | URL) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    # WAL lets readers (the estimator service) run while a benchmark writes.
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.close()
+def _sqlite_pragmas(busy_timeout_s: float) -> Callable[[Any, Any], None]:
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        # WAL lets readers (the estimator service) run while a benchmark writes.
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    return on_connect
 
 
-def create(url: str) -> Engine:
+def create(url: str, *, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> Engine:
     """An engine for `url`; creates the SQLite file's directory. Does not connect."""
     parsed = parse_url(url)
     backend = parsed.get_backend_name()
@@ -53,10 +56,8 @@ def create(url: str) -> Engine:
         db = parsed.database or ""
         if db and db != ":memory:" and not db.startswith("file:"):
             Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(
-            parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
-        )
-        event.listen(engine, "connect", _sqlite_pragmas)
+        engine = create_engine(parsed, connect_args={"timeout": busy_timeout_s})
+        event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_s))
         return engine
     connect_args: dict[str, Any] = {}
     if backend == "postgresql":

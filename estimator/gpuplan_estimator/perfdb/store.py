@@ -77,10 +77,14 @@ class PerfStore:
         *,
         retries: int = 5,
         retry_delay_s: float = 0.5,
+        busy_timeout_s: float = dbengine.SQLITE_BUSY_TIMEOUT_S,
         clock: Clock = _utcnow,
     ) -> PerfStore:
-        """Connect to `url` (default `paths.default_db_url()`) and upgrade the schema to head."""
-        eng = dbengine.create(url or paths.default_db_url())
+        """Connect to `url` (default `paths.default_db_url()`) and upgrade the schema to head.
+
+        `busy_timeout_s` is how long SQLite waits on a lock before a retry counts.
+        """
+        eng = dbengine.create(url or paths.default_db_url(), busy_timeout_s=busy_timeout_s)
         store = cls(eng, retries=retries, retry_delay_s=retry_delay_s, clock=clock)
         store._retry(lambda: dbengine.upgrade(eng))
         return store

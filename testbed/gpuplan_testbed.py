@@ -28,10 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-import testbed_procs as procs  # noqa: E402
-import yaml  # noqa: E402
-from testbed_commands import component_argvs  # noqa: E402
-from testbed_common import (  # noqa: E402
+import testbed_procs as procs
+import yaml
+from testbed_commands import component_argvs
+from testbed_common import (
     COMPONENTS,
     GPUPLAN_SCHEDULER_NAME,
     REPO_ROOT,
@@ -40,9 +40,9 @@ from testbed_common import (  # noqa: E402
     Ports,
     TestbedError,
 )
-from testbed_nodes import create_nodes, load_nodes, wait_nodes_ready  # noqa: E402
-from testbed_pki import ensure_pki  # noqa: E402
-from testbed_render import gpuplan_scheduler_config, kubeconfig, scheduler_config  # noqa: E402
+from testbed_nodes import create_nodes, load_nodes, wait_nodes_ready
+from testbed_pki import ensure_pki
+from testbed_render import gpuplan_scheduler_config, kubeconfig, scheduler_config
 
 # helm is built too but only tests that render charts need it; they check for it themselves.
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
@@ -262,15 +262,15 @@ def _run(args: argparse.Namespace, layout: Layout) -> int:
         stopped = down(layout)
         print(f"testbed stopped: {', '.join(stopped) or 'nothing was running'}")
         return 0
-    state = load_state(layout)
+    current = load_state(layout)
     if args.command == "env":
-        if state is None:
+        if current is None:
             raise TestbedError(f"no testbed state in {layout.state_dir}; run `up`")
-        print(f"export KUBECONFIG={state['kubeconfig']}\nexport PATH={state['bin_dir']}:$PATH")
+        print(f"export KUBECONFIG={current['kubeconfig']}\nexport PATH={current['bin_dir']}:$PATH")
         return 0
-    report = component_status(layout, state)
+    report = component_status(layout, current)
     if args.json:
-        print(json.dumps({"state": state, "components": report}, indent=2))
+        print(json.dumps({"state": current, "components": report}, indent=2))
     else:
         for name, s in report.items():
             word = "up" if s["healthy"] else ("unhealthy" if s["running"] else "down")

@@ -78,7 +78,8 @@ def apiserver_argv(bin_dir: pathlib.Path, layout: Layout, ports: Ports) -> list[
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
         "--etcd-prefix=/registry",
         "--bind-address=127.0.0.1",
-        # Without it a machine with no default route fails: "Unable to find suitable network address".
+        # Without it, a machine with no default route fails with
+        # "Unable to find suitable network address".
         "--advertise-address=127.0.0.1",
         f"--secure-port={ports.apiserver}",
         f"--tls-cert-file={pki('apiserver.crt')}",

@@ -43,7 +43,7 @@ def free_ports(count: int) -> list[int]:
 
 
 def start(layout: Layout, name: str, argv: list[str]) -> dict[str, Any]:
-    """Spawn `argv` detached in its own session, logging to `logs/<name>.log`; returns the record."""
+    """Spawn `argv` in its own session, logging to `logs/<name>.log`; returns the record."""
     binary = pathlib.Path(argv[0])
     if not os.access(binary, os.X_OK):
         raise TestbedError(f"{name}: binary {binary} is missing; run `make testbed-build`")
@@ -75,12 +75,16 @@ def is_alive(record: dict[str, Any] | None) -> bool:
     """True if the recorded process still runs (same PID *and* same start time, not a zombie)."""
     if record is None:
         return False
-    stat = _proc_stat(int(record["pid"]))
-    return stat is not None and stat[0] != "Z" and int(stat[19]) == record["start_ticks"]
+    pid = int(record["pid"])
+    stat = _proc_stat(pid)
+    if stat is None or int(stat[19]) != record["start_ticks"]:
+        return False
+    # A Go program's leader thread shows "Z" while its other threads are still exiting.
+    return stat[0] != "Z" or _any_live_thread(pid)
 
 
 def stop(layout: Layout, name: str, grace_s: float = 10.0) -> bool:
-    """SIGTERM the recorded process group, SIGKILL after `grace_s`; True if something was running."""
+    """SIGTERM the recorded process group, SIGKILL after `grace_s`; True if it was running."""
     record = read_record(layout, name)
     was_running = is_alive(record)
     if record is not None and was_running:
@@ -162,6 +166,19 @@ def _proc_stat(pid: int) -> list[str] | None:
     except OSError:
         return None
     return raw[raw.rindex(")") + 2:].split()
+
+
+def _any_live_thread(pid: int) -> bool:
+    try:
+        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return False
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError):
+            raw = (task / "stat").read_text()
+            if raw[raw.rindex(")") + 2] not in "ZX":
+                return True
+    return False
 
 
 def _start_ticks(pid: int) -> int:

@@ -38,10 +38,11 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
     last: Any = None
     while True:
         try:
-            last = predicate()
-            if last:
-                return last
-        except Exception as exc:  # noqa: BLE001 - reported below
+            value = predicate()
+            if value:
+                return value
+            last = value
+        except Exception as exc:
             last = exc
         if time.monotonic() >= deadline:
             raise WaitTimeout(f"timed out after {timeout:.1f} s waiting for {what}; "

@@ -17,7 +17,7 @@ _GFD_PRODUCT = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 
 
 def kubeconfig(server_url: str, ca_path: str, cert_path: str, key_path: str) -> dict[str, Any]:
-    """Admin kubeconfig with absolute file paths (kopf's own loader does not resolve relative ones)."""
+    """Admin kubeconfig with absolute paths (kopf's own loader does not resolve relative ones)."""
     for field, path in (("ca", ca_path), ("cert", cert_path), ("key", key_path)):
         if not path.startswith("/"):
             raise TestbedError(f"kubeconfig {field} path must be absolute, got {path!r}")
@@ -95,7 +95,7 @@ def gpuplan_scheduler_config(kubeconfig_path: str, extender_port: int,
 
 
 def node_manifests(doc: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
-    """v1 Node objects for every pool in a `testbed/nodes.yaml` document; `source` names the file."""
+    """v1 Node objects for every pool of a `testbed/nodes.yaml` document (`source`: its path)."""
     if not isinstance(doc, Mapping) or doc.get("kind") != "NodePools":
         raise TestbedError(f"{source}: expected a mapping with kind: NodePools")
     pools = doc.get("pools")
@@ -176,7 +176,8 @@ def _node(name: str, gpu_labels: Mapping[str, str], resources: Mapping[str, str]
         "metadata": {
             "name": name,
             "labels": labels,
-            # kwok manages only nodes with this annotation (--manage-nodes-with-annotation-selector).
+            # kwok manages only nodes with this annotation
+            # (--manage-nodes-with-annotation-selector).
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
         },
         "spec": {},

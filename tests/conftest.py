@@ -32,6 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "testbed"))
 
 import testbed_pytest  # noqa: E402
+from testbed_common import Layout  # noqa: E402
 from testbed_pytest import Kubectl, Testbed  # noqa: E402
 
 _HTTP_TIMEOUT_S = 30
@@ -79,7 +80,8 @@ def testbed() -> Iterator[Testbed]:
         state = runner.up(settings)
         helm = pathlib.Path(state["helm"])
         tb = Testbed(
-            kubeconfig=pathlib.Path(state["kubeconfig"]), kubectl_path=pathlib.Path(state["kubectl"]),
+            kubeconfig=pathlib.Path(state["kubeconfig"]),
+            kubectl_path=pathlib.Path(state["kubectl"]),
             helm_path=helm if os.access(helm, os.X_OK) else None,
             extender_port=state["extender_port"], extender_url=state["extender_url"],
             gpuplan_scheduler_name=state["gpuplan_scheduler_name"], state=state, external=False,
@@ -89,7 +91,7 @@ def testbed() -> Iterator[Testbed]:
             yield tb
         finally:
             if not state.get("reused") and not os.environ.get("GPUPLAN_TESTBED_KEEP"):
-                runner.down(runner.Layout(settings.state_dir))
+                runner.down(Layout(settings.state_dir))
 
 
 @pytest.fixture(scope="session")
@@ -128,8 +130,8 @@ def namespace(request: pytest.FixtureRequest, core_v1: Any) -> Iterator[str]:
     from kubernetes.client.exceptions import ApiException
 
     name = testbed_pytest.namespace_name(request.node.name)
-    core_v1.create_namespace(body={"metadata": {"name": name, "labels": {"gpuplan.io/test": "true"}}},
-                             _request_timeout=_HTTP_TIMEOUT_S)
+    body = {"metadata": {"name": name, "labels": {"gpuplan.io/test": "true"}}}
+    core_v1.create_namespace(body=body, _request_timeout=_HTTP_TIMEOUT_S)
     try:
         yield name
     finally:

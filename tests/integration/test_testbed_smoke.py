@@ -105,7 +105,8 @@ def test_second_scheduler_schedules_its_pods(testbed: Testbed, namespace: str, c
     core_v1.create_namespaced_pod(namespace, body)
 
     def scheduled_by() -> str | None:
-        events = [e for e in pod_events(core_v1, namespace, "via-gpuplan") if e.reason == "Scheduled"]
+        events = [e for e in pod_events(core_v1, namespace, "via-gpuplan")
+                  if e.reason == "Scheduled"]
         return (events[0].reporting_component or events[0].source.component) if events else None
 
     assert wait_for(scheduled_by, TIMEOUT_S, f"Scheduled event of via-gpuplan\n"
@@ -134,7 +135,8 @@ def test_kubectl_apply_get_and_server_dry_run(kubectl: Kubectl, namespace: str) 
     assert kubectl.json("get", "configmap", "real", "-n", namespace)["data"] == {"k": "v"}
 
     dry = dict(cm, metadata={"name": "dry"})
-    out = kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(dry))
+    out = kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                  input=yaml.safe_dump(dry))
     assert "(server dry run)" in out.stdout
     assert kubectl("get", "configmap", "dry", "-n", namespace, check=False).returncode != 0
 

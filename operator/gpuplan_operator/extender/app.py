@@ -92,11 +92,8 @@ def _node_count(snapshot: Snapshot | None) -> float:
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=json.dumps(data, separators=(",", ":")).encode(),
-        status=status,
-        content_type="application/json",
-    )
+    body = data if isinstance(data, bytes) else json.dumps(data, separators=(",", ":")).encode()
+    return web.Response(body=body, status=status, content_type="application/json")
 
 
 async def _read_args(request: web.Request, max_body_bytes: int) -> protocol.ExtenderArgs:
@@ -114,7 +111,7 @@ async def _read_args(request: web.Request, max_body_bytes: int) -> protocol.Exte
         raise _HttpError(400, str(exc)) from exc
 
 
-Decision = tuple[str, Any]  # (result label, JSON-able response body)
+Decision = tuple[str, bytes]  # (result label, JSON response body)
 
 
 def make_app(
@@ -133,9 +130,9 @@ def make_app(
             plan = plans.plan_for_pod(args.pod, resolve_type)
         except plans.PlanError as exc:
             result = scoring.reject_all(args.node_names, f"invalid gpuplan plan: {exc}")
-            return "invalid_plan", protocol.encode_filter_result(result, args)
+            return "invalid_plan", protocol.dumps_filter_result(result, args)
         if plan is None:
-            return "pass_through", protocol.encode_filter_result(
+            return "pass_through", protocol.dumps_filter_result(
                 scoring.pass_through(args.node_names), args)
         snapshot = snapshot_source.snapshot()
         if snapshot is None:
@@ -143,7 +140,7 @@ def make_app(
         result = scoring.filter_nodes(snapshot, plan, args.node_names)
         log.debug("filter %s: %d passed, %d failed", args.pod_key, len(result.passed),
                   len(result.failed) + len(result.failed_unresolvable))
-        return "ok", protocol.encode_filter_result(result, args)
+        return "ok", protocol.dumps_filter_result(result, args)
 
     async def decide_prioritize(args: protocol.ExtenderArgs) -> Decision:
         try:
@@ -151,7 +148,7 @@ def make_app(
         except plans.PlanError:
             plan = None  # the filter already rejected it; scores must never error
         scores = scoring.prioritize(snapshot_source.snapshot(), plan, args.node_names)
-        return ("ok" if plan else "pass_through"), protocol.encode_priorities(scores)
+        return ("ok" if plan else "pass_through"), protocol.dumps_priorities(scores)
 
     def verb_handler(
         verb: str, decide: Callable[[protocol.ExtenderArgs], Awaitable[Decision]]

@@ -45,12 +45,45 @@ class PodUsage:
 
 
 @dataclass(frozen=True)
+class NodeIndex:
+    """Nodes grouped into classes of equal (type, allocatable, used GPUs).
+
+    A filter or score depends only on a node's class, and a cluster has few classes (types ×
+    GPU counts), so a request evaluates each class once and then only looks names up: this
+    keeps a 5,000-name request in the low milliseconds in pure Python."""
+
+    classes: tuple[NodeGpus, ...]
+    class_of: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Immutable inventory one request decides on; `fresh_at_s` is the clock of the last
-    moment both watches were known to be current."""
+    moment both watches were known to be current. Build it with `make_snapshot`."""
 
     nodes: Mapping[str, NodeGpus]
     fresh_at_s: float
+    index: NodeIndex
+
+
+def index_nodes(nodes: Mapping[str, NodeGpus]) -> NodeIndex:
+    ids: dict[tuple[str | None, int | None, int], int] = {}
+    classes: list[NodeGpus] = []
+    class_of: dict[str, int] = {}
+    for name, node in nodes.items():
+        key = (node.product, node.allocatable_gpus, node.used_gpus)
+        cid = ids.get(key)
+        if cid is None:
+            cid = ids[key] = len(classes)
+            classes.append(NodeGpus("", *key))
+        class_of[name] = cid
+    # A plain dict: read-only by contract, and its .get is ~2× faster than a mappingproxy's.
+    return NodeIndex(classes=tuple(classes), class_of=class_of)
+
+
+def make_snapshot(nodes: Mapping[str, NodeGpus], fresh_at_s: float) -> Snapshot:
+    frozen = nodes if isinstance(nodes, MappingProxyType) else MappingProxyType(dict(nodes))
+    return Snapshot(nodes=frozen, fresh_at_s=fresh_at_s, index=index_nodes(frozen))
 
 
 def parse_gpu_quantity(raw: object) -> int:
@@ -153,4 +186,4 @@ def build_snapshot(
         view = node_gpus(node)
         views[view.name] = NodeGpus(view.name, view.product, view.allocatable_gpus,
                                     used.get(view.name, 0))
-    return Snapshot(nodes=MappingProxyType(views), fresh_at_s=fresh_at_s)
+    return make_snapshot(MappingProxyType(views), fresh_at_s)

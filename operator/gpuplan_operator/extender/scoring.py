@@ -10,7 +10,7 @@ Prioritize: see `packing_score`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuplan_operator.extender.inventory import GPU_PRODUCT_LABEL, GPU_RESOURCE, NodeGpus, Snapshot
@@ -86,13 +86,19 @@ def node_verdict(node: NodeGpus | None, plan: PodPlan) -> Verdict | None:
 
 
 def filter_nodes(snapshot: Snapshot, plan: PodPlan, node_names: Sequence[str]) -> FilterResult:
-    """Split the candidates into passing names and failed ones with reasons."""
-    nodes: Mapping[str, NodeGpus] = snapshot.nodes
+    """Split the candidates into passing names and failed ones with reasons.
+
+    Verdicts are computed once per node class (`NodeIndex`), then looked up per name."""
+    index = snapshot.index
+    verdicts = [node_verdict(node, plan) for node in index.classes]
+    unknown = node_verdict(None, plan)
+    class_of = index.class_of.get
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     for name in node_names:
-        verdict = node_verdict(nodes.get(name), plan)
+        cid = class_of(name)
+        verdict = unknown if cid is None else verdicts[cid]
         if verdict is None:
             passed.append(name)
         elif verdict.unresolvable:
@@ -120,7 +126,11 @@ def prioritize(
         return [(name, UNMANAGED_SCORE) for name in node_names]
     if snapshot is None:
         return [(name, NEUTRAL_SCORE) for name in node_names]
-    return [(name, _node_score(snapshot.nodes.get(name), plan)) for name in node_names]
+    index = snapshot.index
+    scores = [_node_score(node, plan) for node in index.classes]
+    class_of = index.class_of.get
+    return [(name, NEUTRAL_SCORE if (cid := class_of(name)) is None else scores[cid])
+            for name in node_names]
 
 
 def _node_score(node: NodeGpus | None, plan: PodPlan) -> int:

@@ -7,6 +7,7 @@ on the API server.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -114,11 +115,10 @@ class InventoryStore:
                 return None
             fresh_at_s = min(self._fresh_at_s.values())
             cached = self._cached
-            if cached is None or cached.fresh_at_s != fresh_at_s:
-                cached = self._cached = inventory.Snapshot(
-                    nodes=self._views() if cached is None else cached.nodes,
-                    fresh_at_s=fresh_at_s,
-                )
+            if cached is None:
+                cached = self._cached = inventory.make_snapshot(self._views(), fresh_at_s)
+            elif cached.fresh_at_s != fresh_at_s:
+                cached = self._cached = dataclasses.replace(cached, fresh_at_s=fresh_at_s)
             return cached
 
     def _views(self) -> Mapping[str, inventory.NodeGpus]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -80,3 +81,28 @@ def test_encode_priorities_is_a_bare_array() -> None:
 def test_encode_filter_error() -> None:
     encoded = protocol.encode_filter_error("boom")
     assert encoded["Error"] == "boom" and encoded["NodeNames"] is None
+
+
+@pytest.mark.parametrize(
+    "names",
+    [["a", "b.example.com", "c-1"], ['we"ird', "back\\slash", "ünïcode", "new\nline"], []],
+)
+def test_fast_serialisers_equal_json_dumps(names: list[str]) -> None:
+    args = protocol.parse_args(builders.extender_args(builders.make_pod("p"), names))
+    half = len(names) // 2
+    result = protocol.FilterResult(
+        passed=tuple(names[:half]),
+        failed={n: 'free "GPUs"' for n in names[half:half + 1]},
+        failed_unresolvable={n: "type X != planned Y" for n in names[half + 1:]},
+    )
+    assert json.loads(protocol.dumps_filter_result(result, args)) == (
+        protocol.encode_filter_result(result, args))
+    scores = [(n, i % 11) for i, n in enumerate(names)]
+    assert json.loads(protocol.dumps_priorities(scores)) == protocol.encode_priorities(scores)
+
+
+def test_fast_serialiser_falls_back_for_full_node_objects() -> None:
+    nodes = [builders.make_node("a")]
+    args = protocol.parse_args(builders.extender_args_full(builders.make_pod("p"), nodes))
+    result = protocol.FilterResult(passed=("a",), failed={}, failed_unresolvable={})
+    assert json.loads(protocol.dumps_filter_result(result, args))["Nodes"] == {"items": nodes}

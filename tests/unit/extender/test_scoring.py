@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import pytest
 
 from gpuplan_operator.extender import plans, scoring
-from gpuplan_operator.extender.inventory import NodeGpus, Snapshot
+from gpuplan_operator.extender.inventory import NodeGpus, Snapshot, make_snapshot
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 L4 = "NVIDIA-L4"
@@ -19,7 +17,7 @@ def plan(gpus: int, gpu_type: str | None = H100) -> plans.PodPlan:
 
 
 def snap(*nodes: NodeGpus) -> Snapshot:
-    return Snapshot(nodes=MappingProxyType({n.name: n for n in nodes}), fresh_at_s=0.0)
+    return make_snapshot({n.name: n for n in nodes}, fresh_at_s=0.0)
 
 
 @pytest.mark.parametrize(

@@ -201,7 +201,6 @@ def _elementwise(
     rows, cols = _elementwise_shape(fwd, layer)
     out_elements = rows * cols
     items: list[WorkItem] = []
-    unary = len(layer.inputs) == 1
     for i, needed in enumerate(grads):
         if not needed:
             continue
@@ -212,9 +211,10 @@ def _elementwise(
             items.append(_item(fwd, "elementwise", {"rows": rows, "cols": cols, "operands": 1},
                                "dgrad", precision, op="neg"))
         else:
-            operands = 2 if unary or len(layer.inputs) == 2 else len(layer.inputs)
+            # dY and one saved operand (X for a unary op, the other input for Mul, cond for
+            # Where) per gradient.
             items.append(_item(fwd, "elementwise",
-                               {"rows": rows, "cols": cols, "operands": operands},
+                               {"rows": rows, "cols": cols, "operands": 2},
                                "dgrad", precision, op=f"{fwd.op}_grad"))
         if 0 < tensor.elements < out_elements:  # broadcast input: its gradient is summed
             items.append(_item(fwd, "reduce", {"rows": tensor.elements,

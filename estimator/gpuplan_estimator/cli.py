@@ -14,6 +14,7 @@ import json
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from gpuplan_estimator import devices, estimate, graph, render
@@ -22,7 +23,7 @@ from gpuplan_estimator.predictors import LatencyPredictor
 from gpuplan_estimator.training_step import OPTIMIZERS, PRECISIONS, TrainingSettings
 
 # Modules whose `register(subparsers)` adds subcommands (bench, import, train, eval, serve, plan).
-COMMAND_MODULES: tuple[str, ...] = ("gpuplan_estimator.bench.cli",)
+COMMAND_MODULES: tuple[str, ...] = ("gpuplan_estimator.bench.cli", "gpuplan_estimator.train_cli")
 EXIT_USAGE = 2
 
 
@@ -118,23 +119,20 @@ def _register_estimate(sub: Any) -> None:
     p.set_defaults(func=run_estimate)
 
 
-def select_predictor(bundle: str | None) -> tuple[LatencyPredictor, str]:
-    """The predictor and a description of where it comes from.
+def select_predictor(bundle_dir: str | None) -> tuple[LatencyPredictor, str]:
+    """The predictor and where it comes from, e.g. ``bundle:/path (data-dir)`` or ``roofline``.
 
-    The seam for learned models: with `--bundle` the bundle loader prices the work; without it
-    the roofline does (until a default bundle ships).
+    An explicit bundle must load; otherwise the newest valid bundle in the data dir, else the
+    shipped one, else (no bundle shipped in this build) the roofline.
     """
-    from gpuplan_estimator import roofline
+    from gpuplan_estimator import bundle, latency, roofline
 
-    if bundle is not None:
-        try:
-            bundles = importlib.import_module("gpuplan_estimator.bundle")
-        except ModuleNotFoundError:
-            raise InvalidRequestError("--bundle", "model bundles are not supported by this "
-                                      "build yet") from None
-        predictor: LatencyPredictor = bundles.load_predictor(bundle)
-        return predictor, f"bundle:{bundle}"
-    return roofline.RooflinePredictor(), "roofline"
+    explicit = Path(bundle_dir) if bundle_dir is not None else None
+    path, origin = bundle.find_bundle_with_origin(explicit)
+    if origin == "shipped" and not (path / bundle.MANIFEST).is_file():
+        return roofline.RooflinePredictor(), "roofline"
+    loaded = bundle.load_bundle(path, origin=origin)
+    return latency.LearnedPredictor(loaded), f"bundle:{path} ({origin})"
 
 
 def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:

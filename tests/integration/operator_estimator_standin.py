@@ -31,7 +31,7 @@ def plan(req: dict[str, Any]) -> web.Response:
     try:
         model = onnx.load_from_string(base64.b64decode(req["model_onnx_b64"]))
         onnx.checker.check_model(model)
-    except Exception as exc:  # noqa: BLE001 - any parse failure is the client's bad model
+    except Exception as exc:
         return _reject("InvalidModel", f"not an ONNX model: {type(exc).__name__}")
     t, o = req["training"], req["objective"]
     steps = math.ceil(t["dataset_size"] / t["batch_size"]) * t["epochs"]

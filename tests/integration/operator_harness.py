@@ -38,14 +38,16 @@ def install_crd(kubectl: Any) -> None:
 def run_operator(monkeypatch: pytest.MonkeyPatch, namespace: str, estimator_url: str,
                  **env: str) -> Iterator[KopfRunner]:
     """The real operator (handlers.py by file path) in a thread, scoped to `namespace`."""
-    values = {"ESTIMATOR_URL": estimator_url, "METRICS_PORT": "0", "ESTIMATOR_TIMEOUT_SECONDS": "10",
-              "RETRY_BASE_DELAY_SECONDS": "1", "RETRY_MAX_DELAY_SECONDS": "2", **env}
+    values = {"ESTIMATOR_URL": estimator_url, "METRICS_PORT": "0",
+              "ESTIMATOR_TIMEOUT_SECONDS": "10", "RETRY_BASE_DELAY_SECONDS": "1",
+              "RETRY_MAX_DELAY_SECONDS": "2", **env}
     for key, value in values.items():
         monkeypatch.setenv(f"GPUPLAN_{key}", value)
     settings = kopf.OperatorSettings()
     settings.watching.server_timeout = 10
-    with KopfRunner(["run", "--standalone", "-n", namespace, "--verbose", str(HANDLERS)],
-                    timeout=TIMEOUT_S, registry=kopf.OperatorRegistry(), settings=settings) as runner:
+    argv = ["run", "--standalone", "-n", namespace, "--verbose", str(HANDLERS)]
+    with KopfRunner(argv, timeout=TIMEOUT_S, registry=kopf.OperatorRegistry(),
+                    settings=settings) as runner:
         yield runner
 
 

@@ -1,0 +1,141 @@
+"""Operator on the real control plane: plan → annotate → launch → kwok completes → drift."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import operator_harness as h
+from operator_estimator_standin import StandinEstimator
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def estimator() -> Iterator[StandinEstimator]:
+    est = StandinEstimator().start()
+    yield est
+    est.stop()
+
+
+@pytest.fixture
+def tjs(testbed: Any, kubectl: Any, api_client: Any, namespace: str) -> h.TrainingJobs:
+    h.install_crd(kubectl)
+    return h.TrainingJobs(api_client, namespace)
+
+
+def test_resnet50_is_planned_launched_and_measured(
+        monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
+        batch_v1: Any, kubectl: Any, estimator: StandinEstimator, wait_for: Any) -> None:
+    h.create_model_configmap(core_v1, namespace)
+    port = h.free_port()
+    with h.run_operator(monkeypatch, namespace, estimator.url, METRICS_PORT=str(port)):
+        tjs.create(h.trainingjob("resnet"))
+        done = wait_for(lambda: tjs.condition("resnet", "Succeeded"), 90, "Succeeded condition")
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    tj = tjs.get("resnet")
+    plan, status = tj["status"]["plan"], tj["status"]
+    assert (plan["gpuType"], plan["gpuCount"]) == ("NVIDIA-L4", 1)
+    assert plan["predictor"] == "test-standin"
+    notes = tj["metadata"]["annotations"]
+    assert notes["gpuplan.io/gpu-type"] == "NVIDIA-L4" and notes["gpuplan.io/gpu-count"] == "1"
+    assert float(notes["gpuplan.io/estimated-seconds"]) == pytest.approx(plan["estimatedSeconds"],
+                                                                         abs=1)
+    assert done["reason"] == "JobCompleted" and done["observedGeneration"] == 1
+    for type_ in ("Estimated", "Launched"):
+        assert h.TrainingJobs.condition(tjs, "resnet", type_)["status"] == "True"  # type: ignore[index]
+    [job] = h.jobs_of(batch_v1, namespace, "resnet")
+    assert job.metadata.name == status["jobName"] == "resnet-train"
+    assert job.metadata.owner_references[0].uid == tj["metadata"]["uid"]
+    container = job.spec.template.spec.containers[0]
+    assert container.resources.limits == {"nvidia.com/gpu": "1"}
+    expr = job.spec.template.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms[0].match_expressions[0]  # noqa: E501
+    assert (expr.key, expr.values) == ("nvidia.com/gpu.product", ["NVIDIA-L4"])
+    pods = core_v1.list_namespaced_pod(namespace, label_selector="gpuplan.io/trainingjob=resnet",
+                                       _request_timeout=30).items
+    assert pods and all(p.spec.node_name.startswith("l4") for p in pods)
+    assert status["actual"]["seconds"] >= 1
+    assert status["drift"] == pytest.approx(status["actual"]["seconds"] / plan["estimatedSeconds"],
+                                            rel=1e-3)
+    assert estimator.requests[0]["inventory"], "the inventory comes from the kwok GPU nodes"
+    text = metrics.decode()
+    assert 'gpuplan_drift_ratio_count{gpu_type="NVIDIA-L4"} 1.0' in text
+    assert 'gpuplan_estimator_requests_total{outcome="ok"} 1.0' in text
+    assert "gpuplan_actual_seconds{" in text and "gpuplan_estimate_seconds{" in text
+    table = kubectl("get", "tj", "-n", namespace).stdout
+    assert "GPU TYPE" in table and "NVIDIA-L4" in table and "DRIFT" in table
+    events = core_v1.list_namespaced_event(namespace, _request_timeout=30).items
+    assert {"Planned", "JobCreated", "JobCompleted"} <= {e.reason for e in events}
+    # Deleting the TrainingJob garbage-collects its Job (ownerReferences, kcm's GC).
+    tjs.delete("resnet")
+    wait_for(lambda: not h.jobs_of(batch_v1, namespace, "resnet"), 60, "Job garbage collected")
+
+
+def test_more_gpus_than_a_node_runs_an_indexed_job(
+        monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
+        batch_v1: Any, estimator: StandinEstimator, wait_for: Any) -> None:
+    h.create_model_configmap(core_v1, namespace)
+    with h.run_operator(monkeypatch, namespace, estimator.url):
+        tjs.create(h.trainingjob("wide", deadline="20s", max_gpus=16,
+                                 gpu_types=["NVIDIA-A100-SXM4-80GB"]))
+        wait_for(lambda: tjs.condition("wide", "Succeeded"), 90, "multi-node job to succeed")
+    plan = tjs.get("wide")["status"]["plan"]
+    assert (plan["gpuCount"], plan["gpusPerNode"], plan["nodes"]) == (16, 8, 2)
+    [job] = h.jobs_of(batch_v1, namespace, "wide")
+    assert (job.spec.completion_mode, job.spec.completions, job.spec.parallelism) == (
+        "Indexed", 2, 2)
+    svc = core_v1.read_namespaced_service("wide-train", namespace, _request_timeout=30)
+    assert svc.spec.cluster_ip == "None"
+    env = {e.name: e for e in job.spec.template.spec.containers[0].env}
+    assert env["MASTER_ADDR"].value == f"wide-train-0.wide-train.{namespace}.svc"
+    assert env["WORLD_SIZE"].value == "16" and env["NPROC_PER_NODE"].value == "8"
+    pods = core_v1.list_namespaced_pod(namespace, label_selector="gpuplan.io/trainingjob=wide",
+                                       _request_timeout=30).items
+    assert len({p.spec.node_name for p in pods}) == 2
+
+
+def test_restart_mid_way_neither_duplicates_nor_loses_state(
+        monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
+        batch_v1: Any, estimator: StandinEstimator, wait_for: Any) -> None:
+    h.create_model_configmap(core_v1, namespace)
+    with h.run_operator(monkeypatch, namespace, estimator.url):
+        tjs.create(h.trainingjob("restart", succeed_after="20s"))
+        wait_for(lambda: tjs.get("restart").get("status", {}).get("plan"), 60, "plan in status")
+    # Killed right after planning: the Job may or may not exist yet.
+    first = tjs.get("restart")["status"]
+    with h.run_operator(monkeypatch, namespace, estimator.url):
+        wait_for(lambda: tjs.condition("restart", "Launched"), 60, "Launched after restart")
+        [job] = h.jobs_of(batch_v1, namespace, "restart")
+    with h.run_operator(monkeypatch, namespace, estimator.url):
+        wait_for(lambda: tjs.condition("restart", "Succeeded"), 90, "Succeeded after restarts")
+    assert len(estimator.requests) == 1, "the stored plan is reused, not re-estimated"
+    [again] = h.jobs_of(batch_v1, namespace, "restart")
+    assert again.metadata.uid == job.metadata.uid
+    status = tjs.get("restart")["status"]
+    assert status["plan"] == first["plan"]
+    assert status["actual"]["seconds"] >= 1
+
+
+def test_spec_change_after_launch_is_recorded_not_disruptive(
+        monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
+        batch_v1: Any, estimator: StandinEstimator, wait_for: Any) -> None:
+    h.create_model_configmap(core_v1, namespace)
+    with h.run_operator(monkeypatch, namespace, estimator.url):
+        tjs.create(h.trainingjob("change", succeed_after="30s"))
+        wait_for(lambda: tjs.condition("change", "Launched"), 60, "Launched")
+        [job] = h.jobs_of(batch_v1, namespace, "change")
+        tjs.patch_spec("change", {"training": {"epochs": 5}})
+        cond = wait_for(lambda: tjs.condition("change", "SpecChangedAfterLaunch"), 60,
+                        "spec change recorded")
+    assert cond["reason"] == "SpecChangeIgnored" and cond["observedGeneration"] == 2
+    [same] = h.jobs_of(batch_v1, namespace, "change")
+    assert same.metadata.uid == job.metadata.uid
+    assert tjs.get("change")["status"]["plan"]["observedGeneration"] == 1
+    assert len(estimator.requests) == 1

@@ -33,7 +33,7 @@ class LayerLatencyModel:
     """
 
     def __init__(
-        self, *, n_estimators: int = 300, num_leaves: int = 63, learning_rate: float = 0.05,
+        self, *, n_estimators: int = 200, num_leaves: int = 31, learning_rate: float = 0.05,
         min_child_samples: int = 20, subsample: float = 0.8, colsample_bytree: float = 0.8,
         linear_tree: bool = False, quantiles: bool = True, random_state: int = 0, n_jobs: int = 2,
     ) -> None:

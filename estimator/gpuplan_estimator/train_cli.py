@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise errors.InvalidRequestError("--max-rows", "must be at least 100")
     frame = load_sources(sources)
     settings = train.TrainSettings(seed=args.seed, max_rows_per_kernel=args.max_rows)
-    command = "gpuplan train " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    command = command_line(args)
     fitted = train.train_bundle(frame, settings, command=command, commit=git_commit(),
                                 validate=not args.no_validate)
     out = out or bundle.default_data_dir() / datetime.now().strftime("bundle-%Y%m%dT%H%M%S")
@@ -61,6 +61,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {kernel:12s} held-out MAPE {rs['mape_pct']:6.2f} %  "
               f"P90 APE {rs['p90_ape_pct']:6.2f} %")
     return 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The equivalent `gpuplan train` command, recorded in the manifest."""
+    parts = ["gpuplan", "train", *(["--shipped"] if args.shipped else [])]
+    for source in args.data:
+        parts += ["--data", source]
+    if args.out is not None and not args.shipped:
+        parts += ["--out", str(args.out)]
+    parts += ["--seed", str(args.seed), "--max-rows", str(args.max_rows)]
+    return shlex.join(parts) + (" --no-validate" if args.no_validate else "")
 
 
 def shared_data_dir() -> Path:
@@ -120,3 +131,19 @@ def git_commit() -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpuplan_estimator.train_cli [train options]`` without the `gpuplan` CLI."""
+    parser = argparse.ArgumentParser(prog="gpuplan")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(args.func(args))
+    except errors.GpuplanError as exc:
+        print(f"gpuplan train: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

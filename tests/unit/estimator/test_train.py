@@ -1,0 +1,116 @@
+"""Training orchestration on a small synthetic measurement frame with real catalog devices."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpuplan_estimator import devices, errors, features, measurements, train
+
+DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb")
+FAST = {"n_estimators": 25, "num_leaves": 15, "min_child_samples": 5}
+
+
+def synthetic_frame(rows_per_device: int = 120, seed: int = 0) -> pd.DataFrame:
+    """gemm + softmax rows whose latency is a known efficiency times the feature base."""
+    rng = np.random.default_rng(seed)
+    catalog = devices.load_catalog()
+    out = []
+    for key in DEVICES:
+        spec = catalog.resolve(key)
+        for kernel in ("gemm", "softmax"):
+            if kernel == "gemm":
+                m, k, n = (rng.integers(8, 1024, rows_per_device) for _ in range(3))
+                dims = {"batch": np.ones_like(m), "m": m, "k": k, "n": n, "bias": np.zeros_like(m)}
+            else:
+                dims = {"rows": rng.integers(1, 4096, rows_per_device),
+                        "cols": rng.integers(8, 4096, rows_per_device)}
+            dtype = np.full(rows_per_device, "float32")
+            cols = features.WorkColumns(kernel, dims, dtype, np.full(rows_per_device, kernel))
+            base = features.base_ms(cols, features.broadcast_device(spec, dtype, 0))
+            eff = 1.3 + 0.4 * np.sin(np.log(dims["rows" if kernel == "softmax" else "m"]))
+            latency = base * eff * np.exp(rng.normal(0, 0.01, rows_per_device))
+            out.append(pd.DataFrame({
+                "device": key, "backend": "pytorch-2.1.0+cu121", "kernel": kernel,
+                "op": kernel, "dtype": "float32",
+                "dims": [measurements.dims_to_json({k: int(v[i]) for k, v in dims.items()})
+                         for i in range(rows_per_device)],
+                "latency_ms": latency, "latency_std_ms": np.nan, "repeats": 25, "source": "synth",
+            }))
+    return pd.concat(out, ignore_index=True)
+
+
+def fixed_clock() -> datetime:
+    return datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def frame() -> pd.DataFrame:
+    return synthetic_frame()
+
+
+@pytest.fixture(scope="module")
+def fitted(frame: pd.DataFrame) -> train.Bundle:
+    settings = train.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
+    return train.train_bundle(frame, settings, now=fixed_clock, command="test", commit="abc")
+
+
+def test_bundle_has_a_model_per_kernel_and_provenance(fitted: train.Bundle, frame: pd.DataFrame
+                                                      ) -> None:
+    assert sorted(fitted.models) == ["gemm", "softmax"]
+    m = fitted.manifest
+    assert m["created"] == "2025-01-02T03:04:05+00:00"
+    assert m["devices"] == sorted(DEVICES)
+    assert m["data_digest"] == train.data_digest(frame)
+    assert m["default_backends"] == {"gpu": "pytorch-2.1.0+cu121"}
+
+
+def test_held_out_metrics_learn_the_synthetic_efficiency(fitted: train.Bundle) -> None:
+    for kernel in ("gemm", "softmax"):
+        metrics = fitted.manifest["metrics"][kernel]
+        assert metrics["random_split"]["rows"] == pytest.approx(0.2 * 360, abs=1)
+        assert metrics["random_split"]["mape_pct"] < 8.0
+        assert set(metrics["leave_one_device_out"]) == set(DEVICES)
+        assert set(metrics["random_split_by_device"]) == set(DEVICES)
+
+
+def test_data_digest_ignores_row_order_but_not_values(frame: pd.DataFrame) -> None:
+    shuffled = frame.sample(frac=1.0, random_state=1)
+    assert train.data_digest(shuffled) == train.data_digest(frame)
+    changed = frame.copy()
+    changed.loc[0, "latency_ms"] *= 2
+    assert train.data_digest(changed) != train.data_digest(frame)
+
+
+def test_subsample_caps_rows_per_kernel_deterministically(frame: pd.DataFrame) -> None:
+    a = train.subsample(frame, 90, seed=3)
+    b = train.subsample(frame, 90, seed=3)
+    assert a["kernel"].value_counts().to_dict() == {"gemm": 90, "softmax": 90}
+    pd.testing.assert_frame_equal(a, b)
+    assert set(a["device"]) == set(DEVICES)
+
+
+def test_small_kernels_are_skipped_and_listed(frame: pd.DataFrame) -> None:
+    tiny = pd.concat([frame[frame["kernel"] == "gemm"], frame[frame["kernel"] == "softmax"][:10]])
+    settings = train.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
+    out = train.train_bundle(tiny, settings, validate=False)
+    assert list(out.models) == ["gemm"]
+    assert out.manifest["skipped_kernels"] == {"softmax": 10}
+
+
+def test_bad_frames_are_rejected(frame: pd.DataFrame) -> None:
+    with pytest.raises(errors.InvalidRequestError, match="dims"):
+        train.train_bundle(frame.drop(columns=["dims"]), train.TrainSettings())
+    bad = frame.copy()
+    bad.loc[0, "latency_ms"] = 0.0
+    with pytest.raises(errors.InvalidRequestError, match="latency_ms"):
+        train.train_bundle(bad, train.TrainSettings(min_rows_per_kernel=50), validate=False)
+
+
+def test_error_metrics_are_exact_on_known_values() -> None:
+    got = train.error_metrics(np.array([1.0, 2.0]), np.array([1.1, 2.0]))
+    assert got["mape_pct"] == pytest.approx(5.0)
+    assert got["rows"] == 2

@@ -138,10 +138,13 @@ def bind_input_dims(
             used[key] = bound
     if unbound:
         raise errors.UnboundDimError(sorted(set(unbound)), where=label)
-    for value in model.graph.output:  # stale symbolic outputs would only confuse inference
+    # Declared intermediate/output shapes use the same names: bind them too, so a shape only
+    # declared (e.g. the output of a custom op) stays usable and consistent.
+    for value in (*model.graph.value_info, *model.graph.output):
         if value.type.HasField("tensor_type"):
-            value.type.tensor_type.ClearField("shape")
-    del model.graph.value_info[:]
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param and dim.dim_param in used:
+                    dim.dim_value = used[dim.dim_param]
     return used
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from gpuplan_estimator import devices
 from gpuplan_operator.extender import app as app_module
 from gpuplan_operator.extender import plans, store, watcher
 
@@ -94,8 +95,9 @@ async def serve(
     inventory = store.InventoryStore(clock=time.monotonic)
     watch = watcher.kube_watcher(api, inventory, settings.watch, time.monotonic)
     watch.start()
+    resolve = plans.catalog_resolver(devices.load_catalog())
     application = app_module.make_app(inventory, registry, settings=settings.app,
-                                      resolve_type=plans.resolve_gfd_only)
+                                      resolve_type=resolve)
     runner = web.AppRunner(application, access_log=None)
     await runner.setup()
     stop = stop or asyncio.Event()

@@ -8,11 +8,13 @@ a multi-pod job's plan counts GPUs over all its pods.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplan_estimator.devices import DeviceSpec
+from gpuplan_estimator import devices
+from gpuplan_estimator.errors import UnknownDeviceError
 from gpuplan_operator import annotations as plan_keys
 from gpuplan_operator.extender import inventory
 
@@ -42,18 +44,23 @@ def resolve_gfd_only(planned: str) -> frozenset[str]:
     return frozenset({planned.casefold()})
 
 
-def catalog_resolver(specs: Iterable[DeviceSpec]) -> TypeResolver:
-    """Accept a catalog key or any GFD alias of one device; unknown names match themselves."""
-    aliases: dict[str, frozenset[str]] = {}
-    for spec in specs:
-        products = frozenset(p.casefold() for p in spec.gfd_products)
-        if not products:
-            continue
-        for name in (spec.key, *spec.gfd_products):
-            aliases[name.casefold()] = products | aliases.get(name.casefold(), frozenset())
+# GFD appends this to gpu.product when time-slicing/MPS sharing is on; the device is the same.
+_SHARED_SUFFIX = "-shared"
 
+
+def catalog_resolver(catalog: devices.Catalog) -> TypeResolver:
+    """Accept any name the device catalog resolves (key, NVML name, GFD label, alias): the node
+    passes with any of that device's GFD products (plus their `-SHARED` forms). A name the
+    catalog does not know must equal the node's label."""
+
+    @functools.lru_cache(maxsize=256)  # bounded: the planned type is user input
     def resolve(planned: str) -> frozenset[str]:
-        return aliases.get(planned.casefold(), resolve_gfd_only(planned))
+        try:
+            spec = catalog.resolve(planned)
+        except UnknownDeviceError:
+            return resolve_gfd_only(planned)
+        products = {p.casefold() for p in spec.gfd_products} | {planned.casefold()}
+        return frozenset(products | {p + _SHARED_SUFFIX for p in products})
 
     return resolve
 

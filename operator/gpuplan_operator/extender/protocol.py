@@ -166,8 +166,10 @@ def _dumps(data: Any) -> bytes:
 
 
 def _dumps_reasons(reasons: Mapping[str, str]) -> str:
-    quoted = {r: json.dumps(r) for r in set(reasons.values())}  # few distinct reasons
-    return "{" + ",".join([f'"{n}":{quoted[r]}' for n, r in reasons.items()]) + "}"
+    if not reasons:
+        return "{}"
+    tails = {r: '":' + json.dumps(r) for r in set(reasons.values())}  # few distinct reasons
+    return '{"' + ',"'.join([n + tails[r] for n, r in reasons.items()]) + "}"
 
 
 def dumps_filter_result(result: FilterResult, args: ExtenderArgs) -> bytes:
@@ -175,7 +177,7 @@ def dumps_filter_result(result: FilterResult, args: ExtenderArgs) -> bytes:
     which matters at thousands of candidate nodes per request."""
     if args.node_items is not None or not _all_plain(args.node_names):
         return _dumps(encode_filter_result(result, args))
-    names = ",".join([f'"{n}"' for n in result.passed])
+    names = '"' + '","'.join(result.passed) + '"' if result.passed else ""
     return (
         f'{{"Nodes":null,"NodeNames":[{names}],'
         f'"FailedNodes":{_dumps_reasons(result.failed)},'
@@ -188,5 +190,7 @@ def dumps_priorities(scores: Sequence[tuple[str, int]]) -> bytes:
     """`encode_priorities` serialised, with the same fast path for plain names."""
     if not _all_plain(host for host, _ in scores):
         return _dumps(encode_priorities(scores))
-    items = ",".join([f'{{"Host":"{host}","Score":{int(score)}}}' for host, score in scores])
-    return f"[{items}]".encode()
+    if not scores:
+        return b"[]"
+    tails = {s: f'","Score":{int(s)}}}' for s in {score for _, score in scores}}
+    return ('[{"Host":"' + ',{"Host":"'.join([h + tails[s] for h, s in scores]) + "]").encode()

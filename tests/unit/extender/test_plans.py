@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplan_estimator.devices import DeviceSpec
+from gpuplan_estimator import devices
 from gpuplan_operator.extender import builders, plans
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -60,20 +60,22 @@ def test_fractional_gpu_request_is_a_plan_error() -> None:
         plans.plan_for_pod(pod, plans.resolve_gfd_only)
 
 
-def _spec(key: str, *gfd: str) -> DeviceSpec:
-    return DeviceSpec(key=key, name=key, vendor="nvidia", memory_bytes=1, mem_bandwidth_gbps=1.0,
-                      peak_tflops={}, sm_count=1, boost_clock_mhz=1.0, l2_cache_mb=1.0,
-                      gfd_products=gfd)
+def test_catalog_resolver_maps_keys_nvml_names_and_labels() -> None:
+    resolve = plans.catalog_resolver(devices.load_catalog())
+    h100 = frozenset({H100.casefold(), H100.casefold() + "-shared"})
+    assert resolve(H100) == h100
+    assert resolve("h100-sxm-80gb") == h100 | {"h100-sxm-80gb", "h100-sxm-80gb-shared"}
+    assert H100.casefold() in resolve("NVIDIA H100 80GB HBM3")  # the NVML spelling
+    assert resolve("NVIDIA-Z9000") == frozenset({"nvidia-z9000"})  # unknown: must match itself
 
 
-def test_catalog_resolver_maps_keys_and_aliases() -> None:
-    resolve = plans.catalog_resolver([
-        _spec("h100-sxm-80gb", H100, "NVIDIA-H100-SXM5-80GB"),
-        _spec("cpu"),
-    ])
-    both = frozenset({H100.casefold(), "nvidia-h100-sxm5-80gb"})
-    assert resolve("h100-sxm-80gb") == both
-    assert resolve("H100-SXM-80GB") == both
-    assert resolve(H100) == both  # an alias accepts its siblings
-    assert resolve("NVIDIA-L4") == frozenset({"nvidia-l4"})  # unknown: itself
-    assert resolve("cpu") == frozenset({"cpu"})  # no GFD products: itself
+def test_catalog_plan_passes_matching_gfd_node() -> None:
+    from gpuplan_operator.extender import scoring
+    from gpuplan_operator.extender.inventory import NodeGpus
+
+    resolve = plans.catalog_resolver(devices.load_catalog())
+    plan = plans.plan_for_pod(builders.make_pod("p", gpus=8, gpu_type="h100-sxm-80gb"), resolve)
+    assert plan is not None
+    assert scoring.node_verdict(NodeGpus("n", H100, 8, 0), plan) is None
+    verdict = scoring.node_verdict(NodeGpus("n", "NVIDIA-L4", 4, 0), plan)
+    assert verdict is not None and verdict.reason == "type NVIDIA-L4 != planned h100-sxm-80gb"

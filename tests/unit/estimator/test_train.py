@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
@@ -11,7 +11,7 @@ import pytest
 from gpuplan_estimator import devices, errors, features, measurements, train
 
 DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb")
-FAST = {"n_estimators": 25, "num_leaves": 15, "min_child_samples": 5}
+FAST = {"n_estimators": 25, "num_leaves": 15, "min_child_samples": 5, "n_jobs": 1}
 
 
 def synthetic_frame(rows_per_device: int = 120, seed: int = 0) -> pd.DataFrame:
@@ -44,7 +44,7 @@ def synthetic_frame(rows_per_device: int = 120, seed: int = 0) -> pd.DataFrame:
 
 
 def fixed_clock() -> datetime:
-    return datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    return datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,96 @@
+"""Bundle I/O: save → load predicts identically, version checks, resolution order, shipped."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuplan_estimator import bundle, errors, features, latency
+
+FAST = {"n_estimators": 15, "num_leaves": 7, "min_child_samples": 5, "n_jobs": 1}
+
+
+@pytest.fixture(scope="module")
+def fitted() -> bundle.Bundle:
+    rng = np.random.default_rng(0)
+    n_feat = len(features.feature_names("softmax"))
+    x = rng.normal(size=(300, n_feat))
+    y = 0.5 * x[:, 0] + rng.normal(0, 0.05, 300)
+    model = latency.LayerLatencyModel(**FAST).fit(x, y)
+    manifest = {"created": "2025-01-01T00:00:00+00:00", "backends": ["b"], "metrics": {}}
+    return bundle.Bundle(models={"softmax": model}, manifest=manifest)
+
+
+def test_save_load_predicts_identically(fitted: bundle.Bundle, tmp_path: Path) -> None:
+    bundle.save_bundle(fitted, tmp_path / "b")
+    loaded = bundle.load_bundle(tmp_path / "b")
+    x = np.random.default_rng(1).normal(size=(50, len(features.feature_names("softmax"))))
+    want = fitted.models["softmax"].predict_quantiles(x)
+    got = loaded.models["softmax"].predict_quantiles(x)
+    for key in ("median", "p10", "p90"):
+        np.testing.assert_array_equal(got[key], want[key])
+    manifest = loaded.manifest
+    assert manifest["feature_schema_version"] == features.FEATURE_SCHEMA_VERSION
+    assert manifest["files"]["softmax"] == {
+        "median": "softmax.txt", "p10": "softmax.p10.txt", "p90": "softmax.p90.txt"}
+    assert loaded.models["softmax"].get_params() == fitted.models["softmax"].get_params()
+    assert not list((tmp_path / "b").glob("*.pkl"))
+
+
+def _rewrite_manifest(path: Path, **changes: object) -> None:
+    manifest = json.loads((path / bundle.MANIFEST).read_text())
+    manifest.update(changes)
+    (path / bundle.MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_feature_schema_mismatch_names_both_versions(fitted: bundle.Bundle, tmp_path: Path
+                                                     ) -> None:
+    bundle.save_bundle(fitted, tmp_path)
+    _rewrite_manifest(tmp_path, feature_schema_version="0-old")
+    with pytest.raises(errors.BundleError, match=rf"'0-old'.*'{features.FEATURE_SCHEMA_VERSION}'"):
+        bundle.load_bundle(tmp_path)
+
+
+def test_broken_bundles_name_the_file(fitted: bundle.Bundle, tmp_path: Path) -> None:
+    with pytest.raises(errors.BundleError, match="no manifest"):
+        bundle.load_bundle(tmp_path)
+    bundle.save_bundle(fitted, tmp_path)
+    (tmp_path / "softmax.p90.txt").write_text("garbage")
+    with pytest.raises(errors.BundleError, match=r"softmax\.p90\.txt"):
+        bundle.load_bundle(tmp_path)
+
+
+def test_find_bundle_prefers_explicit_then_newest_valid_then_shipped(
+    fitted: bundle.Bundle, tmp_path: Path
+) -> None:
+    data = tmp_path / "bundles"
+    assert bundle.find_bundle_with_origin(None, data) == (bundle.SHIPPED_BUNDLE, "shipped")
+    for name, created in (("old", "2025-01-01"), ("new", "2025-06-01"), ("stale", "2026-01-01")):
+        bundle.save_bundle(bundle.Bundle(fitted.models, {"created": created}), data / name)
+    _rewrite_manifest(data / "stale", feature_schema_version="0-old")  # newest but unusable
+    (data / "half-written").mkdir()
+    assert bundle.find_bundle_with_origin(None, data) == (data / "new", "data-dir")
+    assert bundle.find_bundle(data / "old", data) == data / "old"
+    with pytest.raises(errors.BundleError):
+        bundle.find_bundle(data / "stale", data)
+
+
+def test_default_data_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert bundle.default_data_dir() == tmp_path / "gpuplan" / "bundles"
+
+
+@pytest.mark.skipif(not (bundle.SHIPPED_BUNDLE / bundle.MANIFEST).exists(),
+                    reason="shipped bundle not built yet (make models)")
+def test_shipped_bundle_loads_and_is_small() -> None:
+    size = sum(f.stat().st_size for f in bundle.SHIPPED_BUNDLE.iterdir())
+    assert size < 20 * 1024 * 1024
+    loaded = bundle.load_bundle(bundle.SHIPPED_BUNDLE, origin="shipped")
+    assert {"gemm", "conv2d", "elementwise", "layernorm", "softmax"} <= set(loaded.models)
+    for kernel, metrics in loaded.manifest["metrics"].items():
+        assert metrics["random_split"]["rows"] > 0, kernel
+    assert os.path.basename(str(loaded.path)) == "bundle"

@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -195,3 +196,69 @@ def _check_frame(frame: pd.DataFrame) -> None:
 
 def metrics_json(bundle: Bundle) -> str:
     return json.dumps(bundle.manifest.get("metrics", {}), indent=2, sort_keys=True)
+
+
+# --- report: `python -m gpuplan_estimator.train --report` -------------------------------------
+
+TARGETS = {"random_mape_pct": 8.0, "random_p90_pct": 20.0, "loo_mape_pct": 15.0,
+           "cpu_mape_pct": 10.0}
+
+
+def report_markdown(manifest: Mapping[str, Any], *, today: str, command: str) -> str:
+    """Tables of held-out accuracy per kernel and device from a bundle manifest (pure)."""
+    lines = [
+        "# Latency model accuracy", "",
+        f"Date {today}; bundle commit `{manifest.get('commit', '')}`, created "
+        f"{manifest.get('created', '')}; trained by `{manifest.get('command', '')}`; "
+        f"report by `{command}`.", "",
+        f"Data digest `{manifest.get('data_digest', '')}`, {manifest.get('rows', 0)} rows after "
+        f"subsampling (settings {json.dumps(manifest.get('settings', {}), sort_keys=True)}).",
+        "All numbers are on held-out rows only. Targets: random split MAPE ≤ "
+        f"{TARGETS['random_mape_pct']} % and P90 APE ≤ {TARGETS['random_p90_pct']} %; "
+        f"leave-one-GPU-out MAPE ≤ {TARGETS['loo_mape_pct']} %; CPU MAPE ≤ "
+        f"{TARGETS['cpu_mape_pct']} %.", "",
+        "## Random split (20 % held out)", "",
+        "| kernel | device | rows | MAPE % | P90 APE % | RMSE log |", "|---|---|--:|--:|--:|--:|",
+    ]
+    metrics: Mapping[str, Any] = manifest.get("metrics", {})
+    for kernel, m in sorted(metrics.items()):
+        lines.append(_row(kernel, "**all**", m["random_split"]))
+        lines += [_row(kernel, d, v) for d, v in sorted(m["random_split_by_device"].items())]
+    lines += ["", "## Leave one device out (trained on the others)", "",
+              "| kernel | held-out device | rows | MAPE % | P90 APE % | RMSE log |",
+              "|---|---|--:|--:|--:|--:|"]
+    for kernel, m in sorted(metrics.items()):
+        lines += [_row(kernel, d, v) for d, v in sorted(m.get("leave_one_device_out", {}).items())]
+    return "\n".join(lines) + "\n"
+
+
+def _row(kernel: str, device: str, m: Mapping[str, float]) -> str:
+    return (f"| {kernel} | {device} | {int(m['rows'])} | {m['mape_pct']:.2f} | "
+            f"{m['p90_ape_pct']:.2f} | {m['rmse_log']:.4f} |")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    from gpuplan_estimator import bundle as bundle_io
+
+    parser = argparse.ArgumentParser(prog="python -m gpuplan_estimator.train")
+    parser.add_argument("--report", action="store_true", help="print and write the accuracy report")
+    parser.add_argument("--bundle", type=Path, default=bundle_io.SHIPPED_BUNDLE)
+    parser.add_argument("--doc", type=Path, default=Path("docs/latency-models.md"))
+    args = parser.parse_args(argv)
+    if not args.report:
+        parser.error("nothing to do; pass --report")
+    manifest = bundle_io.read_manifest(args.bundle)
+    command = "python -m gpuplan_estimator.train " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    text = report_markdown(manifest, today=datetime.now().date().isoformat(), command=command)
+    print(text)
+    args.doc.parent.mkdir(parents=True, exist_ok=True)
+    args.doc.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -114,7 +114,8 @@ def test_one_model_call_per_kernel_and_fast(gemm_bundle: bundle.Bundle,
     real = model.predict_quantiles
     monkeypatch.setattr(model, "predict_quantiles", lambda x: calls.append(len(x)) or real(x))
     catalog = devices.load_catalog()
-    gpus = [catalog.resolve(k) for k in catalog.keys() if catalog.resolve(k).vendor == "nvidia"]
+    keys = catalog.keys()
+    gpus = [catalog.resolve(k) for k in keys if catalog.resolve(k).vendor == "nvidia"]
     items = [gemm_item(8 + i % 4000) for i in range(10_000)]
     start = time.perf_counter()
     for gpu in gpus[:20]:

@@ -114,3 +114,11 @@ def test_error_metrics_are_exact_on_known_values() -> None:
     got = train.error_metrics(np.array([1.0, 2.0]), np.array([1.1, 2.0]))
     assert got["mape_pct"] == pytest.approx(5.0)
     assert got["rows"] == 2
+
+
+def test_report_lists_every_kernel_and_device(fitted: train.Bundle) -> None:
+    text = train.report_markdown(fitted.manifest, today="2025-01-02", command="cmd")
+    assert "Date 2025-01-02" in text and "`abc`" in text and "`cmd`" in text
+    for kernel in ("gemm", "softmax"):
+        for device in DEVICES:
+            assert f"| {kernel} | {device} |" in text

@@ -103,7 +103,7 @@ async def serve(
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not main thread
             loop.add_signal_handler(sig, stop.set)
     try:
         await web.TCPSite(runner, settings.host, settings.port).start()

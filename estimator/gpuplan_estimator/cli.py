@@ -19,11 +19,22 @@ from typing import Any, NoReturn
 
 from gpuplan_estimator import devices, estimate, graph, render
 from gpuplan_estimator.errors import GpuplanError, InvalidRequestError
+from gpuplan_estimator.layers import OpFamily
 from gpuplan_estimator.predictors import LatencyPredictor
-from gpuplan_estimator.training_step import OPTIMIZERS, PRECISIONS, TrainingSettings
+from gpuplan_estimator.training_step import (
+    FLOAT_DTYPES,
+    OPTIMIZERS,
+    PRECISIONS,
+    TrainingSettings,
+)
 
 # Modules whose `register(subparsers)` adds subcommands (bench, import, train, eval, serve, plan).
-COMMAND_MODULES: tuple[str, ...] = ("gpuplan_estimator.bench.cli", "gpuplan_estimator.train_cli")
+COMMAND_MODULES: tuple[str, ...] = (
+    "gpuplan_estimator.bench.cli",
+    "gpuplan_estimator.train_cli",
+    "gpuplan_estimator.serve_cli",
+)
+BUILTIN_COMMANDS = frozenset({"estimate", "strip", "devices", "demo"})
 EXIT_USAGE = 2
 
 
@@ -41,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_list
     try:
-        parser = build_parser()
+        parser = build_parser(plugins=_wants_plugins(args_list))
         args = parser.parse_args(args_list)
         func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
         if func is None:
@@ -64,7 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _wants_plugins(argv: Sequence[str]) -> bool:
+    """Plugged-in modules import SQLAlchemy, SciPy, ...: skip them for the built-in commands."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    return command not in BUILTIN_COMMANDS
+
+
+def build_parser(*, plugins: bool = True) -> argparse.ArgumentParser:
     parser = _Parser(prog="gpuplan", description="GPU right-sizing for deep-learning training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
@@ -74,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuplan_estimator import demo  # demo imports this module's helpers
 
     demo.register(sub)
-    for module_name in COMMAND_MODULES:
+    for module_name in COMMAND_MODULES if plugins else ():
         importlib.import_module(module_name).register(sub)
     return parser
 
@@ -190,7 +207,9 @@ def _first_data_dim(g: graph.ModelGraph) -> int | None:
     params = {name for layer in g.layers for name in layer.parameter_inputs}
     for layer in g.layers:
         for t in layer.inputs:
-            if t.name not in produced and t.name not in params and t.shape:
+            if (t.name not in produced and t.name not in params and t.shape
+                    and t.dtype in FLOAT_DTYPES | {"int64", "int32"}
+                    and layer.family is not OpFamily.SHAPE_ONLY):
                 return t.shape[0]
     return None
 

@@ -53,6 +53,10 @@ class RunInfo:
     settings_json: str
     started_at: datetime
     ended_at: datetime | None
+    backend_version: str
+    host: str
+    git_commit: str
+    command: str
 
 
 class PerfStore:

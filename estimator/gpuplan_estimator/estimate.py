@@ -304,7 +304,7 @@ def _device_json(r: DeviceEstimate, include_layers: bool) -> dict[str, Any]:
         "memory": r.memory.as_dict(),
         "memory_available_bytes": r.memory_available_bytes,
         "fits": r.fits,
-        "predictor": dict(r.predictor),
+        "predictor": {name: round(share, 6) for name, share in r.predictor.items()},
         "uncovered_ops": list(r.uncovered_ops),
         "shape_only_layers": r.shape_only_layers,
         "top_layers": [_layer_json(layer) for layer in r.top_layers(5)],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -107,6 +108,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 "status": report.status,
                 "settings": run.settings_json,
                 "rows": report.rows_total,
+                "rows_per_min": round(report.rows_per_min, 1),
+                # Timings from a busy host are inflated; keep the evidence with the data.
+                "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
             }
             n = runner.export_run(store, report.run_id, args.export, sidecar)
             print(f"wrote {n} rows to {args.export}")

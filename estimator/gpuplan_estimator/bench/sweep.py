@@ -157,7 +157,9 @@ def load_specs(paths: Sequence[str | Path]) -> list[SweepSpec]:
         p = Path(path)
         files.extend(sorted(p.glob("*.yaml")) if p.is_dir() else [p])
     if not files:
-        raise errors.GpuplanError(f"no sweep specs found in {', '.join(map(str, paths))}")
+        raise errors.GpuplanError(
+            f"no sweep specs found in {', '.join(map(str, paths))}; pass --sweep PATH"
+        )
     return sorted((load_spec(f) for f in files), key=lambda s: (s.kernel, s.path))
 
 

@@ -8,7 +8,8 @@ Parts (bytes per GPU, P = parameter count):
 - optimizer state (fp32): sgd 0, momentum 4P, adam/adamw 8P, adagrad 4P, rmsprop 4P. With the
   gradients this gives the 16P of mixed-precision Adam in ZeRO (Rajbhandari et al., SC'20, §3.1).
 - activations: training keeps every tensor some layer's backward reads (`saved_tensors`), each
-  counted once; inference keeps only the peak of simultaneously live tensors.
+  counted once, as PyTorch autograd's saved tensors do; inference keeps only the peak of
+  simultaneously live tensors.
 - workspace: the largest single layer's inputs+outputs (transient gradient buffers of the layer
   being differentiated) plus a fixed cuBLAS/cuDNN workspace.
 - framework overhead: the CUDA context and allocator reserve, a documented constant.
@@ -40,6 +41,9 @@ _SAVES_NOTHING = frozenset({"Add", "Sub", "Sum", "Neg", "Identity", "Cast", "Ave
                             "GlobalAveragePool", "ReduceSum", "ReduceMean", "Flatten", "Reshape",
                             "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice",
                             "Expand", "Pad", "Dropout"})
+# Products: an operand is kept only for the gradient of another operand.
+_OTHER_OPERAND_OPS = frozenset({"MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose", "Mul",
+                                "Div"})
 # Ops whose backward reads their output rather than their input.
 _SAVES_OUTPUT = frozenset({"Relu", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Exp", "Sqrt"})
 
@@ -118,14 +122,26 @@ def tensor_bytes(tensor: TensorInfo, width: int) -> int:
     return tensor.elements * DTYPE_BYTES[tensor.dtype]
 
 
-def saved_tensors(layer: Layer) -> tuple[TensorInfo, ...]:
-    """Activations this layer's backward reads (parameters are counted separately)."""
+def saved_tensors(layer: Layer, needs_grad: frozenset[str]) -> tuple[TensorInfo, ...]:
+    """Activations this layer's backward reads (parameters are counted separately).
+
+    Products (MatMul, Conv, Mul, Div, Where) keep an operand only when another operand needs a
+    gradient: dX of X·W needs W, dW needs X; Where needs only its condition.
+    """
     if layer.family is OpFamily.SHAPE_ONLY or layer.op_type in _SAVES_NOTHING:
         return ()
     if layer.op_type in _SAVES_OUTPUT:
         return tuple(t for t in layer.outputs if t.dtype in FLOAT_DTYPES)
+    if layer.op_type == "Where":  # gradients are dY masked by the condition
+        return layer.inputs[:1]
     params = set(layer.parameter_inputs)
-    return tuple(t for t in layer.inputs if t.name not in params)
+    if layer.op_type not in _OTHER_OPERAND_OPS:
+        return tuple(t for t in layer.inputs if t.name not in params)
+    grads = [t.name in needs_grad for t in layer.inputs]
+    return tuple(
+        t for i, t in enumerate(layer.inputs)
+        if t.name not in params and any(g for j, g in enumerate(grads) if j != i)
+    )
 
 
 def saved_activation_bytes(graph: ModelGraph, width: int) -> int:
@@ -135,7 +151,7 @@ def saved_activation_bytes(graph: ModelGraph, width: int) -> int:
     for layer in graph.layers:
         if not any(t.name in needs_grad for t in layer.inputs):
             continue
-        for tensor in saved_tensors(layer):
+        for tensor in saved_tensors(layer, needs_grad):
             kept[tensor.name] = tensor_bytes(tensor, width)
     return sum(kept.values())
 

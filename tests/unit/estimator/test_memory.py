@@ -141,3 +141,19 @@ def test_more_gpus_never_raise_per_gpu_memory(
     more = memory.training_memory(g, s, data_parallel=gpus + 1)
     assert more.total_bytes <= fewer.total_bytes
     assert more.per_gpu_batch <= fewer.per_gpu_batch
+
+
+def test_products_keep_an_operand_only_for_another_operands_gradient() -> None:
+    s, b = 4, 2
+    layers = (
+        layer("q", "MatMul", [t("x", b, s, 8), t("wq", 8, 8)], [t("q", b, s, 8)],
+              params=["wq"]),
+        layer("scale", "Mul", [t("q", b, s, 8), t("c", 1)], [t("qs", b, s, 8)]),
+        layer("mask", "Where", [t("m", 1, s, 8, dtype="bool"), t("qs", b, s, 8), t("inf", 1)],
+              [t("masked", b, s, 8)]),
+        layer("gelu", "Gelu", [t("masked", b, s, 8)], [t("g", b, s, 8)]),
+    )
+    g = ModelGraph("products", layers, (), {}, 17)
+    m = memory.training_memory(g, settings(batch_size=b))
+    # x for dWq (4 B/elt), the scalar c for dq, the bool mask for Where, Gelu's input.
+    assert m.activations_bytes == 4 * b * s * 8 + 4 + s * 8 + 4 * b * s * 8

@@ -62,13 +62,16 @@ testbed-build: ## build Kubernetes/etcd/kwok/helm from Go modules into ~/.cache/
 testbed: testbed-build testbed-up ## build (if needed) and start the local control plane
 
 testbed-up: $(STAMP) ## start the local control plane
-	$(PYTHON) -m gpuplan_testbed up
+	$(PYTHON) testbed/gpuplan_testbed.py up
 
 testbed-down: $(STAMP) ## stop the local control plane
-	$(PYTHON) -m gpuplan_testbed down
+	$(PYTHON) testbed/gpuplan_testbed.py down
 
 testbed-status: $(STAMP) ## show the local control plane's components
-	$(PYTHON) -m gpuplan_testbed status
+	$(PYTHON) testbed/gpuplan_testbed.py status
+
+kind-e2e: $(STAMP) ## same integration tests on a kind cluster (needs Docker, kind, kubectl, helm)
+	bash hack/kind-e2e.sh
 
 clean: ## remove the venv and caches in the repo
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

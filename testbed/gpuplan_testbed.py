@@ -4,6 +4,7 @@
     python testbed/gpuplan_testbed.py status [--json]
     python testbed/gpuplan_testbed.py down
     python testbed/gpuplan_testbed.py env          # prints `export KUBECONFIG=...`
+    python testbed/gpuplan_testbed.py nodes --kubeconfig K   # fake nodes on another cluster (kind)
 
 Starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a second kube-scheduler
 named `gpuplan-scheduler` (extender at http://127.0.0.1:<extender-port>/extender) and kwok with
@@ -40,6 +41,7 @@ from testbed_common import (
     Ports,
     TestbedError,
 )
+from testbed_lock import exclusive
 from testbed_nodes import create_nodes, load_nodes, wait_nodes_ready
 from testbed_pki import ensure_pki
 from testbed_render import gpuplan_scheduler_config, kubeconfig, scheduler_config
@@ -81,13 +83,20 @@ class Settings:
     nodes_timeout_s: float = 120.0
 
 
-def up(settings: Settings) -> dict[str, Any]:
-    """Start the testbed, or reuse it when the one in `state_dir` is healthy; returns state.json."""
+def up(settings: Settings, owner: str = "cli") -> dict[str, Any]:
+    """Start the testbed, or reuse it when the one in `state_dir` is healthy; returns state.json.
+
+    `owner` "pytest" marks a testbed that the last pytest session using it may stop; "cli"
+    (`make testbed-up`) keeps it running until `down`. Callers sharing a state dir hold
+    `testbed_lock.exclusive()` around this.
+    """
     layout = Layout(settings.state_dir)
     state = load_state(layout)
     if state is not None and not unhealthy_components(layout, state):
-        state["reused"] = True
-        return state
+        if owner == "cli" and state.get("owner") != "cli":
+            state["owner"] = "cli"  # adopted by a person: pytest must no longer stop it
+            layout.state_json.write_text(json.dumps(state, indent=2) + "\n")
+        return dict(state, reused=True)
     missing = missing_binaries(settings.bin_dir)
     if missing:
         raise TestbedError(f"testbed binaries missing in {settings.bin_dir}: {missing}; "
@@ -95,7 +104,7 @@ def up(settings: Settings) -> dict[str, Any]:
     down(layout)  # leftovers of a crashed or half-started run
     _reset_state_dir(layout)
     try:
-        return _start(settings, layout)
+        return _start(settings, layout, owner)
     except BaseException:
         down(layout, keep_data=True)
         raise
@@ -110,7 +119,7 @@ def _reset_state_dir(layout: Layout) -> None:
     layout.etcd_data.chmod(0o700)
 
 
-def _start(settings: Settings, layout: Layout) -> dict[str, Any]:
+def _start(settings: Settings, layout: Layout, owner: str) -> dict[str, Any]:
     started = time.monotonic()
     ports = _choose_ports(settings.extender_port)
     ensure_pki(layout.pki)
@@ -129,9 +138,9 @@ def _start(settings: Settings, layout: Layout) -> dict[str, Any]:
     waited["nodes-ready"] = round(
         wait_nodes_ready(layout.kubeconfig, len(nodes), settings.nodes_timeout_s), 2)
     state.update(nodes=len(nodes), startup_seconds=waited,
-                 ready_after_seconds=round(time.monotonic() - started, 2), reused=False)
+                 ready_after_seconds=round(time.monotonic() - started, 2), owner=owner)
     layout.state_json.write_text(json.dumps(state, indent=2) + "\n")
-    return state
+    return dict(state, reused=False)
 
 
 def _choose_ports(extender_port: int | None) -> Ports:
@@ -233,13 +242,15 @@ def down(layout: Layout, keep_data: bool = False) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpuplan_testbed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    parser.add_argument("command", choices=["up", "down", "status", "env", "nodes"])
     parser.add_argument("--state-dir", type=pathlib.Path, default=None)
     parser.add_argument("--extender-port", type=int,
                         default=int(os.environ.get("GPUPLAN_EXTENDER_PORT", "0")) or None)
     parser.add_argument("--strict-extender", action="store_true",
                         help="extender errors fail scheduling (ignorable: false)")
     parser.add_argument("--json", action="store_true", help="status as JSON")
+    parser.add_argument("--kubeconfig", type=pathlib.Path,
+                        help="nodes: the cluster to add testbed/nodes.yaml to (needs kwok in it)")
     args = parser.parse_args(argv)
     state_dir = (args.state_dir or default_state_dir()).resolve()
     layout = Layout(state_dir)
@@ -252,14 +263,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, layout: Layout) -> int:
     if args.command == "up":
-        state = up(Settings(state_dir=layout.state_dir, extender_port=args.extender_port,
-                            extender_ignorable=not args.strict_extender))
+        with exclusive(layout):
+            state = up(Settings(state_dir=layout.state_dir, extender_port=args.extender_port,
+                                extender_ignorable=not args.strict_extender))
         verb = "reused" if state.get("reused") else f"ready in {state['ready_after_seconds']} s"
         print(f"testbed {verb}: {state['api_server']} ({state['nodes']} fake nodes)\n"
               f"  export KUBECONFIG={state['kubeconfig']}\n  state: {layout.state_json}")
         return 0
+    if args.command == "nodes":
+        if args.kubeconfig is None:
+            raise TestbedError("nodes needs --kubeconfig")
+        nodes = load_nodes(TESTBED_DIR / "nodes.yaml")
+        created = create_nodes(args.kubeconfig.resolve(), nodes)
+        waited = wait_nodes_ready(args.kubeconfig.resolve(), len(nodes), 120.0)
+        print(f"{created} nodes created, {len(nodes)} Ready after {waited:.1f} s")
+        return 0
     if args.command == "down":
-        stopped = down(layout)
+        with exclusive(layout):
+            stopped = down(layout)
         print(f"testbed stopped: {', '.join(stopped) or 'nothing was running'}")
         return 0
     current = load_state(layout)

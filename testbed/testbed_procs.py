@@ -54,7 +54,7 @@ def start(layout: Layout, name: str, argv: list[str]) -> dict[str, Any]:
         log.flush()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 cwd=layout.state_dir, start_new_session=True)
-    record = {"name": name, "pid": proc.pid, "start_ticks": _start_ticks(proc.pid),
+    record = {"name": name, "pid": proc.pid, "start_ticks": start_ticks(proc.pid),
               "argv0": str(binary)}
     layout.pid(name).write_text(json.dumps(record))
     return record
@@ -181,7 +181,8 @@ def _any_live_thread(pid: int) -> bool:
     return False
 
 
-def _start_ticks(pid: int) -> int:
+def start_ticks(pid: int) -> int:
+    """Kernel start time of `pid` in clock ticks: with the PID it identifies one process."""
     stat = _proc_stat(pid)
     if stat is None:
         raise TestbedError(f"process {pid} vanished right after start")

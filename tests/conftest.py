@@ -3,8 +3,9 @@
 Cluster fixtures (see docs/testbed.md):
 
 * `testbed` (session): a `testbed_pytest.Testbed` for the running control plane. Brings the local
-  testbed up, or reuses a healthy one (`make testbed-up`), and stops it at the end only if it
-  started it (set `GPUPLAN_TESTBED_KEEP=1` to keep it). Sets `KUBECONFIG` for the session, so
+  testbed up, or reuses a healthy one (`make testbed-up`). Concurrent pytest sessions share it
+  (flock + user records in the state dir); the last one out stops it unless a person started it
+  with `make testbed-up` or `GPUPLAN_TESTBED_KEEP=1` is set. Sets `KUBECONFIG` for the session, so
   kopf's `KopfRunner` and the kubernetes client find the cluster. Skips when the binaries are
   absent (run `make testbed-build`), but fails under `CI=true`. With `GPUPLAN_KUBECONFIG` set it
   uses that cluster instead (kind, `make kind-e2e`) and starts nothing.
@@ -33,6 +34,7 @@ sys.path.insert(0, str(ROOT / "testbed"))
 
 import testbed_pytest  # noqa: E402
 from testbed_common import Layout  # noqa: E402
+from testbed_lock import add_user, exclusive, remove_user  # noqa: E402
 from testbed_pytest import Kubectl, Testbed  # noqa: E402
 
 _HTTP_TIMEOUT_S = 30
@@ -77,7 +79,10 @@ def testbed() -> Iterator[Testbed]:
         _require(not missing, f"testbed binaries missing in {bin_dir}: {missing}; "
                               "run `make testbed-build`")
         settings = runner.Settings(bin_dir=bin_dir)
-        state = runner.up(settings)
+        layout = Layout(settings.state_dir)
+        with exclusive(layout):  # other pytest sessions may share this working tree
+            state = runner.up(settings, owner="pytest")
+            add_user(layout)
         helm = pathlib.Path(state["helm"])
         tb = Testbed(
             kubeconfig=pathlib.Path(state["kubeconfig"]),
@@ -90,8 +95,13 @@ def testbed() -> Iterator[Testbed]:
         try:
             yield tb
         finally:
-            if not state.get("reused") and not os.environ.get("GPUPLAN_TESTBED_KEEP"):
-                runner.down(Layout(settings.state_dir))
+            with exclusive(layout):
+                others = remove_user(layout)
+                current = runner.load_state(layout)
+                # The last pytest user stops a pytest-started testbed; `make testbed-up` keeps it.
+                if (others == 0 and current is not None and current.get("owner") == "pytest"
+                        and not os.environ.get("GPUPLAN_TESTBED_KEEP")):
+                    runner.down(layout)
 
 
 @pytest.fixture(scope="session")

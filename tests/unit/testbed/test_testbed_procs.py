@@ -10,6 +10,7 @@ import sys
 import pytest
 import testbed_procs as procs
 from testbed_common import Layout, TestbedError
+from testbed_lock import add_user, exclusive, remove_user
 from testbed_pki import PKI_FILES, ensure_pki
 
 
@@ -87,3 +88,25 @@ def test_pki_admin_cert_is_signed_by_the_ca_and_in_system_masters(tmp_path: path
     before = (tmp_path / "ca.crt").read_bytes()
     ensure_pki(tmp_path)  # second call reuses the existing PKI
     assert (tmp_path / "ca.crt").read_bytes() == before
+
+
+def test_exclusive_lock_excludes_a_second_holder(layout: Layout) -> None:
+    with exclusive(layout), pytest.raises(TestbedError, match="still held"), \
+            exclusive(layout, timeout_s=0.3):
+        pass
+    with exclusive(layout, timeout_s=0.3):  # released again
+        pass
+
+
+def test_last_user_count_ignores_dead_users(layout: Layout) -> None:
+    other = subprocess.Popen(["/bin/sleep", "30"])
+    try:
+        add_user(layout)
+        add_user(layout, other.pid)
+        assert remove_user(layout) == 1  # the sleeping user remains
+        other.kill()
+        other.wait()
+        assert remove_user(layout) == 0  # dead users are pruned, not counted
+        assert not list((layout.state_dir / "users").glob("*.json"))
+    finally:
+        other.kill()

@@ -46,6 +46,20 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
                 cfg.estimator_url, cfg.scheduler_name or "default")
 
 
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's own connection, from the same configuration as `kube` (one source of truth)."""
+    config = kube.load_configuration()
+    header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix(
+        "authorization")
+    scheme, _sep, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=config.host, ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl,
+        username=config.username or None, password=config.password or None,
+        scheme=scheme or None, token=token or None, certificate_path=config.cert_file,
+        private_key_path=config.key_file)
+
+
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     server = memo.get("metrics_server")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,14 +26,7 @@ class Kube:
 
     @classmethod
     def from_environment(cls) -> Kube:
-        """In-cluster config when running in a pod, else KUBECONFIG / ~/.kube/config."""
-        config = kubernetes.client.Configuration()
-        try:
-            kubernetes.config.load_incluster_config(client_configuration=config)
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config(client_configuration=config)
-        config.connection_pool_maxsize = 32
-        return cls(kubernetes.client.ApiClient(config))
+        return cls(kubernetes.client.ApiClient(load_configuration()))
 
     async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await _call_or_none(self._core.read_namespaced_config_map, name, namespace)
@@ -75,6 +69,19 @@ class Kube:
                              body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         return await _create(self._core.create_namespaced_service,
                              self._core.read_namespaced_service, namespace, body)
+
+
+def load_configuration() -> kubernetes.client.Configuration:
+    """In-cluster config when running in a pod, else KUBECONFIG / ~/.kube/config."""
+    config = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    except kubernetes.config.ConfigException:
+        # The client reads KUBECONFIG at import time; read it now (tests set it later).
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
+                                           client_configuration=config)
+    config.connection_pool_maxsize = 32
+    return config
 
 
 async def _call(fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:

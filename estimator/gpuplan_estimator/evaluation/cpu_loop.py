@@ -1,0 +1,168 @@
+"""CPU closed loop: predict the forward time of ONNX's light test models on this machine and
+measure it with onnxruntime in the same run.
+
+The light models (``onnx/backend/test/data/light``) are structure-only (weights are
+ConstantOfShape zeros), which is fine for timing. They are exported at batch 1; `rebatch`
+rewrites the input's leading dim and the batch-major Reshape targets so batch 8 runs too.
+Timing follows the project's rule: one warm-up run, then the mean of runs 2..N+1.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from gpuplan_estimator import errors, estimate, graph
+from gpuplan_estimator.devices import DeviceSpec
+from gpuplan_estimator.predictors import LatencyPredictor
+from gpuplan_estimator.training_step import TrainingSettings
+
+LIGHT_MODELS = ("resnet50", "vgg19", "bvlc_alexnet", "densenet121", "inception_v1",
+                "inception_v2", "shufflenet", "squeezenet", "zfnet512")
+BATCHES = (1, 8)
+MAX_RUN_SECONDS = 120.0  # per model and batch: a cap so a slow machine cannot hang `make eval`
+
+
+def light_dir() -> Path:
+    return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    runs: int = 10
+    """Timed runs after the warm-up (mean of runs 2..N+1)."""
+    threads: int = 0
+    """onnxruntime intra-op threads; 0 = its default (one per core)."""
+    seed: int = 0
+    """random_state of the input tensors."""
+
+
+@dataclass(frozen=True)
+class CpuResult:
+    model: str
+    batch: int
+    predictor: str  # label of the predictor that priced most of the time
+    predicted_ms: float
+    p10_ms: float
+    p90_ms: float
+    measured_ms: float
+    runs: int
+
+    @property
+    def ape(self) -> float:
+        return abs(self.predicted_ms - self.measured_ms) / self.measured_ms
+
+    @property
+    def covered(self) -> bool:
+        return self.p10_ms <= self.measured_ms <= self.p90_ms
+
+
+def _free_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    produced = {o for n in model.graph.node for o in n.output}
+    inits = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in produced and i.name not in inits]
+
+
+def rebatch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
+    """A copy at `batch`: leading dim of every free input and of constant Reshape targets.
+
+    Only Reshape targets whose leading entry equals the exported batch (1) are rewritten; the
+    result is checked by shape inference so a target that was not batch-major fails loudly.
+    """
+    if batch < 1:
+        raise errors.InvalidRequestError("batch", f"must be positive, got {batch}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for value in _free_inputs(out):
+        dims = value.type.tensor_type.shape.dim
+        if not dims or dims[0].dim_value != 1:
+            raise errors.InvalidModelError(f"{out.graph.name}: input {value.name} is not batch 1")
+        dims[0].dim_value = batch
+    del out.graph.value_info[:]  # stale batch-1 shapes; re-inferred below and by `graph`
+    for value in out.graph.output:
+        dims = value.type.tensor_type.shape.dim
+        if dims and dims[0].dim_value == 1:
+            dims[0].dim_value = batch
+    inits = {t.name: t for t in out.graph.initializer}
+    for node in out.graph.node:
+        target = inits.get(node.input[1]) if node.op_type == "Reshape" else None
+        if target is None:
+            continue
+        shape = numpy_helper.to_array(target).copy()
+        if shape.size and shape[0] == 1:
+            shape[0] = batch
+            target.CopyFrom(numpy_helper.from_array(shape.astype(np.int64), target.name))
+    onnx.shape_inference.infer_shapes(out, check_type=True, strict_mode=True)
+    return out
+
+
+def measure_ms(model_bytes: bytes, settings: TimingSettings,
+               clock: Callable[[], float] = time.perf_counter) -> float:
+    """Mean wall time of runs 2..N+1 of the model on onnxruntime's CPU provider."""
+    import onnxruntime as ort  # the only onnxruntime user in evaluation; imported at the edge
+
+    opts = ort.SessionOptions()
+    if settings.threads:
+        opts.intra_op_num_threads = settings.threads
+    session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(settings.seed)
+    feeds = {}
+    for value in session.get_inputs():
+        if not all(isinstance(d, int) for d in value.shape):
+            raise errors.UnboundDimError([str(d) for d in value.shape], value.name)
+        feeds[value.name] = rng.standard_normal(value.shape).astype(np.float32)
+    session.run(None, feeds)  # warm-up: allocations, kernel selection
+    times = []
+    deadline = clock() + MAX_RUN_SECONDS
+    for _ in range(settings.runs):
+        start = clock()
+        session.run(None, feeds)
+        times.append(clock() - start)
+        if clock() > deadline:
+            break
+    return 1000.0 * float(np.mean(times))
+
+
+def evaluate_model(
+    path: Path, batch: int, *, device: DeviceSpec, predictor: LatencyPredictor,
+    settings: TimingSettings,
+) -> CpuResult:
+    """Predict and measure one light model at one batch."""
+    proto = rebatch(onnx.load(os.fspath(path), load_external_data=False), batch)
+    data = proto.SerializeToString()
+    name = path.stem.removeprefix("light_")
+    g = graph.load_model(data, name=name)
+    (est,) = estimate.estimate(g, [device], TrainingSettings(batch_size=batch, mode="inference"),
+                               predictor=predictor)
+    measured = measure_ms(data, settings)
+    main = max(est.predictor.items(), key=lambda kv: kv[1])[0] if est.predictor else "none"
+    return CpuResult(name, batch, main, est.forward_ms, est.interval_ms[0], est.interval_ms[1],
+                     measured, settings.runs)
+
+
+def evaluate_light_models(
+    *, device: DeviceSpec, predictor: LatencyPredictor, settings: TimingSettings,
+    models: Sequence[str] = LIGHT_MODELS, batches: Sequence[int] = BATCHES,
+    directory: Path | None = None, progress: Callable[[str], None] | None = None,
+) -> tuple[CpuResult, ...]:
+    root = directory if directory is not None else light_dir()
+    out = []
+    for name in models:
+        path = root / f"light_{name}.onnx"
+        if not path.is_file():
+            raise errors.InvalidRequestError("models", f"{path} does not exist")
+        for batch in batches:
+            result = evaluate_model(path, batch, device=device, predictor=predictor,
+                                    settings=settings)
+            if progress is not None:
+                progress(f"cpu {name} b{batch}: predicted {result.predicted_ms:.1f} ms, "
+                         f"measured {result.measured_ms:.1f} ms")
+            out.append(result)
+    return tuple(out)

@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpuplan_estimator.bench.cli",
     "gpuplan_estimator.train_cli",
     "gpuplan_estimator.serve_cli",
+    "gpuplan_estimator.evaluation.cli",
 )
 BUILTIN_COMMANDS = frozenset({"estimate", "strip", "devices", "demo"})
 EXIT_USAGE = 2

@@ -1,0 +1,162 @@
+"""`gpuplan eval`: whole-model accuracy on GPU labels, leave-one-GPU-out, and the CPU closed loop.
+
+Writes ``docs/accuracy.md``, ``docs/accuracy.json`` and ``docs/accuracy.png`` (see `report`).
+The calibrated column is honest by construction: each row is corrected only from the outcomes
+of *other* models (and, for leave-one-GPU-out, other GPUs), never from itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpuplan_estimator import (
+    bundle,
+    calibration,
+    cpuinfo,
+    devices,
+    latency,
+    roofline,
+    train,
+    train_cli,
+)
+from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, report
+from gpuplan_estimator.evaluation.gpu_labels import RowResult
+
+LGB = "lightgbm"
+CALIBRATED = "lightgbm+calibration"
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("eval", help="whole-model accuracy -> docs/accuracy.{md,json,png}")
+    p.add_argument("--labels", type=Path, help="labels.csv (default: shared model-labels)")
+    p.add_argument("--bundle", type=Path, help="latency model bundle (default: as `estimate`)")
+    p.add_argument("--out-dir", type=Path, default=train_cli.REPO_ROOT / "docs")
+    p.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out retraining")
+    p.add_argument("--no-cpu", action="store_true", help="skip the CPU closed loop")
+    p.add_argument("--cpu-runs", type=int, default=10, help="timed runs per CPU model")
+    p.add_argument("--logo-max-rows", type=int, default=15_000,
+                   help="subsample cap per kernel for the leave-one-GPU-out refits")
+    p.set_defaults(func=run)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    shared = train_cli.shared_data_dir()
+    labels_path = args.labels or shared / "model-labels" / "labels.csv"
+    rows = gpu_labels.read_labels(labels_path)
+    catalog = devices.load_catalog()
+    build = gpu_labels.zoo_graph_builder(labels_path.parent / "model_configs")
+    fitted = bundle.load_default(args.bundle)
+    bundle_text = f"{fitted.origin} bundle {fitted.path} ({fitted.manifest.get('command', '')})"
+    _say(f"eval: {len(rows)} label rows; {bundle_text}")
+    predictors = {"roofline": roofline.RooflinePredictor(), LGB: latency.LearnedPredictor(fitted)}
+    gpu, skipped = gpu_labels.evaluate_rows(rows, predictors=predictors, catalog=catalog,
+                                            build_graph=build)
+    gpu = gpu + calibrated(gpu, hold_out_device=False)
+    logo: tuple[RowResult, ...] = ()
+    if not args.no_logo:
+        logo = leave_one_gpu_out(rows, shared / "gpu-ops", args.logo_max_rows, catalog, build)
+        logo = logo + calibrated(logo, hold_out_device=True)
+    cpu: tuple[cpu_loop.CpuResult, ...] = ()
+    host = ""
+    if not args.no_cpu:
+        device = cpuinfo.local_cpu_device()
+        load = os.getloadavg()
+        host = (f"Host: {device.name}, {device.sm_count} cores, calibrated "
+                f"{device.peak_tflops['fp32'] * 1000:.0f} GFLOP/s fp32, "
+                f"{device.mem_bandwidth_gbps:.1f} GB/s; load average at start "
+                f"{load[0]:.2f} (other processes share this machine).")
+        cpu = cpu_loop.evaluate_light_models(
+            device=device, predictor=latency.LearnedPredictor(fitted),
+            settings=cpu_loop.TimingSettings(runs=args.cpu_runs), progress=_say)
+    rep = report.Report(
+        commit=train_cli.git_commit(), command=command_line(args),
+        created=datetime.now().astimezone().isoformat(timespec="seconds"), bundle=bundle_text,
+        gpu=gpu, skipped=skipped, logo=logo, cpu=cpu, notes=notes(fitted), host=host)
+    for path in report.write(rep, args.out_dir):
+        print(f"wrote {path}")
+    for (p, d, m), s in report.summarise(gpu).items():
+        if d == "all":
+            print(f"  GPU {p:22s} {m:18s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %"
+                  f"  in P10-P90 {s.coverage_pct:3.0f} %")
+    for (p, d, m), s in report.summarise(logo).items():
+        if d == "all":
+            print(f"  LOGO {p:21s} {m:18s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %")
+    for k, s in report.summarise_cpu(cpu).items():
+        print(f"  CPU {k:10s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %")
+    return 0
+
+
+def calibrated(results: Sequence[RowResult], *, hold_out_device: bool) -> tuple[RowResult, ...]:
+    """LightGBM rows corrected from the outcomes of other models (and GPUs, if asked)."""
+    learned = [r for r in results if r.predictor == LGB]
+    outcomes = [calibration.Outcome(r.device, report.group_key(r)[2], r.predicted_ms,
+                                    r.row.measured_ms, model=r.row.model) for r in learned]
+    out = []
+    for r in learned:
+        train_on = calibration.outcomes_excluding(
+            outcomes, model=r.row.model, device=r.device if hold_out_device else None)
+        cal = calibration.fit(train_on)
+        c = calibration.apply(cal, r.device, report.group_key(r)[2], r.predicted_ms, r.p10_ms,
+                              r.p90_ms)
+        out.append(RowResult(r.row, r.device, CALIBRATED, c.median_ms, c.p10_ms, c.p90_ms,
+                             r.forward_ms * c.correction.factor))
+    return tuple(out)
+
+
+def leave_one_gpu_out(
+    rows: Sequence[gpu_labels.LabelRow], gpu_ops: Path, max_rows: int, catalog: devices.Catalog,
+    build: gpu_labels.GraphBuilder,
+) -> tuple[RowResult, ...]:
+    """For each labelled GPU: refit the latency models without its op rows, predict its rows."""
+    frame = train_cli.load_sources([str(gpu_ops)])
+    out: list[RowResult] = []
+    for key in gpu_labels.devices_of(rows, catalog):
+        _say(f"eval: leave-one-GPU-out refit without {key}")
+        rest = frame[frame["device"] != key]
+        held = train.train_bundle(rest, train.TrainSettings(max_rows_per_kernel=max_rows),
+                                  validate=False)
+        mine = [r for r in rows if gpu_labels.label_device(r, catalog).key == key]
+        results, _ = gpu_labels.evaluate_rows(
+            mine, predictors={LGB: latency.LearnedPredictor(held)}, catalog=catalog,
+            build_graph=build)
+        out.extend(results)
+    return tuple(out)
+
+
+def notes(fitted: bundle.Bundle) -> tuple[str, ...]:
+    has_cpu = any(str(b).startswith(("onnxruntime", "ort")) or "cpu" in str(b)
+                  for b in fitted.manifest.get("backends", []))
+    return (
+        "Split: the GPU labels are a DEVELOPMENT set (same GPUs as the op data). Nothing is "
+        "fitted to them except the calibration column, which for every row uses only the "
+        "outcomes of other models (leave-one-model-out; for leave-one-GPU-out also other GPUs).",
+        "Inference rows compare forward time with `fw_ms`; training rows compare forward + "
+        "backward with `e2e_latency_ms` (the labels exclude the optimizer step).",
+        "`/compiled` rows are torch.compile runs, predicted as eager (no fusion flag yet).",
+        "Intervals: sum of per-layer P10/P90 (quantile LightGBM); the roofline has none.",
+        "CPU: " + ("the bundle has a CPU backend." if has_cpu else
+                   "the bundle has no CPU latency model, so CPU items fall back to the "
+                   "roofline of the calibrated host (labelled `roofline:*`)."),
+        "CPU training step (torch backend) is not measured: torch is not installed here.",
+    )
+
+
+def command_line(args: argparse.Namespace) -> str:
+    parts = ["gpuplan", "eval"]
+    for flag in ("labels", "bundle"):
+        if getattr(args, flag) is not None:
+            parts += [f"--{flag}", str(getattr(args, flag))]
+    parts += ["--no-logo"] if args.no_logo else ["--logo-max-rows", str(args.logo_max_rows)]
+    parts += ["--no-cpu"] if args.no_cpu else ["--cpu-runs", str(args.cpu_runs)]
+    return shlex.join(parts)

@@ -36,6 +36,11 @@ class Bundle:
     manifest: Mapping[str, Any]
     path: Path | None = None
     origin: str = field(default="memory")  # explicit | data-dir | shipped | memory
+    transfer_models: Mapping[str, LayerLatencyModel] = field(default_factory=dict)
+    """Per kernel, on `features.transfer_columns`: used for devices the bundle never saw."""
+
+    def has_seen(self, device: DeviceSpec) -> bool:
+        return device.key in self.manifest.get("devices", [])
 
     def backend_code(self, device: DeviceSpec, backend: str | None = None) -> int | None:
         """Code of the backend to predict for: explicit, the device's own, else its vendor's."""
@@ -56,13 +61,8 @@ def save_bundle(bundle: Bundle, directory: Path) -> Path:
         stale.unlink()
     for old in directory.glob("*.txt"):
         old.unlink()
-    files: dict[str, dict[str, str]] = {}
-    for kernel, model in sorted(bundle.models.items()):
-        files[kernel] = {}
-        for part, booster in sorted(model._fitted().items()):
-            name = f"{kernel}.txt" if part == "median" else f"{kernel}.{part}.txt"
-            (directory / name).write_text(booster.model_to_string(), encoding="utf-8")
-            files[kernel][part] = name
+    files = _write_models(directory, bundle.models, "")
+    transfer_files = _write_models(directory, bundle.transfer_models, ".transfer")
     manifest = {
         **bundle.manifest,
         "schema_version": BUNDLE_SCHEMA_VERSION,
@@ -70,6 +70,7 @@ def save_bundle(bundle: Bundle, directory: Path) -> Path:
         "lightgbm_version": lgb.__version__,
         "kernels": sorted(bundle.models),
         "files": files,
+        "transfer_files": transfer_files,
         "model_params": {k: m.get_params() for k, m in sorted(bundle.models.items())},
     }
     tmp = directory / (MANIFEST + ".tmp")
@@ -81,19 +82,43 @@ def save_bundle(bundle: Bundle, directory: Path) -> Path:
 def load_bundle(directory: Path, *, origin: str = "explicit") -> Bundle:
     """Read a bundle; `errors.BundleError` names the file or the mismatching versions."""
     manifest = read_manifest(directory)
+    models = _read_models(directory, manifest, "files", transfer=False)
+    transfer = _read_models(directory, manifest, "transfer_files", transfer=True)
+    return Bundle(models=models, manifest=manifest, path=directory, origin=origin,
+                  transfer_models=transfer)
+
+
+def _write_models(
+    directory: Path, models: Mapping[str, LayerLatencyModel], suffix: str
+) -> dict[str, dict[str, str]]:
+    files: dict[str, dict[str, str]] = {}
+    for kernel, model in sorted(models.items()):
+        files[kernel] = {}
+        for part, booster in sorted(model._fitted().items()):
+            name = f"{kernel}{suffix}.txt" if part == "median" else f"{kernel}{suffix}.{part}.txt"
+            (directory / name).write_text(booster.model_to_string(), encoding="utf-8")
+            files[kernel][part] = name
+    return files
+
+
+def _read_models(
+    directory: Path, manifest: Mapping[str, Any], key: str, *, transfer: bool
+) -> dict[str, LayerLatencyModel]:
     models: dict[str, LayerLatencyModel] = {}
-    for kernel, parts in manifest["files"].items():
-        if not _KERNEL_RE.match(kernel):
+    for kernel, parts in manifest.get(key, {}).items():
+        if not _KERNEL_RE.match(kernel) or kernel not in features.KERNEL_DIMS:
             raise errors.BundleError(f"{directory / MANIFEST}: bad kernel name {kernel!r}")
         boosters = {part: _read_booster(directory / name) for part, name in parts.items()}
         params = manifest.get("model_params", {}).get(kernel, {})
-        models[kernel] = LayerLatencyModel.from_boosters(boosters, params)
-        expected = len(features.feature_names(kernel))
-        if models[kernel].n_features_in_ != expected:
+        model = LayerLatencyModel.from_boosters(boosters, params)
+        expected = (len(features.transfer_columns(kernel)) if transfer
+                    else len(features.feature_names(kernel)))
+        if model.n_features_in_ != expected:
             raise errors.BundleError(
-                f"{directory}: model {kernel!r} has {models[kernel].n_features_in_} features, "
+                f"{directory}: model {kernel!r} has {model.n_features_in_} features, "
                 f"feature schema {features.FEATURE_SCHEMA_VERSION} defines {expected}")
-    return Bundle(models=models, manifest=manifest, path=directory, origin=origin)
+        models[kernel] = model
+    return models
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

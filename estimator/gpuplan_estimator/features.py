@@ -21,7 +21,7 @@ from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.layers import DTYPE_BYTES
 from gpuplan_estimator.workload import WorkItem
 
-FEATURE_SCHEMA_VERSION = "3"
+FEATURE_SCHEMA_VERSION = "4"
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -76,6 +76,23 @@ WORK_FEATURES: tuple[str, ...] = (
     "log_flops", "log_bytes", "log_intensity", "log_intensity_over_ridge", "log_compute_ms",
     "log_memory_ms", "log_base_ms", "dtype_bytes", "log_flops_per_sm", "log_bytes_per_l2",
 )
+
+# What a model for a GPU it never saw may use: shapes, device-relative cost and the base.
+# Absolute spec features (and times on one device's scale) let trees memorise the training GPUs:
+# leaving one GPU out, a model with them erred 2-5x more on softmax/elementwise/layernorm than
+# one without (docs/latency-models.md), so unseen devices get this "transfer" model instead.
+TRANSFER_EXCLUDED: frozenset[str] = frozenset({
+    "dev_log_peak_gflops", "dev_log_bw_gbps", "dev_sm_count", "dev_clock_mhz", "dev_l2_mb",
+    "dev_log_mem_gb", "dev_cores_per_sm", "dev_log_ridge", "log_compute_ms", "log_memory_ms",
+    "log_intensity_over_ridge", "log_flops_per_sm", "log_bytes_per_l2", "log_rows_per_sm",
+    "log_elems_per_thread",
+})
+
+
+def transfer_columns(kernel: str) -> npt.NDArray[np.intp]:
+    """Column indices of `feature_names(kernel)` the transfer model sees."""
+    names = feature_names(kernel)
+    return np.array([i for i, n in enumerate(names) if n not in TRANSFER_EXCLUDED], dtype=np.intp)
 
 
 @dataclass(frozen=True)

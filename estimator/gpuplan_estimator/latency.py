@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import lightgbm as lgb
 import numpy as np
+import numpy.typing as npt
 
 from gpuplan_estimator import errors, features
 from gpuplan_estimator.devices import DeviceSpec
@@ -35,7 +36,8 @@ class LayerLatencyModel:
     def __init__(
         self, *, n_estimators: int = 200, num_leaves: int = 31, learning_rate: float = 0.05,
         min_child_samples: int = 20, subsample: float = 0.8, colsample_bytree: float = 0.8,
-        linear_tree: bool = False, quantiles: bool = True, random_state: int = 0, n_jobs: int = 2,
+        linear_tree: bool = False, quantiles: bool = True, quantile_n_estimators: int = 100,
+        random_state: int = 0, n_jobs: int = 2,
     ) -> None:
         self.n_estimators = n_estimators
         self.num_leaves = num_leaves
@@ -45,13 +47,15 @@ class LayerLatencyModel:
         self.colsample_bytree = colsample_bytree
         self.linear_tree = linear_tree
         self.quantiles = quantiles
+        self.quantile_n_estimators = quantile_n_estimators
         self.random_state = random_state
         self.n_jobs = n_jobs
 
     def get_params(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
             "n_estimators", "num_leaves", "learning_rate", "min_child_samples", "subsample",
-            "colsample_bytree", "linear_tree", "quantiles", "random_state", "n_jobs")}
+            "colsample_bytree", "linear_tree", "quantiles", "quantile_n_estimators",
+            "random_state", "n_jobs")}
 
     def fit(self, X: FloatArray, y: FloatArray) -> LayerLatencyModel:
         """Fit on features ``X`` (n × d) and targets ``y`` = log(latency / base)."""
@@ -63,15 +67,17 @@ class LayerLatencyModel:
             raise errors.InvalidRequestError("y", f"{len(y)} rows are too few to fit")
         if not np.isfinite(y).all():
             raise errors.InvalidRequestError("y", "targets must be finite (latency > 0)")
-        if self.n_estimators < 1 or self.num_leaves < 2:
+        if self.n_estimators < 1 or self.num_leaves < 2 or self.quantile_n_estimators < 1:
             raise errors.InvalidRequestError(
                 "n_estimators", "need n_estimators >= 1, num_leaves >= 2")
         objectives: dict[str, dict[str, Any]] = {"median": {"objective": "regression"}}
         if self.quantiles:
             objectives.update(
                 {k: {"objective": "quantile", "alpha": a} for k, a in QUANTILES.items()})
+        # Interval bounds need less resolution than the median, so they get fewer trees.
         self.boosters_ = {
-            name: lgb.train({**self._params(), **obj}, lgb.Dataset(X, y), self.n_estimators)
+            name: lgb.train({**self._params(), **obj}, lgb.Dataset(X, y),
+                            self.n_estimators if name == "median" else self.quantile_n_estimators)
             for name, obj in objectives.items()
         }
         self.n_features_in_ = X.shape[1]
@@ -149,26 +155,37 @@ class LearnedPredictor:
                 continue  # metadata-only work launches no kernel
             idx = np.asarray(idx_list)
             sub = [items[i] for i in idx_list]
-            model = self.bundle.models.get(kernel)
+            model, columns, tag = self._model_for(kernel, device)
             if model is None or backend_code is None:
                 pred = self.fallback.predict(sub, device)
                 parts = (pred.median_ms, pred.p10_ms, pred.p90_ms)
                 label: Sequence[str] = pred.predictor
             else:
-                parts = _predict_kernel(model, kernel, sub, device, backend_code)
-                label = (f"lightgbm:{kernel}",) * len(sub)
+                parts = _predict_kernel(model, columns, kernel, sub, device, backend_code)
+                label = (f"lightgbm:{kernel}{tag}",) * len(sub)
             median[idx], p10[idx], p90[idx] = parts
             for j, i in enumerate(idx_list):
                 names[i] = label[j]
         return LatencyPrediction(median_ms=median, p10_ms=p10, p90_ms=p90, predictor=tuple(names))
 
+    def _model_for(
+        self, kernel: str, device: DeviceSpec
+    ) -> tuple[LayerLatencyModel | None, npt.NDArray[np.intp] | None, str]:
+        """The full model for devices in the training data, else the transfer model."""
+        transfer = self.bundle.transfer_models.get(kernel)
+        if transfer is not None and not self.bundle.has_seen(device):
+            return transfer, features.transfer_columns(kernel), ":transfer"
+        return self.bundle.models.get(kernel), None, ""
+
 
 def _predict_kernel(
-    model: LayerLatencyModel, kernel: str, items: Sequence[WorkItem], device: DeviceSpec,
-    backend_code: int,
+    model: LayerLatencyModel, columns: npt.NDArray[np.intp] | None, kernel: str,
+    items: Sequence[WorkItem], device: DeviceSpec, backend_code: int,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     cols = features.columns_from_items(kernel, items)
     dev = features.broadcast_device(device, cols.dtype, backend_code)
     x, base = features.feature_matrix(cols, dev)
+    if columns is not None:
+        x = x[:, columns]
     q = model.predict_quantiles(x)
     return base * np.exp(q["median"]), base * np.exp(q["p10"]), base * np.exp(q["p90"])

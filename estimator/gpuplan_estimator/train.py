@@ -39,7 +39,11 @@ class TrainSettings:
     test_fraction: float = 0.2
     leave_one_device_out: bool = True
     model_params: Mapping[str, Any] = field(default_factory=dict)
-    """Overrides of `LayerLatencyModel` keyword arguments."""
+    """Overrides of `LayerLatencyModel` keyword arguments for every kernel."""
+    kernel_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Further overrides per kernel (bigger models where the data supports them)."""
+    transfer_params: Mapping[str, Any] = field(default_factory=dict)
+    """Overrides for the transfer models (kept small: they see fewer features)."""
     min_rows_per_kernel: int = 200
     """Kernels with fewer rows get no model (they fall back to the roofline)."""
 
@@ -97,13 +101,14 @@ def error_metrics(actual_ms: FloatArray, predicted_ms: FloatArray) -> dict[str, 
     }
 
 
-def validate_kernel(data: KernelData, settings: TrainSettings) -> dict[str, Any]:
-    """Held-out metrics: random split (overall and per device) and leave-one-device-out."""
+def validate_kernel(kernel: str, data: KernelData, settings: TrainSettings) -> dict[str, Any]:
+    """Held-out metrics: random split (overall and per device) with the full model, and
+    leave-one-device-out with the transfer model (the one unseen devices get)."""
     rng = np.random.default_rng(settings.seed)
     order = rng.permutation(len(data.y))
     n_test = max(1, int(len(order) * settings.test_fraction))
     test, train = order[:n_test], order[n_test:]
-    pred = _fit_predict(data, train, test, settings)
+    pred = _fit_predict(kernel, data, train, test, settings, None)
     out: dict[str, Any] = {"random_split": error_metrics(data.latency_ms[test], pred)}
     out["random_split_by_device"] = {
         str(d): error_metrics(data.latency_ms[test][m], pred[m])
@@ -112,10 +117,11 @@ def validate_kernel(data: KernelData, settings: TrainSettings) -> dict[str, Any]
     devs = np.unique(data.device)
     if settings.leave_one_device_out and len(devs) > 1:
         loo: dict[str, Any] = {}
+        columns = features.transfer_columns(kernel)  # what an unseen device is priced with
         for d in devs:
             held = np.flatnonzero(data.device == d)
             rest = np.flatnonzero(data.device != d)
-            pred_held = _fit_predict(data, rest, held, settings)
+            pred_held = _fit_predict(kernel, data, rest, held, settings, columns)
             loo[str(d)] = error_metrics(data.latency_ms[held], pred_held)
         out["leave_one_device_out"] = loo
     return out
@@ -132,6 +138,7 @@ def train_bundle(
     frame = subsample(frame, settings.max_rows_per_kernel, settings.seed)
     backends = sorted(frame["backend"].unique())
     models: dict[str, LayerLatencyModel] = {}
+    transfer: dict[str, LayerLatencyModel] = {}
     metrics: dict[str, Any] = {}
     skipped: dict[str, int] = {}
     for kernel, count in frame["kernel"].value_counts().sort_index().items():
@@ -140,8 +147,10 @@ def train_bundle(
             continue
         data = kernel_data(frame, str(kernel), resolve, backends)
         if validate:
-            metrics[str(kernel)] = validate_kernel(data, settings)
-        models[str(kernel)] = _model(settings, quantiles=True).fit(data.x, data.y)
+            metrics[str(kernel)] = validate_kernel(str(kernel), data, settings)
+        models[str(kernel)] = _model(settings, str(kernel), quantiles=True).fit(data.x, data.y)
+        transfer[str(kernel)] = _model(settings, str(kernel), quantiles=True, transfer=True).fit(
+            data.x[:, features.transfer_columns(str(kernel))], data.y)
     created = (now() if now is not None else datetime.now().astimezone()).isoformat()
     device_backends = (frame.groupby("device")["backend"].agg(lambda s: s.value_counts().index[0]))
     manifest = {
@@ -155,7 +164,7 @@ def train_bundle(
                      "test_fraction": settings.test_fraction},
         "feature_names": {k: list(features.feature_names(k)) for k in models},
     }
-    return Bundle(models=models, manifest=manifest)
+    return Bundle(models=models, manifest=manifest, transfer_models=transfer)
 
 
 def subsample(frame: pd.DataFrame, max_rows: int, seed: int) -> pd.DataFrame:
@@ -168,15 +177,23 @@ def subsample(frame: pd.DataFrame, max_rows: int, seed: int) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else frame
 
 
-def _model(settings: TrainSettings, *, quantiles: bool) -> LayerLatencyModel:
-    params = {"random_state": settings.seed, **settings.model_params, "quantiles": quantiles}
+def _model(
+    settings: TrainSettings, kernel: str, *, quantiles: bool, transfer: bool = False
+) -> LayerLatencyModel:
+    params = {"random_state": settings.seed, **settings.model_params,
+              **(settings.transfer_params if transfer else settings.kernel_params.get(kernel, {})),
+              "quantiles": quantiles}
     return LayerLatencyModel(**params)
 
 
-def _fit_predict(data: KernelData, train: np.ndarray, test: np.ndarray, settings: TrainSettings
-                 ) -> FloatArray:
-    model = _model(settings, quantiles=False).fit(data.x[train], data.y[train])
-    return data.base_ms[test] * np.exp(model.predict(data.x[test]))
+def _fit_predict(
+    kernel: str, data: KernelData, train: np.ndarray, test: np.ndarray, settings: TrainSettings,
+    columns: np.ndarray | None,
+) -> FloatArray:
+    x = data.x if columns is None else data.x[:, columns]
+    model = _model(settings, kernel, quantiles=False, transfer=columns is not None)
+    model.fit(x[train], data.y[train])
+    return data.base_ms[test] * np.exp(model.predict(x[test]))
 
 
 def _default_backends(frame: pd.DataFrame, resolve: DeviceResolver) -> dict[str, str]:

@@ -21,8 +21,11 @@ def fitted() -> bundle.Bundle:
     x = rng.normal(size=(300, n_feat))
     y = 0.5 * x[:, 0] + rng.normal(0, 0.05, 300)
     model = latency.LayerLatencyModel(**FAST).fit(x, y)
+    cols = features.transfer_columns("softmax")
+    transfer = latency.LayerLatencyModel(**FAST).fit(x[:, cols], y)
     manifest = {"created": "2025-01-01T00:00:00+00:00", "backends": ["b"], "metrics": {}}
-    return bundle.Bundle(models={"softmax": model}, manifest=manifest)
+    return bundle.Bundle(models={"softmax": model}, manifest=manifest,
+                         transfer_models={"softmax": transfer})
 
 
 def test_save_load_predicts_identically(fitted: bundle.Bundle, tmp_path: Path) -> None:
@@ -33,6 +36,10 @@ def test_save_load_predicts_identically(fitted: bundle.Bundle, tmp_path: Path) -
     got = loaded.models["softmax"].predict_quantiles(x)
     for key in ("median", "p10", "p90"):
         np.testing.assert_array_equal(got[key], want[key])
+    cols = features.transfer_columns("softmax")
+    np.testing.assert_array_equal(loaded.transfer_models["softmax"].predict(x[:, cols]),
+                                  fitted.transfer_models["softmax"].predict(x[:, cols]))
+    assert (tmp_path / "b" / "softmax.transfer.p10.txt").is_file()
     manifest = loaded.manifest
     assert manifest["feature_schema_version"] == features.FEATURE_SCHEMA_VERSION
     assert manifest["files"]["softmax"] == {
@@ -90,7 +97,8 @@ def test_shipped_bundle_loads_and_is_small() -> None:
     size = sum(f.stat().st_size for f in bundle.SHIPPED_BUNDLE.iterdir())
     assert size < 20 * 1024 * 1024
     loaded = bundle.load_bundle(bundle.SHIPPED_BUNDLE, origin="shipped")
-    assert {"gemm", "conv2d", "elementwise", "layernorm", "softmax"} <= set(loaded.models)
+    kernels = {"gemm", "conv2d", "elementwise", "layernorm", "softmax"}
+    assert kernels <= set(loaded.models) and kernels <= set(loaded.transfer_models)
     for kernel, metrics in loaded.manifest["metrics"].items():
         assert metrics["random_split"]["rows"] > 0, kernel
     assert os.path.basename(str(loaded.path)) == "bundle"

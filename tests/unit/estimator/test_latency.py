@@ -101,6 +101,28 @@ def test_predictor_names_model_fallback_and_none(gemm_bundle: bundle.Bundle) -> 
     assert (pred.p10_ms <= pred.median_ms).all() and (pred.median_ms <= pred.p90_ms).all()
 
 
+def test_unseen_devices_get_the_transfer_model(gemm_bundle: bundle.Bundle) -> None:
+    from gpuplan_estimator import features
+
+    catalog = devices.load_catalog()
+    t4, a100 = catalog.resolve("t4"), catalog.resolve("a100-pcie-40gb")
+    cols = features.transfer_columns("gemm")
+    items = [gemm_item(m) for m in range(8, 1024, 8)]
+    wc = features.columns_from_items("gemm", items)
+    x, _ = features.feature_matrix(wc, features.broadcast_device(t4, wc.dtype, 0))
+    transfer = latency.LayerLatencyModel(**FAST).fit(x[:, cols], np.full(len(items), 0.5))
+    seen_t4 = bundle.Bundle(models=gemm_bundle.models,
+                            manifest={**gemm_bundle.manifest, "devices": ["t4"]},
+                            transfer_models={"gemm": transfer})
+    predictor = latency.LearnedPredictor(seen_t4)
+    assert predictor.predict(items[:2], t4).predictor == ("lightgbm:gemm",) * 2
+    on_a100 = predictor.predict(items[:2], a100)
+    assert on_a100.predictor == ("lightgbm:gemm:transfer",) * 2
+    base = features.base_ms(features.columns_from_items("gemm", items[:2]),
+                            features.broadcast_device(a100, wc.dtype[:2], 0))
+    np.testing.assert_allclose(on_a100.median_ms, base * np.exp(0.5), rtol=1e-6)
+
+
 def test_unknown_backend_falls_back_to_roofline(gemm_bundle: bundle.Bundle) -> None:
     t4 = devices.load_catalog().resolve("t4")
     pred = latency.LearnedPredictor(gemm_bundle, backend="tensorrt").predict([gemm_item(64)], t4)

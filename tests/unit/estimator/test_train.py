@@ -60,7 +60,7 @@ def fitted(frame: pd.DataFrame) -> train.Bundle:
 
 def test_bundle_has_a_model_per_kernel_and_provenance(fitted: train.Bundle, frame: pd.DataFrame
                                                       ) -> None:
-    assert sorted(fitted.models) == ["gemm", "softmax"]
+    assert sorted(fitted.models) == sorted(fitted.transfer_models) == ["gemm", "softmax"]
     m = fitted.manifest
     assert m["created"] == "2025-01-02T03:04:05+00:00"
     assert m["devices"] == sorted(DEVICES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 import subprocess
@@ -19,6 +20,18 @@ def layout(tmp_path: pathlib.Path) -> Layout:
     return Layout(tmp_path)
 
 
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    members.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return members
+
+
 def test_free_ports_are_distinct_loopback_ports() -> None:
     ports = procs.free_ports(8)
     assert len(set(ports)) == 8 and all(1024 <= p <= 65535 for p in ports)
@@ -33,8 +46,7 @@ def test_start_records_and_stop_kills_the_whole_group(layout: Layout) -> None:
     assert procs.stop(layout, "sleeper", grace_s=5) is True
     assert not procs.is_alive(record)
     assert procs.read_record(layout, "sleeper") is None
-    group = subprocess.run(["pgrep", "-g", str(record["pid"])], capture_output=True, text=True)
-    assert group.stdout.strip() == ""
+    assert group_members(record["pid"]) == []
     assert procs.stop(layout, "sleeper") is False  # idempotent
 
 

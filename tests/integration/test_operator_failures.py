@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import pathlib
 import sys
 from collections.abc import Iterator
@@ -108,3 +109,42 @@ def test_crd_rejects_bad_specs(patch: dict[str, Any], message: str, tjs: h.Train
         tjs.create(body)
     assert info.value.status == 422
     assert message in str(info.value.body)
+
+
+@pytest.fixture
+def model_http_url(tmp_path: pathlib.Path) -> Iterator[str]:
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "resnet50.onnx").write_bytes(h.RESNET50.read_bytes())
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/resnet50.onnx"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.slow
+def test_model_url_guard_blocks_loopback_unless_allowed(
+        monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs,
+        estimator: StandinEstimator, model_http_url: str, wait_for: Any) -> None:
+    def by_url(name: str) -> dict[str, Any]:
+        body = h.trainingjob(name)
+        body["spec"]["model"] = {"onnx": {"url": model_http_url}}
+        return body
+
+    with h.run_operator(monkeypatch, namespace, estimator.url):
+        tjs.create(by_url("blocked"))
+        cond = wait_for(lambda: tjs.condition("blocked", "Estimated"), 60, "Estimated condition")
+    assert (cond["status"], cond["reason"]) == ("False", "InvalidModel")
+    assert "loopback address refused" in cond["message"]
+    assert not estimator.requests
+    with h.run_operator(monkeypatch, namespace, estimator.url,
+                        MODEL_URL_ALLOWED_NETWORKS="127.0.0.1/32"):
+        tjs.create(by_url("allowed"))
+        wait_for(lambda: tjs.condition("allowed", "Launched"), 60, "launch from a URL model")
+    sent = estimator.requests[-1]["model_onnx_b64"]
+    assert sent == base64.b64encode(h.RESNET50.read_bytes()).decode()

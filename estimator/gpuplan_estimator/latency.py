@@ -7,7 +7,9 @@ to the roofline (named in `LatencyPrediction.predictor`) for kernels without a m
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import lightgbm as lgb
@@ -141,32 +143,63 @@ class LearnedPredictor:
         self.bundle = bundle
         self.fallback: LatencyPredictor = fallback if fallback is not None else RooflinePredictor()
         self.backend = backend
+        self._cache: tuple[tuple[WorkItem, ...], list[_KernelGroup]] | None = None
 
     def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
         n = len(items)
         median, p10, p90 = np.zeros(n), np.zeros(n), np.zeros(n)
         names = ["none"] * n
         backend_code = self.bundle.backend_code(device, self.backend)
-        by_kernel: dict[str, list[int]] = {}
-        for i, item in enumerate(items):
-            by_kernel.setdefault(item.kernel, []).append(i)
-        for kernel, idx_list in by_kernel.items():
-            if kernel == "none":
+        for group in self._groups(items):
+            if group.kernel == "none":
                 continue  # metadata-only work launches no kernel
-            idx = np.asarray(idx_list)
-            sub = [items[i] for i in idx_list]
-            model, columns, tag = self._model_for(kernel, device)
-            if model is None or backend_code is None:
-                pred = self.fallback.predict(sub, device)
+            model, columns, tag = self._model_for(group.kernel, device)
+            if model is None or backend_code is None or group.unique is None:
+                pred = self.fallback.predict(group.items, device)
                 parts = (pred.median_ms, pred.p10_ms, pred.p90_ms)
                 label: Sequence[str] = pred.predictor
             else:
-                parts = _predict_kernel(model, columns, kernel, sub, device, backend_code)
-                label = (f"lightgbm:{kernel}{tag}",) * len(sub)
-            median[idx], p10[idx], p90[idx] = parts
-            for j, i in enumerate(idx_list):
+                med, lo, hi = _predict_kernel(model, columns, group.unique, device, backend_code)
+                parts = (med[group.inverse], lo[group.inverse], hi[group.inverse])
+                label = (f"lightgbm:{group.kernel}{tag}",) * len(group.items)
+            median[group.index], p10[group.index], p90[group.index] = parts
+            for j, i in enumerate(group.index):
                 names[i] = label[j]
         return LatencyPrediction(median_ms=median, p10_ms=p10, p90_ms=p90, predictor=tuple(names))
+
+    def _groups(self, items: Sequence[WorkItem]) -> list[_KernelGroup]:
+        """Items grouped by kernel with their distinct shapes; reused while the same items
+        are priced on one device after another (a plan prices one step on ~20 devices)."""
+        cached = self._cache
+        if cached is not None and len(cached[0]) == len(items) and all(
+                map(operator.is_, cached[0], items)):
+            return cached[1]
+        by_kernel: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            by_kernel.setdefault(item.kernel, []).append(i)
+        groups = [self._group(kernel, idx, items) for kernel, idx in by_kernel.items()]
+        self._cache = (tuple(items), groups)
+        return groups
+
+    def _group(self, kernel: str, idx: list[int], items: Sequence[WorkItem]) -> _KernelGroup:
+        sub = tuple(items[i] for i in idx)
+        index = np.asarray(idx, dtype=np.intp)
+        has_model = kernel in self.bundle.models or kernel in self.bundle.transfer_models
+        if kernel == "none" or not has_model:
+            return _KernelGroup(kernel, index, sub, None, index)
+        keys = features.KERNEL_DIMS[kernel]
+        first: dict[tuple[object, ...], int] = {}
+        reps: list[WorkItem] = []
+        inverse = np.empty(len(sub), dtype=np.intp)
+        for j, item in enumerate(sub):
+            key = (item.dtype, item.op, *(item.dims.get(k) for k in keys))
+            pos = first.get(key)
+            if pos is None:
+                pos = first[key] = len(reps)
+                reps.append(item)
+            inverse[j] = pos
+        unique = features.columns_from_items(kernel, reps)
+        return _KernelGroup(kernel, index, sub, unique, inverse)
 
     def _model_for(
         self, kernel: str, device: DeviceSpec
@@ -178,11 +211,19 @@ class LearnedPredictor:
         return self.bundle.models.get(kernel), None, ""
 
 
+@dataclass(frozen=True)
+class _KernelGroup:
+    kernel: str
+    index: npt.NDArray[np.intp]  # positions of this kernel's items in the request
+    items: tuple[WorkItem, ...]
+    unique: features.WorkColumns | None  # distinct shapes; None when no model prices them
+    inverse: npt.NDArray[np.intp]  # row of `unique` for each item
+
+
 def _predict_kernel(
-    model: LayerLatencyModel, columns: npt.NDArray[np.intp] | None, kernel: str,
-    items: Sequence[WorkItem], device: DeviceSpec, backend_code: int,
+    model: LayerLatencyModel, columns: npt.NDArray[np.intp] | None,
+    cols: features.WorkColumns, device: DeviceSpec, backend_code: int,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
-    cols = features.columns_from_items(kernel, items)
     dev = features.broadcast_device(device, cols.dtype, backend_code)
     x, base = features.feature_matrix(cols, dev)
     if columns is not None:

@@ -21,6 +21,7 @@ from gpuplan_estimator import (
     calibration,
     cpuinfo,
     devices,
+    errors,
     latency,
     roofline,
     train,
@@ -28,6 +29,7 @@ from gpuplan_estimator import (
 )
 from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, report
 from gpuplan_estimator.evaluation.gpu_labels import RowResult
+from gpuplan_estimator.predictors import LatencyPredictor
 
 LGB = "lightgbm"
 CALIBRATED = "lightgbm+calibration"
@@ -56,10 +58,10 @@ def run(args: argparse.Namespace) -> int:
     rows = gpu_labels.read_labels(labels_path)
     catalog = devices.load_catalog()
     build = gpu_labels.zoo_graph_builder(labels_path.parent / "model_configs")
-    fitted = bundle.load_default(args.bundle)
-    bundle_text = f"{fitted.origin} bundle {fitted.path} ({fitted.manifest.get('command', '')})"
+    fitted, bundle_text = latency_bundle(args.bundle, shared / "gpu-ops")
     _say(f"eval: {len(rows)} label rows; {bundle_text}")
-    predictors = {"roofline": roofline.RooflinePredictor(), LGB: latency.LearnedPredictor(fitted)}
+    predictors: dict[str, LatencyPredictor] = {
+        "roofline": roofline.RooflinePredictor(), LGB: latency.LearnedPredictor(fitted)}
     gpu, skipped = gpu_labels.evaluate_rows(rows, predictors=predictors, catalog=catalog,
                                             build_graph=build)
     gpu = gpu + calibrated(gpu, hold_out_device=False)
@@ -95,6 +97,22 @@ def run(args: argparse.Namespace) -> int:
     for k, s in report.summarise_cpu(cpu).items():
         print(f"  CPU {k:10s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %")
     return 0
+
+
+def latency_bundle(explicit: Path | None, gpu_ops: Path) -> tuple[bundle.Bundle, str]:
+    """The bundle `estimate` would use; if it cannot load (e.g. a stale feature schema while
+    the shipped one awaits `make models`), a fresh in-memory fit from the shared op data."""
+    try:
+        fitted = bundle.load_default(explicit)
+        return fitted, f"{fitted.origin} bundle {fitted.path} ({fitted.manifest.get('command')})"
+    except errors.BundleError as exc:
+        if explicit is not None:
+            raise
+        _say(f"eval: {exc}; fitting latency models from {gpu_ops} in memory")
+    frame = train_cli.load_sources([str(gpu_ops)])
+    fitted = train.train_bundle(frame, train.TrainSettings(), validate=False)
+    return fitted, (f"fitted in memory from {gpu_ops} (default TrainSettings; the installed "
+                    "bundle could not be loaded)")
 
 
 def calibrated(results: Sequence[RowResult], *, hold_out_device: bool) -> tuple[RowResult, ...]:

@@ -20,6 +20,7 @@ import lightgbm as lgb
 from gpuplan_estimator import errors, features
 from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.latency import LayerLatencyModel
+from gpuplan_estimator.perfdb import paths
 
 BUNDLE_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -147,9 +148,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 
 
 def default_data_dir() -> Path:
-    """``$XDG_DATA_HOME/gpuplan/bundles`` or ``~/.local/share/gpuplan/bundles``."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "gpuplan" / "bundles"
+    """``$XDG_DATA_HOME/gpuplan/bundles`` or ``~/.local/share/gpuplan/bundles`` (next to the
+    default SQLite performance database)."""
+    return paths.data_dir() / "bundles"
 
 
 def find_bundle_with_origin(

@@ -13,6 +13,7 @@ from gpuplan_operator import errors, inventory, resources
 
 PLANS_PATH = "/v1/plans"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+SEQUENCE_DIM = "sequence"
 
 
 def build_request(
@@ -25,12 +26,14 @@ def build_request(
         objective["deadline_seconds"] = o.deadline_seconds
     if o.budget_usd is not None:
         objective["budget_usd"] = o.budget_usd
+    dims = dict(t.dims)
+    if t.sequence_length is not None:
+        # The estimator binds symbolic dims by name; `sequence` is its name for the sequence dim.
+        dims.setdefault(SEQUENCE_DIM, t.sequence_length)
     training: dict[str, Any] = {
         "batch_size": t.batch_size, "dataset_size": t.dataset_size, "epochs": t.epochs,
-        "optimizer": t.optimizer, "precision": t.precision, "dims": dict(t.dims),
+        "optimizer": t.optimizer, "precision": t.precision, "dims": dims,
     }
-    if t.sequence_length is not None:
-        training["sequence_length"] = t.sequence_length
     return {
         "model_onnx_b64": base64.b64encode(model_bytes).decode(),
         "training": training,

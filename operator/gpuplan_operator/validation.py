@@ -8,8 +8,8 @@ from typing import Any
 
 from gpuplan_operator import errors, resources
 
-OPTIMIZERS = frozenset({"sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop", "lamb"})
-PRECISIONS = frozenset({"fp32", "tf32", "fp16", "bf16", "amp-fp16", "amp-bf16"})
+OPTIMIZERS = frozenset({"sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop"})
+PRECISIONS = frozenset({"fp32", "tf32", "fp16", "bf16"})
 PREFERENCES = frozenset({"cheapest", "fastest", "balanced"})
 FORMATS = frozenset({"auto", "raw", "gzip", "xz", "zstd"})
 _DURATION = re.compile(r"^(?:[0-9]+[dhms])+$")

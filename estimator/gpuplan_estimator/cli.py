@@ -136,6 +136,8 @@ def _register_estimate(sub: Any) -> None:
     p.add_argument("--epochs", type=positive_int, default=None)
     p.add_argument("--dataset-size", type=positive_int, default=None, help="samples per epoch")
     p.add_argument("--layers", action="store_true", help="list every layer, not the top five")
+    p.add_argument("--explain", action="store_true",
+                   help="every layer with its P10-P90 interval, predictor and share of the step")
     p.add_argument("--json", action="store_true", help="JSON (docs/estimate-json.md)")
     p.add_argument("--bundle", default=None, help="model bundle directory to predict with")
     p.set_defaults(func=run_estimate)
@@ -187,7 +189,23 @@ def run_estimate(args: argparse.Namespace) -> int:
     for r in results:
         print()
         print(render.device_detail(r, all_layers=args.layers))
+        if args.explain:
+            print("\n".join(explain_lines(r)))
     return 0
+
+
+def explain_lines(r: estimate.DeviceEstimate) -> list[str]:
+    """Per-layer predictions, most expensive first, with interval, predictor and running share."""
+    total = sum(layer.total_ms for layer in r.layers) or 1.0
+    lines = [f"  explain {r.device}: layer, op, fwd ms, bwd ms, p10-p90 ms, predictor, cum %"]
+    running = 0.0
+    for layer in sorted(r.layers, key=lambda x: -x.total_ms):
+        running += layer.total_ms
+        lines.append(
+            f"    {layer.name[:40]:<40} {layer.op_type:<14} {layer.forward_ms:9.3f} "
+            f"{layer.backward_ms:9.3f}  {layer.p10_ms:9.3f}-{layer.p90_ms:<9.3f} "
+            f"{layer.predictor:<22} {100 * running / total:5.1f}")
+    return lines
 
 
 def model_batch(g: graph.ModelGraph, requested: int | None) -> int:

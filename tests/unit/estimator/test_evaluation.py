@@ -164,3 +164,20 @@ def test_evaluate_model_predicts_and_measures(tmp_path: Path) -> None:
     assert (result.model, result.batch, result.runs) == ("tiny", 8, 3)
     assert result.predicted_ms > 0 and result.measured_ms > 0
     assert math.isfinite(result.ape)
+
+
+
+def test_estimate_explain_lists_every_layer() -> None:
+    from gpuplan_estimator import cli, estimate, graph
+    from gpuplan_estimator.training_step import TrainingSettings
+
+    ns = cli.build_parser(plugins=False).parse_args(["estimate", "m.onnx", "--explain"])
+    assert ns.explain
+    g = graph.load_model(_tiny_batch1_model().SerializeToString(), name="tiny")
+    (est,) = estimate.estimate(g, [devices.load_catalog().resolve("t4")],
+                               TrainingSettings(batch_size=1, mode="inference"),
+                               predictor=roofline.RooflinePredictor())
+    lines = cli.explain_lines(est)
+    assert lines[0].startswith("  explain t4")
+    assert len(lines) == 1 + len(g.layers)
+    assert lines[-1].rstrip().endswith("100.0")  # the running share ends at the whole step

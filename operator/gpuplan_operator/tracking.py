@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +43,3 @@ def job_outcome(job: Mapping[str, Any]) -> JobOutcome | None:
     start, end = resources.parse_time(start_text), resources.parse_time(end_text)
     end = max(end, start)
     return JobOutcome(complete is not None, resources.Actual(start, end), msg)
-
-
-def utcnow() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)

@@ -68,22 +68,24 @@ def device_identity(index: int) -> NvmlIdentity | None:
 
 @dataclass
 class PowerSampler:
-    """Samples board power (W) of one GPU in a background thread while a kernel is timed.
+    """Samples board power (W) and SM clock (MHz) of one GPU in a background thread.
 
-    Use as a context manager; `mean_watts` is None when NVML is unavailable or nothing was
-    sampled (kernels shorter than the interval).
+    Use as a context manager around a kernel's timing; `mean_watts` / `mean_sm_clock_mhz` are
+    None when NVML is unavailable or nothing was sampled.
     """
 
     index: int
     interval_s: float = 0.02
     clock: Callable[[], float] = time.monotonic
     samples_watts: list[float] = field(default_factory=list)
+    samples_sm_clock_mhz: list[float] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _handle: Any = None
 
     def __enter__(self) -> PowerSampler:
         self.samples_watts.clear()
+        self.samples_sm_clock_mhz.clear()
         self._stop.clear()
         if _init():
             assert pynvml is not None
@@ -96,9 +98,12 @@ class PowerSampler:
         assert pynvml is not None
         while not self._stop.is_set():
             try:
-                self.samples_watts.append(pynvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0)
+                watts = pynvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+                clock = pynvml.nvmlDeviceGetClockInfo(self._handle, pynvml.NVML_CLOCK_SM)
             except Exception:  # a board without power readout: stop sampling quietly
                 return
+            self.samples_watts.append(watts)
+            self.samples_sm_clock_mhz.append(float(clock))
             self._stop.wait(self.interval_s)
 
     def __exit__(
@@ -116,6 +121,12 @@ class PowerSampler:
 
     @property
     def mean_watts(self) -> float | None:
-        if not self.samples_watts:
-            return None
-        return sum(self.samples_watts) / len(self.samples_watts)
+        return _mean(self.samples_watts)
+
+    @property
+    def mean_sm_clock_mhz(self) -> float | None:
+        return _mean(self.samples_sm_clock_mhz)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

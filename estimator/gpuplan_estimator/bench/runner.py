@@ -170,11 +170,13 @@ def measure_item(
         "repeats": result.repeats,
         "power_watts": watts,
         "energy_mj": watts * result.latency_ms if watts is not None else None,  # W x ms = mJ
+        "sm_clock_mhz": power.mean_sm_clock_mhz,
     }
 
 
 class _NoPower:
     mean_watts: float | None = None
+    mean_sm_clock_mhz: float | None = None
 
     def __enter__(self) -> _NoPower:
         return self

@@ -87,6 +87,8 @@ class Measurement(Base):
     power_watts: Mapped[float | None] = mapped_column(Float, nullable=True)
     energy_mj: Mapped[float | None] = mapped_column(Float, nullable=True)
     source: Mapped[str] = mapped_column(Text, default="")
+    # Added in revision 0002: throttling shows up as a lower clock than the board's maximum.
+    sm_clock_mhz: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ModelVersion(Base):

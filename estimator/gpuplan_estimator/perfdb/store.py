@@ -31,8 +31,11 @@ OPTIONAL_COLUMNS: dict[str, Any] = {
     "latency_min_ms": None,
     "power_watts": None,
     "energy_mj": None,
+    "sm_clock_mhz": None,
 }
-EXTRA_COLUMNS: tuple[str, ...] = ("latency_min_ms", "power_watts", "energy_mj", "run_id")
+EXTRA_COLUMNS: tuple[str, ...] = (
+    "latency_min_ms", "power_watts", "energy_mj", "sm_clock_mhz", "run_id",
+)
 RUN_STATUSES = frozenset({"running", "done", "failed", "interrupted"})
 DEFAULT_FEATURE_SCHEMA_VERSION = 1
 

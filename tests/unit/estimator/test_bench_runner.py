@@ -190,7 +190,11 @@ def test_register_adds_both_subcommands() -> None:
 
 def test_power_sampler_averages_nvml_readings(monkeypatch: pytest.MonkeyPatch) -> None:
     class FakeNvml:  # stands in for the driver, which this machine does not have
+        NVML_CLOCK_SM = 1
         readings = iter([100_000, 200_000, 300_000] + [300_000] * 1000)
+
+        def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:
+            return 1410 if kind == self.NVML_CLOCK_SM else 0
 
         def nvmlInit(self) -> None: ...
         def nvmlShutdown(self) -> None: ...
@@ -207,6 +211,7 @@ def test_power_sampler_averages_nvml_readings(monkeypatch: pytest.MonkeyPatch) -
         time.sleep(0.05)
     assert power.samples_watts[:3] == [100.0, 200.0, 300.0]
     assert power.mean_watts is not None and 100.0 < power.mean_watts <= 300.0
+    assert power.mean_sm_clock_mhz == 1410.0
 
 
 def test_nvml_absent_is_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -47,13 +47,39 @@ def test_store_contract_on_sqlite(store: PerfStore, name: str) -> None:
 def test_open_creates_dir_applies_migrations_and_wal(tmp_path: Path) -> None:
     db = tmp_path / "a" / "b" / "perf.db"
     with PerfStore.open(f"sqlite:///{db}") as store, store.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0001"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0002"
         assert conn.execute(text("pragma journal_mode")).scalar() == "wal"
         assert conn.execute(text("pragma busy_timeout")).scalar() == 10_000
     assert db.exists()
     # Reopening an up-to-date database is a no-op, and data survives.
     with PerfStore.open(f"sqlite:///{db}") as again:
         assert again.runs() == []
+
+
+def test_upgrade_from_0001_keeps_rows(tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = engine.create(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(engine.MIGRATIONS_DIR))
+    with old.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+        conn.execute(text(
+            "insert into benchmark_runs (device, backend, backend_version, host, git_commit, "
+            "command, started_at, status, sweep_digest, source, plan_json, settings_json) "
+            "values ('cpu', 'b', '', '', '', '', '2025-01-01', 'done', '', '', '', '{}')"))
+        conn.execute(text(
+            "insert into measurements (run_id, device, backend, kernel, op, dtype, dims, seq, "
+            "feature_schema_version, latency_ms, repeats, source) values "
+            "(1, 'cpu', 'b', 'gemm', 'matmul', 'float32', '{}', 0, 1, 2.5, 5, 'old')"))
+    old.dispose()
+    with PerfStore.open(url) as store:
+        got = store.measurements()
+    assert got["latency_ms"].tolist() == [2.5]
+    assert got["sm_clock_mhz"].isna().all()
 
 
 def test_orm_models_match_the_migrations(store: PerfStore) -> None:

@@ -11,7 +11,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from gpuplan_estimator import errors
-from gpuplan_estimator.bench.sweep import SCALAR_OPS, PlanItem, conv_out, pool_out
+from gpuplan_estimator.bench import shapes
+from gpuplan_estimator.bench.sweep import PlanItem
 
 OPSET = 20  # Gelu is a standard op from opset 20
 IR_VERSION = 9  # the lowest IR that carries opset 20; onnxruntime 1.20+ loads it
@@ -127,7 +128,7 @@ def _conv(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
         dilations=[d["dilation_h"], d["dilation_w"]],
         group=g,
     )
-    oh, ow = conv_out(d)
+    oh, ow = shapes.conv_out(d)
     return b.build(node, (d["batch"], d["c_out"], oh, ow))
 
 
@@ -141,7 +142,7 @@ def _pool(b: _Builder, op: str, d: Mapping[str, int]) -> Unit:
         kernel_shape=[d["kernel_h"], d["kernel_w"]],
         strides=[d["stride_h"], d["stride_w"]],
     )
-    oh, ow = pool_out(d)
+    oh, ow = shapes.pool_out(d)
     return b.build(node, (d["batch"], d["channels"], oh, ow))
 
 
@@ -166,7 +167,7 @@ def _elementwise(b: _Builder, op: str, d: Mapping[str, int]) -> Unit:
     x = b.input("x", shape, positive=positive)
     if d["operands"] == 2:
         ins = [x, b.input("x2", shape, positive=positive)]
-    elif op in SCALAR_OPS:
+    elif op in shapes.SCALAR_OPS:
         ins = [x, b.weight("r", (), positive=True)]  # tensor (op) python scalar
     else:
         ins = [x]

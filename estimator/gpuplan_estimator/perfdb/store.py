@@ -16,7 +16,7 @@ from gpuplan_estimator import errors
 from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.perfdb import engine as dbengine
-from gpuplan_estimator.perfdb import paths
+from gpuplan_estimator.perfdb import frames, paths
 from gpuplan_estimator.perfdb.models import (
     BenchmarkRun,
     Device,
@@ -26,18 +26,7 @@ from gpuplan_estimator.perfdb.models import (
 )
 
 Clock = Callable[[], datetime]
-KEY_COLUMNS: tuple[str, ...] = ("device", "backend", "kernel", "op", "dtype", "dims")
-OPTIONAL_COLUMNS: dict[str, Any] = {
-    "latency_min_ms": None,
-    "power_watts": None,
-    "energy_mj": None,
-    "sm_clock_mhz": None,
-}
-EXTRA_COLUMNS: tuple[str, ...] = (
-    "latency_min_ms", "power_watts", "energy_mj", "sm_clock_mhz", "run_id",
-)
 RUN_STATUSES = frozenset({"running", "done", "failed", "interrupted"})
-DEFAULT_FEATURE_SCHEMA_VERSION = 1
 
 
 def _utcnow() -> datetime:
@@ -198,16 +187,17 @@ class PerfStore:
         Idempotent: the key is (device, backend, kernel, op, dtype, dims) plus the occurrence
         index of that key in `frame`, so re-adding the same frame adds nothing. Returns rows added.
         """
-        rows = _prepare_rows(run_id, frame)
+        rows = frames.prepare_rows(run_id, frame)
         if rows.empty:
             return 0
         existing = self._existing_keys(run_id)
         if not existing.empty:
-            merged = rows.merge(existing, on=[*KEY_COLUMNS, "seq"], how="left", indicator=True)
+            key = [*frames.KEY_COLUMNS, "seq"]
+            merged = rows.merge(existing, on=key, how="left", indicator=True)
             rows = merged[merged["_merge"] == "left_only"].drop(columns="_merge")
         if rows.empty:
             return 0
-        records = _to_records(rows)
+        records = frames.to_records(rows)
 
         def _do() -> None:
             with self.engine.begin() as conn:
@@ -217,13 +207,13 @@ class PerfStore:
         return len(records)
 
     def _existing_keys(self, run_id: int) -> pd.DataFrame:
-        cols = [getattr(Measurement, c) for c in (*KEY_COLUMNS, "seq")]
+        cols = [getattr(Measurement, c) for c in (*frames.KEY_COLUMNS, "seq")]
         stmt = select(*cols).where(Measurement.run_id == run_id)
 
         def _do() -> pd.DataFrame:
             with self.engine.connect() as conn:
                 data = conn.execute(stmt).all()
-            return pd.DataFrame(data, columns=[*KEY_COLUMNS, "seq"])
+            return pd.DataFrame(data, columns=[*frames.KEY_COLUMNS, "seq"])
 
         frame: pd.DataFrame = self._retry(_do)
         return frame
@@ -237,7 +227,7 @@ class PerfStore:
         run_id: int | None = None,
     ) -> pd.DataFrame:
         """Stored rows as a measurement frame (`MEASUREMENT_COLUMNS` + `EXTRA_COLUMNS`)."""
-        cols = [getattr(Measurement, c) for c in (*MEASUREMENT_COLUMNS, *EXTRA_COLUMNS)]
+        cols = [getattr(Measurement, c) for c in (*MEASUREMENT_COLUMNS, *frames.EXTRA_COLUMNS)]
         stmt = select(*cols).order_by(Measurement.id)
         if devices is not None:
             stmt = stmt.where(Measurement.device.in_(list(devices)))
@@ -251,10 +241,10 @@ class PerfStore:
         def _do() -> pd.DataFrame:
             with self.engine.connect() as conn:
                 data = conn.execute(stmt).all()
-            return pd.DataFrame(data, columns=[*MEASUREMENT_COLUMNS, *EXTRA_COLUMNS])
+            return pd.DataFrame(data, columns=[*MEASUREMENT_COLUMNS, *frames.EXTRA_COLUMNS])
 
         frame: pd.DataFrame = self._retry(_do)
-        for col in ("latency_ms", "latency_std_ms", *OPTIONAL_COLUMNS):
+        for col in ("latency_ms", "latency_std_ms", *frames.OPTIONAL_COLUMNS):
             frame[col] = frame[col].astype("float64")
         frame["repeats"] = frame["repeats"].astype("int64")
         return frame
@@ -279,7 +269,7 @@ class PerfStore:
             "nvml_uuid": nvml_uuid,
             "spec_json": json.dumps(
                 {f.name: getattr(spec, f.name) for f in fields(spec)},
-                sort_keys=True, default=_jsonable,
+                sort_keys=True, default=frames.jsonable,
             ),
             "last_seen": now,
         }
@@ -311,7 +301,7 @@ class PerfStore:
         row = {
             "created_at": self.clock(),
             "data_digest": data_digest,
-            "metrics_json": json.dumps(dict(metrics), sort_keys=True, default=_jsonable),
+            "metrics_json": json.dumps(dict(metrics), sort_keys=True, default=frames.jsonable),
             "bundle_path": bundle_path,
         }
         return self._insert(ModelVersion, row)
@@ -376,43 +366,3 @@ class PerfStore:
 
         frame: pd.DataFrame = self._retry(_do)
         return frame
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, tuple | set | frozenset):
-        return list(value)
-    return str(value)
-
-
-def _prepare_rows(run_id: int, frame: pd.DataFrame) -> pd.DataFrame:
-    missing = [c for c in MEASUREMENT_COLUMNS if c not in frame.columns]
-    if missing:
-        raise errors.GpuplanError(f"measurement frame lacks column(s): {', '.join(missing)}")
-    if frame.empty:
-        return frame.iloc[0:0]
-    rows = frame.copy()
-    for col, default in OPTIONAL_COLUMNS.items():
-        if col not in rows.columns:
-            rows[col] = default
-    if "feature_schema_version" not in rows.columns:
-        rows["feature_schema_version"] = DEFAULT_FEATURE_SCHEMA_VERSION
-    bad = rows["latency_ms"].isna() | ~(rows["latency_ms"].astype("float64") > 0)
-    if bad.any():
-        raise errors.GpuplanError(
-            f"measurement frame column latency_ms: {int(bad.sum())} row(s) not positive"
-        )
-    rows["seq"] = rows.groupby(list(KEY_COLUMNS), sort=False).cumcount()
-    rows["run_id"] = run_id
-    keep = [
-        *KEY_COLUMNS, "seq", "run_id", "latency_ms", "latency_std_ms", "repeats", "source",
-        "feature_schema_version", *OPTIONAL_COLUMNS,
-    ]
-    return rows[keep]
-
-
-def _to_records(rows: pd.DataFrame) -> list[dict[str, Any]]:
-    out = rows.astype(object).where(rows.notna(), None)
-    records: list[dict[str, Any]] = out.to_dict("records")  # type: ignore[assignment]
-    return records

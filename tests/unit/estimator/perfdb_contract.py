@@ -13,7 +13,8 @@ import pytest
 from gpuplan_estimator import errors
 from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.measurements import MEASUREMENT_COLUMNS
-from gpuplan_estimator.perfdb.store import EXTRA_COLUMNS, PerfStore
+from gpuplan_estimator.perfdb.frames import EXTRA_COLUMNS
+from gpuplan_estimator.perfdb.store import PerfStore
 
 
 def frame(n: int, *, device: str = "t4", kernel: str = "gemm", start: int = 1) -> pd.DataFrame:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpuplan_estimator import errors
-from gpuplan_estimator.bench import runner, sweep
+from gpuplan_estimator.bench import runner, shapes, sweep
 
 SHIPPED = runner.DEFAULT_SWEEP_DIR
 
@@ -42,7 +42,7 @@ def test_shipped_specs_cover_every_family_and_sample_for_cpu_and_cuda() -> None:
         assert {it.kernel for it in plan} == set(sweep.KERNELS)
         for it in plan:
             spec = next(s for s in specs if s.kernel == it.kernel)
-            flops, nbytes = sweep.cost(it.kernel, it.op, it.dims, it.dtype)
+            flops, nbytes = shapes.cost(it.kernel, it.op, it.dims, it.dtype)
             assert flops <= spec.limits[kind].max_flops
             assert nbytes <= spec.limits[kind].max_bytes
 
@@ -78,7 +78,7 @@ def test_conv_same_padding_and_valid_output() -> None:
         d = it.dims
         assert d["pad_h"] == d["kernel_h"] // 2 and d["w"] == d["h"]
         assert 7 <= d["h"] <= 224 and d["kernel_h"] in (1, 3, 5, 7)
-        assert min(sweep.conv_out(d)) >= 1
+        assert min(shapes.conv_out(d)) >= 1
 
 
 def test_plan_item_json_roundtrip() -> None:

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from gpuplan_estimator import errors
-from gpuplan_estimator.bench import sweep, timing, units
+from gpuplan_estimator.bench import shapes, sweep, timing, units
 
 CPU = "CPUExecutionProvider"
 CONV = {"batch": 2, "c_in": 3, "c_out": 4, "h": 9, "w": 9, "kernel_h": 3, "kernel_w": 3,
@@ -29,7 +29,7 @@ ITEMS = [
     ("pool", "avgpool", POOL, (2, 3, 4, 4)),
     ("layernorm", "layernorm", {"rows": 3, "cols": 7}, (3, 7)),
     ("softmax", "softmax", {"rows": 3, "cols": 7}, (3, 7)),
-    *[("elementwise", op, {"rows": 3, "cols": 7, "operands": sweep.operands(op)}, (3, 7))
+    *[("elementwise", op, {"rows": 3, "cols": 7, "operands": shapes.operands(op)}, (3, 7))
       for op in ("add", "mul", "div", "pow", "addu", "mulu", "divu", "powu", "relu", "gelu",
                  "tanh", "sigmoid")],
     ("memcpy", "transpose", {"elements": 128}, (64, 2)),

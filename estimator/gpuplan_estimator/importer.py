@@ -2,7 +2,8 @@
 
 `load_gpu_ops_frame` is the pure mapping of one parquet/CSV file onto the measurement frame
 (`measurements.py`) with the canonical dims of `workload.py`; `import_gpu_ops` stores files
-into the performance database, one run per (file, device), idempotently.
+into the performance database, one run per (file, device, backend), idempotently. Files that
+already are measurement frames (`gpuplan bench --export`, benchmark Jobs) are imported as-is.
 
 Column semantics (from the data's README): bmm is ``X[B,M,N] @ Y[B,N,K]``, so **N is the
 contraction**; linear is ``nn.Linear(N, K, bias=True)`` on ``X[B,M,N]``; every latency is the
@@ -19,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from gpuplan_estimator import devices, errors
-from gpuplan_estimator.measurements import MEASUREMENT_COLUMNS
+from gpuplan_estimator.measurements import MEASUREMENT_COLUMNS, dims_from_json
 from gpuplan_estimator.perfdb.store import PerfStore
 
 BACKEND = "pytorch-2.1.0+cu121"
@@ -166,6 +168,46 @@ def load_gpu_ops_frame(
     return frame[list(MEASUREMENT_COLUMNS)].reset_index(drop=True)
 
 
+def load_measurement_file(
+    path: str | Path, *, catalog: devices.Catalog | None = None
+) -> pd.DataFrame:
+    """A file that already is a measurement frame, validated; device names canonicalised."""
+    p = Path(path)
+    raw = _read(p)
+    _require(p, raw, MEASUREMENT_COLUMNS)
+    latency = pd.to_numeric(raw["latency_ms"], errors="coerce")
+    if (latency.isna() | ~(latency > 0)).any():
+        raise errors.GpuplanError(f"{p}: column latency_ms must be positive numbers")
+    for row, text in enumerate(raw["dims"]):
+        try:
+            dims_from_json(str(text))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise errors.GpuplanError(f"{p}: column dims row {row}: not a JSON object of "
+                                      f"ints: {text!r}") from exc
+    frame = raw.copy()
+    keys = {n: _device_key(p, str(n), catalog) for n in frame["device"].unique()}
+    frame["device"] = frame["device"].map(keys)
+    return frame
+
+
+def _header(path: Path) -> list[str]:
+    """Column names without reading the data; [] when unreadable (the loader reports it)."""
+    try:
+        if path.suffix == ".parquet":
+            return list(pq.read_schema(path).names)
+        if path.suffix == ".csv":
+            return list(pd.read_csv(path, nrows=0).columns)
+    except Exception:
+        return []
+    return []
+
+
+def _load_any(path: Path, catalog: devices.Catalog | None) -> pd.DataFrame:
+    if set(MEASUREMENT_COLUMNS) <= set(_header(path)):
+        return load_measurement_file(path, catalog=catalog)
+    return load_gpu_ops_frame(path, catalog=catalog)
+
+
 def _device_key(path: Path, name: str, catalog: devices.Catalog | None) -> str:
     try:
         return devices.canonical_key(name, catalog)
@@ -219,13 +261,13 @@ def import_gpu_ops(
     started = clock()
     report = ImportReport()
     for file in _files(Path(path_or_dir)):
-        frame = load_gpu_ops_frame(file, catalog=catalog)
+        frame = _load_any(file, catalog)
         digest = _digest(file)
         source = f"import {file.name} sha256:{digest[:16]}"
         report.files.append(str(file))
         report.rows_read += len(frame)
-        for device, rows in frame.groupby("device", sort=True):
-            run_id = _run_for(store, str(device), source, digest)
+        for (device, backend), rows in frame.groupby(["device", "backend"], sort=True):
+            run_id = _run_for(store, str(device), str(backend), source, digest)
             added = store.add_measurements(run_id, rows)
             store.finish_run(run_id, "done")
             report.rows_added += added
@@ -234,12 +276,12 @@ def import_gpu_ops(
     return report
 
 
-def _run_for(store: PerfStore, device: str, source: str, digest: str) -> int:
-    existing = store.runs(device=device, source=source)
+def _run_for(store: PerfStore, device: str, backend: str, source: str, digest: str) -> int:
+    existing = [r for r in store.runs(device=device, source=source) if r.backend == backend]
     if existing:
         return existing[0].id
     return store.add_run(
-        device=device, backend=BACKEND, backend_version="2.1.0", host="",
+        device=device, backend=backend, host="",
         command="gpuplan import", sweep_digest=digest[:32], source=source,
-        settings={"protocol": PROTOCOL, "repeats_of": 25, "kept": 5, "dtype": DTYPE},
+        settings={"protocol": PROTOCOL} if backend == BACKEND else {},
     )

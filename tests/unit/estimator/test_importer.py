@@ -159,3 +159,31 @@ def test_full_shared_import_is_fast_and_idempotent(store: PerfStore) -> None:
     counts = store.measurements().groupby("kernel").size().to_dict()
     assert counts == {"gemm": 87_623 + 32_224, "conv2d": 24_662, "layernorm": 7_000,
                       "softmax": 8_750, "elementwise": 96_250}
+
+
+def test_measurement_frame_files_import_as_is(tmp_path: Path, store: PerfStore) -> None:
+    frame = pd.DataFrame({
+        "device": ["cpu", "Tesla T4"], "backend": "onnxruntime-1.23.2-cpu",
+        "kernel": "softmax", "op": "softmax", "dtype": "float32",
+        "dims": ['{"cols":2,"rows":1}', '{"cols":4,"rows":3}'], "latency_ms": [0.01, 0.02],
+        "latency_std_ms": [0.001, 0.002], "repeats": 5, "source": "gpuplan-bench run 1",
+        "latency_min_ms": [0.009, 0.019],
+    })
+    frame.to_parquet(tmp_path / "cpu.parquet")
+    first = importer.import_gpu_ops(tmp_path / "cpu.parquet", store)
+    assert (first.rows_added, len(first.runs)) == (2, 2)
+    assert importer.import_gpu_ops(tmp_path / "cpu.parquet", store).rows_added == 0
+    got = store.measurements(devices=["t4"])
+    assert got["latency_min_ms"].tolist() == [0.019]
+    assert {r.backend for r in store.runs()} == {"onnxruntime-1.23.2-cpu"}
+    frame.assign(dims=["{bad", "{}"]).to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(errors.GpuplanError, match=r"bad\.csv: column dims row 0"):
+        importer.import_gpu_ops(tmp_path / "bad.csv", store)
+
+
+def test_shipped_cpu_measurements_load_as_a_measurement_frame() -> None:
+    path = REPO / "estimator/gpuplan_estimator/data/cpu-measurements/amd-epyc-2core.parquet"
+    frame = importer.load_measurement_file(path)
+    assert len(frame) > 1000 and set(frame["device"]) == {"cpu"}
+    assert {"gemm", "conv2d", "elementwise", "layernorm", "softmax", "pool", "memcpy"} <= set(
+        frame["kernel"])

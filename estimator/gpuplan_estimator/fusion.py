@@ -164,13 +164,14 @@ def _layernorm(ix: _Index, i: int) -> Match:
                    or (ix.op(u) == "Mul" and ix.ins(u) == [ix.out(sub)] * 2)), None)
     if square is None:
         return None
-    var = ix.consumer_of(square, {"ReduceMean"})
-    eps = ix.consumer_of(var, {"Add"}) if var is not None else None
-    root = ix.consumer_of(eps, {"Sqrt"}) if eps is not None else None
-    div = ix.consumer_of(root, {"Div"}) if root is not None else None
-    if div is None or div not in users:
+    members, last = [i, sub, square], square
+    for op in ("ReduceMean", "Add", "Sqrt", "Div"):  # variance, + eps, sqrt, (x - mean) / std
+        nxt = ix.consumer_of(last, {op})
+        if nxt is None:
+            return None
+        members, last = [*members, nxt], nxt
+    if last not in users:
         return None
-    members, last = [i, sub, square, var, eps, root, div], div
     for op in ("Mul", "Add"):  # affine: gamma, then beta
         nxt = ix.consumer_of(last, {op})
         if nxt is None:

@@ -109,13 +109,13 @@ def test_truncated_and_non_onnx_files_name_the_file(tmp_path: pathlib.Path) -> N
     data = small_cnn().SerializeToString()
     cut = tmp_path / "cut.onnx"
     cut.write_bytes(data[: len(data) // 2])
-    with pytest.raises(errors.InvalidModelError, match="cut.onnx"):
+    with pytest.raises(errors.InvalidModelError, match=r"cut\.onnx"):
         graph.load_model(cut, batch=1)
     text = tmp_path / "notes.onnx"
     text.write_text("this is not a model\n")
-    with pytest.raises(errors.InvalidModelError, match="notes.onnx"):
+    with pytest.raises(errors.InvalidModelError, match=r"notes\.onnx"):
         graph.load_model(text, batch=1)
-    with pytest.raises(errors.InvalidModelError, match="missing.onnx"):
+    with pytest.raises(errors.InvalidModelError, match=r"missing\.onnx"):
         graph.load_model(tmp_path / "missing.onnx")
 
 
@@ -240,5 +240,5 @@ def test_unresolvable_shape_names_node_and_tensor() -> None:
     m = model(nodes, [helper.make_tensor_value_info("x", F, ["batch", 4])],
               [helper.make_tensor_value_info("y", F, None)])
     m.opset_import.append(helper.make_opsetid("com.example", 1))
-    with pytest.raises(errors.InvalidModelError, match="'foo'.*'f'"):
+    with pytest.raises(errors.InvalidModelError, match=r"'foo'.*'f'"):
         graph.load_model(m.SerializeToString(), batch=2)

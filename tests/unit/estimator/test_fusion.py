@@ -1,0 +1,125 @@
+"""fusion: patterns found on producer/consumer structure of tiny ONNX graphs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import onnx
+from onnx import TensorProto, helper
+
+from gpuplan_estimator import graph
+
+F = TensorProto.FLOAT
+
+
+def load(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], shape: list[Any],
+         outputs: tuple[str, ...] = ("y",)) -> Any:
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, shape)],
+                          [helper.make_tensor_value_info(o, F, None) for o in outputs],
+                          initializer=inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    return graph.load_model(m.SerializeToString(), batch=2)
+
+
+def scalar(name: str, value: float) -> onnx.TensorProto:
+    return helper.make_tensor(name, F, [], [value])
+
+
+def vec(name: str, n: int) -> onnx.TensorProto:
+    return helper.make_tensor(name, F, [n], [1.0] * n)
+
+
+def units(g: Any) -> list[tuple[str, tuple[str, ...]]]:
+    return [(u.pattern, u.layer_names) for u in g.units]
+
+
+def test_gelu_erf_form() -> None:
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"], name="div"),
+             helper.make_node("Erf", ["d"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "one"], ["a"], name="add"),
+             helper.make_node("Mul", ["x", "a"], ["m"], name="mul"),
+             helper.make_node("Mul", ["m", "half"], ["y"], name="half")]
+    g = load(nodes, [scalar("sqrt2", math.sqrt(2)), scalar("one", 1), scalar("half", 0.5)],
+             ["batch", 8])
+    assert units(g) == [("gelu", ("div", "erf", "add", "mul", "half"))]
+    assert {ly.unit for ly in g.layers} == {"u0"}
+
+
+def test_gelu_tanh_form_hf_order() -> None:
+    nodes = [helper.make_node("Mul", ["c_half", "x"], ["h"], name="h"),
+             helper.make_node("Pow", ["x", "three"], ["p"], name="pow"),
+             helper.make_node("Mul", ["coef", "p"], ["pc"], name="coef"),
+             helper.make_node("Add", ["x", "pc"], ["i"], name="inner"),
+             helper.make_node("Mul", ["k", "i"], ["s"], name="scale"),
+             helper.make_node("Tanh", ["s"], ["t"], name="tanh"),
+             helper.make_node("Add", ["one", "t"], ["a"], name="plus"),
+             helper.make_node("Mul", ["h", "a"], ["y"], name="out")]
+    inits = [scalar("c_half", 0.5), scalar("three", 3), scalar("coef", 0.044715),
+             scalar("k", 0.79788), scalar("one", 1)]
+    g = load(nodes, inits, ["batch", 8])
+    assert units(g) == [("gelu", ("h", "pow", "coef", "inner", "scale", "tanh", "plus", "out"))]
+
+
+def test_decomposed_layernorm_and_softmax() -> None:
+    ln = [helper.make_node("ReduceMean", ["x"], ["mu"], name="mean", axes=[-1]),
+          helper.make_node("Sub", ["x", "mu"], ["d"], name="sub"),
+          helper.make_node("Pow", ["d", "two"], ["sq"], name="pow"),
+          helper.make_node("ReduceMean", ["sq"], ["var"], name="var", axes=[-1]),
+          helper.make_node("Add", ["var", "eps"], ["ve"], name="eps"),
+          helper.make_node("Sqrt", ["ve"], ["std"], name="sqrt"),
+          helper.make_node("Div", ["d", "std"], ["nrm"], name="div"),
+          helper.make_node("Mul", ["nrm", "gamma"], ["sc"], name="gamma"),
+          helper.make_node("Add", ["sc", "beta"], ["ln"], name="beta")]
+    sm = [helper.make_node("ReduceMax", ["ln"], ["mx"], name="max", axes=[-1]),
+          helper.make_node("Sub", ["ln", "mx"], ["sh"], name="shift"),
+          helper.make_node("Exp", ["sh"], ["ex"], name="exp"),
+          helper.make_node("ReduceSum", ["ex", "ax"], ["tot"], name="sum"),
+          helper.make_node("Div", ["ex", "tot"], ["y"], name="norm")]
+    inits = [scalar("two", 2), scalar("eps", 1e-5), vec("gamma", 8), vec("beta", 8),
+             helper.make_tensor("ax", TensorProto.INT64, [1], [-1])]
+    g = load(ln + sm, inits, ["batch", 8])
+    assert units(g) == [
+        ("layernorm", ("mean", "sub", "pow", "var", "eps", "sqrt", "div", "gamma", "beta")),
+        ("softmax", ("max", "shift", "exp", "sum", "norm")),
+    ]
+
+
+def test_attention_scores_and_matmul_bias_act() -> None:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+             helper.make_node("Add", ["h", "b"], ["hb"], name="bias"),
+             helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+             helper.make_node("Transpose", ["r"], ["rt"], name="kt", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["r", "rt"], ["sc"], name="scores"),
+             helper.make_node("Div", ["sc", "root"], ["ss"], name="scale"),
+             helper.make_node("Add", ["ss", "mask"], ["sm"], name="mask"),
+             helper.make_node("Softmax", ["sm"], ["y"], name="softmax", axis=-1)]
+    inits = [helper.make_tensor("w", F, [8, 8], [0.0] * 64), vec("b", 8),
+             scalar("root", 8 ** 0.5), helper.make_tensor("mask", F, [1, 4, 4], [0.0] * 16)]
+    g = load(nodes, inits, ["batch", 4, 8])
+    assert units(g) == [("attention_scores", ("scores", "scale", "mask", "softmax")),
+                        ("matmul_bias_act", ("proj", "bias", "relu"))]
+
+
+def test_no_unit_when_an_intermediate_escapes() -> None:
+    # the Erf output is also a graph output: fusing would hide a tensor someone reads
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"], name="div"),
+             helper.make_node("Erf", ["d"], ["e"], name="erf"),
+             helper.make_node("Identity", ["e"], ["e2"], name="leak"),
+             helper.make_node("Add", ["e", "one"], ["a"], name="add"),
+             helper.make_node("Mul", ["x", "a"], ["m"], name="mul"),
+             helper.make_node("Mul", ["m", "half"], ["y"], name="half")]
+    g = load(nodes, [scalar("sqrt2", 1.4), scalar("one", 1), scalar("half", 0.5)],
+             ["batch", 8], outputs=("y", "e2"))
+    assert g.units == ()
+    assert all(ly.unit == "" for ly in g.layers)
+
+
+def test_conv_followed_by_two_consumers_is_not_fused() -> None:
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu"),
+             helper.make_node("Sigmoid", ["c"], ["z"], name="sig")]
+    g = load(nodes, [helper.make_tensor("w", F, [2, 3, 1, 1], [0.0] * 6)],
+             ["batch", 3, 4, 4], outputs=("y", "z"))
+    assert g.units == ()

@@ -223,9 +223,11 @@ def run_bench(
     started = clock()
     added = _measure_all(store, run_id, todo, tgt, backend, settings, started, clock, progress,
                          already=len(plan) - len(todo), planned=len(plan))
-    remaining = len(todo) - added
+    # Count from the database: a concurrent run of the same plan may have stored rows too.
+    remaining = len(plan) - len(_measured_keys(store, run_id))
     final = "done" if remaining == 0 else "interrupted"
-    store.finish_run(run_id, final)
+    if todo or found is None or found.status != final:
+        store.finish_run(run_id, final)
     return BenchReport(
         run_id=run_id, device=tgt.key, backend=backend, status=final,
         resumed=found is not None, planned=len(plan), rows_added=added,

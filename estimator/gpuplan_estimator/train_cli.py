@@ -7,10 +7,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -60,8 +62,12 @@ def run(args: argparse.Namespace) -> int:
     settings = train.TrainSettings(seed=args.seed, max_rows_per_kernel=args.max_rows,
                                    kernel_params=KERNEL_PARAMS, transfer_params=TRANSFER_PARAMS)
     command = command_line(args)
+    start_s = time.perf_counter()
     fitted = train.train_bundle(frame, settings, command=command, commit=git_commit(),
                                 validate=not args.no_validate)
+    elapsed_s = round(time.perf_counter() - start_s, 1)
+    fitted = dataclasses.replace(
+        fitted, manifest={**fitted.manifest, "training_seconds": elapsed_s})
     out = out or bundle.default_data_dir() / datetime.now().strftime("bundle-%Y%m%dT%H%M%S")
     bundle.save_bundle(fitted, out)
     print(f"wrote bundle {out} ({', '.join(sorted(fitted.models))}; {len(frame)} rows)")

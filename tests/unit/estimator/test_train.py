@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -122,3 +123,26 @@ def test_report_lists_every_kernel_and_device(fitted: train.Bundle) -> None:
     for kernel in ("gemm", "softmax"):
         for device in DEVICES:
             assert f"| {kernel} | {device} |" in text
+
+
+@pytest.mark.slow  # full-size default models: several seconds on a shared 2-core machine
+def test_cli_trains_from_a_measurement_parquet(frame: pd.DataFrame, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from gpuplan_estimator import bundle, train_cli
+
+    frame[frame["kernel"] == "softmax"].to_parquet(tmp_path / "rows.parquet")
+    parser = argparse.ArgumentParser()
+    train_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["train", "--data", str(tmp_path / "rows.parquet"), "--out",
+                              str(tmp_path / "b"), "--max-rows", "300", "--no-validate"])
+    assert args.func(args) == 0
+    loaded = bundle.load_bundle(tmp_path / "b")
+    assert list(loaded.models) == ["softmax"]
+    assert loaded.manifest["command"].startswith("gpuplan train --data")
+    assert loaded.manifest["training_seconds"] >= 0
+    assert "wrote bundle" in capsys.readouterr().out
+    bad = parser.parse_args(["train", "--data", str(tmp_path / "missing.parquet")])
+    with pytest.raises(errors.InvalidRequestError, match=r"missing\.parquet"):
+        bad.func(bad)

@@ -59,9 +59,14 @@ class LayerLatencyModel:
             "colsample_bytree", "linear_tree", "quantiles", "quantile_n_estimators",
             "random_state", "n_jobs")}
 
-    def fit(self, X: FloatArray, y: FloatArray) -> LayerLatencyModel:
+    def fit(
+        self, X: FloatArray, y: FloatArray, sample_weight: FloatArray | None = None
+    ) -> LayerLatencyModel:
         """Fit on features ``X`` (n × d) and targets ``y`` = log(latency / base)."""
         X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        if sample_weight is not None and (
+                len(sample_weight) != len(y) or not (np.asarray(sample_weight) > 0).all()):
+            raise errors.InvalidRequestError("sample_weight", "need one positive weight per row")
         if X.ndim != 2 or y.ndim != 1 or len(X) != len(y):
             raise errors.InvalidRequestError(
                 "X", f"need X (n, d) and y (n,), got {X.shape}, {y.shape}")
@@ -78,7 +83,7 @@ class LayerLatencyModel:
                 {k: {"objective": "quantile", "alpha": a} for k, a in QUANTILES.items()})
         # Interval bounds need less resolution than the median, so they get fewer trees.
         self.boosters_ = {
-            name: lgb.train({**self._params(), **obj}, lgb.Dataset(X, y),
+            name: lgb.train({**self._params(), **obj}, lgb.Dataset(X, y, weight=sample_weight),
                             self.n_estimators if name == "median" else self.quantile_n_estimators)
             for name, obj in objectives.items()
         }

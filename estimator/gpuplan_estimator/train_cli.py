@@ -28,8 +28,10 @@ SHIPPED_MAX_ROWS = 60_000
 # MAPE 10.7 -> 7.4 % for gemm, 15 -> 10 % for conv2d going from 200x31 to 400x95 leaves);
 # the transfer models see fewer features and stay small.
 KERNEL_PARAMS: dict[str, dict[str, Any]] = {
-    "gemm": {"n_estimators": 400, "num_leaves": 95, "min_child_samples": 5},
-    "conv2d": {"n_estimators": 400, "num_leaves": 95, "min_child_samples": 5},
+    "gemm": {"n_estimators": 400, "num_leaves": 95, "min_child_samples": 5,
+             "quantile_n_estimators": 50},
+    "conv2d": {"n_estimators": 400, "num_leaves": 95, "min_child_samples": 5,
+               "quantile_n_estimators": 50},
 }
 TRANSFER_PARAMS: dict[str, Any] = {"n_estimators": 150, "quantile_n_estimators": 60}
 

@@ -160,3 +160,13 @@ def test_duplicates_and_reused_requests_price_like_fresh_ones(gemm_bundle: bundl
     np.testing.assert_array_equal(
         predictor.predict(other, v100).median_ms,
         latency.LearnedPredictor(gemm_bundle).predict(other, v100).median_ms)
+
+
+def test_sample_weight_is_validated_and_changes_the_fit() -> None:
+    x, y = synthetic_xy()
+    with pytest.raises(errors.InvalidRequestError, match="sample_weight"):
+        latency.LayerLatencyModel(**FAST).fit(x, y, np.zeros(len(y)))
+    heavy = np.where(x[:, 0] > 0, 50.0, 1.0)
+    a = latency.LayerLatencyModel(**FAST).fit(x, y).predict(x)
+    b = latency.LayerLatencyModel(**FAST).fit(x, y, heavy).predict(x)
+    assert not np.array_equal(a, b)

@@ -43,6 +43,13 @@ class Bundle:
     def has_seen(self, device: DeviceSpec) -> bool:
         return device.key in self.manifest.get("devices", [])
 
+    def covers(self, kernel: str, device: DeviceSpec) -> bool:
+        """Whether the kernel's training data had the device's platform (cpu or gpu)."""
+        platforms = self.manifest.get("kernel_platforms", {}).get(kernel)
+        if platforms is None:
+            return True  # bundles built in memory by tests carry no platform list
+        return ("cpu" if device.vendor == "cpu" else "gpu") in platforms
+
     def backend_code(self, device: DeviceSpec, backend: str | None = None) -> int | None:
         """Code of the backend to predict for: explicit, the device's own, else its vendor's."""
         backends: list[str] = list(self.manifest.get("backends", []))

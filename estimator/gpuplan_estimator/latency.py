@@ -209,7 +209,10 @@ class LearnedPredictor:
     def _model_for(
         self, kernel: str, device: DeviceSpec
     ) -> tuple[LayerLatencyModel | None, npt.NDArray[np.intp] | None, str]:
-        """The full model for devices in the training data, else the transfer model."""
+        """The full model for devices in the training data, else the transfer model; none
+        when the kernel's model never saw the device's platform."""
+        if not self.bundle.covers(kernel, device):
+            return None, None, ""
         transfer = self.bundle.transfer_models.get(kernel)
         if transfer is not None and not self.bundle.has_seen(device):
             return transfer, features.transfer_columns(kernel), ":transfer"

@@ -160,6 +160,7 @@ def train_bundle(
         "device_backends": {str(k): str(v) for k, v in device_backends.items()},
         "default_backends": _default_backends(frame, resolve),
         "skipped_kernels": skipped, "metrics": metrics,
+        "kernel_platforms": _kernel_platforms(frame, resolve, models),
         "settings": {"seed": settings.seed, "max_rows_per_kernel": settings.max_rows_per_kernel,
                      "test_fraction": settings.test_fraction},
         "feature_names": {k: list(features.feature_names(k)) for k in models},
@@ -200,6 +201,16 @@ def _default_backends(frame: pd.DataFrame, resolve: DeviceResolver) -> dict[str,
     kinds = {d: ("cpu" if resolve(d).vendor == "cpu" else "gpu") for d in frame["device"].unique()}
     kind = frame["device"].map(kinds)
     return {str(k): str(rows.value_counts().index[0]) for k, rows in frame["backend"].groupby(kind)}
+
+
+def _kernel_platforms(
+    frame: pd.DataFrame, resolve: DeviceResolver, models: Mapping[str, LayerLatencyModel]
+) -> dict[str, list[str]]:
+    """Which platforms (cpu, gpu) each kernel's model saw: a model trained on CPU rows only
+    must not price GPU work (its backend and efficiency mean nothing there)."""
+    kinds = {d: ("cpu" if resolve(d).vendor == "cpu" else "gpu") for d in frame["device"].unique()}
+    per_kernel = frame.groupby("kernel")["device"].unique()
+    return {k: sorted({kinds[d] for d in per_kernel[k]}) for k in sorted(models)}
 
 
 def _check_frame(frame: pd.DataFrame) -> None:

@@ -123,6 +123,14 @@ def test_unseen_devices_get_the_transfer_model(gemm_bundle: bundle.Bundle) -> No
     np.testing.assert_allclose(on_a100.median_ms, base * np.exp(0.5), rtol=1e-6)
 
 
+def test_model_never_trained_on_the_platform_is_not_used(gemm_bundle: bundle.Bundle) -> None:
+    cpu_only = bundle.Bundle(models=gemm_bundle.models, manifest={
+        **gemm_bundle.manifest, "kernel_platforms": {"gemm": ["cpu"]}})
+    t4 = devices.load_catalog().resolve("t4")
+    assert latency.LearnedPredictor(cpu_only).predict([gemm_item(64)], t4).predictor == (
+        "roofline",)
+
+
 def test_unknown_backend_falls_back_to_roofline(gemm_bundle: bundle.Bundle) -> None:
     t4 = devices.load_catalog().resolve("t4")
     pred = latency.LearnedPredictor(gemm_bundle, backend="tensorrt").predict([gemm_item(64)], t4)

@@ -67,6 +67,7 @@ def test_bundle_has_a_model_per_kernel_and_provenance(fitted: train.Bundle, fram
     assert m["devices"] == sorted(DEVICES)
     assert m["data_digest"] == train.data_digest(frame)
     assert m["default_backends"] == {"gpu": "pytorch-2.1.0+cu121"}
+    assert m["kernel_platforms"] == {"gemm": ["gpu"], "softmax": ["gpu"]}
 
 
 def test_held_out_metrics_learn_the_synthetic_efficiency(fitted: train.Bundle) -> None:

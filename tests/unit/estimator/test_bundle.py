@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from gpuplan_estimator import bundle, errors, features, latency
 
-FAST = {"n_estimators": 15, "num_leaves": 7, "min_child_samples": 5, "n_jobs": 1}
+FAST: dict[str, Any] = {"n_estimators": 15, "num_leaves": 7, "min_child_samples": 5, "n_jobs": 1}
 
 
 @pytest.fixture(scope="module")

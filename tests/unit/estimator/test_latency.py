@@ -139,10 +139,15 @@ def test_unknown_backend_falls_back_to_roofline(gemm_bundle: bundle.Bundle) -> N
 
 def test_one_model_call_per_kernel_and_fast(gemm_bundle: bundle.Bundle,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
+    calls: list[int] = []
     model = gemm_bundle.models["gemm"]
     real = model.predict_quantiles
-    monkeypatch.setattr(model, "predict_quantiles", lambda x: calls.append(len(x)) or real(x))
+
+    def counting(x: np.ndarray) -> dict[str, np.ndarray]:
+        calls.append(len(x))
+        return real(x)
+
+    monkeypatch.setattr(model, "predict_quantiles", counting)
     catalog = devices.load_catalog()
     keys = catalog.keys()
     gpus = [catalog.resolve(k) for k in keys if catalog.resolve(k).vendor == "nvidia"]

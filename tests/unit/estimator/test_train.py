@@ -68,6 +68,7 @@ def test_bundle_has_a_model_per_kernel_and_provenance(fitted: train.Bundle, fram
     assert m["data_digest"] == train.data_digest(frame)
     assert m["default_backends"] == {"gpu": "pytorch-2.1.0+cu121"}
     assert m["kernel_platforms"] == {"gemm": ["gpu"], "softmax": ["gpu"]}
+    assert m["device_platforms"] == dict.fromkeys(sorted(DEVICES), "gpu")
 
 
 def test_held_out_metrics_learn_the_synthetic_efficiency(fitted: train.Bundle) -> None:
@@ -77,6 +78,7 @@ def test_held_out_metrics_learn_the_synthetic_efficiency(fitted: train.Bundle) -
         assert metrics["random_split"]["mape_pct"] < 8.0
         assert set(metrics["leave_one_device_out"]) == set(DEVICES)
         assert set(metrics["random_split_by_device"]) == set(DEVICES)
+        assert set(metrics["random_split_by_platform"]) == {"gpu"}
 
 
 def test_data_digest_ignores_row_order_but_not_values(frame: pd.DataFrame) -> None:
@@ -126,6 +128,8 @@ def test_report_lists_every_kernel_and_device(fitted: train.Bundle) -> None:
     for kernel in ("gemm", "softmax"):
         for device in DEVICES:
             assert f"| {kernel} | {device} |" in text
+    summary = text.split("## Summary")[1].split("## Random")[0]
+    assert "| gemm |" in summary and "| softmax |" in summary
 
 
 @pytest.mark.slow  # full-size default models: several seconds on a shared 2-core machine
@@ -149,3 +153,18 @@ def test_cli_trains_from_a_measurement_parquet(frame: pd.DataFrame, tmp_path: Pa
     bad = parser.parse_args(["train", "--data", str(tmp_path / "missing.parquet")])
     with pytest.raises(errors.InvalidRequestError, match=r"missing\.parquet"):
         bad.func(bad)
+
+
+def test_leave_one_out_skips_a_device_alone_on_its_platform() -> None:
+    rng = np.random.default_rng(0)
+    n = 400
+    device = np.array(["g1", "g2", "g3", "c1"])[rng.integers(0, 4, n)]
+    x = rng.normal(size=(n, len(features.transfer_columns("softmax"))))
+    full = np.zeros((n, len(features.feature_names("softmax"))))
+    full[:, features.transfer_columns("softmax")] = x
+    y = 0.3 * x[:, 0]
+    data = train.KernelData(full, y, np.ones(n), np.exp(y), device,
+                            np.where(device == "c1", "cpu", "gpu"))
+    out = train.validate_kernel("softmax", data, train.TrainSettings(model_params=FAST))
+    assert set(out["leave_one_device_out"]) == {"g1", "g2", "g3"}
+    assert set(out["random_split_by_platform"]) == {"cpu", "gpu"}

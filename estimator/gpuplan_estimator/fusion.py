@@ -173,10 +173,10 @@ def _layernorm(ix: _Index, i: int) -> Match:
     if last not in users:
         return None
     for op in ("Mul", "Add"):  # affine: gamma, then beta
-        nxt = ix.consumer_of(last, {op})
-        if nxt is None:
+        affine = ix.consumer_of(last, {op})
+        if affine is None:
             break
-        members, last = [*members, nxt], nxt
+        members, last = [*members, affine], affine
     return members, "layernorm"
 
 

@@ -26,6 +26,7 @@ class StepPoint:
     memory_bytes: int
     p10_ms: float
     p90_ms: float
+    activation_bytes: int = 0  # the part of memory_bytes that grows with the batch
 
     @property
     def step_time_ms(self) -> float:
@@ -69,7 +70,8 @@ def _scaled(p: StepPoint, batch: int, frac: float) -> StepPoint:
         forward_ms=p.forward_ms * frac,
         backward_ms=p.backward_ms * frac,
         optimizer_ms=p.optimizer_ms,  # optimizer work does not depend on the batch
-        memory_bytes=p.memory_bytes,  # conservative: never below the measured point's memory
+        memory_bytes=p.memory_bytes + math.ceil(p.activation_bytes * (frac - 1.0)),
+        activation_bytes=math.ceil(p.activation_bytes * frac),
         p10_ms=p.p10_ms * frac,
         p90_ms=p.p90_ms * frac,
     )
@@ -85,6 +87,7 @@ def _interpolated(lo: StepPoint, hi: StepPoint, batch: int, t: float) -> StepPoi
         backward_ms=lin(lo.backward_ms, hi.backward_ms),
         optimizer_ms=lin(lo.optimizer_ms, hi.optimizer_ms),
         memory_bytes=math.ceil(lin(lo.memory_bytes, hi.memory_bytes)),
+        activation_bytes=math.ceil(lin(lo.activation_bytes, hi.activation_bytes)),
         p10_ms=lin(lo.p10_ms, hi.p10_ms),
         p90_ms=lin(lo.p90_ms, hi.p90_ms),
     )

@@ -39,7 +39,7 @@ class WorkItem:
 
     layer: str  # layer name it came from ("optimizer" for optimizer passes)
     family: OpFamily
-    kernel: str  # gemm | conv2d | pool | layernorm | batchnorm | softmax | reduce | elementwise | memcpy | none
+    kernel: str  # gemm conv2d pool layernorm batchnorm softmax reduce elementwise memcpy none
     phase: Phase
     dims: Mapping[str, int]
     dtype: str  # compute dtype, key of layers.DTYPE_BYTES

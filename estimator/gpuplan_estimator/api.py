@@ -1,0 +1,233 @@
+"""Wire types of the estimator service: JSON request → typed request, plan → JSON (pure).
+
+`POST /v1/plans` request::
+
+    {"model_onnx_b64": "...",
+     "training": {"batch_size": 64, "dataset_size": 1281167, "epochs": 1, "optimizer": "adamw",
+                  "precision": "fp32", "mode": "train", "dims": {"sequence": 1024}},
+     "objective": {"prefer": "cheapest", "deadline_seconds": 14400, "budget_usd": null,
+                   "max_gpus": 8},
+     "inventory": [{"gpu_type": "NVIDIA-H100-80GB-HBM3", "gpus_per_node": 8, "nodes": 4,
+                    "free_gpus": 32}],
+     "gpu_types": []}
+
+Errors are every invalid field at once, each with its JSON path.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuplan_estimator.errors import InvalidRequestError
+from gpuplan_estimator.placement import OBJECTIVES, Candidate, GpuPool, Objective, Plan
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+MODES = ("train", "inference")
+MAX_GPUS_CAP = 4096
+
+
+@dataclass(frozen=True)
+class TrainingRequest:
+    batch_size: int
+    dataset_size: int
+    epochs: int
+    optimizer: str = "adamw"
+    precision: str = "fp32"
+    mode: str = "train"
+    dims: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.dataset_size / self.batch_size)
+
+
+@dataclass(frozen=True)
+class InventoryEntry:
+    gpu_type: str
+    gpus_per_node: int
+    nodes: int
+    free_gpus: int
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    model_onnx: bytes
+    training: TrainingRequest
+    objective: Objective
+    inventory: tuple[InventoryEntry, ...]
+    gpu_types: tuple[str, ...]
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append((path, message))
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise InvalidRequestError(
+                ", ".join(p for p, _ in self.items), "; ".join(f"{p}: {m}" for p, m in self.items)
+            )
+
+
+def _int(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, *, minimum: int = 1,
+         maximum: int | None = None, default: int | None = None) -> int:
+    value = obj.get(key, default)
+    if value is None:
+        errs.add(f"{path}.{key}", "is required")
+        return minimum
+    if isinstance(value, bool) or not isinstance(value, int):
+        errs.add(f"{path}.{key}", f"must be an integer, got {type(value).__name__}")
+        return minimum
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        errs.add(f"{path}.{key}", f"must be {bound}, got {value}")
+        return minimum
+    return value
+
+
+def _choice(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, choices: tuple[str, ...],
+            default: str) -> str:
+    value = obj.get(key, default)
+    if value not in choices:
+        errs.add(f"{path}.{key}", f"must be one of {', '.join(choices)}, got {value!r}")
+        return default
+    return str(value)
+
+
+def _positive_float(obj: Mapping[str, Any], key: str, path: str, errs: _Errors) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        errs.add(f"{path}.{key}", f"must be a positive number, got {value!r}")
+        return None
+    return float(value)
+
+
+def _mapping(body: Mapping[str, Any], key: str, errs: _Errors) -> Mapping[str, Any]:
+    value = body.get(key, {})
+    if not isinstance(value, Mapping):
+        errs.add(key, "must be an object")
+        return {}
+    return value
+
+
+def parse_training(obj: Mapping[str, Any], errs: _Errors, path: str = "training"
+                   ) -> TrainingRequest:
+    dims_raw = obj.get("dims", {}) or {}
+    dims: dict[str, int] = {}
+    if not isinstance(dims_raw, Mapping):
+        errs.add(f"{path}.dims", "must be an object of name -> positive integer")
+    else:
+        for name in dims_raw:
+            dims[str(name)] = _int(dims_raw, name, f"{path}.dims", errs)
+    return TrainingRequest(
+        batch_size=_int(obj, "batch_size", path, errs),
+        dataset_size=_int(obj, "dataset_size", path, errs, default=obj.get("batch_size")),
+        epochs=_int(obj, "epochs", path, errs, default=1),
+        optimizer=_choice(obj, "optimizer", path, errs, OPTIMIZERS, "adamw"),
+        precision=_choice(obj, "precision", path, errs, PRECISIONS, "fp32"),
+        mode=_choice(obj, "mode", path, errs, MODES, "train"),
+        dims=dims,
+    )
+
+
+def decode_model(body: Mapping[str, Any], errs: _Errors) -> bytes:
+    text = body.get("model_onnx_b64")
+    if not isinstance(text, str) or not text:
+        errs.add("model_onnx_b64", "is required (base64 of the ONNX graph)")
+        return b""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        errs.add("model_onnx_b64", "is not valid base64")
+        return b""
+
+
+def parse_plan_request(body: Any) -> PlanRequest:
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("body", "must be a JSON object")
+    errs = _Errors()
+    model = decode_model(body, errs)
+    training = parse_training(_mapping(body, "training", errs), errs)
+    obj = _mapping(body, "objective", errs)
+    objective = Objective(
+        prefer=_choice(obj, "prefer", "objective", errs, OBJECTIVES, "cheapest"),
+        max_gpus=_int(obj, "max_gpus", "objective", errs, default=8, maximum=MAX_GPUS_CAP),
+        deadline_seconds=_positive_float(obj, "deadline_seconds", "objective", errs),
+        budget_usd=_positive_float(obj, "budget_usd", "objective", errs),
+    )
+    inventory = _parse_inventory(body.get("inventory"), errs)
+    gpu_types = body.get("gpu_types") or []
+    if not isinstance(gpu_types, list) or not all(isinstance(t, str) for t in gpu_types):
+        errs.add("gpu_types", "must be a list of GPU type names")
+        gpu_types = []
+    errs.raise_if_any()
+    return PlanRequest(model, training, objective, inventory, tuple(gpu_types))
+
+
+def _parse_inventory(raw: Any, errs: _Errors) -> tuple[InventoryEntry, ...]:
+    if not isinstance(raw, list) or not raw:
+        errs.add("inventory", "must be a non-empty list of GPU pools")
+        return ()
+    out = []
+    for i, entry in enumerate(raw):
+        path = f"inventory[{i}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("gpu_type"), str):
+            errs.add(f"{path}.gpu_type", "is required")
+            continue
+        out.append(InventoryEntry(
+            gpu_type=entry["gpu_type"],
+            gpus_per_node=_int(entry, "gpus_per_node", path, errs),
+            nodes=_int(entry, "nodes", path, errs, default=1),
+            free_gpus=_int(entry, "free_gpus", path, errs, minimum=0,
+                           default=entry.get("gpus_per_node")),
+        ))
+    return tuple(out)
+
+
+def to_pool(entry: InventoryEntry, device_key: str) -> GpuPool:
+    return GpuPool(entry.gpu_type, device_key, entry.gpus_per_node, entry.nodes, entry.free_gpus)
+
+
+def candidate_json(c: Candidate) -> dict[str, Any]:
+    return {
+        "gpu_type": c.gpu_type,
+        "device": c.device_key,
+        "gpu_count": c.gpu_count,
+        "gpus_per_node": c.gpus_per_node,
+        "nodes": c.nodes,
+        "per_gpu_batch": c.per_gpu_batch,
+        "step_time_ms": round(c.step_time_ms, 4),
+        "allreduce_ms": round(c.allreduce_ms, 4),
+        "estimated_seconds": round(c.estimated_seconds, 3),
+        "interval_seconds": [round(c.interval_seconds[0], 3), round(c.interval_seconds[1], 3)],
+        "memory_bytes_per_gpu": c.memory_bytes_per_gpu,
+        "cost_usd": round(c.cost_usd, 4),
+        "predictor": c.predictor,
+    }
+
+
+def plan_json(result: Plan, *, max_candidates: int = 20) -> dict[str, Any]:
+    return {
+        "plan": candidate_json(result.chosen) if result.chosen else None,
+        "candidates": [candidate_json(c) for c in result.candidates[:max_candidates]],
+        "rejected": [
+            {"gpu_type": r.gpu_type, "gpu_count": r.gpu_count, "reason": r.reason}
+            for r in result.rejected
+        ],
+        "reasons_by_type": dict(result.reasons_by_type),
+    }
+
+
+def error_json(reason: str, message: str, details: list[str] | None = None) -> dict[str, Any]:
+    return {"error": {"reason": reason, "message": message, "details": details or []}}

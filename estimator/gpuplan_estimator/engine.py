@@ -1,0 +1,161 @@
+"""Glue behind the service and `gpuplan plan`: request → graph → estimates → plan (no I/O here
+beyond parsing the model bytes it is handed)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuplan_estimator import api, cli, devices, graph, placement
+from gpuplan_estimator import estimate as estimate_mod
+from gpuplan_estimator.errors import GpuplanError, InvalidRequestError, UnknownDeviceError
+from gpuplan_estimator.predictors import LatencyPredictor
+from gpuplan_estimator.scaling import ScalingModel
+from gpuplan_estimator.training_step import TrainingSettings
+
+
+class NoFeasiblePlanError(GpuplanError):
+    """No GPU type x count satisfies memory, cluster size and the objective."""
+
+    def __init__(self, message: str, details: Sequence[str]) -> None:
+        super().__init__(message)
+        self.details = tuple(details)
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    catalog: devices.Catalog
+    predictor: LatencyPredictor
+    predictor_source: str  # e.g. "bundle:/path (shipped)" or "roofline"
+    scaling: ScalingModel = field(default_factory=ScalingModel)
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "predictor": self.predictor.name,
+            "source": self.predictor_source,
+            "manifest": dict(self.manifest),
+            "devices": list(self.catalog.keys()),
+        }
+
+
+@dataclass(frozen=True)
+class EstimateRequest:
+    model_onnx: bytes
+    training: api.TrainingRequest
+    devices: tuple[str, ...]  # empty = every catalog device
+
+
+def parse_estimate_request(body: Any) -> EstimateRequest:
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("body", "must be a JSON object")
+    errs = api._Errors()
+    model = api.decode_model(body, errs)
+    training = api.parse_training(api._mapping(body, "training", errs), errs)
+    names = body.get("devices") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        errs.add("devices", "must be a list of device names")
+        names = []
+    errs.raise_if_any()
+    return EstimateRequest(model, training, tuple(names))
+
+
+def training_settings(t: api.TrainingRequest, batch: int) -> TrainingSettings:
+    return TrainingSettings(mode=t.mode, optimizer=t.optimizer, precision=t.precision,
+                            batch_size=batch)
+
+
+def _estimates_at(model: bytes, t: api.TrainingRequest, batch: int,
+                  specs: Sequence[devices.DeviceSpec], ctx: EngineContext
+                  ) -> tuple[int, Sequence[estimate_mod.DeviceEstimate]]:
+    """Estimates at `batch`, or at the model's own batch when its batch dim is fixed."""
+    g = graph.load_model(model, batch=batch, dim_bindings=dict(t.dims))
+    actual = cli.model_batch(g, None)
+    settings = training_settings(t, actual)
+    return actual, estimate_mod.estimate(g, specs, settings, predictor=ctx.predictor)
+
+
+def _point(e: estimate_mod.DeviceEstimate, batch: int) -> placement.StepPoint:
+    p10, p90 = e.interval_ms
+    return placement.StepPoint(
+        per_gpu_batch=batch, forward_ms=e.forward_ms, backward_ms=e.backward_ms,
+        optimizer_ms=e.optimizer_ms, memory_bytes=e.memory.total_bytes, p10_ms=p10, p90_ms=p90,
+        activation_bytes=e.memory.activations_bytes,
+    )
+
+
+def step_profiles(req: api.PlanRequest, specs: Sequence[devices.DeviceSpec], ctx: EngineContext
+                  ) -> dict[str, placement.StepProfile]:
+    """Estimate at the largest and smallest per-GPU batch the plan can use; interpolate between.
+
+    A model exported with a fixed batch is estimated at that batch only and scaled per sample.
+    """
+    t = req.training
+    wanted = sorted({t.batch_size, math.ceil(t.batch_size / req.objective.max_gpus)})
+    by_batch = dict(_estimates_at(req.model_onnx, t, b, specs, ctx) for b in wanted)
+    batches = sorted(by_batch)
+    profiles = {}
+    for i, spec in enumerate(specs):
+        first = by_batch[batches[0]][i]
+        profiles[spec.key] = placement.StepProfile(
+            device_key=spec.key,
+            memory_capacity_bytes=spec.memory_bytes,
+            gradient_bytes=first.memory.gradients_bytes,
+            price_per_gpu_hour_usd=spec.price_per_hour_usd,
+            interconnect_gbps=spec.interconnect_gbps,
+            points=tuple(_point(by_batch[b][i], b) for b in batches),
+            predictor=ctx.predictor_source,
+        )
+    return profiles
+
+
+def _pools(req: api.PlanRequest, ctx: EngineContext) -> tuple[list[placement.GpuPool], list[str]]:
+    allowed = {ctx.catalog.resolve(n).key for n in req.gpu_types} if req.gpu_types else None
+    pools, notes = [], []
+    for entry in req.inventory:
+        try:
+            spec = ctx.catalog.resolve(entry.gpu_type)
+        except UnknownDeviceError:
+            notes.append(f"{entry.gpu_type}: not in the GPU catalog, no estimate possible")
+            continue
+        if allowed is not None and spec.key not in allowed:
+            notes.append(f"{entry.gpu_type}: not in gpuTypes allow-list")
+            continue
+        pools.append(api.to_pool(entry, spec.key))
+    return pools, notes
+
+
+def plan_request(req: api.PlanRequest, ctx: EngineContext) -> dict[str, Any]:
+    pools, notes = _pools(req, ctx)
+    if not pools:
+        raise NoFeasiblePlanError("no usable GPU type in the inventory", notes)
+    specs = [ctx.catalog.resolve(k) for k in dict.fromkeys(p.device_key for p in pools)]
+    shape = placement.TrainingShape(req.training.batch_size, req.training.steps_per_epoch,
+                                    req.training.epochs)
+    result = placement.plan(step_profiles(req, specs, ctx), pools, shape, req.objective,
+                            ctx.scaling)
+    if result.chosen is None:
+        details = notes + [f"{t}: {r}" for t, r in result.reasons_by_type.items()]
+        raise NoFeasiblePlanError("no GPU type and count satisfies the request", details)
+    out = api.plan_json(result)
+    out["notes"] = notes
+    return out
+
+
+def estimate_request(req: EstimateRequest, ctx: EngineContext) -> dict[str, Any]:
+    specs = ([ctx.catalog.resolve(n) for n in req.devices] if req.devices
+             else list(ctx.catalog.devices))
+    t = req.training
+    g = graph.load_model(req.model_onnx, batch=t.batch_size, dim_bindings=dict(t.dims))
+    try:
+        cli.model_batch(g, t.batch_size)  # a fixed-batch model cannot run at another batch
+    except InvalidRequestError as exc:
+        raise InvalidRequestError("training.batch_size", str(exc).partition(": ")[2]) from exc
+    results = estimate_mod.estimate(g, specs, training_settings(t, t.batch_size),
+                                    predictor=ctx.predictor, epochs=t.epochs,
+                                    dataset_size=t.dataset_size)
+    return estimate_mod.to_json(g, results, training_settings(t, t.batch_size),
+                                predictor_source=ctx.predictor_source, epochs=t.epochs,
+                                dataset_size=t.dataset_size)

@@ -1,0 +1,106 @@
+"""`gpuplan serve` (the estimator HTTP service) and `gpuplan plan` (the planner, offline)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from gpuplan_estimator import api, cli, devices, engine
+
+
+def load_context(bundle_dir: str | None) -> engine.EngineContext:
+    predictor, source = cli.select_predictor(bundle_dir)
+    manifest = getattr(getattr(predictor, "bundle", None), "manifest", {}) or {}
+    return engine.EngineContext(
+        catalog=devices.load_catalog(), predictor=predictor, predictor_source=source,
+        manifest=manifest if isinstance(manifest, dict) else {},
+    )
+
+
+def register(sub: Any) -> None:
+    s = sub.add_parser("serve", help="run the estimator HTTP service")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=cli.positive_int, default=8080)
+    s.add_argument("--bundle", help="model bundle directory (default: newest, else shipped)")
+    s.add_argument("--request-timeout", type=float, default=60.0, metavar="SECONDS")
+    s.add_argument("--max-body-bytes", type=cli.positive_int, default=64 * 2**20)
+    s.add_argument("--bundle-poll", type=float, default=30.0, metavar="SECONDS",
+                   help="how often to look for a newer bundle")
+    s.set_defaults(func=run_serve)
+
+    p = sub.add_parser("plan", help="choose GPU type and count for a model and an objective")
+    p.add_argument("model", help="ONNX file (may be gzip/xz/zstd-compressed)")
+    p.add_argument("--batch", type=cli.positive_int, required=True, help="global batch size")
+    p.add_argument("--dataset-size", type=cli.positive_int, required=True)
+    p.add_argument("--epochs", type=cli.positive_int, default=1)
+    p.add_argument("--dim", type=cli.dim_binding, action="append", default=[])
+    p.add_argument("--optimizer", default="adamw", choices=api.OPTIMIZERS)
+    p.add_argument("--precision", default="fp32", choices=api.PRECISIONS)
+    p.add_argument("--prefer", default="cheapest", choices=("cheapest", "fastest", "balanced"))
+    p.add_argument("--max-gpus", type=cli.positive_int, default=8)
+    p.add_argument("--deadline", type=float, metavar="SECONDS")
+    p.add_argument("--budget", type=float, metavar="USD")
+    p.add_argument("--pool", action="append", default=[], metavar="TYPE=NODESxGPUS",
+                   help="GPU pool, e.g. NVIDIA-H100-80GB-HBM3=2x8 (default: 1x8 of every GPU)")
+    p.add_argument("--bundle")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_plan)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from gpuplan_estimator import service
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = service.ServiceSettings(
+        host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
+        request_timeout_s=args.request_timeout, bundle_poll_s=args.bundle_poll,
+    )
+    state = service.ServiceState(lambda: load_context(args.bundle))
+    state.load()  # fail fast on a broken explicit bundle
+    web.run_app(service.make_app(state, settings), host=settings.host, port=settings.port)
+    return 0
+
+
+def _pools(specs: list[str]) -> list[dict[str, Any]]:
+    if not specs:
+        return [{"gpu_type": d.key, "gpus_per_node": 8, "nodes": 1, "free_gpus": 8}
+                for d in devices.load_catalog().devices]
+    pools = []
+    for text in specs:
+        name, _, shape = text.rpartition("=")
+        nodes, _, gpus = shape.partition("x")
+        if not name or not nodes.isdigit() or not gpus.isdigit():
+            raise api.InvalidRequestError("--pool", f"expected TYPE=NODESxGPUS, got {text!r}")
+        pools.append({"gpu_type": name, "gpus_per_node": int(gpus), "nodes": int(nodes),
+                      "free_gpus": int(nodes) * int(gpus)})
+    return pools
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    body = {
+        "model_onnx_b64": base64.b64encode(Path(args.model).read_bytes()).decode(),
+        "training": {"batch_size": args.batch, "dataset_size": args.dataset_size,
+                     "epochs": args.epochs, "optimizer": args.optimizer,
+                     "precision": args.precision, "dims": dict(args.dim)},
+        "objective": {"prefer": args.prefer, "max_gpus": args.max_gpus,
+                      "deadline_seconds": args.deadline, "budget_usd": args.budget},
+        "inventory": _pools(args.pool),
+    }
+    result = engine.plan_request(api.parse_plan_request(body), load_context(args.bundle))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    chosen = result["plan"]
+    print(f"plan: {chosen['gpu_count']} x {chosen['gpu_type']} ({chosen['nodes']} node(s)), "
+          f"{chosen['estimated_seconds'] / 3600:.2f} h, ${chosen['cost_usd']:.2f}")
+    print(f"{'GPU TYPE':<26}{'GPUS':>5}{'STEP ms':>11}{'HOURS':>9}{'COST $':>10}")
+    for c in result["candidates"][:10]:
+        print(f"{c['gpu_type']:<26}{c['gpu_count']:>5}{c['step_time_ms']:>11.1f}"
+              f"{c['estimated_seconds'] / 3600:>9.2f}{c['cost_usd']:>10.2f}")
+    return 0

@@ -1,0 +1,197 @@
+"""The estimator HTTP service (`gpuplan serve`): aiohttp, because kopf already depends on it.
+
+Handlers are thin: decode JSON under a body cap, hand the pure work to `engine` in a worker
+thread under a per-request timeout, encode the result. The model bundle is loaded once and
+swapped atomically (a single attribute assignment) when a newer one appears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+from gpuplan_estimator import api, engine
+from gpuplan_estimator.errors import GpuplanError, InvalidModelError, InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    host: str = "0.0.0.0"
+    port: int = 8080
+    max_body_bytes: int = 64 * 2**20
+    """Request body cap; a larger body gets 413."""
+    request_timeout_s: float = 60.0
+    """Per-request budget for estimation work; past it the client gets 504."""
+    bundle_poll_s: float = 30.0
+    """How often to look for a newer model bundle."""
+    workers: int = 2
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "gpuplan_estimator_requests_total", "Estimator HTTP requests",
+            ["endpoint", "code"], registry=registry,
+        )
+        self.latency = Histogram(
+            "gpuplan_estimator_request_seconds", "Estimator request latency",
+            ["endpoint"], registry=registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+        )
+
+
+class ServiceState:
+    """What handlers share: the current engine context, swapped whole on a new bundle."""
+
+    def __init__(self, context_loader: Callable[[], engine.EngineContext]) -> None:
+        self._loader = context_loader
+        self.context: engine.EngineContext | None = None
+
+    def load(self) -> bool:
+        """(Re)load; returns True when a different bundle is now in use."""
+        new = self._loader()
+        old = self.context
+        if old is not None and old.predictor_source == new.predictor_source:
+            return False
+        self.context = new  # atomic swap: requests in flight keep the old object
+        log.info("using predictor %s", new.predictor_source)
+        return True
+
+
+def _json_error(status: int, reason: str, message: str, details: list[str] | None = None
+                ) -> web.Response:
+    return web.json_response(api.error_json(reason, message, details), status=status)
+
+
+def make_app(
+    state: ServiceState,
+    settings: ServiceSettings = ServiceSettings(),
+    registry: CollectorRegistry | None = None,
+) -> web.Application:
+    metrics = Metrics(registry or CollectorRegistry())
+    executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="estimate")
+
+    @web.middleware
+    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+        start = time.perf_counter()
+        resource = request.match_info.route.resource
+        endpoint = resource.canonical if resource is not None else "unknown"
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            metrics.requests.labels(endpoint, str(exc.status)).inc()
+            if exc.status == 413:
+                return _json_error(413, "RequestTooLarge",
+                                   f"body exceeds {settings.max_body_bytes} bytes")
+            raise
+        metrics.requests.labels(endpoint, str(response.status)).inc()
+        metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+        return response
+
+    async def run_pure(fn: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        return await asyncio.wait_for(loop.run_in_executor(executor, fn),
+                                      timeout=settings.request_timeout_s)
+
+    async def read_json(request: web.Request) -> Any:
+        try:
+            return await request.json()
+        except json.JSONDecodeError as exc:
+            raise InvalidRequestError("body", f"invalid JSON: {exc.msg} at {exc.pos}") from exc
+
+    async def guarded(work: Callable[[engine.EngineContext], Any]) -> web.Response:
+        context = state.context
+        if context is None:
+            return _json_error(503, "NotReady", "model bundle not loaded yet")
+        try:
+            result = await run_pure(lambda: work(context))
+        except InvalidModelError as exc:
+            return _json_error(422, "InvalidModel", str(exc))
+        except InvalidRequestError as exc:
+            return _json_error(422, "InvalidRequest", str(exc))
+        except engine.NoFeasiblePlanError as exc:
+            return _json_error(422, "NoFeasiblePlan", str(exc), list(exc.details))
+        except GpuplanError as exc:
+            return _json_error(422, "InvalidRequest", str(exc))
+        except TimeoutError:
+            return _json_error(504, "Timeout",
+                               f"estimation exceeded {settings.request_timeout_s} s")
+        return web.json_response(result)
+
+    async def plans(request: web.Request) -> web.Response:
+        try:
+            req = api.parse_plan_request(await read_json(request))
+        except InvalidRequestError as exc:
+            return _json_error(422, "InvalidRequest", str(exc))
+        return await guarded(lambda ctx: engine.plan_request(req, ctx))
+
+    async def estimate(request: web.Request) -> web.Response:
+        try:
+            req = engine.parse_estimate_request(await read_json(request))
+        except InvalidRequestError as exc:
+            return _json_error(422, "InvalidRequest", str(exc))
+        return await guarded(lambda ctx: engine.estimate_request(req, ctx))
+
+    async def models(_: web.Request) -> web.Response:
+        context = state.context
+        if context is None:
+            return _json_error(503, "NotReady", "model bundle not loaded yet")
+        return web.json_response(context.describe())
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        if state.context is None:
+            return _json_error(503, "NotReady", "model bundle not loaded yet")
+        return web.json_response({"status": "ready", "predictor": state.context.predictor_source})
+
+    async def metrics_endpoint(_: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def poll_bundles(app: web.Application) -> Any:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(settings.bundle_poll_s)
+                try:
+                    await asyncio.get_running_loop().run_in_executor(executor, state.load)
+                except Exception:  # a broken new bundle must not take the service down
+                    log.exception("reloading the model bundle failed; keeping the current one")
+
+        if state.context is None:
+            await asyncio.get_running_loop().run_in_executor(executor, state.load)
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[observe])
+    app.router.add_post("/v1/plans", plans)
+    app.router.add_post("/v1/estimate", estimate)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    app.cleanup_ctx.append(poll_bundles)
+    return app

@@ -52,38 +52,8 @@ def light_resnet50_path() -> Path:
 
 
 def resnet50(batch: int) -> ModelGraph:
-    data = symbolic_batch(light_resnet50_path().read_bytes())
+    data = graph.symbolic_batch(light_resnet50_path().read_bytes())
     return graph.load_model(data, batch=batch, name="resnet50")
-
-
-def symbolic_batch(data: bytes) -> bytes:
-    """Make a fixed-batch model's leading input dim symbolic (``batch``).
-
-    Reshape targets that hard-code the batch in their first entry get 0 there, ONNX's "copy
-    this dim from the input". An exception to "only `graph` imports onnx", kept here because it
-    rewrites one known shipped file for the demo rather than reading user models.
-    """
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load_from_string(data)
-    initializers = {t.name: t for t in model.graph.initializer}
-    fixed = set()
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        dim = value.type.tensor_type.shape.dim[0]
-        if dim.HasField("dim_value"):
-            fixed.add(dim.dim_value)
-        dim.dim_param = "batch"
-    for node in model.graph.node:
-        target = initializers.get(node.input[1]) if node.op_type == "Reshape" else None
-        if target is not None:
-            shape = numpy_helper.to_array(target).copy()
-            if shape.size and int(shape[0]) in fixed:
-                shape[0] = 0
-                target.CopyFrom(numpy_helper.from_array(shape, target.name))
-    return model.SerializeToString()
 
 
 def gpt2_medium(batch: int) -> ModelGraph:

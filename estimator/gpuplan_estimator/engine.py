@@ -70,9 +70,18 @@ def training_settings(t: api.TrainingRequest, batch: int) -> TrainingSettings:
 def _estimates_at(model: bytes, t: api.TrainingRequest, batch: int,
                   specs: Sequence[devices.DeviceSpec], ctx: EngineContext
                   ) -> tuple[int, Sequence[estimate_mod.DeviceEstimate]]:
-    """Estimates at `batch`, or at the model's own batch when its batch dim is fixed."""
+    """Estimates at `batch`. A model exported with a fixed batch is re-batched (its leading
+    dim made symbolic); when that does not parse, it is estimated at its own batch and the
+    planner scales per sample."""
     g = graph.load_model(model, batch=batch, dim_bindings=dict(t.dims))
     actual = cli.model_batch(g, None)
+    if actual != batch:
+        try:
+            g = graph.load_model(graph.symbolic_batch(model), batch=batch,
+                                 dim_bindings=dict(t.dims))
+            actual = cli.model_batch(g, None)
+        except GpuplanError:
+            g = graph.load_model(model, batch=batch, dim_bindings=dict(t.dims))
     settings = training_settings(t, actual)
     return actual, estimate_mod.estimate(g, specs, settings, predictor=ctx.predictor)
 

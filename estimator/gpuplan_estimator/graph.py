@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import onnx
 import zstandard
 from google.protobuf.message import DecodeError
-from onnx import ModelProto, TensorProto, helper, shape_inference
+from onnx import ModelProto, TensorProto, helper, numpy_helper, shape_inference
 
 from gpuplan_estimator import errors, fusion, graph_layers
 from gpuplan_estimator.layers import DTYPE_BYTES, ModelGraph, TensorInfo
@@ -342,3 +342,30 @@ def _replace_initializers(graph: onnx.GraphProto, threshold_elements: int) -> No
     nodes = replaced + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
+
+
+def symbolic_batch(data: bytes) -> bytes:
+    """Make a fixed-batch model's leading input dim symbolic (``batch``).
+
+    Reshape targets that hard-code the batch in their first entry get 0 there, ONNX's "copy
+    this dim from the input". The planner uses it to estimate a model exported at batch 1 at
+    the per-GPU batches it considers.
+    """
+    model = _parse(data, "<model>")
+    initializers = {t.name: t for t in model.graph.initializer}
+    fixed = set()
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        dim = value.type.tensor_type.shape.dim[0]
+        if dim.HasField("dim_value"):
+            fixed.add(dim.dim_value)
+        dim.dim_param = "batch"
+    for node in model.graph.node:
+        target = initializers.get(node.input[1]) if node.op_type == "Reshape" else None
+        if target is not None:
+            shape = numpy_helper.to_array(target).copy()
+            if shape.size and int(shape[0]) in fixed:
+                shape[0] = 0
+                target.CopyFrom(numpy_helper.from_array(shape, target.name))
+    return model.SerializeToString()

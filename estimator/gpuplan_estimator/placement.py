@@ -204,7 +204,7 @@ def evaluate(
         gpu_type=pool.gpu_type,
         device_key=pool.device_key,
         gpu_count=gpu_count,
-        gpus_per_node=pool.gpus_per_node,
+        gpus_per_node=min(gpu_count, pool.gpus_per_node),  # GPUs each pod of the job uses
         nodes=nodes,
         per_gpu_batch=per_gpu_batch,
         step_time_ms=step_ms,

@@ -60,12 +60,13 @@ def create_model_configmap(core_v1: Any, namespace: str, name: str = "resnet50-o
 
 
 def trainingjob(name: str, *, deadline: str = "4h", max_gpus: int = 8,
+                prefer: str = "cheapest",
                 gpu_types: list[str] | None = None, succeed_after: str = "3s",
                 config_map: str = "resnet50-onnx") -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"onnx": {"configMapKeyRef": {"name": config_map, "key": "model.onnx"}}},
         "training": {"batchSize": 256, "datasetSize": 1_281_167, "epochs": 1},
-        "objective": {"prefer": "cheapest", "deadline": deadline, "maxGpus": max_gpus},
+        "objective": {"prefer": prefer, "deadline": deadline, "maxGpus": max_gpus},
         "template": {"metadata": {"annotations": {"testbed.io/succeed-after": succeed_after}},
                      "spec": {"containers": [{"name": "trainer", "image": "trainer:test"}]}},
     }

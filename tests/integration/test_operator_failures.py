@@ -13,14 +13,14 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import operator_harness as h
-from operator_estimator_standin import StandinEstimator
+from estimator_server import EstimatorServer
 
 EXAMPLES = sorted((h.ROOT / "docs" / "examples").glob("*.yaml"))
 
 
 @pytest.fixture
-def estimator() -> Iterator[StandinEstimator]:
-    est = StandinEstimator().start()
+def estimator() -> Iterator[EstimatorServer]:
+    est = EstimatorServer().start()
     yield est
     est.stop()
 
@@ -34,7 +34,7 @@ def tjs(testbed: Any, kubectl: Any, api_client: Any, namespace: str) -> h.Traini
 @pytest.mark.slow
 def test_bad_model_is_invalid_model_and_launches_nothing(
         monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
-        batch_v1: Any, estimator: StandinEstimator, wait_for: Any) -> None:
+        batch_v1: Any, estimator: EstimatorServer, wait_for: Any) -> None:
     h.create_model_configmap(core_v1, namespace, name="junk", data=b"\x08\x01not an onnx graph")
     with h.run_operator(monkeypatch, namespace, estimator.url):
         tjs.create(h.trainingjob("bad", config_map="junk"))
@@ -48,7 +48,7 @@ def test_bad_model_is_invalid_model_and_launches_nothing(
 @pytest.mark.slow
 def test_no_feasible_plan_names_a_reason_per_gpu_type(
         monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
-        batch_v1: Any, estimator: StandinEstimator, wait_for: Any) -> None:
+        batch_v1: Any, estimator: EstimatorServer, wait_for: Any) -> None:
     h.create_model_configmap(core_v1, namespace)
     with h.run_operator(monkeypatch, namespace, estimator.url):
         tjs.create(h.trainingjob("tight", deadline="1s", max_gpus=1))
@@ -71,7 +71,7 @@ def test_estimator_down_retries_then_recovers_and_replans_spec_changes(
         assert (cond["status"], cond["reason"]) == ("False", "EstimatorUnavailable")
         assert not h.jobs_of(batch_v1, namespace, "later")
         tjs.patch_spec("later", {"training": {"epochs": 2}})  # before launch: re-planned
-        est = StandinEstimator(port).start()
+        est = EstimatorServer(port).start()
         try:
             wait_for(lambda: tjs.condition("later", "Launched"), 60, "launch after recovery")
         finally:
@@ -130,7 +130,7 @@ def model_http_url(tmp_path: pathlib.Path) -> Iterator[str]:
 @pytest.mark.slow
 def test_model_url_guard_blocks_loopback_unless_allowed(
         monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs,
-        estimator: StandinEstimator, model_http_url: str, wait_for: Any) -> None:
+        estimator: EstimatorServer, model_http_url: str, wait_for: Any) -> None:
     def by_url(name: str) -> dict[str, Any]:
         body = h.trainingjob(name)
         body["spec"]["model"] = {"onnx": {"url": model_http_url}}

@@ -106,3 +106,7 @@ def test_cost_is_gpu_hours_times_price() -> None:
     assert isinstance(out, placement.Candidate)
     assert out.cost_usd == pytest.approx(out.estimated_seconds / 3600 * 2 * 4.0)
     assert out.per_gpu_batch == math.ceil(64 / 2)
+    assert (out.gpus_per_node, out.nodes) == (2, 1)
+    multi = placement.evaluate(FAST, POOLS[0], SHAPE, 16, NO_COMM)
+    assert isinstance(multi, placement.Candidate)
+    assert (multi.gpus_per_node, multi.nodes) == (8, 2)

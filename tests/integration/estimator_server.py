@@ -1,0 +1,61 @@
+"""The real estimator service (`gpuplan_estimator.service`) on 127.0.0.1 in a background thread.
+
+Integration tests of the operator talk to it over HTTP exactly as in a cluster; the service runs
+the real graph parser, estimator and planner with the shipped model bundle. Requests to
+`/v1/plans` are recorded so tests can assert what the operator sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+from aiohttp import web
+from gpuplan_estimator import service, serve_cli
+
+Handler = Any
+
+
+class EstimatorServer:
+    """`gpuplan serve` in-process; `port=0` picks a free port."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.port = port
+        self.requests: list[dict[str, Any]] = []
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/v1/plans":
+            self.requests.append(json.loads(await request.read()))
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def _start(self) -> None:
+        state = service.ServiceState(lambda: serve_cli.load_context(None))
+        app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600))
+        app.middlewares.insert(0, self._record)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    def start(self) -> EstimatorServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=60)
+        return self
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)

@@ -13,7 +13,8 @@ import threading
 from typing import Any
 
 from aiohttp import web
-from gpuplan_estimator import service, serve_cli
+
+from gpuplan_estimator import serve_cli, service
 
 Handler = Any
 

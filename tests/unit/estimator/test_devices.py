@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,9 @@ MEASURED = {
     "NVIDIA A100 80GB PCIe": (80, 1935, 108, 64, 1410, 19492, 40),
 }
 
-SHARED_DEVICES = Path("/work/shared/data/gpu-ops/devices")
+SHARED_DEVICES = Path(os.environ.get("GPUPLAN_SHARED_DATA",
+                           Path(__file__).resolve().parents[3].parent / "shared" / "data")
+                      ) / "gpu-ops" / "devices"
 
 
 @pytest.fixture(scope="module")

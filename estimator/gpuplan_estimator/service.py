@@ -50,7 +50,8 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.requests = Counter(
-            "gpuplan_estimator_requests_total", "Estimator HTTP requests",
+            # The operator exports gpuplan_estimator_requests_total (its calls, by outcome).
+            "gpuplan_estimator_http_requests_total", "Estimator HTTP requests served",
             ["endpoint", "code"], registry=registry,
         )
         self.latency = Histogram(

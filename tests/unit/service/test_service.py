@@ -164,7 +164,7 @@ def test_health_models_and_metrics() -> None:
         assert models["source"] == "roofline"
         await client.post("/v1/plans", json=plan_body(inventory=[]))
         text = await (await client.get("/metrics")).text()
-        assert 'gpuplan_estimator_requests_total{code="422",endpoint="/v1/plans"} 1.0' in text
+        assert 'gpuplan_estimator_http_requests_total{code="422",endpoint="/v1/plans"} 1.0' in text
 
     run(check)
 

@@ -211,16 +211,28 @@ def _elementwise(
             items.append(_item(fwd, "elementwise", {"rows": rows, "cols": cols, "operands": 1},
                                "dgrad", precision, op="neg"))
         else:
-            # dY and one saved operand (X for a unary op, the other input for Mul, cond for
-            # Where) per gradient.
             items.append(_item(fwd, "elementwise",
-                               {"rows": rows, "cols": cols, "operands": 2},
+                               {"rows": rows, "cols": cols,
+                                "operands": _dgrad_operands(layer, i, out_elements)},
                                "dgrad", precision, op=f"{fwd.op}_grad"))
         if 0 < tensor.elements < out_elements:  # broadcast input: its gradient is summed
             items.append(_item(fwd, "reduce", {"rows": tensor.elements,
                                                "cols": out_elements // tensor.elements},
                                "bgrad", precision, op="ReduceSum", family=OpFamily.REDUCTION))
     return items
+
+
+def _dgrad_operands(layer: Layer, i: int, out_elements: int) -> int:
+    """dY plus the saved full-size operands input `i`'s gradient reads.
+
+    A unary op (or one whose other inputs are scalars) reads X; otherwise the gradient reads
+    the other inputs (the factor of a Mul, cond of a Where), and a broadcast one (a mask
+    [B,1,1,S], a per-channel scale) is nearly free, as in the forward pass.
+    """
+    others = [t for j, t in enumerate(layer.inputs) if j != i and t.elements > 1]
+    if not others:
+        return 2
+    return 1 + sum(1 for t in others if t.elements >= out_elements)
 
 
 def _reduce(layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str) -> list[WorkItem]:

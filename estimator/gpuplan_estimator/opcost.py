@@ -316,10 +316,20 @@ def kernel_dims(layer: Layer) -> tuple[str, dict[str, int]]:
     if family is _F.ELEMENTWISE:
         out = layer.outputs[0]
         cols = out.shape[-1] if out.shape else 1
-        operands = sum(1 for t in layer.inputs if t.elements > 1) or 1
         return "elementwise", {"rows": out.elements // max(cols, 1), "cols": cols,
-                               "operands": operands}
+                               "operands": full_size_operands(layer.inputs, out)}
     return "memcpy", {"elements": sum(t.elements for t in layer.outputs)}
+
+
+def full_size_operands(inputs: Sequence[TensorInfo], out: TensorInfo) -> int:
+    """Inputs as large as the output; at least 1.
+
+    A broadcast operand (bias [C], attention mask [B,1,1,S], a scalar) is read once per
+    distinct element and then served from cache, so it costs about what the scalar of a
+    tensor-scalar benchmark (``addu``: operands=1) costs. Broadcast shapes divide the output
+    size, so anything smaller is at most half of it.
+    """
+    return max(1, sum(1 for t in inputs if t.elements >= out.elements > 1))
 
 
 def _spatial_2d(shape: Sequence[int]) -> tuple[int, int]:

@@ -118,7 +118,8 @@ def test_pooling_norm_softmax_elementwise_reduction() -> None:
     assert opcost.kernel_dims(old) == ("softmax", {"rows": 2, "cols": 21})
     add = layer("Add", [t((4, 5)), t((5,))], [t((4, 5))])
     assert (add.flops, add.bytes_read, add.bytes_written) == (20, 4 * 25, 4 * 20)
-    assert opcost.kernel_dims(add) == ("elementwise", {"rows": 4, "cols": 5, "operands": 2})
+    # The broadcast bias [5] is read (bytes) but is no full-size operand: like `addu`.
+    assert opcost.kernel_dims(add) == ("elementwise", {"rows": 4, "cols": 5, "operands": 1})
     assert layer("Tanh", [t((4, 5))], [t((4, 5))]).flops == 20 * 6
     red = layer("ReduceMean", [t((4, 5, 6))], [t((4, 1, 6))], {"axes": [1]})
     assert red.flops == 120
@@ -138,3 +139,24 @@ def test_data_movement_and_shape_only_bytes() -> None:
                 *opcost.node_bytes("Gather", OpFamily.EMBEDDING, [table, idx], [out]), 8000)
     assert emb.bytes_read == 6 * 8 + 48 * 4
     assert opcost.kernel_dims(emb) == ("memcpy", {"elements": 48})
+
+
+def test_elementwise_operands_count_only_full_size_inputs() -> None:
+    # Attention mask: scores [2,12,128,128] + mask [2,1,1,128] -> one full-size operand; bytes
+    # still read the mask once: 4 * (2*12*128*128 + 2*128) in, 4 * 2*12*128*128 out.
+    scores, mask = t((2, 12, 128, 128)), t((2, 1, 1, 128))
+    add = layer("Add", [scores, mask], [t((2, 12, 128, 128))])
+    assert (add.bytes_read, add.bytes_written) == (4 * (393216 + 256), 4 * 393216)
+    assert opcost.kernel_dims(add) == ("elementwise",
+                                       {"rows": 2 * 12 * 128, "cols": 128, "operands": 1})
+    # Causal Where(cond [1,1,128,128] bool, x, -inf scalar): x is the only full-size operand.
+    where = layer("Where", [t((1, 1, 128, 128), "bool"), scores, t(())], [t((2, 12, 128, 128))])
+    assert opcost.kernel_dims(where)[1]["operands"] == 1
+    # Residual add of two full tensors: two operands; three-way Sum: three.
+    res = layer("Add", [t((8, 768)), t((8, 768))], [t((8, 768))])
+    assert opcost.kernel_dims(res)[1] == {"rows": 8, "cols": 768, "operands": 2}
+    three = layer("Sum", [t((8, 768))] * 3, [t((8, 768))])
+    assert opcost.kernel_dims(three)[1]["operands"] == 3
+    # Outer broadcast [4,1] * [1,5]: neither input is full-size; still one pass (operands 1).
+    outer = layer("Mul", [t((4, 1)), t((1, 5))], [t((4, 5))])
+    assert opcost.kernel_dims(outer)[1] == {"rows": 4, "cols": 5, "operands": 1}

@@ -232,3 +232,19 @@ def test_elementwise_add_passes_gradient_and_reduces_broadcast_bias() -> None:
 def test_unknown_kernel_cost_is_an_error() -> None:
     with pytest.raises(ValueError, match="pool"):
         backward.kernel_cost("pool", {}, 4)
+
+
+def test_elementwise_gradient_reads_broadcast_operands_for_free() -> None:
+    # scale: z [64,16] * gamma [16]; dz = dY * gamma (gamma broadcast -> operands 1),
+    # dgamma = reduce(dY * z) (z full-size -> operands 2), then the [16] column sum.
+    g = graph(
+        layer("mm", "MatMul", [t("x", 64, 32), t("w", 32, 16)], [t("z", 64, 16)], params=["w"]),
+        layer("scale", "Mul", [t("z", 64, 16), t("gamma", 16)], [t("s", 64, 16)],
+              params=["gamma"]),
+        layer("act", "Tanh", [t("s", 64, 16)], [t("a", 64, 16)]),
+    )
+    step = build_step(g, settings(batch_size=64))
+    assert [(i.kernel, i.dims.get("operands")) for i in by_layer(step.backward, "scale")] == [
+        ("elementwise", 1), ("elementwise", 2), ("reduce", None)]
+    assert [dict(i.dims) for i in by_layer(step.backward, "act")] == [
+        {"rows": 64, "cols": 16, "operands": 2}]  # unary: dY and X

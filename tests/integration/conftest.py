@@ -1,16 +1,24 @@
 """Integration tests: everything under tests/integration is marked `integration` automatically.
 
 The cluster fixtures (`testbed`, `namespace`, `kubectl`, `api_client`, `core_v1`, `batch_v1`,
-`wait_for`) come from tests/conftest.py; see docs/testbed.md.
+`wait_for`) come from tests/conftest.py; see docs/testbed.md. The operator tests' `estimator`
+(the real estimator service on a free port) and `tjs` (TrainingJob client, CRD installed) are here.
 """
 
 from __future__ import annotations
 
 import pathlib
+import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import operator_harness as h  # noqa: E402
+from estimator_server import EstimatorServer  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -18,3 +26,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in pathlib.Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def estimator() -> Iterator[EstimatorServer]:
+    est = EstimatorServer().start()
+    yield est
+    est.stop()
+
+
+@pytest.fixture
+def tjs(testbed: Any, kubectl: Any, api_client: Any, namespace: str) -> h.TrainingJobs:
+    h.install_crd(kubectl)
+    return h.TrainingJobs(api_client, namespace)

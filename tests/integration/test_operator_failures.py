@@ -18,19 +18,6 @@ from estimator_server import EstimatorServer
 EXAMPLES = sorted((h.ROOT / "docs" / "examples").glob("*.yaml"))
 
 
-@pytest.fixture
-def estimator() -> Iterator[EstimatorServer]:
-    est = EstimatorServer().start()
-    yield est
-    est.stop()
-
-
-@pytest.fixture
-def tjs(testbed: Any, kubectl: Any, api_client: Any, namespace: str) -> h.TrainingJobs:
-    h.install_crd(kubectl)
-    return h.TrainingJobs(api_client, namespace)
-
-
 @pytest.mark.slow
 def test_bad_model_is_invalid_model_and_launches_nothing(
         monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,

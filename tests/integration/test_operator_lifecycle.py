@@ -5,7 +5,6 @@ from __future__ import annotations
 import pathlib
 import sys
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,19 +15,6 @@ import operator_harness as h
 from estimator_server import EstimatorServer
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def estimator() -> Iterator[EstimatorServer]:
-    est = EstimatorServer().start()
-    yield est
-    est.stop()
-
-
-@pytest.fixture
-def tjs(testbed: Any, kubectl: Any, api_client: Any, namespace: str) -> h.TrainingJobs:
-    h.install_crd(kubectl)
-    return h.TrainingJobs(api_client, namespace)
 
 
 def test_resnet50_is_planned_launched_and_measured(

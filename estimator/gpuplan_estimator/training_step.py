@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpuplan_estimator import backward
+from gpuplan_estimator import framework as frameworks
 from gpuplan_estimator.errors import InvalidRequestError
 from gpuplan_estimator.layers import DTYPE_BYTES, Layer, ModelGraph, OpFamily
 from gpuplan_estimator.workload import Phase, WorkItem
@@ -93,6 +94,9 @@ class TrainingSettings:
     optimizer: str = "adam"
     precision: str = "fp32"
     """fp32, tf32 (float32 tensors, TF32 tensor-core math), fp16 or bf16 (mixed precision)."""
+    framework: str = frameworks.PYTORCH_EAGER
+    """How fusion units run: "pytorch-eager" (one kernel per node, as the GPU data was
+    measured) or "onnxruntime" (inference with its default graph fusions; see `framework`)."""
 
     def validate(self) -> tuple[str, ...]:
         """Every problem as "field: message"; empty when valid."""
@@ -107,6 +111,12 @@ class TrainingSettings:
             errors.append(
                 f"precision: must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
             )
+        if self.framework not in frameworks.FRAMEWORKS:
+            errors.append(f"framework: must be one of {', '.join(frameworks.FRAMEWORKS)}, "
+                          f"got {self.framework!r}")
+        elif self.framework == frameworks.ONNXRUNTIME and self.mode != "inference":
+            errors.append("framework: onnxruntime is priced for inference only (it folds "
+                          "BatchNorm into conv weights), set mode to inference")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
             errors.append(f"batch_size: must be an integer, got {self.batch_size!r}")
         elif self.batch_size <= 0:
@@ -145,6 +155,7 @@ class StepWork:
     backward: tuple[WorkItem, ...]
     optimizer: tuple[WorkItem, ...]
     shape_only: tuple[str, ...] = ()  # layers that cost nothing (kernel "none")
+    fused: tuple[str, ...] = ()  # layers the framework folds into another layer's kernel
     no_grad: tuple[str, ...] = ()  # layers skipped in backward: no input needs a gradient
     parameter_count: int = 0
     attributes: Mapping[str, str] = field(default_factory=dict)
@@ -169,7 +180,17 @@ def build_step(
     backward_items: list[WorkItem] = []
     shape_only: list[str] = []
     no_grad: list[str] = []
+    fused: list[str] = []
+    overrides = frameworks.overrides(graph, settings.framework)
     for layer in graph.layers:
+        if layer.name in overrides:
+            unit_kernel = overrides[layer.name]
+            if unit_kernel is None:
+                fused.append(layer.name)
+                forward.append(forward_item(layer, ("none", {}), settings, role="fused"))
+            else:
+                forward.append(unit_item(layer, unit_kernel, settings))
+            continue  # overrides exist for inference only (checked by `settings.check`)
         item = forward_item(layer, dims_of(layer), settings)
         forward.append(item)
         if item.kernel == "none":
@@ -188,6 +209,7 @@ def build_step(
         backward=tuple(backward_items),
         optimizer=optimizer,
         shape_only=tuple(shape_only),
+        fused=tuple(fused),
         no_grad=tuple(no_grad),
         parameter_count=graph.parameter_count,
     )
@@ -204,13 +226,17 @@ def gradient_tensors(graph: ModelGraph) -> frozenset[str]:
     return frozenset(needs)
 
 
-def forward_item(layer: Layer, kernel_and_dims: KernelDims, settings: TrainingSettings) -> WorkItem:
+def forward_item(
+    layer: Layer, kernel_and_dims: KernelDims, settings: TrainingSettings,
+    role: str = "shape_only",
+) -> WorkItem:
+    """The forward item of `layer`; `role` labels a free ("none") item."""
     kernel, dims = kernel_and_dims
     if layer.family is OpFamily.SHAPE_ONLY or kernel == "none":
         return WorkItem(
             layer=layer.name, family=layer.family, kernel="none", phase=Phase.FORWARD,
             dims=MappingProxyType(dict(dims)), dtype=item_dtype(layer, settings), flops=0,
-            bytes_moved=0, op=layer.op_type, role="shape_only",
+            bytes_moved=0, op=layer.op_type, role=role,
         )
     return WorkItem(
         layer=layer.name,
@@ -224,6 +250,22 @@ def forward_item(layer: Layer, kernel_and_dims: KernelDims, settings: TrainingSe
         op=backward.op_name(layer),
         role="fwd",
         attributes=backward.math_attributes(kernel, settings.precision),
+    )
+
+
+def unit_item(
+    layer: Layer, unit_kernel: frameworks.UnitKernel, settings: TrainingSettings
+) -> WorkItem:
+    """The one kernel of a fused unit, attributed to `layer` (the unit's sink or main layer)."""
+    family = {"gemm": OpFamily.MATMUL, "layernorm": OpFamily.NORMALIZATION,
+              "softmax": OpFamily.SOFTMAX}.get(unit_kernel.kernel, OpFamily.ELEMENTWISE)
+    return WorkItem(
+        layer=layer.name, family=family, kernel=unit_kernel.kernel, phase=Phase.FORWARD,
+        dims=MappingProxyType(dict(unit_kernel.dims)), dtype=settings.compute_dtype,
+        flops=unit_kernel.flops,
+        bytes_moved=unit_kernel.elements_moved * settings.activation_bytes,
+        op=unit_kernel.op, role="fused_unit",
+        attributes=backward.math_attributes(unit_kernel.kernel, settings.precision),
     )
 
 

@@ -21,6 +21,7 @@ from onnx import numpy_helper
 
 from gpuplan_estimator import errors, estimate, graph
 from gpuplan_estimator.devices import DeviceSpec
+from gpuplan_estimator.framework import ONNXRUNTIME
 from gpuplan_estimator.predictors import LatencyPredictor
 from gpuplan_estimator.training_step import TrainingSettings
 
@@ -139,7 +140,8 @@ def evaluate_model(
     data = proto.SerializeToString()
     name = path.stem.removeprefix("light_")
     g = graph.load_model(data, name=name)
-    (est,) = estimate.estimate(g, [device], TrainingSettings(batch_size=batch, mode="inference"),
+    (est,) = estimate.estimate(g, [device], TrainingSettings(
+        batch_size=batch, mode="inference", framework=ONNXRUNTIME),
                                predictor=predictor)
     measured = measure_ms(data, settings)
     main = max(est.predictor.items(), key=lambda kv: kv[1])[0] if est.predictor else "none"

@@ -1,0 +1,120 @@
+"""Pure: how a framework runs the fusion units `fusion` found, as kernel overrides per layer.
+
+PyTorch eager (the framework of the measured GPU data) runs every ONNX node as its own kernel,
+so it needs no overrides. onnxruntime's default graph optimisations (ORT_ENABLE_ALL) rewrite
+the graph at session load:
+
+- Conv+BatchNormalization: the BN is folded into the conv weights and bias (inference only);
+  Conv+activation runs as one FusedConv. The conv kernel is unchanged, the rest is free.
+- MatMul+Add(bias)[+activation]: one Gemm / FusedMatMul with the bias (and activation) in its
+  epilogue.
+- The decomposed GELU (Div/Erf/Add/Mul/Mul) becomes one Gelu kernel; the decomposed
+  LayerNorm (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div[/Mul/Add]) one LayerNormalization;
+  the decomposed softmax (ReduceMax/Sub/Exp/ReduceSum/Div) one Softmax.
+
+Attention (MatMul/scale/mask/Softmax) is only fused by the separate transformers optimizer,
+so it keeps its per-node kernels here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpuplan_estimator import opcost
+from gpuplan_estimator.errors import InvalidRequestError
+from gpuplan_estimator.layers import Layer, ModelGraph
+
+PYTORCH_EAGER = "pytorch-eager"
+ONNXRUNTIME = "onnxruntime"
+FRAMEWORKS = (PYTORCH_EAGER, ONNXRUNTIME)
+
+# Per-element FLOP conventions of the fused kernels, matching `opcost`'s single-op tables.
+GELU_FLOPS_PER_ELEMENT = 8
+LAYERNORM_FLOPS_PER_ELEMENT = 8
+
+
+@dataclass(frozen=True)
+class UnitKernel:
+    """The one kernel a fused unit runs, priced on its sink layer."""
+
+    kernel: str
+    dims: Mapping[str, int]
+    op: str
+    flops: int
+    elements_moved: int  # read + written, in elements of the activation dtype
+
+
+# A layer name maps to its replacement kernel, or to None when its work is folded into
+# another member's kernel (it costs nothing).
+Overrides = Mapping[str, UnitKernel | None]
+
+
+def overrides(graph: ModelGraph, framework: str) -> Overrides:
+    """Kernel overrides of `framework` for the fusion units of `graph`."""
+    if framework == PYTORCH_EAGER:
+        return {}
+    if framework != ONNXRUNTIME:
+        raise InvalidRequestError(
+            "framework", f"must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+    by_name = {layer.name: layer for layer in graph.layers}
+    out: dict[str, UnitKernel | None] = {}
+    for unit in graph.units:
+        members = [by_name[name] for name in unit.layer_names if name in by_name]
+        if len(members) != len(unit.layer_names) or len(members) < 2:
+            continue
+        out.update(_unit_overrides(unit.pattern, members))
+    return out
+
+
+def _unit_overrides(pattern: str, members: list[Layer]) -> dict[str, UnitKernel | None]:
+    if pattern.startswith(("conv", "matmul")):
+        main = members[0]
+        folded: dict[str, UnitKernel | None] = dict.fromkeys(
+            (m.name for m in members[1:]), None)
+        if pattern.startswith("matmul_bias") and main.op_type == "MatMul":
+            folded[main.name] = _gemm_with_bias(main, members[1])
+        return folded
+    fused = {"gelu": _gelu, "layernorm": _layernorm, "softmax": _softmax}.get(pattern)
+    if fused is None:  # attention_scores and future patterns: per-node kernels
+        return {}
+    sink = members[-1]
+    result: dict[str, UnitKernel | None] = dict.fromkeys((m.name for m in members[:-1]), None)
+    result[sink.name] = fused(members)
+    return result
+
+
+def _gemm_with_bias(matmul: Layer, add: Layer) -> UnitKernel:
+    kernel, dims = opcost.kernel_dims(matmul)
+    out = matmul.outputs[0].elements
+    moved = sum(t.elements for t in matmul.inputs) + out + min(t.elements for t in add.inputs)
+    return UnitKernel(kernel, {**dims, "bias": 1}, "Gemm", matmul.flops + out, moved)
+
+
+def _rows_cols(layer: Layer) -> tuple[int, int]:
+    """Rows and last-axis columns of the unit's input: the largest input of its first member
+    (x of ``Mul(0.5, x)`` as well as of ``ReduceMean(x)``)."""
+    x = max(layer.inputs, key=lambda t: t.elements)
+    cols = x.shape[-1] if x.shape else 1
+    return x.elements // max(cols, 1), cols
+
+
+def _gelu(members: list[Layer]) -> UnitKernel:
+    rows, cols = _rows_cols(members[0])
+    n = rows * cols
+    return UnitKernel("elementwise", {"rows": rows, "cols": cols, "operands": 1}, "gelu",
+                      GELU_FLOPS_PER_ELEMENT * n, 2 * n)
+
+
+def _layernorm(members: list[Layer]) -> UnitKernel:
+    rows, cols = _rows_cols(members[0])
+    n = rows * cols
+    return UnitKernel("layernorm", {"rows": rows, "cols": cols}, "LayerNormalization",
+                      LAYERNORM_FLOPS_PER_ELEMENT * n, 2 * n + 2 * cols)
+
+
+def _softmax(members: list[Layer]) -> UnitKernel:
+    rows, cols = _rows_cols(members[0])
+    n = rows * cols
+    return UnitKernel("softmax", {"rows": rows, "cols": cols}, "Softmax",
+                      opcost.SOFTMAX_FLOPS_PER_ELEMENT * n, 2 * n)

@@ -3,7 +3,7 @@
     .venv/bin/python hack/bench_operator_apply.py [--jobs 50]
 
 Uses the local testbed (reuses a running one, else starts it and stops it afterwards), the real
-operator under KopfRunner and the test-fixture estimator stand-in from tests/integration. Times
+operator under KopfRunner and the real estimator service (tests/integration/estimator_server.py). Times
 are wall-clock on this machine, measured client-side: from the create call returning to the
 first observation of `Estimated=True` (and `Launched=True` for the total).
 """
@@ -27,7 +27,7 @@ import gpuplan_testbed as runner  # noqa: E402
 import operator_harness as h  # noqa: E402
 import pytest  # noqa: E402
 from kubernetes import client, config  # noqa: E402
-from operator_estimator_standin import StandinEstimator  # noqa: E402
+from estimator_server import EstimatorServer  # noqa: E402
 from testbed_pytest import Kubectl  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def run(jobs: int, state: dict[str, Any]) -> dict[str, float]:
     core.create_namespace({"metadata": {"name": ns}}, _request_timeout=30)
     tjs = h.TrainingJobs(api, ns)
     h.create_model_configmap(core, ns)
-    est = StandinEstimator().start()
+    est = EstimatorServer().start()
     created: dict[str, float] = {}
     planned: dict[str, float] = {}
     launched: dict[str, float] = {}

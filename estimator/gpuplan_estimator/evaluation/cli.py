@@ -163,10 +163,17 @@ def notes(fitted: bundle.Bundle) -> tuple[str, ...]:
         "backward with `e2e_latency_ms` (the labels exclude the optimizer step).",
         "`/compiled` rows are torch.compile runs, predicted as eager (no fusion flag yet).",
         "Intervals: sum of per-layer P10/P90 (quantile LightGBM); the roofline has none.",
-        "CPU: " + ("the bundle has a CPU backend." if has_cpu else
+        "CPU: " + ("the bundle has CPU op models (onnxruntime backend)."
+                   if has_cpu else
                    "the bundle has no CPU latency model, so CPU items fall back to the "
                    "roofline of the calibrated host (labelled `roofline:*`)."),
         "CPU training step (torch backend) is not measured: torch is not installed here.",
+        "CPU loop is priced with `framework=onnxruntime` (its default graph fusions: "
+        "BatchNorm folded into conv weights, Conv/Gemm+activation and MatMul+bias as one "
+        "kernel, decomposed GELU/LayerNorm/softmax as one kernel); GPU rows with "
+        "`pytorch-eager` (one kernel per node, as the op data was measured).",
+        "Elementwise ops count only full-size inputs as operands: a broadcast bias or "
+        "attention mask is priced like the scalar of a tensor-scalar op.",
     )
 
 

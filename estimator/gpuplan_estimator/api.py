@@ -231,3 +231,42 @@ def plan_json(result: Plan, *, max_candidates: int = 20) -> dict[str, Any]:
 
 def error_json(reason: str, message: str, details: list[str] | None = None) -> dict[str, Any]:
     return {"error": {"reason": reason, "message": message, "details": details or []}}
+
+
+@dataclass(frozen=True)
+class OutcomeRequest:
+    """A finished job, reported by the operator: the calibration sample of a plan."""
+
+    job_uid: str
+    gpu_type: str
+    gpu_count: int
+    estimated_seconds: float
+    actual_seconds: float
+    model_digest: str = ""
+
+
+def parse_outcome_request(body: Any) -> OutcomeRequest:
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("body", "must be a JSON object")
+    errs = _Errors()
+    texts = {}
+    for key in ("job_uid", "gpu_type"):
+        value = body.get(key)
+        if not isinstance(value, str) or not value:
+            errs.add(key, "is required (non-empty string)")
+        texts[key] = str(value or "")
+    seconds: dict[str, float | None] = {}
+    for key in ("estimated_seconds", "actual_seconds"):
+        if body.get(key) is None:
+            errs.add(f"outcome.{key}", "is required")
+        seconds[key] = _positive_float(body, key, "outcome", errs)
+    digest = body.get("model_digest", "")
+    outcome = OutcomeRequest(
+        job_uid=texts["job_uid"], gpu_type=texts["gpu_type"],
+        gpu_count=_int(body, "gpu_count", "outcome", errs),
+        estimated_seconds=seconds["estimated_seconds"] or 0.0,
+        actual_seconds=seconds["actual_seconds"] or 0.0,
+        model_digest=digest if isinstance(digest, str) else "",
+    )
+    errs.raise_if_any()
+    return outcome

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from gpuplan_estimator import api, cli, devices, engine
+from gpuplan_estimator import api, cli, devices, engine, service
 
 
 def load_context(bundle_dir: str | None) -> engine.EngineContext:
@@ -30,6 +30,8 @@ def register(sub: Any) -> None:
     s.add_argument("--max-body-bytes", type=cli.positive_int, default=64 * 2**20)
     s.add_argument("--bundle-poll", type=float, default=30.0, metavar="SECONDS",
                    help="how often to look for a newer bundle")
+    s.add_argument("--db", help="performance database URL for job outcomes "
+                   "(default: $GPUPLAN_DB_URL, else SQLite in the data dir)")
     s.set_defaults(func=run_serve)
 
     p = sub.add_parser("plan", help="choose GPU type and count for a model and an objective")
@@ -51,10 +53,25 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run_plan)
 
 
+def perfdb_outcome_sink(db_url: str | None) -> service.OutcomeSink:
+    """Job outcomes go to the performance database, opened on first use."""
+    from gpuplan_estimator.perfdb import PerfStore
+
+    stores: list[PerfStore] = []
+
+    def sink(req: api.OutcomeRequest, device: str) -> int:
+        if not stores:
+            stores.append(PerfStore.open(db_url))
+        return stores[0].record_job_outcome(
+            job_uid=req.job_uid, device=device, gpu_count=req.gpu_count,
+            estimated_seconds=req.estimated_seconds, actual_seconds=req.actual_seconds,
+            model_digest=req.model_digest)
+
+    return sink
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
-
-    from gpuplan_estimator import service
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = service.ServiceSettings(
@@ -63,7 +80,8 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     state = service.ServiceState(lambda: load_context(args.bundle))
     state.load()  # fail fast on a broken explicit bundle
-    web.run_app(service.make_app(state, settings), host=settings.host, port=settings.port)
+    app = service.make_app(state, settings, outcome_sink=perfdb_outcome_sink(args.db))
+    web.run_app(app, host=settings.host, port=settings.port)
     return 0
 
 

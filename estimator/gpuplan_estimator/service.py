@@ -84,10 +84,15 @@ def _json_error(status: int, reason: str, message: str, details: list[str] | Non
     return web.json_response(api.error_json(reason, message, details), status=status)
 
 
+OutcomeSink = Callable[[api.OutcomeRequest, str], int]
+"""Stores a finished job's outcome (with the canonical device key); returns the row id."""
+
+
 def make_app(
     state: ServiceState,
     settings: ServiceSettings = ServiceSettings(),
     registry: CollectorRegistry | None = None,
+    outcome_sink: OutcomeSink | None = None,
 ) -> web.Application:
     metrics = Metrics(registry or CollectorRegistry())
     executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="estimate")
@@ -153,6 +158,18 @@ def make_app(
             return _json_error(422, "InvalidRequest", str(exc))
         return await guarded(lambda ctx: engine.estimate_request(req, ctx))
 
+    async def outcomes(request: web.Request) -> web.Response:
+        context = state.context
+        if outcome_sink is None or context is None:
+            return _json_error(503, "NotReady", "no performance database configured")
+        try:
+            req = api.parse_outcome_request(await read_json(request))
+            device = context.catalog.resolve(req.gpu_type).key
+            row = await run_pure(lambda: outcome_sink(req, device))
+        except GpuplanError as exc:
+            return _json_error(422, "InvalidRequest", str(exc))
+        return web.json_response({"id": row, "device": device}, status=201)
+
     async def models(_: web.Request) -> web.Response:
         context = state.context
         if context is None:
@@ -190,6 +207,7 @@ def make_app(
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[observe])
     app.router.add_post("/v1/plans", plans)
     app.router.add_post("/v1/estimate", estimate)
+    app.router.add_post("/v1/outcomes", outcomes)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -11,6 +11,7 @@ import aiohttp
 
 from gpuplan_operator import errors, inventory, resources
 
+OUTCOMES_PATH = "/v1/outcomes"
 PLANS_PATH = "/v1/plans"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 SEQUENCE_DIM = "sequence"
@@ -129,3 +130,24 @@ def describe_rejections(details: Sequence[object]) -> str:
         else:
             lines.append(str(d))
     return "; ".join(lines)
+
+
+def build_outcome(*, job_uid: str, plan: resources.Plan, actual_seconds: float) -> dict[str, Any]:
+    """The calibration sample of a finished job (`POST /v1/outcomes`)."""
+    return {"job_uid": job_uid, "gpu_type": plan.gpu_type, "gpu_count": plan.gpu_count,
+            "estimated_seconds": plan.estimated_seconds, "actual_seconds": actual_seconds}
+
+
+async def report_outcome(base_url: str, body: Mapping[str, Any], *,
+                         timeout_seconds: float) -> None:
+    """POST a finished job's outcome; any failure is `EstimatorUnavailableError`."""
+    url = base_url.rstrip("/") + OUTCOMES_PATH
+    try:
+        async with aiohttp.ClientSession() as client, client.post(
+                url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_seconds)) as resp:
+            status = resp.status
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise errors.EstimatorUnavailableError(
+            f"estimator at {url} unavailable: {type(exc).__name__}: {exc}") from exc
+    if status != 201:
+        raise errors.EstimatorUnavailableError(f"estimator at {url} answered {status}")

@@ -210,3 +210,18 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     ctx.metrics.observe_finished(tj.namespace, tj.name, plan.gpu_type, outcome.actual.seconds,
                                  drift)
     tj.emit(warning=not outcome.succeeded, reason=reason, message=message)
+    if outcome.succeeded and outcome.actual.seconds > 0:
+        await _feed_back(ctx, tj, plan, outcome.actual.seconds)
+
+
+async def _feed_back(ctx: Context, tj: TrainingJobRef, plan: resources.Plan,
+                     actual_seconds: float) -> None:
+    """Send the outcome to the estimator as a calibration sample; losing one is not fatal."""
+    body = estimator_client.build_outcome(job_uid=tj.uid, plan=plan,
+                                          actual_seconds=actual_seconds)
+    try:
+        await estimator_client.report_outcome(
+            ctx.settings.estimator_url, body,
+            timeout_seconds=ctx.settings.estimator_timeout_seconds)
+    except errors.EstimatorUnavailableError as exc:
+        tj.emit(warning=True, reason="OutcomeNotRecorded", message=str(exc))

@@ -1,20 +1,25 @@
 """The real estimator service (`gpuplan_estimator.service`) on 127.0.0.1 in a background thread.
 
 Integration tests of the operator talk to it over HTTP exactly as in a cluster; the service runs
-the real graph parser, estimator and planner with the shipped model bundle. Requests to
-`/v1/plans` are recorded so tests can assert what the operator sent.
+the real graph parser, estimator and planner with the shipped model bundle, and stores job
+outcomes in a real SQLite performance database. Requests to `/v1/plans` are recorded so tests
+can assert what the operator sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from aiohttp import web
 
 from gpuplan_estimator import serve_cli, service
+from gpuplan_estimator.perfdb import PerfStore
 
 Handler = Any
 
@@ -25,6 +30,8 @@ class EstimatorServer:
     def __init__(self, port: int = 0) -> None:
         self.port = port
         self.requests: list[dict[str, Any]] = []
+        self._dir = tempfile.TemporaryDirectory(prefix="gpuplan-perfdb-")
+        self.db_url = f"sqlite:///{Path(self._dir.name) / 'perf.db'}"
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -42,7 +49,8 @@ class EstimatorServer:
 
     async def _start(self) -> None:
         state = service.ServiceState(lambda: serve_cli.load_context(None))
-        app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600))
+        app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600),
+                               outcome_sink=serve_cli.perfdb_outcome_sink(self.db_url))
         app.middlewares.insert(0, self._record)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
@@ -55,8 +63,13 @@ class EstimatorServer:
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=60)
         return self
 
+    def outcomes(self) -> pd.DataFrame:
+        """Job outcomes the operator reported, as stored in the performance database."""
+        return PerfStore.open(self.db_url).job_outcomes()
+
     def stop(self) -> None:
         if self._runner is not None:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        self._dir.cleanup()

@@ -51,6 +51,10 @@ def test_resnet50_is_planned_launched_and_measured(
     assert status["drift"] == pytest.approx(status["actual"]["seconds"] / plan["estimatedSeconds"],
                                             rel=1e-3)
     assert estimator.requests[0]["inventory"], "the inventory comes from the kwok GPU nodes"
+    fed_back = estimator.outcomes()
+    assert list(fed_back["job_uid"]) == [tj["metadata"]["uid"]]
+    assert list(fed_back["device"]) == ["l4"]
+    assert float(fed_back["drift_ratio"].iloc[0]) == pytest.approx(status["drift"], rel=1e-3)
     text = metrics.decode()
     assert 'gpuplan_drift_ratio_count{gpu_type="NVIDIA-L4"} 1.0' in text
     assert 'gpuplan_estimator_requests_total{outcome="ok"} 1.0' in text

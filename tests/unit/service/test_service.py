@@ -183,3 +183,43 @@ def test_new_bundle_is_swapped_in_atomically() -> None:
     assert state.context is first
     assert state.load() is True
     assert state.context is not None and state.context.predictor_source == "bundle-b"
+
+
+def test_job_outcomes_are_stored_with_the_canonical_device() -> None:
+    stored: list[tuple[Any, str]] = []
+
+    def sink(req: Any, device: str) -> int:
+        stored.append((req, device))
+        return len(stored)
+
+    async def main() -> None:
+        app = service.make_app(service.ServiceState(roofline_context),
+                               service.ServiceSettings(bundle_poll_s=3600), outcome_sink=sink)
+        async with TestClient(TestServer(app)) as client:
+            body = {"job_uid": "u1", "gpu_type": "NVIDIA-L4", "gpu_count": 2,
+                    "estimated_seconds": 100.0, "actual_seconds": 130.0}
+            resp = await client.post("/v1/outcomes", json=body)
+            assert resp.status == 201, await resp.text()
+            assert (await resp.json())["device"] == "l4"
+            bad = await client.post("/v1/outcomes", json={**body, "actual_seconds": -1,
+                                                          "gpu_type": ""})
+            assert bad.status == 422
+            message = (await bad.json())["error"]["message"]
+            assert "gpu_type" in message and "actual_seconds" in message
+            unknown = await client.post("/v1/outcomes", json={**body, "gpu_type": "TPU-v5"})
+            assert unknown.status == 422
+
+    asyncio.run(main())
+    assert [(r.job_uid, r.gpu_count, d) for r, d in stored] == [("u1", 2, "l4")]
+
+
+def test_outcomes_into_a_real_sqlite_perf_database(tmp_path: pathlib.Path) -> None:
+    from gpuplan_estimator import api, serve_cli
+    from gpuplan_estimator.perfdb import PerfStore
+
+    url = f"sqlite:///{tmp_path / 'perf.db'}"
+    sink = serve_cli.perfdb_outcome_sink(url)
+    sink(api.OutcomeRequest("u2", "NVIDIA-L4", 1, 50.0, 75.0), "l4")
+    frame = PerfStore.open(url).job_outcomes()
+    assert list(frame["job_uid"]) == ["u2"]
+    assert float(frame["drift_ratio"].iloc[0]) == pytest.approx(1.5)

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from gpuplan_estimator import devices, estimate, graph, render
 from gpuplan_estimator.errors import GpuplanError, InvalidRequestError
+from gpuplan_estimator.framework import FRAMEWORKS, PYTORCH_EAGER
 from gpuplan_estimator.layers import OpFamily
 from gpuplan_estimator.predictors import LatencyPredictor
 from gpuplan_estimator.training_step import (
@@ -133,6 +134,8 @@ def _register_estimate(sub: Any) -> None:
                    help="bind a symbolic dim, e.g. sequence=1024 (repeatable)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--framework", choices=FRAMEWORKS, default=PYTORCH_EAGER,
+                   help="onnxruntime: inference with its graph fusions (BN folded, ...)")
     p.add_argument("--epochs", type=positive_int, default=None)
     p.add_argument("--dataset-size", type=positive_int, default=None, help="samples per epoch")
     p.add_argument("--layers", action="store_true", help="list every layer, not the top five")
@@ -175,7 +178,8 @@ def run_estimate(args: argparse.Namespace) -> int:
     specs = resolve_devices(args.device)
     g = graph.load_model(args.model, batch=args.batch, dim_bindings=dict(args.dim))
     settings = TrainingSettings(batch_size=model_batch(g, args.batch), mode=args.mode,
-                                optimizer=args.optimizer, precision=args.precision)
+                                optimizer=args.optimizer, precision=args.precision,
+                                framework=args.framework)
     predictor, source = select_predictor(args.bundle)
     results = estimate.estimate(g, specs, settings, predictor=predictor, epochs=args.epochs,
                                 dataset_size=args.dataset_size)

@@ -85,6 +85,23 @@ def test_tiny_model_dims_and_unbound_dim(
     assert layer["op_type"] == "MatMul" and layer["backward_ms"] > 0
 
 
+def test_onnxruntime_framework_folds_resnet_batchnorms(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    forward = {}
+    for fw in ("pytorch-eager", "onnxruntime"):
+        code, out, err = run(["estimate", str(RESNET), "--device", "t4", "--mode", "inference",
+                              "--framework", fw, "--json", "--layers"], capsys)
+        assert code == 0, err
+        layers = json.loads(out)["devices"][0]["layers"]
+        forward[fw] = {ly["op_type"]: 0.0 for ly in layers}
+        for ly in layers:
+            forward[fw][ly["op_type"]] += ly["forward_ms"]
+    assert forward["pytorch-eager"]["BatchNormalization"] > 0
+    assert forward["onnxruntime"]["BatchNormalization"] == 0  # folded into the 53 convs
+    assert forward["onnxruntime"]["Conv"] == pytest.approx(forward["pytorch-eager"]["Conv"])
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
@@ -95,6 +112,8 @@ def test_tiny_model_dims_and_unbound_dim(
         (["estimate", str(RESNET), "--dim", "sequence"], "NAME=VALUE"),
         (["estimate", "/nonexistent/model.onnx"], "/nonexistent/model.onnx"),
         (["estimate", str(RESNET), "--optimizer", "lamb"], "invalid choice"),
+        (["estimate", str(RESNET), "--framework", "onnxruntime", "--device", "t4"],
+         "inference only"),
         (["nonsense"], "invalid choice"),
     ],
 )

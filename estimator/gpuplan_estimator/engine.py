@@ -20,7 +20,7 @@ class NoFeasiblePlanError(GpuplanError):
     """No GPU type x count satisfies memory, cluster size and the objective."""
 
     def __init__(self, message: str, details: Sequence[str]) -> None:
-        super().__init__(message)
+        super().__init__(f"{message}: {'; '.join(details)}" if details else message)
         self.details = tuple(details)
 
 

@@ -254,6 +254,7 @@ def plan(
             by_type[pool.gpu_type] = f"no estimate for device {pool.device_key}"
             continue
         type_feasible = 0
+        evaluated: list[str] = []  # reasons of counts the cluster could run: the informative ones
         for n in candidate_counts(objective.max_gpus, pool.gpus_per_node):
             if n > pool.gpus_per_node * pool.nodes:
                 rejected.append(Rejection(pool.gpu_type, n, f"cluster has only "
@@ -262,16 +263,19 @@ def plan(
             outcome = evaluate(profile, pool, shape, n, scaling)
             if isinstance(outcome, Rejection):
                 rejected.append(outcome)
+                evaluated.append(f"x{n}: {outcome.reason}")
                 continue
             violation = _objective_violation(outcome, objective)
             if violation:
                 rejected.append(Rejection(pool.gpu_type, n, violation))
+                evaluated.append(f"x{n}: {violation}")
                 continue
             feasible.append(outcome)
             type_feasible += 1
         if not type_feasible:
-            last = [r.reason for r in rejected if r.gpu_type == pool.gpu_type]
-            by_type[pool.gpu_type] = last[-1] if last else "no GPU count allowed by maxGpus"
+            others = [r.reason for r in rejected if r.gpu_type == pool.gpu_type]
+            by_type[pool.gpu_type] = (evaluated[-1] if evaluated else others[-1] if others
+                                      else "no GPU count allowed by maxGpus")
     feasible.sort(key=lambda c: rank_key(c, objective.prefer))
     return Plan(
         chosen=feasible[0] if feasible else None,

@@ -14,6 +14,15 @@ the graph at session load:
 
 Attention (MatMul/scale/mask/Softmax) is only fused by the separate transformers optimizer,
 so it keeps its per-node kernels here.
+
+torch.compile (Inductor, inference) generates one Triton kernel per chain of pointwise ops and
+the reduction they feed, while GEMMs stay cuBLAS calls:
+
+- the decomposed GELU/LayerNorm/softmax units run as one kernel (as above);
+- the attention scale and mask are computed inside the softmax kernel (folded);
+- a residual Add that feeds a LayerNormalization is computed inside the LayerNorm kernel.
+
+Both fused frameworks are priced for inference only: their folds have no backward here.
 """
 
 from __future__ import annotations
@@ -27,7 +36,9 @@ from gpuplan_estimator.layers import Layer, ModelGraph
 
 PYTORCH_EAGER = "pytorch-eager"
 ONNXRUNTIME = "onnxruntime"
-FRAMEWORKS = (PYTORCH_EAGER, ONNXRUNTIME)
+PYTORCH_COMPILED = "pytorch-compiled"
+FRAMEWORKS = (PYTORCH_EAGER, ONNXRUNTIME, PYTORCH_COMPILED)
+INFERENCE_ONLY = frozenset({ONNXRUNTIME, PYTORCH_COMPILED})
 
 # Per-element FLOP conventions of the fused kernels, matching `opcost`'s single-op tables.
 GELU_FLOPS_PER_ELEMENT = 8
@@ -54,7 +65,7 @@ def overrides(graph: ModelGraph, framework: str) -> Overrides:
     """Kernel overrides of `framework` for the fusion units of `graph`."""
     if framework == PYTORCH_EAGER:
         return {}
-    if framework != ONNXRUNTIME:
+    if framework not in FRAMEWORKS:
         raise InvalidRequestError(
             "framework", f"must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
     by_name = {layer.name: layer for layer in graph.layers}
@@ -63,8 +74,31 @@ def overrides(graph: ModelGraph, framework: str) -> Overrides:
         members = [by_name[name] for name in unit.layer_names if name in by_name]
         if len(members) != len(unit.layer_names) or len(members) < 2:
             continue
-        out.update(_unit_overrides(unit.pattern, members))
+        if framework == ONNXRUNTIME:
+            out.update(_unit_overrides(unit.pattern, members))
+        else:
+            out.update(_compiled_unit_overrides(unit.pattern, members))
+    if framework == PYTORCH_COMPILED:
+        out.update(dict.fromkeys(_residual_adds_into_layernorm(graph), None))
     return out
+
+
+def _compiled_unit_overrides(pattern: str, members: list[Layer]) -> dict[str, UnitKernel | None]:
+    if pattern == "attention_scores":  # scores GEMM and softmax stay; scale/mask fold into it
+        return dict.fromkeys((m.name for m in members[1:-1]), None)
+    if pattern in ("gelu", "layernorm", "softmax"):
+        return _unit_overrides(pattern, members)
+    return {}  # conv/matmul epilogues: Inductor keeps cuBLAS/cuDNN calls and the eager BN
+
+
+def _residual_adds_into_layernorm(graph: ModelGraph) -> list[str]:
+    """Adds of two full-size tensors whose result a LayerNormalization reads."""
+    normalised = {layer.inputs[0].name for layer in graph.layers
+                  if layer.op_type == "LayerNormalization" and layer.inputs}
+    return [layer.name for layer in graph.layers
+            if layer.op_type == "Add" and layer.outputs
+            and layer.outputs[0].name in normalised
+            and opcost.full_size_operands(layer.inputs, layer.outputs[0]) == 2]
 
 
 def _unit_overrides(pattern: str, members: list[Layer]) -> dict[str, UnitKernel | None]:

@@ -96,7 +96,8 @@ class TrainingSettings:
     """fp32, tf32 (float32 tensors, TF32 tensor-core math), fp16 or bf16 (mixed precision)."""
     framework: str = frameworks.PYTORCH_EAGER
     """How fusion units run: "pytorch-eager" (one kernel per node, as the GPU data was
-    measured) or "onnxruntime" (inference with its default graph fusions; see `framework`)."""
+    measured), "onnxruntime" or "pytorch-compiled" (inference with that framework's fusions;
+    see `framework`)."""
 
     def validate(self) -> tuple[str, ...]:
         """Every problem as "field: message"; empty when valid."""
@@ -114,9 +115,9 @@ class TrainingSettings:
         if self.framework not in frameworks.FRAMEWORKS:
             errors.append(f"framework: must be one of {', '.join(frameworks.FRAMEWORKS)}, "
                           f"got {self.framework!r}")
-        elif self.framework == frameworks.ONNXRUNTIME and self.mode != "inference":
-            errors.append("framework: onnxruntime is priced for inference only (it folds "
-                          "BatchNorm into conv weights), set mode to inference")
+        elif self.framework in frameworks.INFERENCE_ONLY and self.mode != "inference":
+            errors.append(f"framework: {self.framework} is priced for inference only (its "
+                          "folded kernels have no backward here), set mode to inference")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
             errors.append(f"batch_size: must be an integer, got {self.batch_size!r}")
         elif self.batch_size <= 0:

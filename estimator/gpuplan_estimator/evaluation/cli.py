@@ -161,7 +161,9 @@ def notes(fitted: bundle.Bundle) -> tuple[str, ...]:
         "outcomes of other models (leave-one-model-out; for leave-one-GPU-out also other GPUs).",
         "Inference rows compare forward time with `fw_ms`; training rows compare forward + "
         "backward with `e2e_latency_ms` (the labels exclude the optimizer step).",
-        "`/compiled` rows are torch.compile runs, predicted as eager (no fusion flag yet).",
+        "`/compiled` rows are torch.compile runs, priced with `framework=pytorch-compiled` "
+        "(decomposed GELU/LayerNorm/softmax as one kernel, attention scale and mask inside "
+        "the softmax, residual Add inside the LayerNorm; GEMMs unchanged).",
         "Intervals: sum of per-layer P10/P90 (quantile LightGBM); the roofline has none.",
         "CPU: " + ("the bundle has CPU op models (onnxruntime backend)."
                    if has_cpu else

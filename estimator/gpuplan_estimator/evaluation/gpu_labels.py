@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuplan_estimator import errors, estimate, graph, zoo
+from gpuplan_estimator import errors, estimate, framework, graph, zoo
 from gpuplan_estimator.devices import Catalog, DeviceSpec
 from gpuplan_estimator.layers import ModelGraph
 from gpuplan_estimator.predictors import LatencyPredictor
@@ -153,11 +153,18 @@ def evaluate_rows(
         device = label_device(row, catalog)
         g = build_graph(row.model, row.batch, row.seq_len)
         settings = TrainingSettings(batch_size=row.batch, mode=row.mode, optimizer=optimizer,
-                                    precision="fp32")
+                                    precision="fp32", framework=row_framework(row))
         for label, predictor in predictors.items():
             (est,) = estimate.estimate(g, [device], settings, predictor=predictor)
             results.append(row_result(row, est, label))
     return tuple(results), tuple(skipped)
+
+
+def row_framework(row: LabelRow) -> str:
+    """torch.compile inference rows are priced with its fusions; everything else as eager."""
+    if row.fused and row.mode == "inference":
+        return framework.PYTORCH_COMPILED
+    return framework.PYTORCH_EAGER
 
 
 def row_result(row: LabelRow, est: estimate.DeviceEstimate, predictor: str) -> RowResult:

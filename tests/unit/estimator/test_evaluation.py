@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -36,6 +37,10 @@ def test_read_labels_modes_and_measured(tmp_path: Path) -> None:
         "Tesla_V100-PCIE-32GB,tiny,train,16,2,yes,9.0,3.0,6.0,1\n")))
     assert [r.mode for r in rows] == ["inference", "train"]
     assert rows[0].measured_ms == 5.0 and rows[1].measured_ms == 9.0 and rows[1].fused
+    # compiled training has no fused pricing (folds have no backward): priced as eager
+    assert [gpu_labels.row_framework(r) for r in rows] == ["pytorch-eager", "pytorch-eager"]
+    compiled = dataclasses.replace(rows[0], fused=True)
+    assert gpu_labels.row_framework(compiled) == "pytorch-compiled"
     cat = devices.load_catalog()
     assert [gpu_labels.label_device(r, cat).key for r in rows] == ["t4", "v100-pcie-32gb"]
 

@@ -117,10 +117,38 @@ def test_onnxruntime_is_cheaper_than_eager_on_the_roofline() -> None:
 def test_framework_is_validated() -> None:
     bad = TrainingSettings(batch_size=2, mode="inference", framework="tensorflow")
     assert bad.validate() == (
-        "framework: must be one of pytorch-eager, onnxruntime, got 'tensorflow'",)
+        "framework: must be one of pytorch-eager, onnxruntime, pytorch-compiled, "
+        "got 'tensorflow'",)
     train = TrainingSettings(batch_size=2, framework="onnxruntime")
     with pytest.raises(InvalidRequestError, match="framework"):
         train.check()
     with pytest.raises(InvalidRequestError, match="framework"):
         framework.overrides(conv_bn_relu(), "tensorflow")
     assert framework.overrides(conv_bn_relu(), "pytorch-eager") == {}
+
+
+def test_compiled_folds_attention_scale_mask_and_residual_add() -> None:
+    # x [2,4,8]: scores = x·xᵀ [2,4,4] / 2 + mask [1,1,4] -> softmax; then a residual
+    # Add of two full-size [2,4,8] tensors feeding a LayerNormalization.
+    nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu"),
+             helper.make_node("Transpose", ["h"], ["ht"], name="kt", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["h", "ht"], ["sc"], name="scores"),
+             helper.make_node("Div", ["sc", "root"], ["ss"], name="scale"),
+             helper.make_node("Add", ["ss", "mask"], ["sm"], name="mask"),
+             helper.make_node("Softmax", ["sm"], ["p"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["p", "h"], ["ctx"], name="context"),
+             helper.make_node("Add", ["ctx", "h"], ["res"], name="residual"),
+             helper.make_node("LayerNormalization", ["res", "g", "b"], ["y"], name="ln")]
+    inits = [const("root"), const("mask", 1, 1, 4), const("g", 8), const("b", 8)]
+    g = load(nodes, inits, [2, 4, 8])
+    step = build_step(g, TrainingSettings(batch_size=2, mode="inference",
+                                          framework="pytorch-compiled"))
+    assert step.fused == ("scale", "mask", "residual")
+    priced = [(i.layer, i.kernel) for i in step.forward if i.kernel != "none"]
+    assert priced == [("relu", "elementwise"), ("kt", "memcpy"), ("scores", "gemm"),
+                      ("softmax", "softmax"), ("context", "gemm"), ("ln", "layernorm")]
+    # onnxruntime keeps the attention chain per node (no transformers optimizer) and the add.
+    ort_step = build_step(g, ort())
+    assert ort_step.fused == ()
+    with pytest.raises(InvalidRequestError, match="inference only"):
+        TrainingSettings(batch_size=2, framework="pytorch-compiled").check()

@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 import logging
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,20 @@ def perfdb_outcome_sink(db_url: str | None) -> service.OutcomeSink:
     return sink
 
 
+def perfdb_coverage_source(db_url: str | None) -> service.CoverageSource:
+    """Coverage per device from the performance database, opened on first use."""
+    from gpuplan_estimator.perfdb import PerfStore
+
+    stores: list[PerfStore] = []
+
+    def source() -> dict[str, tuple[int, datetime | None]]:
+        if not stores:
+            stores.append(PerfStore.open(db_url))
+        return stores[0].coverage()
+
+    return source
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
@@ -80,7 +95,8 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     state = service.ServiceState(lambda: load_context(args.bundle))
     state.load()  # fail fast on a broken explicit bundle
-    app = service.make_app(state, settings, outcome_sink=perfdb_outcome_sink(args.db))
+    app = service.make_app(state, settings, outcome_sink=perfdb_outcome_sink(args.db),
+                           coverage_source=perfdb_coverage_source(args.db))
     web.run_app(app, host=settings.host, port=settings.port)
     return 0
 

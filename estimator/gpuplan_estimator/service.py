@@ -11,9 +11,10 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
@@ -88,11 +89,31 @@ OutcomeSink = Callable[[api.OutcomeRequest, str], int]
 """Stores a finished job's outcome (with the canonical device key); returns the row id."""
 
 
+CoverageSource = Callable[[], Mapping[str, tuple[int, datetime | None]]]
+"""Per device key: (measurement rows, end of the newest finished benchmark run) — `PerfStore`."""
+
+
+def coverage_json(
+    stored: Mapping[str, tuple[int, datetime | None]], bundle_devices: Iterable[str],
+    catalog_keys: Iterable[str],
+) -> dict[str, Any]:
+    """`GET /v1/coverage`: every catalog, bundle or database device, so absence means 0 rows."""
+    in_bundle = set(bundle_devices)
+    out: dict[str, Any] = {}
+    for key in sorted({*catalog_keys, *in_bundle, *stored}):
+        rows, newest = stored.get(key, (0, None))
+        out[key] = {"measurements": rows,
+                    "newest_run_unix": newest.timestamp() if newest is not None else None,
+                    "in_bundle": key in in_bundle}
+    return {"devices": out}
+
+
 def make_app(
     state: ServiceState,
     settings: ServiceSettings = ServiceSettings(),
     registry: CollectorRegistry | None = None,
     outcome_sink: OutcomeSink | None = None,
+    coverage_source: CoverageSource | None = None,
 ) -> web.Application:
     metrics = Metrics(registry or CollectorRegistry())
     executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="estimate")
@@ -170,6 +191,20 @@ def make_app(
             return _json_error(422, "InvalidRequest", str(exc))
         return web.json_response({"id": row, "device": device}, status=201)
 
+    async def coverage(_: web.Request) -> web.Response:
+        context = state.context
+        if coverage_source is None or context is None:
+            return _json_error(503, "NotReady", "no performance database configured")
+        try:
+            stored = await run_pure(coverage_source)
+        except GpuplanError as exc:  # DatabaseError after the store's own retries
+            return _json_error(503, "DatabaseUnavailable", str(exc))
+        except TimeoutError:
+            return _json_error(504, "Timeout", "coverage query timed out")
+        bundle = context.manifest.get("devices") or []
+        return web.json_response(coverage_json(stored, [str(d) for d in bundle],
+                                               context.catalog.keys()))
+
     async def models(_: web.Request) -> web.Response:
         context = state.context
         if context is None:
@@ -209,6 +244,7 @@ def make_app(
     app.router.add_post("/v1/estimate", estimate)
     app.router.add_post("/v1/outcomes", outcomes)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/coverage", coverage)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

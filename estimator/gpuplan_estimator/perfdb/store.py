@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Select, delete, insert, select, update
+from sqlalchemy import Select, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 
 from gpuplan_estimator import errors
@@ -31,6 +31,13 @@ RUN_STATUSES = frozenset({"running", "done", "failed", "interrupted"})
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes for timezone-aware columns; they were written in UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -248,6 +255,27 @@ class PerfStore:
             frame[col] = frame[col].astype("float64")
         frame["repeats"] = frame["repeats"].astype("int64")
         return frame
+
+    def coverage(self) -> dict[str, tuple[int, datetime | None]]:
+        """Per device: (measurement rows, end time of its newest finished run or None).
+
+        A device with runs but no rows appears with 0 rows; only ``done`` runs count as fresh
+        data, so a failed or interrupted benchmark does not reset the age.
+        """
+        rows_stmt = select(Measurement.device, func.count()).group_by(Measurement.device)
+        runs_stmt = (
+            select(BenchmarkRun.device, func.max(BenchmarkRun.ended_at))
+            .where(BenchmarkRun.status == "done")
+            .group_by(BenchmarkRun.device)
+        )
+
+        def _do() -> dict[str, tuple[int, datetime | None]]:
+            with self.engine.connect() as conn:
+                counts = {str(d): int(n) for d, n in conn.execute(rows_stmt).all()}
+                newest = {str(d): _aware(t) for d, t in conn.execute(runs_stmt).all()}
+            return {d: (counts.get(d, 0), newest.get(d)) for d in sorted({*counts, *newest})}
+
+        return dict(self._retry(_do))
 
     def delete_run(self, run_id: int) -> None:
         def _do() -> None:

@@ -9,8 +9,9 @@ from typing import Any
 
 import aiohttp
 
-from gpuplan_operator import errors, inventory, resources
+from gpuplan_operator import benchmarks, errors, inventory, resources
 
+COVERAGE_PATH = "/v1/coverage"
 OUTCOMES_PATH = "/v1/outcomes"
 PLANS_PATH = "/v1/plans"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
@@ -151,3 +152,45 @@ async def report_outcome(base_url: str, body: Mapping[str, Any], *,
             f"estimator at {url} unavailable: {type(exc).__name__}: {exc}") from exc
     if status != 201:
         raise errors.EstimatorUnavailableError(f"estimator at {url} answered {status}")
+
+
+def parse_coverage(body: Mapping[str, Any]) -> dict[str, benchmarks.DeviceCoverage]:
+    """`GET /v1/coverage` → per device key; EstimatorProtocolError names the bad device."""
+    devices = body.get("devices") if isinstance(body, Mapping) else None
+    if not isinstance(devices, Mapping):
+        raise errors.EstimatorProtocolError("estimator coverage response: missing 'devices'")
+    out = {}
+    for key, d in devices.items():
+        try:
+            newest = d["newest_run_unix"]
+            out[str(key)] = benchmarks.DeviceCoverage(
+                measurements=int(d["measurements"]),
+                newest_run_unix=float(newest) if newest is not None else None,
+                in_bundle=bool(d["in_bundle"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise errors.EstimatorProtocolError(
+                f"estimator coverage response: devices.{key}: bad or missing {exc}") from exc
+    return out
+
+
+async def fetch_coverage(base_url: str, *, timeout_seconds: float
+                         ) -> dict[str, benchmarks.DeviceCoverage]:
+    """GET the coverage: 200 → parsed, anything else or a timeout → EstimatorUnavailableError."""
+    url = base_url.rstrip("/") + COVERAGE_PATH
+    try:
+        async with aiohttp.ClientSession() as client, client.get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout_seconds)) as resp:
+            raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+            status = resp.status
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise errors.EstimatorUnavailableError(
+            f"estimator at {url} unavailable: {type(exc).__name__}: {exc}") from exc
+    if status != 200:
+        raise errors.EstimatorUnavailableError(f"estimator at {url} answered {status}")
+    if len(raw) > MAX_RESPONSE_BYTES:
+        raise errors.EstimatorProtocolError(f"estimator response larger than {MAX_RESPONSE_BYTES}")
+    try:
+        decoded = json.loads(raw)
+    except ValueError as exc:
+        raise errors.EstimatorProtocolError("estimator coverage answer is not JSON") from exc
+    return parse_coverage(decoded)

@@ -5,6 +5,8 @@ Run as a file (`kopf run --standalone path/to/handlers.py`) or via `gpuplan-oper
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
 import logging
 from collections.abc import Mapping
@@ -13,7 +15,17 @@ from typing import Any, cast
 import kopf
 import prometheus_client
 
-from gpuplan_operator import errors, kube, metrics, modelsource, reconcile, resources
+from gpuplan_estimator import devices
+from gpuplan_operator import (
+    benchmark_loop,
+    benchmarks,
+    errors,
+    kube,
+    metrics,
+    modelsource,
+    reconcile,
+    resources,
+)
 from gpuplan_operator import settings as operator_settings
 
 LOG = logging.getLogger(__name__)
@@ -42,6 +54,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         clock=_now, guard=modelsource.UrlGuard.from_cidrs(
             block_private=cfg.model_url_block_private, cidrs=cfg.model_url_allowed_networks))
     memo.metrics_server = metrics.serve(registry, cfg.metrics_port)
+    memo.benchmark_task = asyncio.create_task(benchmark_loop.run_forever(benchmark_loop.LoopContext(
+        kube=memo.ctx.kube, settings=cfg, metrics=memo.ctx.metrics, clock=_now,
+        resolve=benchmarks.catalog_resolver(devices.load_catalog()))))
     LOG.info("gpuplan operator started: estimator %s, scheduler %r",
                 cfg.estimator_url, cfg.scheduler_name or "default")
 
@@ -62,6 +77,11 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    task = memo.get("benchmark_task")
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     server = memo.get("metrics_server")
     if server is not None:
         server.shutdown()

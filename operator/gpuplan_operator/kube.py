@@ -59,6 +59,11 @@ class Kube:
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await _call_or_none(self._batch.read_namespaced_job, name, namespace)
 
+    async def list_jobs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        out = await _call(self._batch.list_namespaced_job, namespace,
+                          label_selector=label_selector)
+        return list(out.get("items", []))
+
     async def create_job(self, namespace: str,
                          body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """Create, or return the existing object of that name; the bool says whether it is new."""

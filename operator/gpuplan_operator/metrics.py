@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpuplan_operator import benchmarks
 
 # Drift is a ratio around 1: buckets are symmetric in log scale.
 DRIFT_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
@@ -26,6 +29,24 @@ class OperatorMetrics:
         self.estimator_requests = Counter(
             "gpuplan_estimator_requests", "Plan requests to the estimator by outcome",
             ["outcome"], registry=registry)
+
+        self.benchmark_age_seconds = Gauge(
+            "gpuplan_benchmark_age_seconds",
+            "Age of the newest finished benchmark run per cluster GPU type (absent without one)",
+            ["gpu_type"], registry=registry)
+        self.gpu_type_measurements = Gauge(
+            "gpuplan_gpu_type_measurements",
+            "Measurement rows in the performance database per cluster GPU type (0 = no data)",
+            ["gpu_type"], registry=registry)
+
+    def observe_coverage(self, coverage: Iterable[benchmarks.GpuTypeCoverage]) -> None:
+        """Replace both gauges: a GPU type that left the cluster must stop alerting."""
+        self.benchmark_age_seconds.clear()
+        self.gpu_type_measurements.clear()
+        for c in coverage:
+            self.gpu_type_measurements.labels(c.gpu_type).set(c.measurements)
+            if c.age_seconds is not None:
+                self.benchmark_age_seconds.labels(c.gpu_type).set(c.age_seconds)
 
     def observe_plan(self, namespace: str, name: str, gpu_type: str, seconds: float) -> None:
         self.estimate_seconds.labels(namespace, name, gpu_type).set(seconds)

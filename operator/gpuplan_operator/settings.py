@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from gpuplan_operator import errors
 
 ENV_PREFIX = "GPUPLAN_"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +50,27 @@ class Settings:
 
     metrics_port: int = 9090
     """Port of the /metrics endpoint; 0 disables it."""
+
+    benchmarks_enabled: bool = False
+    """Run benchmark Jobs for cluster GPU types whose data is missing or stale (DESIGN §1.7)."""
+
+    benchmark_max_age_days: float = 30.0
+    """Data older than this (newest finished run) counts as stale."""
+
+    benchmark_image: str = ""
+    """Image of the benchmark Job (runs `gpuplan bench --device cuda`); required when enabled."""
+
+    benchmark_db_secret: str = ""
+    """Secret (key `url`) with the performance database URL; required when enabled."""
+
+    benchmark_namespace: str = ""
+    """Namespace of the benchmark Jobs; required when enabled."""
+
+    benchmark_interval_seconds: float = 3600.0
+    """How often coverage is checked, the gauges refreshed and missing Jobs created."""
+
+    benchmark_budget_minutes: int = 90
+    """`gpuplan bench --budget-minutes`; the Job's activeDeadlineSeconds adds a margin to it."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -109,9 +133,30 @@ def _problems(s: Settings) -> list[str]:
         out.append(f"master_port: must be in 1..65535, got {s.master_port}")
     if not 0 <= s.metrics_port <= 65535:
         out.append(f"metrics_port: must be in 0..65535, got {s.metrics_port}")
+    out.extend(_benchmark_problems(s))
     for cidr in s.model_url_allowed_networks:
         try:
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:
             out.append(f"model_url_allowed_networks: {cidr!r} is not a CIDR")
+    return out
+
+
+def _benchmark_problems(s: Settings) -> list[str]:
+    out: list[str] = []
+    if not s.benchmark_max_age_days > 0:
+        out.append(f"benchmark_max_age_days: must be > 0, got {s.benchmark_max_age_days}")
+    if not s.benchmark_interval_seconds >= 1:
+        out.append(f"benchmark_interval_seconds: must be >= 1, got {s.benchmark_interval_seconds}")
+    if not 1 <= s.benchmark_budget_minutes <= 24 * 60:
+        out.append("benchmark_budget_minutes: must be in 1..1440, "
+                   f"got {s.benchmark_budget_minutes}")
+    if not s.benchmarks_enabled:
+        return out
+    if not s.benchmark_image or any(c.isspace() for c in s.benchmark_image):
+        out.append(f"benchmark_image: need an image reference, got {s.benchmark_image!r}")
+    if not DNS_SUBDOMAIN.match(s.benchmark_db_secret):
+        out.append(f"benchmark_db_secret: need a Secret name, got {s.benchmark_db_secret!r}")
+    if not DNS_LABEL.match(s.benchmark_namespace):
+        out.append(f"benchmark_namespace: need a namespace name, got {s.benchmark_namespace!r}")
     return out

@@ -2,8 +2,8 @@
 
 Integration tests of the operator talk to it over HTTP exactly as in a cluster; the service runs
 the real graph parser, estimator and planner with the shipped model bundle, and stores job
-outcomes in a real SQLite performance database. Requests to `/v1/plans` are recorded so tests
-can assert what the operator sent.
+outcomes in a real SQLite performance database (empty at start; `GET /v1/coverage` reads it).
+Requests to `/v1/plans` are recorded so tests can assert what the operator sent.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class EstimatorServer:
     async def _start(self) -> None:
         state = service.ServiceState(lambda: serve_cli.load_context(None))
         app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600),
-                               outcome_sink=serve_cli.perfdb_outcome_sink(self.db_url))
+                               outcome_sink=serve_cli.perfdb_outcome_sink(self.db_url),
+                               coverage_source=serve_cli.perfdb_coverage_source(self.db_url))
         app.middlewares.insert(0, self._record)
         self._runner = web.AppRunner(app)
         await self._runner.setup()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import pathlib
+import string
 from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 import prometheus_client
 import pytest
+import yaml
 from operator_builders import LocalServer
 
 from gpuplan_estimator import devices, engine, roofline, serve_cli, service
@@ -252,3 +254,21 @@ def test_refresh_with_the_estimator_down_is_unavailable() -> None:
         clock=lambda: NOW, resolve=_resolve)
     with pytest.raises(errors.EstimatorUnavailableError, match="/v1/coverage"):
         asyncio.run(benchmark_loop.refresh(ctx))
+
+
+def test_built_job_matches_the_documented_template() -> None:
+    root = pathlib.Path(__file__).resolve().parents[3]
+    text = (root / "benchmark-jobs" / "job-template.yaml").read_text()
+    template = yaml.safe_load(string.Template(text).substitute(
+        NAME="n", NAMESPACE="gpuplan", GPU_PRODUCT="NVIDIA-L4", IMAGE="img:1",
+        DB_SECRET="perfdb", BUDGET_MINUTES="60"))
+    built = benchmarks.build_job("NVIDIA-L4", now=NOW, namespace="gpuplan", image="img:1",
+                                 db_secret="perfdb", budget_minutes=60)
+    assert template["metadata"]["labels"].items() <= built["metadata"]["labels"].items()
+    t_pod, b_pod = template["spec"]["template"]["spec"], built["spec"]["template"]["spec"]
+    for key in ("restartPolicy", "nodeSelector"):
+        assert b_pod[key] == t_pod[key]
+    t_c, b_c = t_pod["containers"][0], b_pod["containers"][0]
+    for key in ("image", "args", "env", "resources"):
+        assert b_c[key] == t_c[key], key
+    assert built["spec"]["backoffLimit"] == template["spec"]["backoffLimit"]

@@ -8,6 +8,7 @@ of *other* models (and, for leave-one-GPU-out, other GPUs), never from itself.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -84,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     rep = report.Report(
         commit=train_cli.git_commit(), command=command_line(args),
         created=datetime.now().astimezone().isoformat(timespec="seconds"), bundle=bundle_text,
-        gpu=gpu, skipped=skipped, logo=logo, cpu=cpu, notes=notes(fitted), host=host)
+        gpu=gpu, skipped=skipped, logo=logo, cpu=cpu,
+        notes=notes(fitted) + cpu_data_notes(train_cli.CPU_MEASUREMENTS), host=host)
     for path in report.write(rep, args.out_dir):
         print(f"wrote {path}")
     for (p, d, m), s in report.summarise(gpu).items():
@@ -177,6 +179,21 @@ def notes(fitted: bundle.Bundle) -> tuple[str, ...]:
         "Elementwise ops count only full-size inputs as operands: a broadcast bias or "
         "attention mask is priced like the scalar of a tensor-scalar op.",
     )
+
+
+def cpu_data_notes(directory: Path) -> tuple[str, ...]:
+    """The recorded conditions of the CPU op measurements the bundle learned from: the closed
+    loop compares against them, and a host measured under load prices every op slower."""
+    out = []
+    for meta in sorted(directory.glob("*.json")):
+        try:
+            note = json.loads(meta.read_text(encoding="utf-8")).get("note", "")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise errors.InvalidRequestError(str(meta), f"unreadable measurement metadata: {exc}"
+                                             ) from None
+        if note:
+            out.append(f"CPU op data `{meta.name}`: {note}")
+    return tuple(out)
 
 
 def command_line(args: argparse.Namespace) -> str:

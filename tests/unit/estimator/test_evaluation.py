@@ -186,3 +186,12 @@ def test_estimate_explain_lists_every_layer() -> None:
     assert lines[0].startswith("  explain t4")
     assert len(lines) == 1 + len(g.layers)
     assert lines[-1].rstrip().endswith("100.0")  # the running share ends at the whole step
+
+
+def test_cpu_data_notes_quote_the_measurement_conditions(tmp_path: Path) -> None:
+    (tmp_path / "b.json").write_text(json.dumps({"note": "load average 4-7"}), encoding="utf-8")
+    (tmp_path / "a.json").write_text(json.dumps({"rows": 3}), encoding="utf-8")
+    assert eval_cli.cpu_data_notes(tmp_path) == ("CPU op data `b.json`: load average 4-7",)
+    (tmp_path / "c.json").write_text("[1, 2", encoding="utf-8")
+    with pytest.raises(InvalidRequestError, match=r"c\.json"):
+        eval_cli.cpu_data_notes(tmp_path)

@@ -288,16 +288,39 @@ METHOD_NOTES = """## Method
   from the bundle's training data. With the spec features, trees route an unseen GPU to one
   training GPU and inherit its launch floor and efficiency; without them the model learns
   efficiency as a function of shape and device-relative cost only.
-- The PyTorch eager floor differs per host (about 0.034 ms on A100/T4, 0.041 ms on V100,
-  0.061 ms on P100), and no spec-sheet number predicts it, so small-shape kernels
-  (softmax, elementwise, layernorm) carry that error when their GPU is left out; P100 worst.
+- The PyTorch eager floor differs per host *and* per kernel, and no spec-sheet number predicts
+  it: the 2nd-percentile latency is 0.033/0.057/0.034/0.033/0.040 ms for softmax on
+  A100/P100/P4/T4/V100 but 0.026/0.032/0.026/0.026/0.032 ms for elementwise, and layernorm's is
+  highest on V100 (0.058 ms). 35-72 % of softmax/elementwise/layernorm rows sit within 1.5x of
+  the floor, so a left-out GPU inherits the other GPUs' floor. An oracle bound (transfer
+  model fit on four GPUs; remove the median log error on the fifth; not a method):
+  softmax LOGO MAPE would drop from 32.6 to 7.0 % (P100), 28.9 to 8.5 % (V100), 15.2 to
+  10.9 % (T4) with the left-out GPU's constant scale known, i.e. the softmax error is almost
+  all one per-device constant. One timed tiny kernel per new GPU type would supply it; a spec
+  sheet cannot. gemm is different: removing the constant helps only V100 (31.6 to 18.2 %);
+  elsewhere the error is shape-dependent (cuBLAS tile/split-K choice per architecture).
+- Tried and not kept (LOGO mean MAPE, transfer model): (a) target over roofline + a per-device
+  floor (2nd-percentile latency of each training GPU; the left-out GPU gets the median of the
+  others): elementwise 14.3 -> 13.8 (A100 13.9 -> 8.9, V100 17.4 -> 9.6, but P100 24.3 -> 30.5),
+  softmax 18.9 -> 17.8 (worst 32.6 -> 39.0), layernorm 16.1 -> 15.6, gemm 26.2 -> 24.9, conv2d
+  19.1 -> 23.2: worst cases get worse, so it is off. (b) Adding `dev_log_ridge` or
+  ridge-relative intensity / FLOPs per SM back to the transfer model: softmax mean 18.9 -> 31 %,
+  gemm -1 to +3 pp. (c) Larger transfer models (400 trees x 63 leaves, lr 0.1): gemm 26.2 -> 28.1 %,
+  conv2d 19.1 -> 18.7 %.
+- conv2d random split: channel alignment (C mod 8/32, H mod 4) and Winograd F(4x4)/F(2x2) tile
+  counts took GPU MAPE 10.7 -> 10.0 %, learning rate 0.1 (same tree count, same bundle size)
+  to 9.55 %; 600 trees 9.35 %, 800 trees 9.1 %, but over the 20 MB bundle budget.
+  Every measured conv is 3x3/stride 1, so a Winograd-eligibility flag would be constant in the
+  data and cannot be learned; the tile counts stand in for it.
 - The gap: the first bundle (commit d01ab21, feature schema 3) priced left-out GPUs with the full
   model: softmax MAPE 63.9 % (A100), 47.0 % (P4), 42.7 % (T4); elementwise 46.3 % (A100);
   layernorm 27.2 % (A100), against 1.7–3.5 % on the random split. The transfer model brings
   those to the table above; gemm and conv2d barely move (cuBLAS/cuDNN pick different kernels
   per architecture, and V100's SIMT sgemm runs ~25 % faster than the others predict).
 - CPU rows (`data/cpu-measurements`, 2,024 rows, 200–412 per kernel) were measured on a shared
-  2-core host under load 4–7: the median repeat CV is ~20 %. A CPU-only model does as badly
+  2-core host under load 4–7: the median repeat CV is ~20 %, and neighbouring shapes differ
+  up to 5x (memcpy: 0.71 M elements 1.05 ms, 1.02 M elements 0.21 ms), so no model of shape
+  alone can reach 10 % on them. A CPU-only model does as badly
   (held-out MAPE 42–173 %), and weighting CPU rows x20 or x100 did not help (gemm 172 → 96 →
   145 %), so the CPU target is not met with this data; more and quieter CPU rows are needed.
 - `linear_tree=True` was tried on softmax: leaf-wise linear fits extrapolate the log ratio and

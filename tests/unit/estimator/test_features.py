@@ -98,3 +98,17 @@ def test_tail_fill_is_a_fraction_of_a_wave(t4: devices.DeviceSpec) -> None:
     fill = x[:, features.feature_names("gemm").index("tail_fill_128x64")]
     assert fill[1] == pytest.approx(1.0)  # exactly one full wave on 40 SMs
     assert 0.0 < fill[0] < 0.1 and 0.5 < fill[2] < 0.6
+
+
+def test_conv_alignment_and_winograd_tiles(t4: devices.DeviceSpec) -> None:
+    # 30x30 output: ceil(30/4)=8 tiles of 4x4 per side (2 rows of padding waste), 15 of 2x2.
+    dims = {**DIMS["conv2d"], "batch": 2, "c_in": 12, "c_out": 40, "h": 30, "w": 30}
+    cols = features.columns_from_items("conv2d", [item("conv2d", dims)])
+    x, _ = features.feature_matrix(cols, features.broadcast_device(t4, cols.dtype, 0))
+    row = dict(zip(features.feature_names("conv2d"), x[0], strict=True))
+    assert (row["c_in_mod8"], row["c_out_mod8"], row["out_h_mod4"]) == (4.0, 0.0, 2.0)
+    assert (row["c_in_mod32"], row["c_out_mod32"]) == (12.0, 8.0)
+    assert row["log_wino_tiles_4x4"] == pytest.approx(np.log2(2 * 8 * 8))
+    assert row["log_wino_tiles_2x2"] == pytest.approx(np.log2(2 * 15 * 15))
+    assert row["log_wino_work_4x4"] == pytest.approx(np.log2(2 * 8 * 8 * 36 * 12 * 40))
+    assert row["wino_pad_waste_4x4"] == pytest.approx(2 / 30)

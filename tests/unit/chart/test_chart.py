@@ -1,32 +1,13 @@
 """The Helm chart renders, validates its values, and carries the CRDs of crds/ unchanged."""
 
-import os
 import pathlib
-import subprocess
+import sys
 
 import pytest
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
-CHART = ROOT / "charts" / "gpuplan"
-
-
-def helm() -> str:
-    out = subprocess.run(["bash", str(ROOT / "hack" / "testbed-build.sh"), "--print-bin"],
-                         capture_output=True, text=True, check=True, timeout=30)
-    path = pathlib.Path(out.stdout.strip()) / "helm"
-    if not path.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("helm missing: .ci/run builds it with hack/testbed-build.sh")
-        pytest.skip("helm not built (make testbed-build)")
-    return str(path)
-
-
-def render(*sets: str) -> subprocess.CompletedProcess[str]:
-    args = [helm(), "template", "t", str(CHART), "--kube-version", "1.34.4"]
-    for s in sets:
-        args += ["--set", s]
-    return subprocess.run(args, capture_output=True, text=True, timeout=60)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from helm_render import CHART, ROOT, render
 
 
 def test_default_render_has_every_component() -> None:

@@ -3,39 +3,20 @@ them, and enables benchmark Jobs only when they have a database to write to."""
 
 from __future__ import annotations
 
-import os
 import pathlib
-import subprocess
+import sys
 
 import pytest
 import yaml
 
 from gpuplan_operator import settings
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
-CHART = ROOT / "charts" / "gpuplan"
-
-
-def _helm() -> str:
-    out = subprocess.run(["bash", str(ROOT / "hack" / "testbed-build.sh"), "--print-bin"],
-                         capture_output=True, text=True, check=True, timeout=30)
-    path = pathlib.Path(out.stdout.strip()) / "helm"
-    if not path.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("helm missing: .ci/run builds it with hack/testbed-build.sh")
-        pytest.skip("helm not built (make testbed-build)")
-    return str(path)
-
-
-def _render(*sets: str) -> subprocess.CompletedProcess[str]:
-    args = [_helm(), "template", "t", str(CHART), "--kube-version", "1.34.4", "-n", "ml-infra"]
-    for s in sets:
-        args += ["--set", s]
-    return subprocess.run(args, capture_output=True, text=True, timeout=60)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from helm_render import render
 
 
 def _operator_env(*sets: str) -> dict[str, str]:
-    out = _render(*sets)
+    out = render(*sets, namespace="ml-infra")
     assert out.returncode == 0, out.stderr
     for doc in yaml.safe_load_all(out.stdout):
         if doc and doc["kind"] == "Deployment" and doc["metadata"]["name"].endswith("-operator"):
@@ -70,5 +51,5 @@ def test_own_secret_overrides_and_no_secret_disables_jobs() -> None:
     ("operator.benchmarks.image.repository=", "repository"),
 ])
 def test_bad_benchmark_values_are_rejected(setting: str, field: str) -> None:
-    out = _render(setting)
+    out = render(setting, namespace="ml-infra")
     assert out.returncode != 0 and field in out.stderr

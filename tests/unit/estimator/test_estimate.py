@@ -4,39 +4,24 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+import pathlib
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 
-from gpuplan_estimator import devices, estimate, opcost, roofline
+from gpuplan_estimator import devices, estimate, roofline
 from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.errors import InvalidRequestError
-from gpuplan_estimator.layers import Layer, ModelGraph, OpFamily, TensorInfo
+from gpuplan_estimator.layers import ModelGraph, OpFamily
 from gpuplan_estimator.predictors import LatencyPrediction
 from gpuplan_estimator.training_step import TrainingSettings, build_step
 from gpuplan_estimator.workload import WorkItem
 
-
-def t(name: str, *shape: int) -> TensorInfo:
-    return TensorInfo(name, tuple(shape), "float32")
-
-
-def layer(
-    name: str, op: str, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo],
-    params: Sequence[str] = (), attrs: Mapping[str, Any] | None = None,
-) -> Layer:
-    a = opcost.normalize_attributes(op, inputs, outputs, attrs or {}, 17)
-    family = opcost.classify(op, a, inputs_static=False, gathers_parameter=bool(params))
-    read, written = opcost.node_bytes(op, family, inputs, outputs)
-    return Layer(
-        name=name, op_type=op, family=family, inputs=tuple(inputs), outputs=tuple(outputs),
-        flops=opcost.node_flops(op, family, inputs, outputs, a), bytes_read=read,
-        bytes_written=written,
-        parameter_count=sum(x.elements for x in inputs if x.name in params),
-        parameter_inputs=tuple(params), attributes=a,
-    )
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from layer_builders import layer, t
 
 
 def blocks(n: int, batch: int = 32, width: int = 512, custom: bool = False) -> ModelGraph:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import pathlib
+import sys
 from typing import Any
 
 import pytest
@@ -10,33 +11,16 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from gpuplan_estimator import memory, opcost
+from gpuplan_estimator import memory
 from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.errors import InvalidRequestError
-from gpuplan_estimator.layers import Layer, ModelGraph, TensorInfo
+from gpuplan_estimator.layers import ModelGraph
 from gpuplan_estimator.training_step import TrainingSettings
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from layer_builders import layer, t
+
 B = 32
-
-
-def t(name: str, *shape: int, dtype: str = "float32") -> TensorInfo:
-    return TensorInfo(name, tuple(shape), dtype)
-
-
-def layer(
-    name: str, op: str, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo],
-    params: Sequence[str] = (), attrs: Mapping[str, Any] | None = None,
-) -> Layer:
-    a = opcost.normalize_attributes(op, inputs, outputs, attrs or {}, 17)
-    family = opcost.classify(op, a, inputs_static=False, gathers_parameter=bool(params))
-    read, written = opcost.node_bytes(op, family, inputs, outputs)
-    return Layer(
-        name=name, op_type=op, family=family, inputs=tuple(inputs), outputs=tuple(outputs),
-        flops=opcost.node_flops(op, family, inputs, outputs, a), bytes_read=read,
-        bytes_written=written,
-        parameter_count=sum(x.elements for x in inputs if x.name in params),
-        parameter_inputs=tuple(params), attributes=a,
-    )
 
 
 def mlp(batch: int = B) -> ModelGraph:

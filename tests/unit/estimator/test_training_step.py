@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import pathlib
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from gpuplan_estimator import backward, opcost
+from gpuplan_estimator import backward
 from gpuplan_estimator.errors import InvalidRequestError
-from gpuplan_estimator.layers import Layer, ModelGraph, OpFamily, TensorInfo
+from gpuplan_estimator.layers import Layer, ModelGraph, OpFamily
 from gpuplan_estimator.training_step import (
     TrainingSettings,
     build_step,
@@ -18,27 +20,8 @@ from gpuplan_estimator.training_step import (
 )
 from gpuplan_estimator.workload import Phase, WorkItem
 
-
-def t(name: str, *shape: int, dtype: str = "float32") -> TensorInfo:
-    return TensorInfo(name, tuple(shape), dtype)
-
-
-def layer(
-    name: str, op: str, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo],
-    params: Sequence[str] = (), attrs: Mapping[str, Any] | None = None,
-) -> Layer:
-    """A layer costed by the real `opcost`, as `graph` would build it."""
-    a = opcost.normalize_attributes(op, inputs, outputs, attrs or {}, 17)
-    static = op in ("Shape", "Constant")
-    family = opcost.classify(op, a, inputs_static=static, gathers_parameter=bool(params))
-    read, written = opcost.node_bytes(op, family, inputs, outputs)
-    return Layer(
-        name=name, op_type=op, family=family, inputs=tuple(inputs), outputs=tuple(outputs),
-        flops=opcost.node_flops(op, family, inputs, outputs, a), bytes_read=read,
-        bytes_written=written,
-        parameter_count=sum(x.elements for x in inputs if x.name in params),
-        parameter_inputs=tuple(params), attributes=a,
-    )
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from layer_builders import layer, t
 
 
 def graph(*layers: Layer) -> ModelGraph:

@@ -214,6 +214,9 @@ def candidate_json(c: Candidate) -> dict[str, Any]:
         "memory_bytes_per_gpu": c.memory_bytes_per_gpu,
         "cost_usd": round(c.cost_usd, 4),
         "predictor": c.predictor,
+        # Unrounded: the operator reports it back with the job's outcome, and the estimator
+        # divides the (calibrated) estimated_seconds by it to store the model's own estimate.
+        "calibration": c.calibration.as_dict(),
     }
 
 
@@ -240,9 +243,10 @@ class OutcomeRequest:
     job_uid: str
     gpu_type: str
     gpu_count: int
-    estimated_seconds: float
+    estimated_seconds: float  # as planned, i.e. already multiplied by calibration_factor
     actual_seconds: float
     model_digest: str = ""
+    calibration_factor: float = 1.0  # the plan's `calibration.factor`; 1 from older operators
 
 
 def parse_outcome_request(body: Any) -> OutcomeRequest:
@@ -261,12 +265,16 @@ def parse_outcome_request(body: Any) -> OutcomeRequest:
             errs.add(f"outcome.{key}", "is required")
         seconds[key] = _positive_float(body, key, "outcome", errs)
     digest = body.get("model_digest", "")
+    factor = _positive_float(body, "calibration_factor", "outcome", errs)
+    if factor is not None and not math.isfinite(factor):
+        errs.add("outcome.calibration_factor", f"must be a finite number, got {factor!r}")
     outcome = OutcomeRequest(
         job_uid=texts["job_uid"], gpu_type=texts["gpu_type"],
         gpu_count=_int(body, "gpu_count", "outcome", errs),
         estimated_seconds=seconds["estimated_seconds"] or 0.0,
         actual_seconds=seconds["actual_seconds"] or 0.0,
         model_digest=digest if isinstance(digest, str) else "",
+        calibration_factor=factor or 1.0,
     )
     errs.raise_if_any()
     return outcome

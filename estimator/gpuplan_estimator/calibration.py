@@ -55,6 +55,19 @@ class Correction:
     outcomes: int
     level: str
 
+    def as_dict(self) -> dict[str, float | int | str]:
+        """What plans and estimates report: the spread is already in their intervals."""
+        return {"factor": self.factor, "outcomes": self.outcomes, "level": self.level}
+
+
+IDENTITY = Correction(1.0, CalibrationSettings().prior_log_sd, 0, "none")
+"""What a device gets before any outcome: factor 1, the prior spread."""
+
+
+def mode_of(training_mode: str) -> str:
+    """The calibration mode of a request's `training.mode`: anything but training is inference."""
+    return "train" if training_mode == "train" else "inference"
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -62,7 +75,7 @@ class Calibration:
 
     by_device_mode: Mapping[tuple[str, str], Correction] = field(default_factory=dict)
     by_mode: Mapping[str, Correction] = field(default_factory=dict)
-    overall: Correction = Correction(1.0, CalibrationSettings().prior_log_sd, 0, "none")
+    overall: Correction = IDENTITY
 
     def correction(self, device: str, mode: str) -> Correction:
         """The most specific correction known for `device` in `mode`."""
@@ -135,6 +148,22 @@ def apply(calibration: Calibration, device: str, mode: str, median_ms: float, p1
     spread = math.exp(_Z90 * c.log_sd)
     return Calibrated(med, min(p10_ms * c.factor, med / spread),
                       max(p90_ms * c.factor, med * spread), c)
+
+
+def calibrate(calibration: Calibration, device: str, mode: str, median_ms: float, p10_ms: float,
+              p90_ms: float) -> Calibrated:
+    """`apply` at plan/estimate time: without any outcome the prediction is returned unchanged.
+
+    `apply` widens every interval by the prior spread even at factor 1, which is what the
+    evaluation compares against; a service that has never seen a job has learned nothing, so its
+    answers stay exactly the model's. The interval bounds are clamped around the median first:
+    they are sums over a step's items, and float rounding may put them a hair on the wrong side.
+    """
+    c = calibration.correction(device, mode)
+    low, high = min(p10_ms, median_ms), max(p90_ms, median_ms)
+    if c.outcomes == 0:
+        return Calibrated(median_ms, low, high, c)
+    return apply(calibration, device, mode, median_ms, low, high)
 
 
 def outcomes_excluding(outcomes: Sequence[Outcome], *, model: str | None = None,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplan_estimator import api, cli, devices, graph, placement
+from gpuplan_estimator import calibration as calibration_mod
 from gpuplan_estimator import estimate as estimate_mod
 from gpuplan_estimator.errors import GpuplanError, InvalidRequestError, UnknownDeviceError
 from gpuplan_estimator.predictors import LatencyPredictor
@@ -31,6 +32,8 @@ class EngineContext:
     predictor_source: str  # e.g. "bundle:/path (shipped)" or "roofline"
     scaling: ScalingModel = field(default_factory=ScalingModel)
     manifest: Mapping[str, Any] = field(default_factory=dict)
+    calibration: calibration_mod.Calibration = field(default_factory=calibration_mod.Calibration)
+    """Fitted from job outcomes by the service; identity (factor 1) when there are none."""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -86,13 +89,23 @@ def _estimates_at(model: bytes, t: api.TrainingRequest, batch: int,
     return actual, estimate_mod.estimate(g, specs, settings, predictor=ctx.predictor)
 
 
-def _point(e: estimate_mod.DeviceEstimate, batch: int) -> placement.StepPoint:
-    p10, p90 = e.interval_ms
+def _point(e: estimate_mod.DeviceEstimate, batch: int, calibrated: calibration_mod.Calibrated
+           ) -> placement.StepPoint:
+    """One step as the planner sees it: every phase scaled by the job outcomes' factor (they
+    measured the whole step, so there is no per-phase factor to apply), the interval theirs."""
+    factor = calibrated.correction.factor
     return placement.StepPoint(
-        per_gpu_batch=batch, forward_ms=e.forward_ms, backward_ms=e.backward_ms,
-        optimizer_ms=e.optimizer_ms, memory_bytes=e.memory.total_bytes, p10_ms=p10, p90_ms=p90,
+        per_gpu_batch=batch, forward_ms=e.forward_ms * factor,
+        backward_ms=e.backward_ms * factor, optimizer_ms=e.optimizer_ms * factor,
+        memory_bytes=e.memory.total_bytes, p10_ms=calibrated.p10_ms, p90_ms=calibrated.p90_ms,
         activation_bytes=e.memory.activations_bytes,
     )
+
+
+def _calibrated(e: estimate_mod.DeviceEstimate, cal: calibration_mod.Calibration, mode: str
+                ) -> calibration_mod.Calibrated:
+    p10, p90 = e.interval_ms
+    return calibration_mod.calibrate(cal, e.device, mode, e.step_time_ms, p10, p90)
 
 
 def step_profiles(req: api.PlanRequest, specs: Sequence[devices.DeviceSpec], ctx: EngineContext
@@ -100,22 +113,28 @@ def step_profiles(req: api.PlanRequest, specs: Sequence[devices.DeviceSpec], ctx
     """Estimate at the largest and smallest per-GPU batch the plan can use; interpolate between.
 
     A model exported with a fixed batch is estimated at that batch only and scaled per sample.
+    Step times are calibrated per device by `ctx.calibration`; the profile carries the
+    correction so the planner scales its all-reduce by the same factor (see `placement`).
     """
     t = req.training
+    mode = calibration_mod.mode_of(t.mode)
     wanted = sorted({t.batch_size, math.ceil(t.batch_size / req.objective.max_gpus)})
     by_batch = dict(_estimates_at(req.model_onnx, t, b, specs, ctx) for b in wanted)
     batches = sorted(by_batch)
     profiles = {}
     for i, spec in enumerate(specs):
         first = by_batch[batches[0]][i]
+        calibrated = [_calibrated(by_batch[b][i], ctx.calibration, mode) for b in batches]
         profiles[spec.key] = placement.StepProfile(
             device_key=spec.key,
             memory_capacity_bytes=spec.memory_bytes,
             gradient_bytes=first.memory.gradients_bytes,
             price_per_gpu_hour_usd=spec.price_per_hour_usd,
             interconnect_gbps=spec.interconnect_gbps,
-            points=tuple(_point(by_batch[b][i], b) for b in batches),
+            points=tuple(_point(by_batch[b][i], b, c)
+                         for b, c in zip(batches, calibrated, strict=True)),
             predictor=ctx.predictor_source,
+            calibration=calibrated[0].correction,  # per device and mode: equal at every batch
         )
     return profiles
 
@@ -167,4 +186,4 @@ def estimate_request(req: EstimateRequest, ctx: EngineContext) -> dict[str, Any]
                                     dataset_size=t.dataset_size)
     return estimate_mod.to_json(g, results, training_settings(t, t.batch_size),
                                 predictor_source=ctx.predictor_source, epochs=t.epochs,
-                                dataset_size=t.dataset_size)
+                                dataset_size=t.dataset_size, calibration=ctx.calibration)

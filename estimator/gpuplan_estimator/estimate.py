@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gpuplan_estimator import calibration as calibration_mod
 from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.errors import InvalidRequestError
 from gpuplan_estimator.layers import ModelGraph, OpFamily
@@ -270,9 +271,15 @@ def _layers(
 def to_json(
     graph: ModelGraph, results: Sequence[DeviceEstimate], settings: TrainingSettings, *,
     predictor_source: str, epochs: int | None = None, dataset_size: int | None = None,
-    include_layers: bool = False,
+    include_layers: bool = False, calibration: calibration_mod.Calibration | None = None,
 ) -> dict[str, Any]:
-    """The stable JSON document of `docs/estimate-json.md`."""
+    """The stable JSON document of `docs/estimate-json.md`.
+
+    Each device gets `calibrated_*` fields next to the model's own (which are never changed),
+    from `calibration` fitted to job outcomes; without one they equal the model's.
+    """
+    cal = calibration if calibration is not None else calibration_mod.Calibration()
+    mode = calibration_mod.mode_of(settings.mode)
     return {
         "schema_version": SCHEMA_VERSION,
         "model": {
@@ -285,11 +292,14 @@ def to_json(
             "epochs": epochs, "dataset_size": dataset_size,
         },
         "predictor_source": predictor_source,
-        "devices": [_device_json(r, include_layers) for r in results],
+        "devices": [_device_json(r, include_layers, cal, mode) for r in results],
     }
 
 
-def _device_json(r: DeviceEstimate, include_layers: bool) -> dict[str, Any]:
+def _device_json(r: DeviceEstimate, include_layers: bool, cal: calibration_mod.Calibration,
+                 mode: str) -> dict[str, Any]:
+    c = calibration_mod.calibrate(cal, r.device, mode, r.step_time_ms, *r.interval_ms)
+    factor = c.correction.factor
     out: dict[str, Any] = {
         "device": r.device,
         "forward_ms": r.forward_ms,
@@ -300,6 +310,13 @@ def _device_json(r: DeviceEstimate, include_layers: bool) -> dict[str, Any]:
         "steps_per_epoch": r.steps_per_epoch,
         "epoch_seconds": r.epoch_seconds,
         "total_seconds": r.total_seconds,
+        "calibration": c.correction.as_dict(),
+        "calibrated_step_time_ms": c.median_ms,
+        "calibrated_interval_ms": {"p10": c.p10_ms, "p90": c.p90_ms},
+        "calibrated_epoch_seconds": (r.epoch_seconds * factor
+                                     if r.epoch_seconds is not None else None),
+        "calibrated_total_seconds": (r.total_seconds * factor
+                                     if r.total_seconds is not None else None),
         "memory_bytes": r.memory.total_bytes,
         "memory": r.memory.as_dict(),
         "memory_available_bytes": r.memory_available_bytes,

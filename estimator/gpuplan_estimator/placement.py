@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuplan_estimator import calibration as calibration_mod
 from gpuplan_estimator.scaling import ScalingModel
 
 OBJECTIVES = ("cheapest", "fastest", "balanced")
@@ -49,6 +50,8 @@ class StepProfile:
     interconnect_gbps: float
     points: tuple[StepPoint, ...]
     predictor: str = ""
+    calibration: calibration_mod.Correction = calibration_mod.IDENTITY
+    """The correction already applied to `points`; `evaluate` applies it to the all-reduce."""
 
     def at(self, per_gpu_batch: int) -> StepPoint:
         pts = sorted(self.points, key=lambda p: p.per_gpu_batch)
@@ -139,6 +142,7 @@ class Candidate:
     memory_bytes_per_gpu: int
     cost_usd: float
     predictor: str = ""
+    calibration: calibration_mod.Correction = calibration_mod.IDENTITY
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,10 @@ def evaluate(
             f"needs {need_gib:.1f} GiB per GPU at batch {per_gpu_batch}, has {have_gib:.1f} GiB",
         )
     nodes = max(1, math.ceil(gpu_count / pool.gpus_per_node))
-    allreduce_ms = scaling.allreduce_ms(
+    # Job outcomes measure whole jobs, network included, so the factor scales the all-reduce
+    # too: the whole estimate is then exactly the model's times the factor, which is what lets
+    # the estimator recover the model's own estimate from a reported outcome.
+    allreduce_ms = profile.calibration.factor * scaling.allreduce_ms(
         gradient_bytes=profile.gradient_bytes,
         gpu_count=gpu_count,
         gpus_per_node=pool.gpus_per_node,
@@ -215,6 +222,7 @@ def evaluate(
         memory_bytes_per_gpu=point.memory_bytes,
         cost_usd=cost,
         predictor=profile.predictor,
+        calibration=profile.calibration,
     )
 
 

@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpuplan_estimator import api, cli, devices, engine, service
+from gpuplan_estimator import api, calibration, cli, devices, engine, service
 
 
 def load_context(bundle_dir: str | None) -> engine.EngineContext:
@@ -55,7 +55,12 @@ def register(sub: Any) -> None:
 
 
 def perfdb_outcome_sink(db_url: str | None) -> service.OutcomeSink:
-    """Job outcomes go to the performance database, opened on first use."""
+    """Job outcomes go to the performance database, opened on first use.
+
+    The plan's estimate was already calibrated; dividing by the factor it was planned with
+    stores the model's own estimate, so refitting measures the model, not the model times an
+    earlier calibration (which would count every correction twice).
+    """
     from gpuplan_estimator.perfdb import PerfStore
 
     stores: list[PerfStore] = []
@@ -65,10 +70,33 @@ def perfdb_outcome_sink(db_url: str | None) -> service.OutcomeSink:
             stores.append(PerfStore.open(db_url))
         return stores[0].record_job_outcome(
             job_uid=req.job_uid, device=device, gpu_count=req.gpu_count,
-            estimated_seconds=req.estimated_seconds, actual_seconds=req.actual_seconds,
-            model_digest=req.model_digest)
+            estimated_seconds=req.estimated_seconds / req.calibration_factor,
+            actual_seconds=req.actual_seconds, model_digest=req.model_digest)
 
     return sink
+
+
+def perfdb_outcome_history(db_url: str | None) -> service.OutcomeHistory:
+    """Stored job outcomes as calibration samples, from the database opened on first use.
+
+    Whole jobs of training: mode "train", and the job's seconds stand for its steps' time (the
+    factor is a ratio, so the unit cancels).
+    """
+    from gpuplan_estimator.perfdb import PerfStore
+
+    stores: list[PerfStore] = []
+
+    def history() -> list[calibration.Outcome]:
+        if not stores:
+            stores.append(PerfStore.open(db_url))
+        frame = stores[0].job_outcomes()
+        return [calibration.Outcome(str(device), "train", predicted_ms=float(estimated) * 1000.0,
+                                    measured_ms=float(actual) * 1000.0, model=str(digest))
+                for device, estimated, actual, digest in zip(
+                    frame["device"], frame["estimated_seconds"], frame["actual_seconds"],
+                    frame["model_digest"], strict=True)]
+
+    return history
 
 
 def perfdb_coverage_source(db_url: str | None) -> service.CoverageSource:
@@ -96,7 +124,8 @@ def run_serve(args: argparse.Namespace) -> int:
     state = service.ServiceState(lambda: load_context(args.bundle))
     state.load()  # fail fast on a broken explicit bundle
     app = service.make_app(state, settings, outcome_sink=perfdb_outcome_sink(args.db),
-                           coverage_source=perfdb_coverage_source(args.db))
+                           coverage_source=perfdb_coverage_source(args.db),
+                           outcome_history=perfdb_outcome_history(args.db))
     web.run_app(app, host=settings.host, port=settings.port)
     return 0
 

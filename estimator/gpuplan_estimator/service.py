@@ -2,16 +2,19 @@
 
 Handlers are thin: decode JSON under a body cap, hand the pure work to `engine` in a worker
 thread under a per-request timeout, encode the result. The model bundle is loaded once and
-swapped atomically (a single attribute assignment) when a newer one appears.
+swapped atomically (a single attribute assignment) when a newer one appears. The calibration
+from job outcomes is refitted at start-up and after every stored outcome, and swapped the same
+way; it lives beside the bundle, not in it, so a new bundle keeps it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,7 +29,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from gpuplan_estimator import api, engine
+from gpuplan_estimator import api, calibration, engine
 from gpuplan_estimator.errors import GpuplanError, InvalidModelError, InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -63,11 +66,13 @@ class Metrics:
 
 
 class ServiceState:
-    """What handlers share: the current engine context, swapped whole on a new bundle."""
+    """What handlers share: the current engine context, swapped whole on a new bundle, and the
+    calibration fitted from job outcomes, swapped whole on a new outcome."""
 
     def __init__(self, context_loader: Callable[[], engine.EngineContext]) -> None:
         self._loader = context_loader
         self.context: engine.EngineContext | None = None
+        self.calibration = calibration.Calibration()
 
     def load(self) -> bool:
         """(Re)load; returns True when a different bundle is now in use."""
@@ -87,6 +92,10 @@ def _json_error(status: int, reason: str, message: str, details: list[str] | Non
 
 OutcomeSink = Callable[[api.OutcomeRequest, str], int]
 """Stores a finished job's outcome (with the canonical device key); returns the row id."""
+
+
+OutcomeHistory = Callable[[], Sequence[calibration.Outcome]]
+"""Every stored job outcome, against the model's uncalibrated estimate — `PerfStore`."""
 
 
 CoverageSource = Callable[[], Mapping[str, tuple[int, datetime | None]]]
@@ -114,9 +123,13 @@ def make_app(
     registry: CollectorRegistry | None = None,
     outcome_sink: OutcomeSink | None = None,
     coverage_source: CoverageSource | None = None,
+    outcome_history: OutcomeHistory | None = None,
 ) -> web.Application:
+    """The service; without `outcome_history` (no database) predictions stay uncalibrated."""
     metrics = Metrics(registry or CollectorRegistry())
     executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="estimate")
+    # One refit at a time, so a slow earlier read never replaces a newer calibration.
+    refitting = asyncio.Lock()
 
     @web.middleware
     async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -146,10 +159,27 @@ def make_app(
         except json.JSONDecodeError as exc:
             raise InvalidRequestError("body", f"invalid JSON: {exc.msg} at {exc.pos}") from exc
 
+    async def refit_calibration() -> None:
+        """Refit from every stored outcome; on any failure keep the calibration in use."""
+        if outcome_history is None:
+            return
+        history = outcome_history
+        async with refitting:
+            try:
+                fitted = await run_pure(lambda: calibration.fit(history()))
+            except Exception:  # the outcome is stored either way; the next refit catches up
+                log.exception("refitting the calibration from job outcomes failed; keeping the "
+                              "current one")
+                return
+            state.calibration = fitted  # atomic swap, like the bundle
+        log.info("calibration from %d job outcomes: %s", fitted.overall.outcomes,
+                 calibration.summary(fitted))
+
     async def guarded(work: Callable[[engine.EngineContext], Any]) -> web.Response:
-        context = state.context
-        if context is None:
+        current = state.context
+        if current is None:
             return _json_error(503, "NotReady", "model bundle not loaded yet")
+        context = dataclasses.replace(current, calibration=state.calibration)
         try:
             result = await run_pure(lambda: work(context))
         except InvalidModelError as exc:
@@ -189,6 +219,8 @@ def make_app(
             row = await run_pure(lambda: outcome_sink(req, device))
         except GpuplanError as exc:
             return _json_error(422, "InvalidRequest", str(exc))
+        # Before answering, so the plan the operator asks for next already learned from it.
+        await refit_calibration()
         return web.json_response({"id": row, "device": device}, status=201)
 
     async def coverage(_: web.Request) -> web.Response:
@@ -209,7 +241,12 @@ def make_app(
         context = state.context
         if context is None:
             return _json_error(503, "NotReady", "model bundle not loaded yet")
-        return web.json_response(context.describe())
+        fitted = state.calibration
+        return web.json_response({
+            **context.describe(),
+            "calibration": {"outcomes": fitted.overall.outcomes,
+                            "factors": dict(calibration.summary(fitted))},
+        })
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -234,6 +271,7 @@ def make_app(
 
         if state.context is None:
             await asyncio.get_running_loop().run_in_executor(executor, state.load)
+        await refit_calibration()
         task = asyncio.create_task(loop())
         yield
         task.cancel()

@@ -347,6 +347,9 @@ class PerfStore:
         actual_seconds: float,
         model_digest: str = "",
     ) -> int:
+        """One finished job. `estimated_seconds` is the model's UNcalibrated estimate (the
+        service divides the plan's calibrated one by the factor the plan used), so the
+        calibration fitted from these rows never corrects its own earlier corrections."""
         if gpu_count < 1:
             raise errors.InvalidRequestError("gpu_count", f"must be >= 1, got {gpu_count}")
         if estimated_seconds <= 0 or actual_seconds <= 0:
@@ -367,6 +370,7 @@ class PerfStore:
     def job_outcomes(
         self, *, device: str | None = None, job_uid: str | None = None
     ) -> pd.DataFrame:
+        """Finished jobs, oldest first; `drift_ratio` is actual / the model's own estimate."""
         stmt: Select[Any] = select(JobOutcome.__table__).order_by(JobOutcome.id)
         if device is not None:
             stmt = stmt.where(JobOutcome.device == device)

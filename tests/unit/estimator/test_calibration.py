@@ -84,3 +84,24 @@ def test_outcomes_excluding_model_and_device() -> None:
     assert [o.model for o in cal.outcomes_excluding(outs, model="a")] == ["b"]
     assert cal.outcomes_excluding(outs, model="b", device="t4") == (outs[1],)
     assert set(cal.summary(cal.fit(outs))) == {"t4/train", "v100/train", "*/train", "*/*"}
+
+
+def test_calibrate_without_outcomes_leaves_the_prediction_as_it_was() -> None:
+    out = cal.calibrate(cal.Calibration(), "t4", "train", 100.0, 90.0, 110.0)
+    assert (out.median_ms, out.p10_ms, out.p90_ms) == (100.0, 90.0, 110.0)
+    assert out.correction == cal.IDENTITY
+    assert out.correction.as_dict() == {"factor": 1.0, "outcomes": 0, "level": "none"}
+
+
+def test_calibrate_with_outcomes_is_apply_and_tolerates_rounding_in_the_interval() -> None:
+    fitted = cal.fit([_o("t4", "train", 100.0, 150.0)])
+    assert cal.calibrate(fitted, "t4", "train", 200.0, 190.0, 210.0) == cal.apply(
+        fitted, "t4", "train", 200.0, 190.0, 210.0)
+    # A summed p10 a hair above the summed median is rounding, not an inverted interval.
+    out = cal.calibrate(fitted, "t4", "train", 100.0, 100.0 + 1e-12, 100.0)
+    assert out.p10_ms <= out.median_ms <= out.p90_ms
+    assert out.correction.level == "device+mode" and out.correction.outcomes == 1
+
+
+def test_calibration_mode_of_a_request() -> None:
+    assert (cal.mode_of("train"), cal.mode_of("inference")) == ("train", "inference")

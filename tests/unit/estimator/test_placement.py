@@ -1,10 +1,11 @@
 """Planner: candidates, rejections with reasons, objectives."""
 
+import dataclasses
 import math
 
 import pytest
 
-from gpuplan_estimator import placement
+from gpuplan_estimator import calibration, placement
 from gpuplan_estimator.scaling import ScalingModel
 
 GIB = 2**30
@@ -110,3 +111,26 @@ def test_cost_is_gpu_hours_times_price() -> None:
     multi = placement.evaluate(FAST, POOLS[0], SHAPE, 16, NO_COMM)
     assert isinstance(multi, placement.Candidate)
     assert (multi.gpus_per_node, multi.nodes) == (8, 2)
+
+
+def test_calibration_scales_the_all_reduce_too_and_is_carried_to_the_candidate() -> None:
+    """Points arrive calibrated; the network part follows, so the whole step is × factor."""
+    factor = 1.5
+    correction = calibration.Correction(factor, 0.1, 4, "device+mode")
+    scaled = profile("fast", cap_gib=80, price=4.0, points=[
+        dataclasses.replace(p, forward_ms=p.forward_ms * factor,
+                            backward_ms=p.backward_ms * factor,
+                            optimizer_ms=p.optimizer_ms * factor,
+                            p10_ms=p.p10_ms * factor, p90_ms=p.p90_ms * factor)
+        for p in FAST.points])
+    scaled = dataclasses.replace(scaled, calibration=correction)
+    for n in (1, 8, 16):  # one GPU, one node, two nodes (all-reduce exposed past the overlap)
+        raw = placement.evaluate(FAST, POOLS[0], SHAPE, n, ScalingModel(overlap=0.0))
+        cal = placement.evaluate(scaled, POOLS[0], SHAPE, n, ScalingModel(overlap=0.0))
+        assert isinstance(raw, placement.Candidate) and isinstance(cal, placement.Candidate)
+        assert raw.calibration == calibration.IDENTITY and cal.calibration == correction
+        assert cal.allreduce_ms == pytest.approx(raw.allreduce_ms * factor)
+        assert cal.step_time_ms == pytest.approx(raw.step_time_ms * factor)
+        assert cal.estimated_seconds == pytest.approx(raw.estimated_seconds * factor)
+        assert cal.interval_seconds == pytest.approx(
+            (raw.interval_seconds[0] * factor, raw.interval_seconds[1] * factor))

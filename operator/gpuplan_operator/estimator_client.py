@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,10 +60,26 @@ def parse_plan(body: Mapping[str, Any], *, generation: int) -> resources.Plan:
             predictor=str(p.get("predictor", "")), observed_generation=generation,
             alternatives=tuple(_alternative(c) for c in body.get("candidates") or ())[:16],
             rejected=tuple(rejection(r) for r in body.get("rejected") or ()),
+            calibration_factor=_calibration_factor(p.get("calibration")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.EstimatorProtocolError(
             f"estimator plan response: bad or missing {exc}") from exc
+
+
+def _calibration_factor(calibration: Any) -> float:
+    """`plan.calibration.factor`; an estimator that predates calibration sends none (1.0)."""
+    if calibration is None:
+        return 1.0
+    if not isinstance(calibration, Mapping):
+        raise TypeError(f"'calibration' {calibration!r}: must be an object")
+    raw = calibration.get("factor")
+    if raw is None:
+        return 1.0
+    if (isinstance(raw, bool) or not isinstance(raw, int | float)
+            or not (raw > 0 and math.isfinite(raw))):
+        raise ValueError(f"'calibration.factor' {raw!r}: must be a positive number")
+    return float(raw)
 
 
 def _alternative(c: Mapping[str, Any]) -> dict[str, Any]:
@@ -134,9 +151,14 @@ def describe_rejections(details: Sequence[object]) -> str:
 
 
 def build_outcome(*, job_uid: str, plan: resources.Plan, actual_seconds: float) -> dict[str, Any]:
-    """The calibration sample of a finished job (`POST /v1/outcomes`)."""
+    """The calibration sample of a finished job (`POST /v1/outcomes`).
+
+    `estimated_seconds` is what the plan said, already calibrated; the factor goes with it so
+    the estimator can divide it out instead of learning its own correction a second time.
+    """
     return {"job_uid": job_uid, "gpu_type": plan.gpu_type, "gpu_count": plan.gpu_count,
-            "estimated_seconds": plan.estimated_seconds, "actual_seconds": actual_seconds}
+            "estimated_seconds": plan.estimated_seconds, "actual_seconds": actual_seconds,
+            "calibration_factor": plan.calibration_factor}
 
 
 async def report_outcome(base_url: str, body: Mapping[str, Any], *,

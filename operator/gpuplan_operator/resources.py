@@ -100,6 +100,9 @@ class Plan:
     observed_generation: int
     alternatives: tuple[Mapping[str, Any], ...] = ()
     rejected: tuple[Rejection, ...] = ()
+    calibration_factor: float = 1.0
+    """The estimator's job-outcome correction already in `estimated_seconds`; reported back
+    with the outcome so the estimator can store its model's own estimate."""
 
     @property
     def multi_node(self) -> bool:
@@ -112,6 +115,7 @@ class Plan:
             "estimatedSeconds": self.estimated_seconds, "stepTimeMs": self.step_time_ms,
             "memoryBytes": self.memory_bytes_per_gpu, "predictor": self.predictor,
             "observedGeneration": self.observed_generation,
+            "calibrationFactor": self.calibration_factor,
             "alternatives": [dict(a) for a in self.alternatives[:64]],
             "rejected": [{"gpuType": r.gpu_type, "gpuCount": r.gpu_count, "reason": r.reason}
                          for r in self.rejected[:256]],
@@ -134,6 +138,8 @@ class Plan:
             alternatives=tuple(data.get("alternatives") or ()),
             rejected=tuple(Rejection(str(r.get("gpuType", "")), r.get("gpuCount"),
                                      str(r.get("reason", ""))) for r in data.get("rejected") or ()),
+            # Plans stored before calibration existed were uncalibrated.
+            calibration_factor=float(data.get("calibrationFactor", 1.0)),
         )
 
 

@@ -51,7 +51,8 @@ class EstimatorServer:
         state = service.ServiceState(lambda: serve_cli.load_context(None))
         app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600),
                                outcome_sink=serve_cli.perfdb_outcome_sink(self.db_url),
-                               coverage_source=serve_cli.perfdb_coverage_source(self.db_url))
+                               coverage_source=serve_cli.perfdb_coverage_source(self.db_url),
+                               outcome_history=serve_cli.perfdb_outcome_history(self.db_url))
         app.middlewares.insert(0, self._record)
         self._runner = web.AppRunner(app)
         await self._runner.setup()

@@ -54,6 +54,9 @@ def test_resnet50_is_planned_launched_and_measured(
     fed_back = estimator.outcomes()
     assert list(fed_back["job_uid"]) == [tj["metadata"]["uid"]]
     assert list(fed_back["device"]) == ["l4"]
+    # A fresh database has no outcomes: the plan is uncalibrated, so the stored drift (against
+    # the model's own estimate) is the status drift.
+    assert plan["calibrationFactor"] == 1.0
     assert float(fed_back["drift_ratio"].iloc[0]) == pytest.approx(status["drift"], rel=1e-3)
     text = metrics.decode()
     assert 'gpuplan_drift_ratio_count{gpu_type="NVIDIA-L4"} 1.0' in text

@@ -93,6 +93,21 @@ def test_connection_refused_is_unavailable() -> None:
         asyncio.run(run())
 
 
+def test_plan_keeps_the_calibration_factor_it_was_given() -> None:
+    calibrated = {"plan": {**PLAN["plan"], "calibration": {"factor": 1.3, "outcomes": 4,
+                                                           "level": "device+mode"}}}
+    assert estimator_client.parse_plan(calibrated, generation=1).calibration_factor == 1.3
+    # An estimator that predates calibration sends no object: the estimate is the model's.
+    assert estimator_client.parse_plan(PLAN, generation=1).calibration_factor == 1.0
+
+
+@pytest.mark.parametrize("calibration", [{"factor": 0}, {"factor": -2.0}, {"factor": "x"}, 7])
+def test_a_bad_calibration_factor_is_a_protocol_error(calibration: Any) -> None:
+    body = {"plan": {**PLAN["plan"], "calibration": calibration}}
+    with pytest.raises(errors.EstimatorProtocolError, match="calibration"):
+        estimator_client.parse_plan(body, generation=1)
+
+
 def test_request_body_follows_the_contract() -> None:
     spec = validation.parse_spec(SpecBuilder().set("training.sequenceLength", 128)
                                  .set("training.dims", {"heads": 12}).set("gpuTypes", ["NVIDIA-L4"])

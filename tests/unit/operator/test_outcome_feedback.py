@@ -1,10 +1,17 @@
 """Finished jobs go back to the estimator as calibration samples."""
 
 import asyncio
+import base64
+import dataclasses
+import pathlib
 import socket
 
+import onnx
 import pytest
+from operator_builders import LocalServer
 
+from gpuplan_estimator import devices, engine, roofline, serve_cli, service
+from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_operator import errors, estimator_client, resources
 
 PLAN = resources.Plan(
@@ -12,12 +19,21 @@ PLAN = resources.Plan(
     estimated_seconds=100.0, step_time_ms=10.0, memory_bytes_per_gpu=2**30, cost_usd=1.0,
     predictor="roofline", observed_generation=1,
 )
+RESNET50 = (pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+            / "light_resnet50.onnx")
 
 
 def test_outcome_body_carries_plan_and_actual() -> None:
     body = estimator_client.build_outcome(job_uid="u1", plan=PLAN, actual_seconds=130.0)
     assert body == {"job_uid": "u1", "gpu_type": "NVIDIA-L4", "gpu_count": 2,
-                    "estimated_seconds": 100.0, "actual_seconds": 130.0}
+                    "estimated_seconds": 100.0, "actual_seconds": 130.0,
+                    "calibration_factor": 1.0}
+
+
+def test_outcome_body_carries_the_factor_the_plan_was_calibrated_with() -> None:
+    plan = dataclasses.replace(PLAN, estimated_seconds=150.0, calibration_factor=1.5)
+    body = estimator_client.build_outcome(job_uid="u1", plan=plan, actual_seconds=160.0)
+    assert (body["estimated_seconds"], body["calibration_factor"]) == (150.0, 1.5)
 
 
 def test_unreachable_estimator_is_a_typed_error() -> None:
@@ -28,3 +44,46 @@ def test_unreachable_estimator_is_a_typed_error() -> None:
     with pytest.raises(errors.EstimatorUnavailableError, match="/v1/outcomes"):
         asyncio.run(estimator_client.report_outcome(f"http://127.0.0.1:{port}", body,
                                                     timeout_seconds=2))
+
+
+def test_calibrated_plans_feed_back_the_models_own_estimate(tmp_path: pathlib.Path) -> None:
+    """Operator client ↔ the real estimator service and SQLite: a job planned after earlier
+    outcomes were learned is stored against the uncalibrated estimate, never counted twice."""
+    url = f"sqlite:///{tmp_path / 'perf.db'}"
+    with PerfStore.open(url) as store:
+        for i in range(3):
+            store.record_job_outcome(job_uid=f"old{i}", device="l4", gpu_count=1,
+                                     estimated_seconds=100.0, actual_seconds=150.0)
+    context = engine.EngineContext(catalog=devices.load_catalog(),
+                                   predictor=roofline.RooflinePredictor(),
+                                   predictor_source="roofline")
+    app = service.make_app(service.ServiceState(lambda: context),
+                           service.ServiceSettings(bundle_poll_s=3600),
+                           outcome_sink=serve_cli.perfdb_outcome_sink(url),
+                           outcome_history=serve_cli.perfdb_outcome_history(url))
+    body = {"model_onnx_b64": base64.b64encode(RESNET50.read_bytes()).decode(),
+            "training": {"batch_size": 1, "dataset_size": 1000, "epochs": 1,
+                         "optimizer": "sgd", "dims": {}},
+            "objective": {"prefer": "cheapest", "max_gpus": 1},
+            "inventory": [{"gpu_type": "NVIDIA-L4", "gpus_per_node": 1, "nodes": 1,
+                           "free_gpus": 1}],
+            "gpu_types": []}
+
+    async def main() -> resources.Plan:
+        async with LocalServer(app) as srv:
+            plan = await estimator_client.request_plan(srv.url, body, generation=1,
+                                                       timeout_seconds=30)
+            # The plan survives an operator restart through status.plan.
+            plan = resources.Plan.from_status(plan.to_status())
+            outcome = estimator_client.build_outcome(
+                job_uid="new", plan=plan, actual_seconds=plan.estimated_seconds)
+            await estimator_client.report_outcome(srv.url, outcome, timeout_seconds=30)
+            return plan
+
+    plan = asyncio.run(main())
+    assert 1.0 < plan.calibration_factor < 1.5
+    row = PerfStore.open(url).job_outcomes(job_uid="new")
+    assert float(row["estimated_seconds"].iloc[0]) == pytest.approx(
+        plan.estimated_seconds / plan.calibration_factor)
+    # The job took exactly the calibrated estimate: against the model it ran slow by the factor.
+    assert float(row["drift_ratio"].iloc[0]) == pytest.approx(plan.calibration_factor)

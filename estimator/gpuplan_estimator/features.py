@@ -21,7 +21,7 @@ from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.layers import DTYPE_BYTES
 from gpuplan_estimator.workload import WorkItem
 
-FEATURE_SCHEMA_VERSION = "5"
+FEATURE_SCHEMA_VERSION = "6"
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -51,6 +51,10 @@ ELEMENTWISE_OPS: tuple[str, ...] = (
 _OP_ALIASES = {"addu": "add", "subu": "sub", "mulu": "mul", "divu": "div", "powu": "pow"}
 _OP_CODE = {op: float(i) for i, op in enumerate(ELEMENTWISE_OPS)} | {
     alias: float(ELEMENTWISE_OPS.index(op)) for alias, op in _OP_ALIASES.items()}
+# Pooling: onnxruntime's CPU AveragePool runs 30-100x slower per element than MaxPool (CPU rows
+# of data/cpu-measurements), so the op must be a feature. Bench names and ONNX op types share codes.
+_POOL_OP_CODE = {"maxpool": 0.0, "MaxPool": 0.0, "GlobalMaxPool": 0.0, "avgpool": 1.0,
+                 "AveragePool": 1.0, "GlobalAveragePool": 1.0, "other": 2.0}
 # Transcendentals cost several FLOPs per element; the rest one.
 _OP_FLOPS = {"pow": 8.0, "powu": 8.0, "gelu": 8.0, "tanh": 6.0, "sigmoid": 4.0, "exp": 4.0,
              "log": 4.0, "erf": 6.0, "sqrt": 2.0}
@@ -350,7 +354,8 @@ def _kernel_feature_names(kernel: str) -> tuple[str, ...]:
         "conv2d": ("log_batch", "log_c_in", "log_c_out", "log_h", "kernel_h", "kernel_w",
                    "stride_h", "groups", "log_gemm_m", "log_gemm_k", "log_out_hw", *waves,
                    *_CONV_ALIGN_NAMES, *_WINOGRAD_NAMES),
-        "pool": ("log_batch", "log_channels", "log_h", "kernel_h", "stride_h", "log_waves_elem"),
+        "pool": ("log_batch", "log_channels", "log_h", "kernel_h", "stride_h", "log_waves_elem",
+                 "pool_op"),
         "elementwise": ("log_rows", "log_cols", "operands", "op", "log_elems_per_thread",
                         "cols_mod4"),
         "memcpy": ("log_elements", "log_elems_per_thread"),
@@ -379,7 +384,8 @@ def _kernel_features(cols: WorkColumns, dev: DeviceColumns) -> list[FloatArray]:
     if k == "pool":
         elems = d["batch"] * d["channels"] * d["h"] * d["w"]
         return [_log(d["batch"]), _log(d["channels"]), _log(d["h"]), d["kernel_h"],
-                d["stride_h"], _log(elems / threads)]
+                d["stride_h"], _log(elems / threads),
+                _map_str(cols.op, _POOL_OP_CODE, _POOL_OP_CODE["other"])]
     if k == "elementwise":
         codes = _map_str(cols.op, _OP_CODE, _OP_CODE["other"])
         n = d["rows"] * d["cols"]

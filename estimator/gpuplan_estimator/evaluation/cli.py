@@ -28,7 +28,7 @@ from gpuplan_estimator import (
     train,
     train_cli,
 )
-from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, report
+from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, host_bench, report
 from gpuplan_estimator.evaluation.gpu_labels import RowResult
 from gpuplan_estimator.predictors import LatencyPredictor
 
@@ -44,6 +44,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out retraining")
     p.add_argument("--no-cpu", action="store_true", help="skip the CPU closed loop")
     p.add_argument("--cpu-runs", type=int, default=10, help="timed runs per CPU model")
+    p.add_argument("--cpu-bench-minutes", type=float, default=10.0,
+                   help="benchmark this host first and price the CPU loop with models fitted "
+                   "on its rows (resumable); 0 = the bundle's CPU models (default %(default)s)")
+    p.add_argument("--cpu-bench-samples", type=int, default=4000,
+                   help="rows in the host's bench plan (default %(default)s)")
+    p.add_argument("--cpu-db", default=None,
+                   help="performance database for the host bench (default: as for bench)")
     p.add_argument("--logo-max-rows", type=int, default=15_000,
                    help="subsample cap per kernel for the leave-one-GPU-out refits")
     p.set_defaults(func=run)
@@ -79,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
                 f"{device.peak_tflops['fp32'] * 1000:.0f} GFLOP/s fp32, "
                 f"{device.mem_bandwidth_gbps:.1f} GB/s; load average at start "
                 f"{load[0]:.2f} (other processes share this machine).")
+        cpu_models, cpu_text = host_cpu_models(args, fitted)
+        host += " " + cpu_text + "."
         cpu = cpu_loop.evaluate_light_models(
-            device=device, predictor=latency.LearnedPredictor(fitted),
+            device=device, predictor=latency.LearnedPredictor(cpu_models),
             settings=cpu_loop.TimingSettings(runs=args.cpu_runs), progress=_say)
     rep = report.Report(
         commit=train_cli.git_commit(), command=command_line(args),
@@ -115,6 +124,18 @@ def latency_bundle(explicit: Path | None, gpu_ops: Path) -> tuple[bundle.Bundle,
     fitted = train.train_bundle(frame, train.TrainSettings(), validate=False)
     return fitted, (f"fitted in memory from {gpu_ops} (default TrainSettings; the installed "
                     "bundle could not be loaded)")
+
+
+def host_cpu_models(args: argparse.Namespace, fitted: bundle.Bundle) -> tuple[bundle.Bundle, str]:
+    """The models that price the CPU loop: fitted on this host's bench rows, or (with
+    ``--cpu-bench-minutes 0``) the bundle's, whose rows may come from another host."""
+    if args.cpu_bench_minutes <= 0:
+        return fitted, "CPU latency models: the bundle's (measured on the host its metadata names)"
+    models = host_bench.bench_and_fit(
+        host_bench.HostBenchSettings(minutes=args.cpu_bench_minutes,
+                                     samples=args.cpu_bench_samples, db_url=args.cpu_db),
+        progress=_say)
+    return models.bundle, models.describe()
 
 
 def calibrated(results: Sequence[RowResult], *, hold_out_device: bool) -> tuple[RowResult, ...]:
@@ -202,5 +223,7 @@ def command_line(args: argparse.Namespace) -> str:
         if getattr(args, flag) is not None:
             parts += [f"--{flag}", str(getattr(args, flag))]
     parts += ["--no-logo"] if args.no_logo else ["--logo-max-rows", str(args.logo_max_rows)]
-    parts += ["--no-cpu"] if args.no_cpu else ["--cpu-runs", str(args.cpu_runs)]
+    parts += ["--no-cpu"] if args.no_cpu else [
+        "--cpu-runs", str(args.cpu_runs), "--cpu-bench-minutes", f"{args.cpu_bench_minutes:g}",
+        "--cpu-bench-samples", str(args.cpu_bench_samples)]
     return shlex.join(parts)

@@ -112,3 +112,13 @@ def test_conv_alignment_and_winograd_tiles(t4: devices.DeviceSpec) -> None:
     assert row["log_wino_tiles_2x2"] == pytest.approx(np.log2(2 * 15 * 15))
     assert row["log_wino_work_4x4"] == pytest.approx(np.log2(2 * 8 * 8 * 36 * 12 * 40))
     assert row["wino_pad_waste_4x4"] == pytest.approx(2 / 30)
+
+
+def test_pool_op_is_a_feature_shared_by_bench_and_onnx_names(t4: devices.DeviceSpec) -> None:
+    ops = ["maxpool", "MaxPool", "avgpool", "AveragePool", "GlobalAveragePool", "LpPool"]
+    cols = features.columns_from_items("pool", [item("pool", DIMS["pool"], op=o) for o in ops])
+    x, _ = features.feature_matrix(cols, features.broadcast_device(t4, cols.dtype, 0))
+    code = x[:, features.feature_names("pool").index("pool_op")]
+    assert code[0] == code[1] != code[2]
+    assert code[2] == code[3] == code[4]
+    assert code[5] not in (code[0], code[2])

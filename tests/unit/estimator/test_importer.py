@@ -181,9 +181,11 @@ def test_measurement_frame_files_import_as_is(tmp_path: Path, store: PerfStore) 
         importer.import_gpu_ops(tmp_path / "bad.csv", store)
 
 
-def test_shipped_cpu_measurements_load_as_a_measurement_frame() -> None:
-    path = REPO / "estimator/gpuplan_estimator/data/cpu-measurements/amd-epyc-2core.parquet"
+@pytest.mark.parametrize("path", sorted(
+    (REPO / "estimator/gpuplan_estimator/data/cpu-measurements").glob("*.parquet")),
+    ids=lambda p: p.name)
+def test_shipped_cpu_measurements_load_as_a_measurement_frame(path: Path) -> None:
     frame = importer.load_measurement_file(path)
-    assert len(frame) > 1000 and set(frame["device"]) == {"cpu"}
+    assert len(frame) >= 2000 and set(frame["device"]) == {"cpu"}
     assert {"gemm", "conv2d", "elementwise", "layernorm", "softmax", "pool", "memcpy"} <= set(
         frame["kernel"])

@@ -1,0 +1,51 @@
+"""The CPU closed loop's first half: bench this host (real onnxruntime, SQLite), fit on its rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuplan_estimator import devices, errors, latency, layers
+from gpuplan_estimator.bench import timing
+from gpuplan_estimator.evaluation import host_bench
+from gpuplan_estimator.workload import Phase, WorkItem
+
+SOFTMAX_SWEEP = """
+kernel: softmax
+ops: [softmax]
+dims: {rows: {log: [1, 256]}, cols: {log: [1, 256]}}
+limits: {cpu: {max_flops: 1.0e7, max_bytes: 1.0e7}}
+"""
+FAST = timing.TimingSettings(warmup_runs=1, repeats=2, min_runs=2, max_runs=3)
+
+
+def settings(tmp_path: Path, **kw: object) -> host_bench.HostBenchSettings:
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir(exist_ok=True)
+    (sweeps / "softmax.yaml").write_text(SOFTMAX_SWEEP)
+    base: dict[str, object] = {"minutes": 5.0, "samples": 80, "seed": 3, "min_rows": 60,
+                               "db_url": f"sqlite:///{tmp_path / 'perf.db'}",
+                               "sweep_paths": (str(sweeps),), "timing": FAST}
+    return host_bench.HostBenchSettings(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_bench_then_fit_prices_this_host(tmp_path: Path) -> None:
+    models = host_bench.bench_and_fit(settings(tmp_path))
+    assert models.status == "done" and models.rows == 80
+    assert set(models.bundle.models) == {"softmax"}
+    assert models.bundle.manifest["devices"] == ["cpu"]
+    item = WorkItem(layer="s", family=layers.OpFamily.SOFTMAX, kernel="softmax",
+                    phase=Phase.FORWARD, dims={"rows": 64, "cols": 128}, dtype="float32",
+                    flops=5 * 64 * 128, bytes_moved=8 * 64 * 128, op="Softmax")
+    pred = latency.LearnedPredictor(models.bundle).predict([item], devices.resolve_device("cpu"))
+    assert np.all(np.isfinite(pred.median_ms)) and float(pred.median_ms[0]) > 0
+    assert "80 rows measured on this host" in models.describe()
+    again = host_bench.bench_and_fit(settings(tmp_path))  # resumes: same run, nothing re-timed
+    assert again.run_id == models.run_id and again.rows == 80
+
+
+def test_too_few_rows_names_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(errors.InvalidRequestError, match="--cpu-bench-minutes"):
+        host_bench.bench_and_fit(settings(tmp_path, samples=20, min_rows=60))

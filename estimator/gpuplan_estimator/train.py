@@ -321,12 +321,23 @@ METHOD_NOTES = """## Method
   layernorm 27.2 % (A100), against 1.7–3.5 % on the random split. The transfer model brings
   those to the table above; gemm and conv2d barely move (cuBLAS/cuDNN pick different kernels
   per architecture, and V100's SIMT sgemm runs ~25 % faster than the others predict).
-- CPU rows (`data/cpu-measurements`, 2,024 rows, 200–412 per kernel) were measured on a shared
-  2-core host under load 4–7: the median repeat CV is ~20 %, and neighbouring shapes differ
-  up to 5x (memcpy: 0.71 M elements 1.05 ms, 1.02 M elements 0.21 ms), so no model of shape
-  alone can reach 10 % on them. A CPU-only model does as badly
-  (held-out MAPE 42–173 %), and weighting CPU rows x20 or x100 did not help (gemm 172 → 96 →
-  145 %), so the CPU target is not met with this data; more and quieter CPU rows are needed.
+- CPU rows (`data/cpu-measurements`, 10,400 rows in two runs, 2026-11-23) were measured on an
+  otherwise idle 2-core Intel Xeon KVM guest (onnxruntime 1.23.2, 2 threads); they replace the
+  2,024 rows of 2026-11-22 taken on a loaded AMD host (load 4-7, held-out CPU MAPE 40-173 %).
+  Held-out CPU MAPE is now 11.5-22.6 % (table above). What is left is scatter between benchmark
+  sessions, not model capacity: the within-session repeat CV is ~5 %, but every row runs in a
+  fresh onnxruntime session and tiny kernels are bimodal across sessions (relu on 1-60 elements
+  takes 4.5 or 7.3 us), and the held-out error is flat across latency bins from 0.01 ms to >3 ms
+  (conv2d 18-26 %, gemm 18-21 %). A CPU-only model on the same rows does the same (conv2d
+  20.8 %, gemm 19.4 %, elementwise 18.1 %, layernorm 12.2 %, softmax 16.9 %, pool 21.2 %), and
+  600-1000 trees do no better (within ±1.5 pp). The CPU target of 10 % is not met; timing each
+  row in two or three sessions and keeping the median is the next step.
+- `pool` has the op as a feature (schema 6): onnxruntime's CPU AveragePool is 30-100x slower per
+  element than MaxPool, and without it the CPU pool model erred 121 % (with it: 20 %).
+- conv2d: cuDNN's algorithm is named in the data (`kernel_name`: Winograd, implicit-GEMM scudnn,
+  sgemm/FFT). An oracle that gives the model the true algorithm class reaches only 8.64 % MAPE
+  (P90 18.6 %) from 9.48 %; cross-fitted predicted class probabilities (88 % accurate) make it
+  worse (9.87 %). Not kept: the algorithm is not the missing information.
 - `linear_tree=True` was tried on softmax: leaf-wise linear fits extrapolate the log ratio and
   overflowed on held-out rows, so it is off.
 - Rows are subsampled per kernel (stratified by device) to `max_rows_per_kernel`; conv2d uses all

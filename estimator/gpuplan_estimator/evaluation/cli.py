@@ -49,6 +49,8 @@ def register(subparsers: Any) -> None:
                    "on its rows (resumable); 0 = the bundle's CPU models (default %(default)s)")
     p.add_argument("--cpu-bench-samples", type=int, default=4000,
                    help="rows in the host's bench plan (default %(default)s)")
+    p.add_argument("--cpu-bench-seed", type=int, default=0,
+                   help="sampling seed of the host's bench plan (default %(default)s)")
     p.add_argument("--cpu-db", default=None,
                    help="performance database for the host bench (default: as for bench)")
     p.add_argument("--logo-max-rows", type=int, default=15_000,
@@ -133,7 +135,8 @@ def host_cpu_models(args: argparse.Namespace, fitted: bundle.Bundle) -> tuple[bu
         return fitted, "CPU latency models: the bundle's (measured on the host its metadata names)"
     models = host_bench.bench_and_fit(
         host_bench.HostBenchSettings(minutes=args.cpu_bench_minutes,
-                                     samples=args.cpu_bench_samples, db_url=args.cpu_db),
+                                     samples=args.cpu_bench_samples, seed=args.cpu_bench_seed,
+                                     db_url=args.cpu_db),
         progress=_say)
     return models.bundle, models.describe()
 
@@ -225,5 +228,6 @@ def command_line(args: argparse.Namespace) -> str:
     parts += ["--no-logo"] if args.no_logo else ["--logo-max-rows", str(args.logo_max_rows)]
     parts += ["--no-cpu"] if args.no_cpu else [
         "--cpu-runs", str(args.cpu_runs), "--cpu-bench-minutes", f"{args.cpu_bench_minutes:g}",
-        "--cpu-bench-samples", str(args.cpu_bench_samples)]
+        "--cpu-bench-samples", str(args.cpu_bench_samples),
+        "--cpu-bench-seed", str(args.cpu_bench_seed)]
     return shlex.join(parts)

@@ -44,11 +44,12 @@ KERNEL_DIMS: Mapping[str, tuple[str, ...]] = {
 # Fixed vocabulary so op codes mean the same thing in every bundle of this schema version.
 ELEMENTWISE_OPS: tuple[str, ...] = (
     "add", "sub", "mul", "div", "pow", "relu", "gelu", "tanh", "sigmoid", "exp", "log",
-    "sqrt", "neg", "abs", "erf", "where", "cast", "clip", "max", "min", "other",
+    "sqrt", "neg", "abs", "erf", "where", "cast", "clip", "max", "min", "other", "lrn",
 )
 # Tensor-scalar variants of the shared gpu-ops data (addu = X + r) share the op's code; the
 # `operands` dim tells them apart.
-_OP_ALIASES = {"addu": "add", "subu": "sub", "mulu": "mul", "divu": "div", "powu": "pow"}
+_OP_ALIASES = {"addu": "add", "subu": "sub", "mulu": "mul", "divu": "div", "powu": "pow",
+               "LRN": "lrn"}
 _OP_CODE = {op: float(i) for i, op in enumerate(ELEMENTWISE_OPS)} | {
     alias: float(ELEMENTWISE_OPS.index(op)) for alias, op in _OP_ALIASES.items()}
 # Pooling: onnxruntime's CPU AveragePool runs 30-100x slower per element than MaxPool (CPU rows
@@ -57,7 +58,7 @@ _POOL_OP_CODE = {"maxpool": 0.0, "MaxPool": 0.0, "GlobalMaxPool": 0.0, "avgpool"
                  "AveragePool": 1.0, "GlobalAveragePool": 1.0, "other": 2.0}
 # Transcendentals cost several FLOPs per element; the rest one.
 _OP_FLOPS = {"pow": 8.0, "powu": 8.0, "gelu": 8.0, "tanh": 6.0, "sigmoid": 4.0, "exp": 4.0,
-             "log": 4.0, "erf": 6.0, "sqrt": 2.0}
+             "log": 4.0, "erf": 6.0, "sqrt": 2.0, "lrn": 13.0, "LRN": 13.0}
 
 # dtype → key of DeviceSpec.peak_tflops. Integer kernels run on the FP32 ALUs' issue slots.
 _PEAK_KEY = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16",

@@ -10,6 +10,9 @@ from gpuplan_estimator.layers import DTYPE_BYTES
 BINARY_OPS = frozenset({"add", "sub", "mul", "div", "pow"})
 SCALAR_OPS = frozenset({"addu", "mulu", "divu", "powu"})
 UNARY_OPS = frozenset({"relu", "gelu", "tanh", "sigmoid", "exp", "sqrt", "erf", "neg"})
+# Local response normalisation sums `size` squared neighbours per output element; the window
+# takes the place of `operands` (the estimator maps an ONNX LRN layer the same way).
+WINDOW_OPS = frozenset({"lrn"})
 
 
 def operands(op: str) -> int:
@@ -69,6 +72,8 @@ def pool_out(d: Mapping[str, int]) -> tuple[int, int]:
 
 def canonical(kernel: str, op: str, dims: dict[str, int]) -> dict[str, int]:
     """Map sampled dims onto the canonical dims of `workload.py`."""
+    if kernel == "elementwise" and op in WINDOW_OPS:
+        return {"rows": dims["rows"], "cols": dims["cols"], "operands": dims["size"]}
     if kernel == "elementwise":
         return {**dims, "operands": operands(op)}
     if kernel == "memcpy":

@@ -160,6 +160,8 @@ def _softmax(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
 
 
 def _elementwise(b: _Builder, op: str, d: Mapping[str, int]) -> Unit:
+    if op in shapes.WINDOW_OPS:
+        return _lrn(b, d)
     if op not in _ELEMENTWISE_OPS:
         raise errors.GpuplanError(f"elementwise op {op!r} not one of {sorted(_ELEMENTWISE_OPS)}")
     shape = (d["rows"], d["cols"])
@@ -172,6 +174,16 @@ def _elementwise(b: _Builder, op: str, d: Mapping[str, int]) -> Unit:
     else:
         ins = [x]
     return b.build(helper.make_node(_ELEMENTWISE_OPS[op], ins, ["y"]), shape)
+
+
+def _lrn(b: _Builder, d: Mapping[str, int]) -> Unit:
+    # rows play the channels the window slides over, cols the spatial positions: the same
+    # per-element work as LRN on [N, C, H, W] with rows = N*C*H and cols = W.
+    shape = (1, d["rows"], d["cols"], 1)
+    x = b.input("x", shape)
+    node = helper.make_node("LRN", [x], ["y"], size=d["operands"], alpha=1e-4, beta=0.75,
+                            bias=1.0)
+    return b.build(node, shape)
 
 
 def _memcpy(b: _Builder, op: str, d: Mapping[str, int]) -> Unit:

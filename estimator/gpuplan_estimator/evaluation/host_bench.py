@@ -38,13 +38,14 @@ class HostBenchSettings:
 class HostModels:
     bundle: Bundle
     run_id: int
-    rows: int
+    rows: int  # CPU rows of this backend in the database, this run's and earlier ones
     status: str  # the bench run's: done | interrupted
     db_url: str
 
     def describe(self) -> str:
-        return (f"CPU latency models fitted in this run from {self.rows} rows measured on this "
-                f"host (bench run {self.run_id}, {self.status}, db {self.db_url})")
+        return (f"CPU latency models fitted in this run from the {self.rows} CPU rows of "
+                f"{self.db_url} (this host's bench runs; this run's plan: run {self.run_id}, "
+                f"{self.status})")
 
 
 def bench_and_fit(
@@ -58,7 +59,9 @@ def bench_and_fit(
                  f"{settings.minutes:g} --seed {settings.seed}"))
     with PerfStore.open(settings.db_url) as store:
         report = runner.run_bench(bench, store, progress=False)
-        frame = store.measurements(run_id=report.run_id)
+        # Every row this host's database holds for the CPU on this backend: earlier runs (other
+        # plans, targeted sweeps) measured the same machine and only add coverage.
+        frame = store.measurements(devices=[report.device], backend=report.backend)
         url = store.url
     if progress is not None:
         progress(f"eval: CPU bench run {report.run_id}: {report.rows_total}/{report.planned} rows "

@@ -41,7 +41,7 @@ def test_bench_then_fit_prices_this_host(tmp_path: Path) -> None:
                     flops=5 * 64 * 128, bytes_moved=8 * 64 * 128, op="Softmax")
     pred = latency.LearnedPredictor(models.bundle).predict([item], devices.resolve_device("cpu"))
     assert np.all(np.isfinite(pred.median_ms)) and float(pred.median_ms[0]) > 0
-    assert "80 rows measured on this host" in models.describe()
+    assert "80 CPU rows" in models.describe()
     again = host_bench.bench_and_fit(settings(tmp_path))  # resumes: same run, nothing re-timed
     assert again.run_id == models.run_id and again.rows == 80
 

@@ -186,6 +186,11 @@ def test_measurement_frame_files_import_as_is(tmp_path: Path, store: PerfStore) 
     ids=lambda p: p.name)
 def test_shipped_cpu_measurements_load_as_a_measurement_frame(path: Path) -> None:
     frame = importer.load_measurement_file(path)
-    assert len(frame) >= 2000 and set(frame["device"]) == {"cpu"}
-    assert {"gemm", "conv2d", "elementwise", "layernorm", "softmax", "pool", "memcpy"} <= set(
-        frame["kernel"])
+    assert len(frame) >= 500 and set(frame["device"]) == {"cpu"}
+
+
+def test_shipped_cpu_measurements_cover_every_kernel() -> None:
+    directory = REPO / "estimator/gpuplan_estimator/data/cpu-measurements"
+    kernels = set().union(*(set(importer.load_measurement_file(p)["kernel"])
+                            for p in directory.glob("*.parquet")))
+    assert {"gemm", "conv2d", "elementwise", "layernorm", "softmax", "pool", "memcpy"} <= kernels

@@ -39,12 +39,17 @@ class Bundle:
     origin: str = field(default="memory")  # explicit | data-dir | shipped | memory
     transfer_models: Mapping[str, LayerLatencyModel] = field(default_factory=dict)
     """Per kernel, on `features.transfer_columns`: used for devices the bundle never saw."""
+    cpu_models: Mapping[str, LayerLatencyModel] = field(default_factory=dict)
+    """Per kernel, fitted on CPU rows only: they price CPUs, `models` price GPUs. Apart, so
+    CPU rows cannot move GPU predictions (bagging and splits shared them in one model)."""
 
     def has_seen(self, device: DeviceSpec) -> bool:
         return device.key in self.manifest.get("devices", [])
 
     def covers(self, kernel: str, device: DeviceSpec) -> bool:
         """Whether the kernel's training data had the device's platform (cpu or gpu)."""
+        if device.vendor == "cpu" and kernel in self.cpu_models:
+            return True
         platforms = self.manifest.get("kernel_platforms", {}).get(kernel)
         if platforms is None:
             return True  # bundles built in memory by tests carry no platform list
@@ -71,6 +76,7 @@ def save_bundle(bundle: Bundle, directory: Path) -> Path:
         old.unlink()
     files = _write_models(directory, bundle.models, "")
     transfer_files = _write_models(directory, bundle.transfer_models, ".transfer")
+    cpu_files = _write_models(directory, bundle.cpu_models, ".cpu")
     manifest = {
         **bundle.manifest,
         "schema_version": BUNDLE_SCHEMA_VERSION,
@@ -79,7 +85,9 @@ def save_bundle(bundle: Bundle, directory: Path) -> Path:
         "kernels": sorted(bundle.models),
         "files": files,
         "transfer_files": transfer_files,
+        "cpu_files": cpu_files,
         "model_params": {k: m.get_params() for k, m in sorted(bundle.models.items())},
+        "cpu_model_params": {k: m.get_params() for k, m in sorted(bundle.cpu_models.items())},
     }
     tmp = directory / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -92,8 +100,9 @@ def load_bundle(directory: Path, *, origin: str = "explicit") -> Bundle:
     manifest = read_manifest(directory)
     models = _read_models(directory, manifest, "files", transfer=False)
     transfer = _read_models(directory, manifest, "transfer_files", transfer=True)
+    cpu = _read_models(directory, manifest, "cpu_files", transfer=False)
     return Bundle(models=models, manifest=manifest, path=directory, origin=origin,
-                  transfer_models=transfer)
+                  transfer_models=transfer, cpu_models=cpu)
 
 
 def _write_models(
@@ -117,7 +126,8 @@ def _read_models(
         if not _KERNEL_RE.match(kernel) or kernel not in features.KERNEL_DIMS:
             raise errors.BundleError(f"{directory / MANIFEST}: bad kernel name {kernel!r}")
         boosters = {part: _read_booster(directory / name) for part, name in parts.items()}
-        params = manifest.get("model_params", {}).get(kernel, {})
+        params_key = "cpu_model_params" if key == "cpu_files" else "model_params"
+        params = manifest.get(params_key, {}).get(kernel, {})
         model = LayerLatencyModel.from_boosters(boosters, params)
         expected = (len(features.transfer_columns(kernel)) if transfer
                     else len(features.feature_names(kernel)))

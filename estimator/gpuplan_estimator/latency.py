@@ -189,7 +189,8 @@ class LearnedPredictor:
     def _group(self, kernel: str, idx: list[int], items: Sequence[WorkItem]) -> _KernelGroup:
         sub = tuple(items[i] for i in idx)
         index = np.asarray(idx, dtype=np.intp)
-        has_model = kernel in self.bundle.models or kernel in self.bundle.transfer_models
+        has_model = (kernel in self.bundle.models or kernel in self.bundle.transfer_models
+                     or kernel in self.bundle.cpu_models)
         if kernel == "none" or not has_model:
             return _KernelGroup(kernel, index, sub, None, index)
         keys = features.KERNEL_DIMS[kernel]
@@ -213,6 +214,8 @@ class LearnedPredictor:
         when the kernel's model never saw the device's platform."""
         if not self.bundle.covers(kernel, device):
             return None, None, ""
+        if device.vendor == "cpu" and kernel in self.bundle.cpu_models:
+            return self.bundle.cpu_models[kernel], None, ""
         transfer = self.bundle.transfer_models.get(kernel)
         if transfer is not None and not self.bundle.has_seen(device):
             return transfer, features.transfer_columns(kernel), ":transfer"

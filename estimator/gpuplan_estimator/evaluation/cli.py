@@ -43,7 +43,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out-dir", type=Path, default=train_cli.REPO_ROOT / "docs")
     p.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out retraining")
     p.add_argument("--no-cpu", action="store_true", help="skip the CPU closed loop")
-    p.add_argument("--cpu-runs", type=int, default=10, help="timed runs per CPU model")
+    p.add_argument("--cpu-runs", type=int, default=10, help="timed runs per CPU model session")
+    p.add_argument("--cpu-sessions", type=int, default=3,
+                   help="onnxruntime sessions per CPU model; the median is kept (default 3)")
     p.add_argument("--cpu-bench-minutes", type=float, default=10.0,
                    help="benchmark this host first and price the CPU loop with models fitted "
                    "on its rows (resumable); 0 = the bundle's CPU models (default %(default)s)")
@@ -92,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         host += " " + cpu_text + "."
         cpu = cpu_loop.evaluate_light_models(
             device=device, predictor=latency.LearnedPredictor(cpu_models),
-            settings=cpu_loop.TimingSettings(runs=args.cpu_runs), progress=_say)
+            settings=cpu_loop.TimingSettings(runs=args.cpu_runs, sessions=args.cpu_sessions),
+            progress=_say)
     rep = report.Report(
         commit=train_cli.git_commit(), command=command_line(args),
         created=datetime.now().astimezone().isoformat(timespec="seconds"), bundle=bundle_text,
@@ -227,7 +230,8 @@ def command_line(args: argparse.Namespace) -> str:
             parts += [f"--{flag}", str(getattr(args, flag))]
     parts += ["--no-logo"] if args.no_logo else ["--logo-max-rows", str(args.logo_max_rows)]
     parts += ["--no-cpu"] if args.no_cpu else [
-        "--cpu-runs", str(args.cpu_runs), "--cpu-bench-minutes", f"{args.cpu_bench_minutes:g}",
+        "--cpu-runs", str(args.cpu_runs), "--cpu-sessions", str(args.cpu_sessions),
+        "--cpu-bench-minutes", f"{args.cpu_bench_minutes:g}",
         "--cpu-bench-samples", str(args.cpu_bench_samples),
         "--cpu-bench-seed", str(args.cpu_bench_seed)]
     return shlex.join(parts)

@@ -39,6 +39,10 @@ def light_dir() -> Path:
 class TimingSettings:
     runs: int = 10
     """Timed runs after the warm-up (mean of runs 2..N+1)."""
+    sessions: int = 3
+    """Independent onnxruntime sessions per model; the median of their means is kept. On this
+    2-core VM one session's mean differs from the next by up to ±20 % (ResNet-50 at batch 1:
+    38.6, 57.8 and 44.0 ms in three single-session runs), far more than runs within a session."""
     threads: int = 0
     """onnxruntime intra-op threads; 0 = its default (one per core)."""
     seed: int = 0
@@ -106,7 +110,16 @@ def rebatch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
 
 def measure_ms(model_bytes: bytes, settings: TimingSettings,
                clock: Callable[[], float] = time.perf_counter) -> float:
-    """Mean wall time of runs 2..N+1 of the model on onnxruntime's CPU provider."""
+    """Median over `settings.sessions` fresh sessions of the mean of runs 2..N+1."""
+    if settings.sessions < 1:
+        raise errors.InvalidRequestError("sessions", f"must be >= 1, got {settings.sessions}")
+    return float(np.median([_session_mean_ms(model_bytes, settings, clock)
+                            for _ in range(settings.sessions)]))
+
+
+def _session_mean_ms(model_bytes: bytes, settings: TimingSettings,
+                     clock: Callable[[], float]) -> float:
+    """Mean wall time of runs 2..N+1 of the model in one onnxruntime CPU session."""
     import onnxruntime as ort  # the only onnxruntime user in evaluation; imported at the edge
 
     opts = ort.SessionOptions()

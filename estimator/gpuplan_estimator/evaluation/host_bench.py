@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpuplan_estimator import errors, measurements, train
+from gpuplan_estimator import errors, measurements, train, train_cli
 from gpuplan_estimator.bench import runner, timing
 from gpuplan_estimator.bundle import Bundle
 from gpuplan_estimator.perfdb.store import PerfStore
@@ -73,8 +73,7 @@ def bench_and_fit(
             "more minutes or run `gpuplan eval` again to resume it")
     fitted = train.train_bundle(
         frame[list(measurements.MEASUREMENT_COLUMNS)],
-        # Default model sizes: 600-1000 trees did no better on these rows (CPU held-out
-        # MAPE within ±1.5 pp), the scatter is between benchmark sessions, not capacity.
-        train.TrainSettings(seed=settings.seed, min_rows_per_kernel=50),
+        train.TrainSettings(seed=settings.seed, min_rows_per_kernel=50,
+                            cpu_params=train_cli.CPU_PARAMS),
         validate=False)
     return HostModels(fitted, report.run_id, len(frame), report.status, url)

@@ -195,3 +195,13 @@ def test_cpu_data_notes_quote_the_measurement_conditions(tmp_path: Path) -> None
     (tmp_path / "c.json").write_text("[1, 2", encoding="utf-8")
     with pytest.raises(InvalidRequestError, match=r"c\.json"):
         eval_cli.cpu_data_notes(tmp_path)
+
+
+def test_measure_keeps_the_median_session_and_checks_sessions() -> None:
+    model = cpu_loop.rebatch(_tiny_batch1_model(), 2).SerializeToString()
+    ticks = iter(np.arange(0.0, 1e6, 0.5))  # every clock read advances 0.5 s: means are exact
+    measured = cpu_loop.measure_ms(model, cpu_loop.TimingSettings(runs=2, sessions=3, threads=1),
+                                   clock=lambda: float(next(ticks)))
+    assert measured == pytest.approx(500.0)
+    with pytest.raises(InvalidRequestError, match="sessions"):
+        cpu_loop.measure_ms(model, cpu_loop.TimingSettings(sessions=0))

@@ -34,7 +34,7 @@ def settings(tmp_path: Path, **kw: object) -> host_bench.HostBenchSettings:
 def test_bench_then_fit_prices_this_host(tmp_path: Path) -> None:
     models = host_bench.bench_and_fit(settings(tmp_path))
     assert models.status == "done" and models.rows == 80
-    assert set(models.bundle.models) == {"softmax"}
+    assert set(models.bundle.cpu_models) == {"softmax"} and not models.bundle.models
     assert models.bundle.manifest["devices"] == ["cpu"]
     item = WorkItem(layer="s", family=layers.OpFamily.SOFTMAX, kernel="softmax",
                     phase=Phase.FORWARD, dims={"rows": 64, "cols": 128}, dtype="float32",

@@ -168,3 +168,33 @@ def test_leave_one_out_skips_a_device_alone_on_its_platform() -> None:
     out = train.validate_kernel("softmax", data, train.TrainSettings(model_params=FAST))
     assert set(out["leave_one_device_out"]) == {"g1", "g2", "g3"}
     assert set(out["random_split_by_platform"]) == {"cpu", "gpu"}
+
+
+def test_cpu_rows_get_their_own_models_and_leave_gpu_predictions_alone(
+        frame: pd.DataFrame, tmp_path: Path) -> None:
+    from gpuplan_estimator import bundle, latency
+    from gpuplan_estimator.layers import OpFamily
+    from gpuplan_estimator.workload import Phase, WorkItem
+
+    settings = train.TrainSettings(model_params=FAST, min_rows_per_kernel=50,
+                                   leave_one_device_out=False)
+    gpu_only = train.train_bundle(frame, settings, validate=False)
+    t4_rows = frame[frame["device"] == "t4"]
+    cpu_rows = t4_rows.assign(device="cpu", backend="onnxruntime-1.23.2-cpu",
+                              latency_ms=t4_rows["latency_ms"] * 40)
+    both = train.train_bundle(pd.concat([frame, cpu_rows], ignore_index=True), settings)
+    assert set(both.models) == set(both.cpu_models) == {"gemm", "softmax"}
+    assert both.manifest["kernel_platforms"]["gemm"] == ["cpu", "gpu"]
+    assert set(both.manifest["metrics"]["gemm"]["random_split_by_platform"]) == {"cpu", "gpu"}
+    items = [WorkItem(layer=f"l{m}", family=OpFamily.MATMUL, kernel="gemm", phase=Phase.FORWARD,
+                      dims={"batch": 1, "m": m, "k": 256, "n": 512, "bias": 0}, dtype="float32",
+                      flops=0, bytes_moved=0, op="gemm") for m in (16, 128, 900)]
+    t4 = devices.load_catalog().resolve("t4")
+    np.testing.assert_allclose(latency.LearnedPredictor(both).predict(items, t4).median_ms,
+                               latency.LearnedPredictor(gpu_only).predict(items, t4).median_ms)
+    on_cpu = latency.LearnedPredictor(both).predict(items, devices.resolve_device("cpu"))
+    assert on_cpu.predictor == ("lightgbm:gemm",) * 3
+    loaded = bundle.load_bundle(bundle.save_bundle(both, tmp_path / "b"))
+    np.testing.assert_array_equal(
+        latency.LearnedPredictor(loaded).predict(items, devices.resolve_device("cpu")).median_ms,
+        on_cpu.median_ms)

@@ -42,6 +42,9 @@ def register(subparsers: Any) -> None:
                        help="sweep spec file or directory (repeatable; default: the repo's "
                        "benchmark-jobs/sweeps)")
     bench.add_argument("--repeats", type=_positive_int, default=5, help="R (default: 5)")
+    bench.add_argument("--sessions", type=_positive_int, default=1,
+                       help="fresh onnxruntime sessions the R repeats are spread over "
+                       "(default: 1)")
     bench.add_argument("--threads", type=int, default=0,
                        help="intra-op threads (default 0: all cores)")
     bench.add_argument("--export", type=Path, default=None, metavar="PARQUET",
@@ -84,7 +87,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         backend=args.backend,
         sweep_paths=tuple(args.sweep) if args.sweep else runner.BenchSettings().sweep_paths,
-        timing=timing.TimingSettings(repeats=args.repeats, intra_op_threads=args.threads),
+        timing=timing.TimingSettings(repeats=args.repeats, intra_op_threads=args.threads,
+                                     sessions=args.sessions),
         command=getattr(args, "command_line", "") or _command(None),
     )
     with PerfStore.open(args.db) as store:

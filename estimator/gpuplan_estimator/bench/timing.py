@@ -40,9 +40,13 @@ class TimingSettings:
     """N is chosen so a repeat takes about this long."""
     intra_op_threads: int = 0
     """onnxruntime intra-op threads; 0 means all cores available to this process."""
+    sessions: int = 1
+    """Repeats are spread round-robin over this many fresh sessions (each warmed up), so the
+    median is also taken across sessions: on a 2-core VM a session's speed can differ from the
+    next one's by 15-20 % while its repeats agree within ~5 %."""
 
     def validate(self) -> None:
-        for name in ("warmup_runs", "repeats", "min_runs", "max_runs"):
+        for name in ("warmup_runs", "repeats", "min_runs", "max_runs", "sessions"):
             if getattr(self, name) < (0 if name == "warmup_runs" else 1):
                 raise errors.InvalidRequestError(name, f"too small: {getattr(self, name)}")
         if self.min_runs > self.max_runs:
@@ -124,18 +128,26 @@ def time_unit(
 ) -> TimingResult:
     """Time `unit` with the protocol of this module's docstring."""
     settings.validate()
-    session = make_session(unit, provider=provider, settings=settings, device_id=device_id)
-    run = _runner(session, unit.feeds, provider=provider, device_id=device_id)
+    timers: list[Callable[[], float]] = []
+    for _ in range(min(settings.sessions, settings.repeats)):
+        session = make_session(unit, provider=provider, settings=settings, device_id=device_id)
+        run = _runner(session, unit.feeds, provider=provider, device_id=device_id)
+        timers.append(_timer(run, clock))
+    warm = [[one() for _ in range(settings.warmup_runs)] for one in timers]
+    first = warm[0]
+    n = choose_runs(min(first) if first else timers[0](), settings)
+    per_repeat = [[timers[r % len(timers)]() for _ in range(n + 1)]
+                  for r in range(settings.repeats)]
+    return summarize(per_repeat)
 
+
+def _timer(run: Callable[[], None], clock: Clock) -> Callable[[], float]:
     def one() -> float:
         start = clock()
         run()
         return (clock() - start) * 1000.0
 
-    warm = [one() for _ in range(settings.warmup_runs)]
-    n = choose_runs(min(warm) if warm else one(), settings)
-    per_repeat = [[one() for _ in range(n + 1)] for _ in range(settings.repeats)]
-    return summarize(per_repeat)
+    return one
 
 
 def _runner(

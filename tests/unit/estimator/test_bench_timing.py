@@ -143,3 +143,33 @@ def test_missing_provider_and_bad_settings_are_errors() -> None:
 def test_threads_default_to_all_cores() -> None:
     assert timing.resolved_threads(timing.TimingSettings()) == timing.available_cores() >= 1
     assert timing.resolved_threads(timing.TimingSettings(intra_op_threads=1)) == 1
+
+
+def test_repeats_spread_over_fresh_sessions_each_warmed_up(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    unit = units.build_unit(sweep.PlanItem("softmax", "softmax", "float32",
+                                           {"rows": 8, "cols": 16}), np.random.default_rng(0))
+    made: list[ort.InferenceSession] = []
+    real = timing.make_session
+
+    def counting(*args: object, **kw: object) -> ort.InferenceSession:
+        session = real(*args, **kw)  # type: ignore[arg-type]
+        made.append(session)
+        return session
+
+    monkeypatch.setattr(timing, "make_session", counting)
+    ticks = itertools.count()
+    calls: list[int] = []
+
+    def clock() -> float:
+        n = next(ticks)
+        calls.append(n)
+        return n * 0.002
+
+    settings = timing.TimingSettings(warmup_runs=2, repeats=5, min_runs=2, max_runs=4,
+                                     target_repeat_ms=6.0, sessions=3)
+    got = timing.time_unit(unit, provider=CPU, settings=settings, clock=clock)
+    assert len(made) == 3 and got.repeats == 5 and got.latency_ms == pytest.approx(2.0)
+    assert len(calls) == 2 * (3 * 2 + 5 * (3 + 1))  # each session warmed up, R x (N+1) timed
+    with pytest.raises(errors.InvalidRequestError, match="sessions"):
+        timing.time_unit(unit, provider=CPU, settings=timing.TimingSettings(sessions=0))

@@ -79,10 +79,41 @@ def _conv_bn_act(ix: _Index, i: int) -> Match:
     bn = ix.consumer_of(i, {"BatchNormalization"})
     if bn is not None:
         members, pattern, last = [*members, bn], "conv_bn", bn
+    for _ in range(2):  # a BN exported as Mul/Add by per-channel constants (onnxruntime folds them)
+        affine = ix.consumer_of(last, {"Mul", "Add"})
+        if affine is None or not _per_channel_constant(ix, affine, ix.out(last)):
+            break
+        members, last = [*members, affine], affine
+        pattern = pattern if pattern.endswith("_affine") else pattern + "_affine"
     act = ix.consumer_of(last, ACTIVATIONS)
     if act is not None:
         members, pattern = [*members, act], pattern + "_act"
     return (members, pattern) if len(members) > 1 else None
+
+
+def _per_channel_constant(ix: _Index, i: int, tensor: str) -> bool:
+    """The layer combines `tensor` with a parameter smaller than it (a scale or shift per
+    channel, or a scalar), the shape a conv can absorb into its weights and bias."""
+    layer = ix.layers[i]
+    other = [t for t in layer.inputs if t.name != tensor]
+    produced = next((t for t in layer.inputs if t.name == tensor), None)
+    return (len(other) == 1 and produced is not None and other[0].elements < produced.elements
+            and (other[0].name in layer.parameter_inputs or _constant(ix, other[0].name)))
+
+
+_CONSTANT_SOURCES = frozenset({"Constant", "ConstantOfShape"})
+_RESHAPING = frozenset({"Unsqueeze", "Reshape", "Squeeze", "Identity", "Cast"})
+
+
+def _constant(ix: _Index, tensor: str, depth: int = 4) -> bool:
+    """Computed from constants only (structure-only exports make weights with ConstantOfShape);
+    a per-sample scale such as a squeeze-excitation gate is data and does not fold."""
+    j = ix.producer.get(tensor)
+    if j is None or depth == 0:
+        return False
+    if ix.op(j) in _CONSTANT_SOURCES:
+        return True
+    return ix.op(j) in _RESHAPING and bool(ix.ins(j)) and _constant(ix, ix.ins(j)[0], depth - 1)
 
 
 def _matmul_bias_act(ix: _Index, i: int) -> Match:

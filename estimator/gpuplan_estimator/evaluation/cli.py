@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         cpu_models, cpu_text = host_cpu_models(args, fitted)
         host += " " + cpu_text + "."
         cpu = cpu_loop.evaluate_light_models(
-            device=device, predictor=latency.LearnedPredictor(cpu_models),
+            device=device, predictor=cpu_models,
             settings=cpu_loop.TimingSettings(runs=args.cpu_runs, sessions=args.cpu_sessions),
             progress=_say)
     rep = report.Report(
@@ -131,17 +131,21 @@ def latency_bundle(explicit: Path | None, gpu_ops: Path) -> tuple[bundle.Bundle,
                     "bundle could not be loaded)")
 
 
-def host_cpu_models(args: argparse.Namespace, fitted: bundle.Bundle) -> tuple[bundle.Bundle, str]:
+def host_cpu_models(args: argparse.Namespace, fitted: bundle.Bundle
+                    ) -> tuple[LatencyPredictor, str]:
     """The models that price the CPU loop: fitted on this host's bench rows, or (with
     ``--cpu-bench-minutes 0``) the bundle's, whose rows may come from another host."""
     if args.cpu_bench_minutes <= 0:
-        return fitted, "CPU latency models: the bundle's (measured on the host its metadata names)"
+        return (latency.LearnedPredictor(fitted),
+                "CPU latency models: the bundle's (measured on the host its metadata names)")
     models = host_bench.bench_and_fit(
         host_bench.HostBenchSettings(minutes=args.cpu_bench_minutes,
                                      samples=args.cpu_bench_samples, seed=args.cpu_bench_seed,
                                      db_url=args.cpu_db),
         progress=_say)
-    return models.bundle, models.describe()
+    predictor = host_bench.ScaledPredictor(latency.LearnedPredictor(models.bundle),
+                                           models.speed_ratio)
+    return predictor, models.describe()
 
 
 def calibrated(results: Sequence[RowResult], *, hold_out_device: bool) -> tuple[RowResult, ...]:

@@ -9,13 +9,20 @@ against.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import pandas as pd
+
 from gpuplan_estimator import errors, measurements, train, train_cli
-from gpuplan_estimator.bench import runner, timing
+from gpuplan_estimator.bench import runner, sweep, timing
 from gpuplan_estimator.bundle import Bundle
+from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.perfdb.store import PerfStore
+from gpuplan_estimator.predictors import LatencyPrediction, LatencyPredictor
+from gpuplan_estimator.workload import WorkItem
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,9 @@ class HostBenchSettings:
     """Fewer measured rows than this is too little to fit per-kernel models from."""
     sweep_paths: tuple[str, ...] = runner.BenchSettings().sweep_paths
     timing: timing.TimingSettings = field(default_factory=timing.TimingSettings)
+    reference_rows_per_kernel: int = 6
+    """Stored rows re-timed right after the fit: how much faster or slower the host is now
+    than when its rows were measured (0 = assume the same speed)."""
 
 
 @dataclass(frozen=True)
@@ -41,11 +51,55 @@ class HostModels:
     rows: int  # CPU rows of this backend in the database, this run's and earlier ones
     status: str  # the bench run's: done | interrupted
     db_url: str
+    speed_ratio: float = 1.0  # now / stored latency of re-timed reference rows (median)
+    reference_rows: int = 0
 
     def describe(self) -> str:
-        return (f"CPU latency models fitted in this run from the {self.rows} CPU rows of "
+        text = (f"CPU latency models fitted in this run from the {self.rows} CPU rows of "
                 f"{self.db_url} (this host's bench runs; this run's plan: run {self.run_id}, "
                 f"{self.status})")
+        if self.reference_rows:
+            text += (f"; {self.reference_rows} stored rows re-timed now take "
+                     f"{self.speed_ratio:.3f}x their stored latency, and predictions are "
+                     "scaled by that host speed index")
+        return text
+
+
+class ScaledPredictor:
+    """A predictor whose times are multiplied by a host speed index (see `speed_ratio`)."""
+
+    def __init__(self, inner: LatencyPredictor, factor: float) -> None:
+        self.inner, self.factor = inner, factor
+        self.name = inner.name
+
+    def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
+        p = self.inner.predict(items, device)
+        return LatencyPrediction(p.median_ms * self.factor, p.p10_ms * self.factor,
+                                 p.p90_ms * self.factor, p.predictor)
+
+
+def speed_ratio(frame: pd.DataFrame, per_kernel: int, seed: int,
+                settings: timing.TimingSettings) -> tuple[float, int]:
+    """Median of now / stored latency over `per_kernel` stored rows of every kernel.
+
+    The 2-core VM this was built on ran 5-30 % faster or slower from one half hour to the
+    next (hack/cpu_remeasure.py), so whole-model timings taken now are compared with op
+    timings taken then only after this index. Rows of 0.05-20 ms: long enough to time well,
+    short enough to keep the check to seconds.
+    """
+    usable = frame[(frame["latency_ms"] >= 0.05) & (frame["latency_ms"] <= 20.0)]
+    if usable.empty or per_kernel < 1:
+        return 1.0, 0
+    picked = pd.concat([g.sample(n=min(per_kernel, len(g)), random_state=seed)
+                        for _, g in usable.groupby("kernel")])
+    target = runner.resolve_target("cpu")
+    ratios = []
+    for _, r in picked.iterrows():
+        item = sweep.PlanItem(str(r["kernel"]), str(r["op"]), str(r["dtype"]),
+                              json.loads(str(r["dims"])))
+        now = runner.measure_item(item, target, settings, seed=seed)["latency_ms"]
+        ratios.append(now / float(r["latency_ms"]))
+    return float(np.median(ratios)), len(ratios)
 
 
 def bench_and_fit(
@@ -76,4 +130,8 @@ def bench_and_fit(
         train.TrainSettings(seed=settings.seed, min_rows_per_kernel=50,
                             cpu_params=train_cli.CPU_PARAMS),
         validate=False)
-    return HostModels(fitted, report.run_id, len(frame), report.status, url)
+    ratio, checked = speed_ratio(frame, settings.reference_rows_per_kernel, settings.seed,
+                                 settings.timing)
+    if progress is not None and checked:
+        progress(f"eval: host speed index {ratio:.3f} (now / stored, {checked} rows re-timed)")
+    return HostModels(fitted, report.run_id, len(frame), report.status, url, ratio, checked)

@@ -152,3 +152,13 @@ def test_compiled_folds_attention_scale_mask_and_residual_add() -> None:
     assert ort_step.fused == ()
     with pytest.raises(InvalidRequestError, match="inference only"):
         TrainingSettings(batch_size=2, framework="pytorch-compiled").check()
+
+
+def test_onnxruntime_prices_average_pool_as_its_blocked_pool_kernel() -> None:
+    nodes = [helper.make_node("AveragePool", ["x"], ["y"], name="avg", kernel_shape=[3, 3],
+                              strides=[1, 1])]
+    g = load(nodes, [], [2, 16, 8, 8])
+    (ort_item,) = build_step(g, ort()).forward
+    assert (ort_item.kernel, ort_item.op) == ("pool", "MaxPool")
+    (eager_item,) = build_step(g, eager()).forward
+    assert (eager_item.kernel, eager_item.op) == ("pool", "AveragePool")

@@ -123,3 +123,39 @@ def test_conv_followed_by_two_consumers_is_not_fused() -> None:
     g = load(nodes, [helper.make_tensor("w", F, [2, 3, 1, 1], [0.0] * 6)],
              ["batch", 3, 4, 4], outputs=("y", "z"))
     assert g.units == ()
+
+
+def test_conv_with_per_channel_scale_and_shift_then_relu_is_one_unit() -> None:
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Mul", ["c", "s"], ["m"], name="scale"),
+             helper.make_node("Add", ["m", "b"], ["a"], name="shift"),
+             helper.make_node("Relu", ["a"], ["y"], name="relu")]
+    inits = [helper.make_tensor("w", F, [2, 3, 1, 1], [0.0] * 6),
+             helper.make_tensor("s", F, [2, 1, 1], [1.0] * 2),
+             helper.make_tensor("b", F, [2, 1, 1], [0.0] * 2)]
+    g = load(nodes, inits, ["batch", 3, 4, 4])
+    assert units(g) == [("conv_affine_act", ("conv", "scale", "shift", "relu"))]
+
+
+def test_conv_plus_a_full_size_tensor_is_not_folded() -> None:
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Add", ["c", "x"], ["y"], name="residual")]
+    g = load(nodes, [helper.make_tensor("w", F, [3, 3, 1, 1], [0.0] * 9)], ["batch", 3, 4, 4])
+    assert g.units == ()
+
+
+def test_scale_made_by_constant_of_shape_folds_but_a_data_gate_does_not() -> None:
+    made = [helper.make_node("ConstantOfShape", ["s_shape"], ["s0"], name="s_const"),
+            helper.make_node("Unsqueeze", ["s0", "axes"], ["s"], name="s_unsq")]
+    inits = [helper.make_tensor("w", F, [3, 3, 1, 1], [0.0] * 9),
+             helper.make_tensor("s_shape", TensorProto.INT64, [1], [3]),
+             helper.make_tensor("axes", TensorProto.INT64, [2], [1, 2])]
+    folded = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+              helper.make_node("Mul", ["c", "s"], ["y"], name="scale")]
+    g = load(made + folded, inits, ["batch", 3, 4, 4])
+    assert units(g) == [("conv_affine", ("conv", "scale"))]
+    gate = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+            helper.make_node("GlobalAveragePool", ["x"], ["p"], name="squeeze"),
+            helper.make_node("Sigmoid", ["p"], ["g"], name="gate"),
+            helper.make_node("Mul", ["c", "g"], ["y"], name="excite")]
+    assert load(gate, inits[:1], ["batch", 3, 4, 4]).units == ()

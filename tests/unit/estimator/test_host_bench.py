@@ -49,3 +49,32 @@ def test_bench_then_fit_prices_this_host(tmp_path: Path) -> None:
 def test_too_few_rows_names_the_flag(tmp_path: Path) -> None:
     with pytest.raises(errors.InvalidRequestError, match="--cpu-bench-minutes"):
         host_bench.bench_and_fit(settings(tmp_path, samples=20, min_rows=60))
+
+
+def test_speed_ratio_retimes_stored_rows_and_skips_tiny_ones() -> None:
+    import pandas as pd
+
+    from gpuplan_estimator.bench import sweep
+
+    dims = sweep.dims_json({"batch": 1, "m": 256, "k": 256, "n": 256, "bias": 0})
+    frame = pd.DataFrame({"kernel": ["gemm", "softmax"], "op": ["matmul", "softmax"],
+                          "dtype": ["float32"] * 2, "latency_ms": [10.0, 0.001],
+                          "dims": [dims, sweep.dims_json({"rows": 1, "cols": 2})]})
+    ratio, checked = host_bench.speed_ratio(frame, per_kernel=3, seed=0, settings=FAST)
+    assert checked == 1  # the 1 us softmax row is too short to time well
+    assert 0.0 < ratio < 1.0  # a 256^3 matmul takes far less than the stored 10 ms
+    assert host_bench.speed_ratio(frame[frame["kernel"] == "softmax"], 3, 0, FAST) == (1.0, 0)
+
+
+def test_scaled_predictor_multiplies_every_time() -> None:
+    from gpuplan_estimator import roofline
+
+    item = WorkItem(layer="s", family=layers.OpFamily.SOFTMAX, kernel="softmax",
+                    phase=Phase.FORWARD, dims={"rows": 64, "cols": 128}, dtype="float32",
+                    flops=5 * 64 * 128, bytes_moved=8 * 64 * 128, op="Softmax")
+    t4 = devices.load_catalog().resolve("t4")
+    base = roofline.RooflinePredictor().predict([item], t4)
+    scaled = host_bench.ScaledPredictor(roofline.RooflinePredictor(), 0.5).predict([item], t4)
+    np.testing.assert_allclose(scaled.median_ms, base.median_ms * 0.5)
+    np.testing.assert_allclose(scaled.p90_ms, base.p90_ms * 0.5)
+    assert scaled.predictor == base.predictor

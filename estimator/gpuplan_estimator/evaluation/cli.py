@@ -237,5 +237,6 @@ def command_line(args: argparse.Namespace) -> str:
         "--cpu-runs", str(args.cpu_runs), "--cpu-sessions", str(args.cpu_sessions),
         "--cpu-bench-minutes", f"{args.cpu_bench_minutes:g}",
         "--cpu-bench-samples", str(args.cpu_bench_samples),
-        "--cpu-bench-seed", str(args.cpu_bench_seed)]
+        "--cpu-bench-seed", str(args.cpu_bench_seed),
+        *(["--cpu-db", args.cpu_db] if args.cpu_db else [])]
     return shlex.join(parts)

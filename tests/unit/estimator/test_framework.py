@@ -162,3 +162,14 @@ def test_onnxruntime_prices_average_pool_as_its_blocked_pool_kernel() -> None:
     assert (ort_item.kernel, ort_item.op) == ("pool", "MaxPool")
     (eager_item,) = build_step(g, eager()).forward
     assert (eager_item.kernel, eager_item.op) == ("pool", "AveragePool")
+
+
+def test_onnxruntime_prices_concat_as_one_contiguous_copy() -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Concat", ["x", "r"], ["y"], name="cat", axis=1)]
+    g = load(nodes, [], [2, 16, 8, 8])
+    by_layer = {i.layer: i for i in build_step(g, ort()).forward}
+    cat = by_layer["cat"]
+    assert (cat.kernel, cat.op) == ("elementwise", "copy")
+    assert cat.dims == {"rows": 2 * 32 * 8, "cols": 8, "operands": 1}
+    assert {i.layer: i.kernel for i in build_step(g, eager()).forward}["cat"] == "memcpy"

@@ -48,12 +48,12 @@ class Bundle:
 
     def covers(self, kernel: str, device: DeviceSpec) -> bool:
         """Whether the kernel's training data had the device's platform (cpu or gpu)."""
-        if device.vendor == "cpu" and kernel in self.cpu_models:
+        if device.platform == "cpu" and kernel in self.cpu_models:
             return True
         platforms = self.manifest.get("kernel_platforms", {}).get(kernel)
         if platforms is None:
             return True  # bundles built in memory by tests carry no platform list
-        return ("cpu" if device.vendor == "cpu" else "gpu") in platforms
+        return device.platform in platforms
 
     def backend_code(self, device: DeviceSpec, backend: str | None = None) -> int | None:
         """Code of the backend to predict for: explicit, the device's own, else its vendor's."""
@@ -61,7 +61,7 @@ class Bundle:
         if backend is None:
             backend = self.manifest.get("device_backends", {}).get(device.key)
         if backend is None:
-            kind = "cpu" if device.vendor == "cpu" else "gpu"
+            kind = device.platform
             backend = self.manifest.get("default_backends", {}).get(kind)
         return backends.index(backend) if backend in backends else None
 

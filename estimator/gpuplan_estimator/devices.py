@@ -61,6 +61,11 @@ class DeviceSpec:
     notes: str = ""  # where the values differ from a datasheet, and why
 
     @property
+    def platform(self) -> str:
+        """"cpu" or "gpu": latency models, backends and bundles are kept apart by platform."""
+        return "cpu" if self.vendor == "cpu" else "gpu"
+
+    @property
     def has_price(self) -> bool:
         return self.price_per_hour_usd > 0.0
 

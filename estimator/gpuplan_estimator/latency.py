@@ -214,7 +214,7 @@ class LearnedPredictor:
         when the kernel's model never saw the device's platform."""
         if not self.bundle.covers(kernel, device):
             return None, None, ""
-        if device.vendor == "cpu" and kernel in self.bundle.cpu_models:
+        if device.platform == "cpu" and kernel in self.bundle.cpu_models:
             return self.bundle.cpu_models[kernel], None, ""
         transfer = self.bundle.transfer_models.get(kernel)
         if transfer is not None and not self.bundle.has_seen(device):

@@ -93,7 +93,7 @@ def kernel_data(
     dev = features.device_columns([specs[d] for d in rows["device"]], cols.dtype, codes)
     x, base = features.feature_matrix(cols, dev)
     latency = rows["latency_ms"].to_numpy(dtype=np.float64)
-    kinds = {d: ("cpu" if s.vendor == "cpu" else "gpu") for d, s in specs.items()}
+    kinds = {d: s.platform for d, s in specs.items()}
     return KernelData(x, np.log(latency / base), base, latency, rows["device"].to_numpy(),
                       rows["device"].map(kinds).to_numpy())
 
@@ -150,7 +150,7 @@ def train_bundle(
     """Fit every kernel with enough rows; the manifest carries held-out metrics and provenance."""
     _check_frame(frame)
     resolve = resolve if resolve is not None else devices.resolve_device
-    kinds = {d: ("cpu" if resolve(d).vendor == "cpu" else "gpu") for d in frame["device"].unique()}
+    kinds = {d: resolve(d).platform for d in frame["device"].unique()}
     # GPU and CPU rows are capped and fitted apart: one platform's rows must neither use up the
     # other's row budget nor move its predictions.
     frame = pd.concat([subsample(rows, settings.max_rows_per_kernel, settings.seed)
@@ -192,12 +192,11 @@ def train_bundle(
         "data_digest": data_digest(frame), "rows": len(frame),
         "devices": sorted(frame["device"].unique()), "backends": backends,
         "device_backends": {str(k): str(v) for k, v in device_backends.items()},
-        "default_backends": _default_backends(frame, resolve),
+        "default_backends": _default_backends(frame, platform),
         "skipped_kernels": skipped, "metrics": metrics,
         "kernel_platforms": {k: [kind for kind, fitted in (("cpu", cpu_models), ("gpu", models))
                                  if k in fitted] for k in sorted({*models, *cpu_models})},
-        "device_platforms": {str(d): ("cpu" if resolve(str(d)).vendor == "cpu" else "gpu")
-                             for d in sorted(frame["device"].unique())},
+        "device_platforms": {str(d): kinds[d] for d in sorted(kinds)},
         "settings": {"seed": settings.seed, "max_rows_per_kernel": settings.max_rows_per_kernel,
                      "test_fraction": settings.test_fraction},
         "feature_names": {k: list(features.feature_names(k)) for k in {*models, *cpu_models}},
@@ -245,10 +244,10 @@ def _fit_predict(
     return data.base_ms[test] * np.exp(model.predict(x[test]))
 
 
-def _default_backends(frame: pd.DataFrame, resolve: DeviceResolver) -> dict[str, str]:
-    kinds = {d: ("cpu" if resolve(d).vendor == "cpu" else "gpu") for d in frame["device"].unique()}
-    kind = frame["device"].map(kinds)
-    return {str(k): str(rows.value_counts().index[0]) for k, rows in frame["backend"].groupby(kind)}
+def _default_backends(frame: pd.DataFrame, platform: pd.Series) -> dict[str, str]:
+    """The most common backend per platform (`platform` holds each row's)."""
+    return {str(k): str(rows.value_counts().index[0])
+            for k, rows in frame["backend"].groupby(platform)}
 
 
 def _check_frame(frame: pd.DataFrame) -> None:

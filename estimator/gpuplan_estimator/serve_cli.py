@@ -6,11 +6,15 @@ import argparse
 import base64
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuplan_estimator import api, calibration, cli, devices, engine, service
+
+if TYPE_CHECKING:
+    from gpuplan_estimator.perfdb import PerfStore
 
 
 def load_context(bundle_dir: str | None) -> engine.EngineContext:
@@ -54,6 +58,21 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run_plan)
 
 
+def _lazy_store(db_url: str | None) -> Callable[[], PerfStore]:
+    """The performance database, opened on first use: the service starts (and answers plans)
+    without one, and a database that is down fails only the calls that need it."""
+    from gpuplan_estimator.perfdb import PerfStore
+
+    stores: list[PerfStore] = []
+
+    def store() -> PerfStore:
+        if not stores:
+            stores.append(PerfStore.open(db_url))
+        return stores[0]
+
+    return store
+
+
 def perfdb_outcome_sink(db_url: str | None) -> service.OutcomeSink:
     """Job outcomes go to the performance database, opened on first use.
 
@@ -61,14 +80,10 @@ def perfdb_outcome_sink(db_url: str | None) -> service.OutcomeSink:
     stores the model's own estimate, so refitting measures the model, not the model times an
     earlier calibration (which would count every correction twice).
     """
-    from gpuplan_estimator.perfdb import PerfStore
-
-    stores: list[PerfStore] = []
+    store = _lazy_store(db_url)
 
     def sink(req: api.OutcomeRequest, device: str) -> int:
-        if not stores:
-            stores.append(PerfStore.open(db_url))
-        return stores[0].record_job_outcome(
+        return store().record_job_outcome(
             job_uid=req.job_uid, device=device, gpu_count=req.gpu_count,
             estimated_seconds=req.estimated_seconds / req.calibration_factor,
             actual_seconds=req.actual_seconds, model_digest=req.model_digest)
@@ -82,14 +97,10 @@ def perfdb_outcome_history(db_url: str | None) -> service.OutcomeHistory:
     Whole jobs of training: mode "train", and the job's seconds stand for its steps' time (the
     factor is a ratio, so the unit cancels).
     """
-    from gpuplan_estimator.perfdb import PerfStore
-
-    stores: list[PerfStore] = []
+    store = _lazy_store(db_url)
 
     def history() -> list[calibration.Outcome]:
-        if not stores:
-            stores.append(PerfStore.open(db_url))
-        frame = stores[0].job_outcomes()
+        frame = store().job_outcomes()
         return [calibration.Outcome(str(device), "train", predicted_ms=float(estimated) * 1000.0,
                                     measured_ms=float(actual) * 1000.0, model=str(digest))
                 for device, estimated, actual, digest in zip(
@@ -101,14 +112,10 @@ def perfdb_outcome_history(db_url: str | None) -> service.OutcomeHistory:
 
 def perfdb_coverage_source(db_url: str | None) -> service.CoverageSource:
     """Coverage per device from the performance database, opened on first use."""
-    from gpuplan_estimator.perfdb import PerfStore
-
-    stores: list[PerfStore] = []
+    store = _lazy_store(db_url)
 
     def source() -> dict[str, tuple[int, datetime | None]]:
-        if not stores:
-            stores.append(PerfStore.open(db_url))
-        return stores[0].coverage()
+        return store().coverage()
 
     return source
 

@@ -10,11 +10,11 @@ no latency model trained on such rows can be judged below about X % on held-out 
 from __future__ import annotations
 
 import argparse
-import json
 
 import pandas as pd
 
-from gpuplan_estimator.bench import runner, sweep, timing
+from gpuplan_estimator.bench import timing
+from gpuplan_estimator.evaluation import host_bench
 
 
 def main() -> int:
@@ -25,18 +25,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     frame = pd.concat([pd.read_parquet(p) for p in args.parquet], ignore_index=True)
-    rows = pd.concat([g.sample(n=min(args.per_kernel, len(g)), random_state=args.seed)
-                      for _, g in frame.groupby("kernel")])
-    target = runner.resolve_target("cpu")
-    settings = timing.TimingSettings(sessions=args.sessions)
-    out = []
-    for _, r in rows.iterrows():
-        item = sweep.PlanItem(r["kernel"], r["op"], r["dtype"], json.loads(r["dims"]))
-        again = runner.measure_item(item, target, settings, seed=0)["latency_ms"]
-        out.append((r["kernel"], r["latency_ms"], again))
-    d = pd.DataFrame(out, columns=["kernel", "stored_ms", "again_ms"])
-    d["ape"] = (d["again_ms"] - d["stored_ms"]).abs() / d["stored_ms"]
-    d["ratio"] = d["again_ms"] / d["stored_ms"]
+    d = host_bench.retime(frame, args.per_kernel, args.seed,
+                          timing.TimingSettings(sessions=args.sessions))
+    d["ape"] = (d["ratio"] - 1.0).abs()
     print(d.groupby("kernel").agg(rows=("ape", "size"), mean_ape=("ape", "mean"),
                                   median_ratio=("ratio", "median"), std_ratio=("ratio", "std"))
           .round(3).to_string())

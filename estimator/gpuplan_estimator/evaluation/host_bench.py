@@ -78,6 +78,23 @@ class ScaledPredictor:
                                  p.p90_ms * self.factor, p.predictor)
 
 
+def retime(frame: pd.DataFrame, per_kernel: int, seed: int,
+           settings: timing.TimingSettings) -> pd.DataFrame:
+    """Time `per_kernel` stored rows of every kernel again on this host: columns kernel,
+    stored_ms, now_ms, ratio (now / stored)."""
+    picked = pd.concat([g.sample(n=min(per_kernel, len(g)), random_state=seed)
+                        for _, g in frame.groupby("kernel")])
+    target = runner.resolve_target("cpu")
+    out = []
+    for _, r in picked.iterrows():
+        item = sweep.PlanItem(str(r["kernel"]), str(r["op"]), str(r["dtype"]),
+                              json.loads(str(r["dims"])))
+        now = runner.measure_item(item, target, settings, seed=seed)["latency_ms"]
+        out.append((item.kernel, float(r["latency_ms"]), now))
+    timed = pd.DataFrame(out, columns=["kernel", "stored_ms", "now_ms"])
+    return timed.assign(ratio=timed["now_ms"] / timed["stored_ms"])
+
+
 def speed_ratio(frame: pd.DataFrame, per_kernel: int, seed: int,
                 settings: timing.TimingSettings) -> tuple[float, int]:
     """Median of now / stored latency over `per_kernel` stored rows of every kernel.
@@ -90,16 +107,8 @@ def speed_ratio(frame: pd.DataFrame, per_kernel: int, seed: int,
     usable = frame[(frame["latency_ms"] >= 0.05) & (frame["latency_ms"] <= 20.0)]
     if usable.empty or per_kernel < 1:
         return 1.0, 0
-    picked = pd.concat([g.sample(n=min(per_kernel, len(g)), random_state=seed)
-                        for _, g in usable.groupby("kernel")])
-    target = runner.resolve_target("cpu")
-    ratios = []
-    for _, r in picked.iterrows():
-        item = sweep.PlanItem(str(r["kernel"]), str(r["op"]), str(r["dtype"]),
-                              json.loads(str(r["dims"])))
-        now = runner.measure_item(item, target, settings, seed=seed)["latency_ms"]
-        ratios.append(now / float(r["latency_ms"]))
-    return float(np.median(ratios)), len(ratios)
+    timed = retime(usable, per_kernel, seed, settings)
+    return float(np.median(timed["ratio"])), len(timed)
 
 
 def bench_and_fit(

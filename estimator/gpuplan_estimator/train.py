@@ -353,14 +353,15 @@ METHOD_NOTES = """## Method
   at `max_rows_per_kernel` on its own: in one joint model, adding 800 CPU rows moved the GPU
   whole-model training MAPE from 5.1 to 10.1 % through shared bagging and splits.
   Held-out CPU MAPE is 11.3-24.0 % (table above). The floor is the measurement itself:
-  re-timing 175 stored rows (25 per kernel) on the idle host gave a mean APE of 15.8 % against
-  the stored values (median ratio 0.92, std 0.15-0.22 per kernel). Within one session the
-  repeat CV is ~5 %, but every row runs in a fresh onnxruntime session and sessions differ
-  (relu on 1-60 elements takes 4.5 or 7.3 us by session); the held-out error is flat across
-  latency bins from 0.01 ms to >3 ms. A CPU-only model on the same rows does the same, and
-  600-1000 trees do no better (within ±1.5 pp). The 10 % target is not met on this host; timing
-  each row in several sessions and keeping the median is the next step (the CPU closed loop
-  already does this for whole models).
+  re-timing 175 stored rows (25 per kernel) on the idle host (`hack/cpu_remeasure.py`) gave a
+  mean APE of 16.6 % against the stored values, with median ratios of 0.68-0.96 per kernel:
+  the VM's speed drifts over tens of minutes. Within one session the repeat CV is ~5 %; the
+  held-out error is flat across latency bins from 0.01 ms to >3 ms. A CPU-only model on the
+  same rows does the same, and 600-1000 trees do no better (within ±1.5 pp). Spreading the
+  repeats over 5 fresh sessions (`gpuplan bench --sessions 5`, 1,500 rows) fitted no better
+  than as many single-session rows (conv2d 40.6 vs 34.6 %, gemm 37.3 vs 23.1 %). The 10 %
+  target is not met on this host; a reference kernel timed every few rows, to normalise the
+  drift out, is the next step (`gpuplan eval` already scales its CPU loop by such an index).
 - `pool` has the op as a feature (schema 6): onnxruntime's CPU AveragePool is 30-100x slower per
   element than MaxPool, and without it the CPU pool model erred 121 % (with it: 20 %).
 - conv2d: cuDNN's algorithm is named in the data (`kernel_name`: Winograd, implicit-GEMM scudnn,

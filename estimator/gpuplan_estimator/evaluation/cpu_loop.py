@@ -40,9 +40,9 @@ class TimingSettings:
     runs: int = 10
     """Timed runs after the warm-up (mean of runs 2..N+1)."""
     sessions: int = 3
-    """Independent onnxruntime sessions per model; the median of their means is kept. On this
-    2-core VM one session's mean differs from the next by up to ±20 % (ResNet-50 at batch 1:
-    38.6, 57.8 and 44.0 ms in three single-session runs), far more than runs within a session."""
+    """Independent onnxruntime sessions per model; the median of their means is kept, so one
+    slow session does not decide. On the 2-core VM single-session times of ResNet-50 at batch 1
+    were 38.6, 57.8 and 44.0 ms in three eval runs, far more spread than runs within a session."""
     threads: int = 0
     """onnxruntime intra-op threads; 0 = its default (one per core)."""
     seed: int = 0

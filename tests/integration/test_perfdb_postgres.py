@@ -124,7 +124,7 @@ def test_migrations_applied_once(pg_store: PerfStore) -> None:
     from sqlalchemy import text
 
     with pg_store.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0002"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0003"
     again = PerfStore.open(pg_store.engine.url.render_as_string(hide_password=False))
     again.close()
 

@@ -23,7 +23,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from gpuplan_estimator import devices, errors
-from gpuplan_estimator.bench import nvml, sweep, timing, units
+from gpuplan_estimator.bench import nvml, sweep, timing, torch_units, units
 from gpuplan_estimator.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.perfdb.store import PerfStore, RunInfo
 
@@ -86,20 +86,14 @@ def parse_device(device: str) -> tuple[str, int]:
 
 
 def backend_name(backend: str, kind: str) -> str:
+    return f"{backend}-{backend_version(backend)}-{kind}"
+
+
+def backend_version(backend: str) -> str:
     if backend == "onnxruntime":
-        return f"onnxruntime-{ort.__version__}-{kind}"
+        return str(ort.__version__)
     if backend == "torch":
-        try:
-            import torch  # type: ignore[import-not-found, unused-ignore]
-        except ImportError:
-            raise errors.GpuplanError(
-                "--backend torch needs PyTorch, which is not importable here "
-                "(pip install torch), or use --backend onnxruntime"
-            ) from None
-        raise errors.GpuplanError(
-            f"--backend torch (torch {torch.__version__}) is not implemented yet; "
-            "use --backend onnxruntime"
-        )
+        return str(torch_units.import_torch().__version__)
     raise errors.InvalidRequestError("backend", f"expected one of {BACKENDS}, got {backend!r}")
 
 
@@ -149,15 +143,25 @@ def _measured_keys(store: PerfStore, run_id: int) -> set[tuple[str, str, str, st
 
 
 def measure_item(
-    item: sweep.PlanItem, target: Target, settings: timing.TimingSettings, seed: int
+    item: sweep.PlanItem, target: Target, settings: timing.TimingSettings, seed: int,
+    backend: str = "onnxruntime",
 ) -> dict[str, Any]:
-    """Build, time and describe one plan item as a measurement-frame row (without source)."""
+    """Build, time and describe one plan item as a measurement-frame row (without source).
+
+    With the torch backend the row also carries ``fwd_bwd_latency_ms``: forward+backward of the
+    layer with autograd."""
     rng = np.random.default_rng([seed, *(int(v) for v in item.dims.values())])
-    unit = units.build_unit(item, rng)
+    fwd_bwd: timing.TimingResult | None = None
     with nvml.PowerSampler(target.index) if target.kind == "cuda" else _NoPower() as power:
-        result = timing.time_unit(
-            unit, provider=target.provider, settings=settings, device_id=target.index
-        )
+        if backend == "torch":
+            device = "cpu" if target.kind == "cpu" else f"cuda:{target.index}"
+            layer = torch_units.build_unit(item, rng, device)
+            result, fwd_bwd = torch_units.time_unit(layer, device=device, settings=settings)
+        else:
+            unit = units.build_unit(item, rng)
+            result = timing.time_unit(
+                unit, provider=target.provider, settings=settings, device_id=target.index
+            )
     watts = power.mean_watts
     return {
         "kernel": item.kernel,
@@ -168,6 +172,7 @@ def measure_item(
         "latency_std_ms": result.latency_std_ms,
         "latency_min_ms": result.latency_min_ms,
         "repeats": result.repeats,
+        "fwd_bwd_latency_ms": fwd_bwd.latency_ms if fwd_bwd is not None else None,
         "power_watts": watts,
         "energy_mj": watts * result.latency_ms if watts is not None else None,  # W x ms = mJ
         "sm_clock_mhz": power.mean_sm_clock_mhz,
@@ -250,7 +255,7 @@ def _start_run(
         "nvml": asdict(tgt.identity) if tgt.identity else None,
     }
     return store.add_run(
-        device=tgt.key, backend=backend, backend_version=ort.__version__,
+        device=tgt.key, backend=backend, backend_version=backend_version(settings.backend),
         host=socket.gethostname(), git_commit=git_commit(), command=settings.command,
         sweep_digest=digest, source="gpuplan-bench",
         plan_json=json.dumps([it.to_json() for it in plan]), settings=run_settings,
@@ -272,7 +277,7 @@ def _measure_all(
         for item in todo:
             if clock() >= deadline:
                 break
-            row = measure_item(item, tgt, settings.timing, settings.seed)
+            row = measure_item(item, tgt, settings.timing, settings.seed, settings.backend)
             buffer.append({**row, "device": tgt.key, "backend": backend,
                            "source": f"gpuplan-bench run {run_id}"})
             bar.update(1)
@@ -290,7 +295,7 @@ def _measure_all(
 def export_run(store: PerfStore, run_id: int, path: Path, sidecar: dict[str, Any]) -> int:
     """Write a run's rows as a measurement-frame parquet plus ``<path>.json``; returns rows."""
     frame = store.measurements(run_id=run_id)
-    cols = [*MEASUREMENT_COLUMNS, "latency_min_ms"]
+    cols = [*MEASUREMENT_COLUMNS, "latency_min_ms", "fwd_bwd_latency_ms"]
     path.parent.mkdir(parents=True, exist_ok=True)
     frame[cols].to_parquet(path, index=False, compression="zstd")
     path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2, sort_keys=True) + "\n")

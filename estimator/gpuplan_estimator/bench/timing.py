@@ -1,4 +1,4 @@
-"""Timing protocol for one single-kernel ONNX graph on onnxruntime.
+"""Timing protocol for one single-kernel unit (an ONNX graph on onnxruntime, or a torch layer).
 
 Per repeat: N+1 timed runs, the first dropped (it pays allocation and first-touch costs), the mean
 of runs 2..N+1 kept — the "mean of steps 2..N+1" protocol of the Dell EMC benchmark database.
@@ -132,7 +132,14 @@ def time_unit(
     for _ in range(min(settings.sessions, settings.repeats)):
         session = make_session(unit, provider=provider, settings=settings, device_id=device_id)
         run = _runner(session, unit.feeds, provider=provider, device_id=device_id)
-        timers.append(_timer(run, clock))
+        timers.append(timer(run, clock))
+    return time_runs(timers, settings)
+
+
+def time_runs(timers: Sequence[Callable[[], float]], settings: TimingSettings) -> TimingResult:
+    """The protocol over already built timers (each returns one run's ms), repeats spread
+    round-robin over them; shared by the onnxruntime sessions and the torch backend."""
+    settings.validate()
     warm = [[one() for _ in range(settings.warmup_runs)] for one in timers]
     first = warm[0]
     n = choose_runs(min(first) if first else timers[0](), settings)
@@ -141,7 +148,9 @@ def time_unit(
     return summarize(per_repeat)
 
 
-def _timer(run: Callable[[], None], clock: Clock) -> Callable[[], float]:
+def timer(run: Callable[[], object], clock: Clock = time.perf_counter) -> Callable[[], float]:
+    """A no-argument callable timing one call of `run` in ms."""
+
     def one() -> float:
         start = clock()
         run()

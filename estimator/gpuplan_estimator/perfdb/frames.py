@@ -16,9 +16,10 @@ OPTIONAL_COLUMNS: dict[str, Any] = {
     "power_watts": None,
     "energy_mj": None,
     "sm_clock_mhz": None,
+    "fwd_bwd_latency_ms": None,
 }
 EXTRA_COLUMNS: tuple[str, ...] = (
-    "latency_min_ms", "power_watts", "energy_mj", "sm_clock_mhz", "run_id",
+    "latency_min_ms", "power_watts", "energy_mj", "sm_clock_mhz", "fwd_bwd_latency_ms", "run_id",
 )
 DEFAULT_FEATURE_SCHEMA_VERSION = 1
 

@@ -89,6 +89,8 @@ class Measurement(Base):
     source: Mapped[str] = mapped_column(Text, default="")
     # Added in revision 0002: throttling shows up as a lower clock than the board's maximum.
     sm_clock_mhz: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Added in revision 0003: forward+backward with autograd (`gpuplan bench --backend torch`).
+    fwd_bwd_latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ModelVersion(Base):

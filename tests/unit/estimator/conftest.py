@@ -1,0 +1,29 @@
+"""Fixtures of the bench tests: a directory of tiny sweep specs and a SQLite perf store."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuplan_estimator.perfdb.store import PerfStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fixtures import TINY
+
+
+@pytest.fixture
+def sweep_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "sweeps"
+    d.mkdir()
+    for name, text in TINY.items():
+        (d / name).write_text(text)
+    return d
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[PerfStore]:
+    with PerfStore.open(f"sqlite:///{tmp_path / 'perf.db'}") as s:
+        yield s

@@ -28,7 +28,7 @@ from gpuplan_estimator import (
     train,
     train_cli,
 )
-from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, host_bench, report
+from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, host_bench, report, torch_loop
 from gpuplan_estimator.evaluation.gpu_labels import RowResult
 from gpuplan_estimator.predictors import LatencyPredictor
 
@@ -55,6 +55,15 @@ def register(subparsers: Any) -> None:
                    help="sampling seed of the host's bench plan (default %(default)s)")
     p.add_argument("--cpu-db", default=None,
                    help="performance database for the host bench (default: as for bench)")
+    p.add_argument("--no-torch", action="store_true",
+                   help="skip the CPU training step (light models converted to PyTorch)")
+    p.add_argument("--torch-runs", type=int, default=5,
+                   help="timed SGD steps per model and batch (default %(default)s)")
+    p.add_argument("--torch-bench-minutes", type=float, default=10.0,
+                   help="`gpuplan bench --backend torch` budget on this host before the training "
+                   "step is priced (resumable); 0 = the bundle's torch CPU models")
+    p.add_argument("--torch-bench-samples", type=int, default=1500,
+                   help="rows in the host's torch bench plan (default %(default)s)")
     p.add_argument("--logo-max-rows", type=int, default=15_000,
                    help="subsample cap per kernel for the leave-one-GPU-out refits")
     p.set_defaults(func=run)
@@ -90,12 +99,20 @@ def run(args: argparse.Namespace) -> int:
                 f"{device.peak_tflops['fp32'] * 1000:.0f} GFLOP/s fp32, "
                 f"{device.mem_bandwidth_gbps:.1f} GB/s; load average at start "
                 f"{load[0]:.2f} (other processes share this machine).")
-        cpu_models, cpu_text = host_cpu_models(args, fitted)
+        cpu_models, cpu_text = host_cpu_models(
+            fitted, "onnxruntime", args.cpu_bench_minutes, args.cpu_bench_samples, args)
         host += " " + cpu_text + "."
         cpu = cpu_loop.evaluate_light_models(
             device=device, predictor=cpu_models,
             settings=cpu_loop.TimingSettings(runs=args.cpu_runs, sessions=args.cpu_sessions),
             progress=_say)
+        if not args.no_torch:
+            torch_models, torch_text = host_cpu_models(
+                fitted, "torch", args.torch_bench_minutes, args.torch_bench_samples, args)
+            host += " Training step: " + torch_text + "."
+            cpu += torch_loop.evaluate_training_steps(
+                device=device, predictor=torch_models,
+                settings=cpu_loop.TimingSettings(runs=args.torch_runs), progress=_say)
     rep = report.Report(
         commit=train_cli.git_commit(), command=command_line(args),
         created=datetime.now().astimezone().isoformat(timespec="seconds"), bundle=bundle_text,
@@ -111,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         if d == "all":
             print(f"  LOGO {p:21s} {m:18s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %")
     for k, s in report.summarise_cpu(cpu).items():
-        print(f"  CPU {k:10s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %")
+        print(f"  CPU {k:16s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %"
+              f"  in P10-P90 {s.coverage_pct:3.0f} %")
     return 0
 
 
@@ -131,17 +149,23 @@ def latency_bundle(explicit: Path | None, gpu_ops: Path) -> tuple[bundle.Bundle,
                     "bundle could not be loaded)")
 
 
-def host_cpu_models(args: argparse.Namespace, fitted: bundle.Bundle
-                    ) -> tuple[LatencyPredictor, str]:
-    """The models that price the CPU loop: fitted on this host's bench rows, or (with
-    ``--cpu-bench-minutes 0``) the bundle's, whose rows may come from another host."""
-    if args.cpu_bench_minutes <= 0:
-        return (latency.LearnedPredictor(fitted),
-                "CPU latency models: the bundle's (measured on the host its metadata names)")
+def host_cpu_models(fitted: bundle.Bundle, backend: str, minutes: float, samples: int,
+                    args: argparse.Namespace) -> tuple[LatencyPredictor, str]:
+    """The models that price a CPU loop on `backend`: fitted on this host's bench rows, or
+    (with 0 minutes) the bundle's, whose rows may come from another host."""
+    if minutes <= 0:
+        name = next((b for b in fitted.manifest.get("backends", []) if b.startswith(backend)
+                     and b.endswith("-cpu")), None)
+        if name is None:
+            raise errors.InvalidRequestError(
+                f"--{'cpu' if backend == 'onnxruntime' else backend}-bench-minutes",
+                f"the bundle has no {backend} CPU rows; benchmark this host instead")
+        return (latency.LearnedPredictor(fitted, backend=name),
+                f"CPU latency models: the bundle's {name} rows (measured on the host its "
+                "metadata names)")
     models = host_bench.bench_and_fit(
-        host_bench.HostBenchSettings(minutes=args.cpu_bench_minutes,
-                                     samples=args.cpu_bench_samples, seed=args.cpu_bench_seed,
-                                     db_url=args.cpu_db),
+        host_bench.HostBenchSettings(minutes=minutes, samples=samples, seed=args.cpu_bench_seed,
+                                     db_url=args.cpu_db, backend=backend),
         progress=_say)
     predictor = host_bench.ScaledPredictor(latency.LearnedPredictor(models.bundle),
                                            models.speed_ratio)
@@ -238,5 +262,9 @@ def command_line(args: argparse.Namespace) -> str:
         "--cpu-bench-minutes", f"{args.cpu_bench_minutes:g}",
         "--cpu-bench-samples", str(args.cpu_bench_samples),
         "--cpu-bench-seed", str(args.cpu_bench_seed),
-        *(["--cpu-db", args.cpu_db] if args.cpu_db else [])]
+        *(["--cpu-db", args.cpu_db] if args.cpu_db else []),
+        *(["--no-torch"] if args.no_torch else [
+            "--torch-runs", str(args.torch_runs),
+            "--torch-bench-minutes", f"{args.torch_bench_minutes:g}",
+            "--torch-bench-samples", str(args.torch_bench_samples)])]
     return shlex.join(parts)

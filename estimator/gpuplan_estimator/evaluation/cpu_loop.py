@@ -59,6 +59,7 @@ class CpuResult:
     p90_ms: float
     measured_ms: float
     runs: int
+    mode: str = "inference"  # or "train": one SGD step in PyTorch (`torch_loop`)
 
     @property
     def ape(self) -> float:

@@ -42,6 +42,9 @@ class HostBenchSettings:
     reference_rows_per_kernel: int = 6
     """Stored rows re-timed right after the fit: how much faster or slower the host is now
     than when its rows were measured (0 = assume the same speed)."""
+    backend: str = "onnxruntime"
+    """`gpuplan bench --backend`: onnxruntime for the inference loop, torch for the training
+    step."""
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,13 @@ class HostModels:
     rows: int  # CPU rows of this backend in the database, this run's and earlier ones
     status: str  # the bench run's: done | interrupted
     db_url: str
+    backend: str
     speed_ratio: float = 1.0  # now / stored latency of re-timed reference rows (median)
     reference_rows: int = 0
 
     def describe(self) -> str:
-        text = (f"CPU latency models fitted in this run from the {self.rows} CPU rows of "
+        text = (f"CPU latency models fitted in this run from the {self.rows} {self.backend} CPU "
+                f"rows of "
                 f"{self.db_url} (this host's bench runs; this run's plan: run {self.run_id}, "
                 f"{self.status})")
         if self.reference_rows:
@@ -79,7 +84,7 @@ class ScaledPredictor:
 
 
 def retime(frame: pd.DataFrame, per_kernel: int, seed: int,
-           settings: timing.TimingSettings) -> pd.DataFrame:
+           settings: timing.TimingSettings, backend: str = "onnxruntime") -> pd.DataFrame:
     """Time `per_kernel` stored rows of every kernel again on this host: columns kernel,
     stored_ms, now_ms, ratio (now / stored)."""
     picked = pd.concat([g.sample(n=min(per_kernel, len(g)), random_state=seed)
@@ -89,14 +94,15 @@ def retime(frame: pd.DataFrame, per_kernel: int, seed: int,
     for _, r in picked.iterrows():
         item = sweep.PlanItem(str(r["kernel"]), str(r["op"]), str(r["dtype"]),
                               json.loads(str(r["dims"])))
-        now = runner.measure_item(item, target, settings, seed=seed)["latency_ms"]
+        now = runner.measure_item(item, target, settings, seed, backend)["latency_ms"]
         out.append((item.kernel, float(r["latency_ms"]), now))
     timed = pd.DataFrame(out, columns=["kernel", "stored_ms", "now_ms"])
     return timed.assign(ratio=timed["now_ms"] / timed["stored_ms"])
 
 
 def speed_ratio(frame: pd.DataFrame, per_kernel: int, seed: int,
-                settings: timing.TimingSettings) -> tuple[float, int]:
+                settings: timing.TimingSettings, backend: str = "onnxruntime"
+                ) -> tuple[float, int]:
     """Median of now / stored latency over `per_kernel` stored rows of every kernel.
 
     The 2-core VM this was built on ran 5-30 % faster or slower from one half hour to the
@@ -107,7 +113,7 @@ def speed_ratio(frame: pd.DataFrame, per_kernel: int, seed: int,
     usable = frame[(frame["latency_ms"] >= 0.05) & (frame["latency_ms"] <= 20.0)]
     if usable.empty or per_kernel < 1:
         return 1.0, 0
-    timed = retime(usable, per_kernel, seed, settings)
+    timed = retime(usable, per_kernel, seed, settings, backend)
     return float(np.median(timed["ratio"])), len(timed)
 
 
@@ -118,8 +124,10 @@ def bench_and_fit(
     bench = runner.BenchSettings(
         device="cpu", samples=settings.samples, budget_minutes=settings.minutes,
         seed=settings.seed, sweep_paths=settings.sweep_paths, timing=settings.timing,
-        command=(f"gpuplan bench --device cpu --samples {settings.samples} --budget-minutes "
-                 f"{settings.minutes:g} --seed {settings.seed}"))
+        backend=settings.backend,
+        command=(f"gpuplan bench --device cpu --backend {settings.backend} --samples "
+                 f"{settings.samples} --budget-minutes {settings.minutes:g} --seed "
+                 f"{settings.seed}"))
     with PerfStore.open(settings.db_url) as store:
         report = runner.run_bench(bench, store, progress=False)
         # Every row this host's database holds for the CPU on this backend: earlier runs (other
@@ -127,7 +135,8 @@ def bench_and_fit(
         frame = store.measurements(devices=[report.device], backend=report.backend)
         url = store.url
     if progress is not None:
-        progress(f"eval: CPU bench run {report.run_id}: {report.rows_total}/{report.planned} rows "
+        progress(f"eval: CPU {settings.backend} bench run {report.run_id}: "
+                 f"{report.rows_total}/{report.planned} rows "
                  f"({report.status}, {report.rows_added} added in {report.elapsed_s:.0f} s)")
     if len(frame) < settings.min_rows:
         raise errors.InvalidRequestError(
@@ -140,7 +149,8 @@ def bench_and_fit(
                             cpu_params=train_cli.CPU_PARAMS),
         validate=False)
     ratio, checked = speed_ratio(frame, settings.reference_rows_per_kernel, settings.seed,
-                                 settings.timing)
+                                 settings.timing, settings.backend)
     if progress is not None and checked:
         progress(f"eval: host speed index {ratio:.3f} (now / stored, {checked} rows re-timed)")
-    return HostModels(fitted, report.run_id, len(frame), report.status, url, ratio, checked)
+    return HostModels(fitted, report.run_id, len(frame), report.status, url, report.backend,
+                      ratio, checked)

@@ -57,11 +57,15 @@ def summarise(results: Iterable[RowResult]) -> dict[tuple[str, str, str], Metric
 
 
 def summarise_cpu(results: Sequence[CpuResult]) -> dict[str, Metrics]:
-    out = {f"batch {b}": metrics([r.ape for r in results if r.batch == b],
-                                 [r.covered for r in results if r.batch == b])
-           for b in sorted({r.batch for r in results})}
-    if results:
-        out["all"] = metrics([r.ape for r in results], [r.covered for r in results])
+    """Per mode and batch, per mode, and over all rows of that mode."""
+    out: dict[str, Metrics] = {}
+    for mode in sorted({r.mode for r in results}):
+        rows = [r for r in results if r.mode == mode]
+        for b in sorted({r.batch for r in rows}):
+            picked = [r for r in rows if r.batch == b]
+            out[f"{mode} batch {b}"] = metrics([r.ape for r in picked],
+                                               [r.covered for r in picked])
+        out[f"{mode} all"] = metrics([r.ape for r in rows], [r.covered for r in rows])
     return out
 
 
@@ -103,10 +107,11 @@ def _cell(predicted_ms: float, measured_ms: float) -> str:
 
 
 def _cpu_table(results: Sequence[CpuResult]) -> str:
-    lines = ["| model | batch | predictor | predicted ms | P10–P90 ms | measured ms | APE % |",
-             "|---|--:|---|--:|--:|--:|--:|"]
+    lines = ["| model | mode | batch | predictor | predicted ms | P10–P90 ms | measured ms | "
+             "APE % |", "|---|---|--:|---|--:|--:|--:|--:|"]
     for r in results:
-        lines.append(f"| {r.model} | {r.batch} | {r.predictor} | {r.predicted_ms:.1f} | "
+        lines.append(f"| {r.model} | {r.mode} | {r.batch} | {r.predictor} | "
+                     f"{r.predicted_ms:.1f} | "
                      f"{r.p10_ms:.1f}–{r.p90_ms:.1f} | {r.measured_ms:.1f} | {100 * r.ape:.1f} |")
     return "\n".join(lines)
 
@@ -155,7 +160,8 @@ def to_json(rep: Report) -> dict[str, Any]:
         "leave_one_gpu_out": {"summary": flat(summarise(rep.logo)), "rows": rows(rep.logo)},
         "cpu_closed_loop": {
             "summary": {k: v.as_dict() for k, v in summarise_cpu(rep.cpu).items()},
-            "rows": [{"model": r.model, "batch": r.batch, "predictor": r.predictor,
+            "rows": [{"model": r.model, "mode": r.mode, "batch": r.batch,
+                      "predictor": r.predictor,
                       "predicted_ms": round(r.predicted_ms, 3), "p10_ms": round(r.p10_ms, 3),
                       "p90_ms": round(r.p90_ms, 3), "measured_ms": round(r.measured_ms, 3),
                       "runs": r.runs} for r in rep.cpu],
@@ -190,7 +196,8 @@ def to_markdown(rep: Report, plot_name: str = "accuracy.png") -> str:
         "",
         _table(summarise(rep.logo), logo_preds) if rep.logo else "(not run)",
         "",
-        "## CPU closed loop (this machine, onnxruntime CPUExecutionProvider)",
+        "## CPU closed loop (this machine: inference with onnxruntime CPUExecutionProvider, "
+        "training step with PyTorch eager on the light models onnx2torch converts)",
         "",
         rep.host,
         "",
@@ -229,7 +236,7 @@ def plot(rep: Report, path: Path) -> None:
         xs.append(r.row.measured_ms)
         ys.append(r.predicted_ms)
     for c in rep.cpu:
-        xs, ys = series.setdefault("CPU", ([], []))
+        xs, ys = series.setdefault(f"CPU {c.mode}", ([], []))
         xs.append(c.measured_ms)
         ys.append(c.predicted_ms)
     lo, hi = np.inf, 0.0

@@ -127,7 +127,8 @@ def test_report_markdown_and_json() -> None:
     assert "`gpuplan eval`" in text and "abc123" in text and "a note" in text
     assert "| t4 | inference | 2 | 10.0 | " in text
     doc = json.loads(json.dumps(report.to_json(rep)))
-    assert doc["cpu_closed_loop"]["summary"]["all"]["mape_pct"] == pytest.approx(9.09, abs=0.01)
+    summary = doc["cpu_closed_loop"]["summary"]
+    assert summary["inference all"]["mape_pct"] == pytest.approx(9.09, abs=0.01)
     assert doc["gpu_labels"]["summary"][0]["mape_pct"] == pytest.approx(10.0)
 
 

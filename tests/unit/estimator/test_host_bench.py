@@ -41,7 +41,7 @@ def test_bench_then_fit_prices_this_host(tmp_path: Path) -> None:
                     flops=5 * 64 * 128, bytes_moved=8 * 64 * 128, op="Softmax")
     pred = latency.LearnedPredictor(models.bundle).predict([item], devices.resolve_device("cpu"))
     assert np.all(np.isfinite(pred.median_ms)) and float(pred.median_ms[0]) > 0
-    assert "80 CPU rows" in models.describe()
+    assert "80 onnxruntime-" in models.describe()
     again = host_bench.bench_and_fit(settings(tmp_path))  # resumes: same run, nothing re-timed
     assert again.run_id == models.run_id and again.rows == 80
 
@@ -78,3 +78,12 @@ def test_scaled_predictor_multiplies_every_time() -> None:
     np.testing.assert_allclose(scaled.median_ms, base.median_ms * 0.5)
     np.testing.assert_allclose(scaled.p90_ms, base.p90_ms * 0.5)
     assert scaled.predictor == base.predictor
+
+
+def test_torch_backend_bench_fits_torch_cpu_models(tmp_path: Path) -> None:
+    models = host_bench.bench_and_fit(settings(tmp_path, backend="torch"))
+    assert models.backend.startswith("torch-") and models.backend.endswith("-cpu")
+    assert models.bundle.manifest["backends"] == [models.backend]
+    assert f"80 {models.backend} CPU rows" in models.describe()
+    ort_models = host_bench.bench_and_fit(settings(tmp_path))  # same DB, the other backend
+    assert ort_models.rows == 80 and ort_models.run_id != models.run_id

@@ -30,6 +30,8 @@ MEASUREMENT_COLUMNS: tuple[str, ...] = (
     "repeats",
     "source",
 )
+OPTIONAL_TRAIN_COLUMNS: tuple[str, ...] = ("fwd_bwd_latency_ms",)
+"""Used by training when present: forward+backward with autograd (`backward_factors`)."""
 
 
 def dims_to_json(dims: Mapping[str, int]) -> str:

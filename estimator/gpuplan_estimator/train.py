@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuplan_estimator import devices, errors, features, measurements
+from gpuplan_estimator import backward_factors, devices, errors, features, measurements
 from gpuplan_estimator.bundle import Bundle
 from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.latency import LayerLatencyModel
@@ -62,6 +62,7 @@ class KernelData:
     latency_ms: FloatArray
     device: np.ndarray  # catalog key per row
     platform: np.ndarray  # "cpu" or "gpu" per row
+    backend: np.ndarray  # backend name per row (onnxruntime and torch rows of one CPU differ)
 
 
 def data_digest(frame: pd.DataFrame) -> str:
@@ -95,7 +96,7 @@ def kernel_data(
     latency = rows["latency_ms"].to_numpy(dtype=np.float64)
     kinds = {d: s.platform for d, s in specs.items()}
     return KernelData(x, np.log(latency / base), base, latency, rows["device"].to_numpy(),
-                      rows["device"].map(kinds).to_numpy())
+                      rows["device"].map(kinds).to_numpy(), rows["backend"].to_numpy())
 
 
 def error_metrics(actual_ms: FloatArray, predicted_ms: FloatArray) -> dict[str, float]:
@@ -125,6 +126,10 @@ def validate_kernel(kernel: str, data: KernelData, settings: TrainSettings) -> d
         str(d): error_metrics(data.latency_ms[test][m], pred[m])
         for d in np.unique(data.device[test]) for m in [data.device[test] == d]
     }
+    out["random_split_by_backend"] = {
+        str(b): error_metrics(data.latency_ms[test][m], pred[m])
+        for b in np.unique(data.backend[test]) for m in [data.backend[test] == b]
+    }
     if settings.leave_one_device_out:
         loo: dict[str, Any] = {}
         columns = features.transfer_columns(kernel)  # what an unseen device is priced with
@@ -149,6 +154,7 @@ def train_bundle(
 ) -> Bundle:
     """Fit every kernel with enough rows; the manifest carries held-out metrics and provenance."""
     _check_frame(frame)
+    factors = backward_factors.fit(frame)  # from every row: the caps below are for the trees
     resolve = resolve if resolve is not None else devices.resolve_device
     kinds = {d: resolve(d).platform for d in frame["device"].unique()}
     # GPU and CPU rows are capped and fitted apart: one platform's rows must neither use up the
@@ -193,6 +199,7 @@ def train_bundle(
         "devices": sorted(frame["device"].unique()), "backends": backends,
         "device_backends": {str(k): str(v) for k, v in device_backends.items()},
         "default_backends": _default_backends(frame, platform),
+        "backward_factors": factors,
         "skipped_kernels": skipped, "metrics": metrics,
         "kernel_platforms": {k: [kind for kind, fitted in (("cpu", cpu_models), ("gpu", models))
                                  if k in fitted] for k in sorted({*models, *cpu_models})},
@@ -208,7 +215,8 @@ def train_bundle(
 def _merge_metrics(into: dict[str, Any], part: Mapping[str, Any]) -> None:
     """Held-out metrics of one platform's model into the kernel's entry: per platform and
     device side by side; the overall random split stays the GPU one when there is one."""
-    for key in ("random_split_by_platform", "random_split_by_device", "leave_one_device_out"):
+    for key in ("random_split_by_platform", "random_split_by_device", "random_split_by_backend",
+                "leave_one_device_out"):
         if key in part:
             into.setdefault(key, {}).update(part[key])
     if "random_split" not in into or "gpu" in part.get("random_split_by_platform", {}):
@@ -294,11 +302,22 @@ def report_markdown(manifest: Mapping[str, Any], *, today: str, command: str) ->
         lines += [_row(kernel, f"**{kind}**", v)
                   for kind, v in sorted(m.get("random_split_by_platform", {}).items())]
         lines += [_row(kernel, d, v) for d, v in sorted(m["random_split_by_device"].items())]
+        cpu_backends = {b: v for b, v in m.get("random_split_by_backend", {}).items()
+                        if b.endswith("-cpu")}
+        if len(cpu_backends) > 1:  # one CPU measured with several backends: each on its own
+            lines += [_row(kernel, f"cpu, {b}", v) for b, v in sorted(cpu_backends.items())]
     lines += ["", "## Leave one device out (trained on the others)", "",
               "| kernel | held-out device | rows | MAPE % | P90 APE % | RMSE log |",
               "|---|---|--:|--:|--:|--:|"]
     for kernel, m in sorted(metrics.items()):
         lines += [_row(kernel, d, v) for d, v in sorted(m.get("leave_one_device_out", {}).items())]
+    for backend, factors in sorted(manifest.get("backward_factors", {}).items()):
+        lines += ["", f"## Backward factors, {backend} (`backward_factors`)", "",
+                  "Measured backward (forward+backward minus forward, autograd) over the "
+                  "backward the estimator derives in forward-kernel passes; median per family. "
+                  "Learned backward items of this backend are multiplied by them.", "",
+                  "| family | factor |", "|---|--:|",
+                  *[f"| {f} | {v:.3f} |" for f, v in sorted(factors.items())]]
     return "\n".join([*lines, "", METHOD_NOTES]) + "\n"
 
 

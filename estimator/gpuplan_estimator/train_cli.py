@@ -116,7 +116,9 @@ def load_sources(sources: list[str]) -> pd.DataFrame:
     """One measurement frame from every source (see `register` for the kinds)."""
     frames = [_load_one(s) for s in sources]
     frame = pd.concat(frames, ignore_index=True)
-    return frame[list(measurements.MEASUREMENT_COLUMNS)]
+    # Forward+backward timings (torch backend rows) fit the backward factors; others lack them.
+    extra = [c for c in measurements.OPTIONAL_TRAIN_COLUMNS if c in frame.columns]
+    return frame[[*measurements.MEASUREMENT_COLUMNS, *extra]]
 
 
 def _load_one(source: str) -> pd.DataFrame:

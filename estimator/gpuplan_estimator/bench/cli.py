@@ -24,7 +24,8 @@ def register(subparsers: Any) -> None:
     """Add ``bench`` and ``import`` to an argparse subparsers object."""
     bench = subparsers.add_parser(
         "bench", help="measure single-kernel latencies on this machine into the perf database",
-        description="Sample layer configurations from sweep specs, time them with onnxruntime, "
+        description="Sample layer configurations from sweep specs, time them with onnxruntime "
+        "(or, with --backend torch, as PyTorch eager layers forward and forward+backward), "
         "store rows in the performance database. An interrupted run resumes.",
     )
     bench.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
@@ -35,7 +36,9 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--budget-minutes", type=float, default=3.0,
                        help="stop starting rows after this long; resumable (default: 3)")
     bench.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
-    bench.add_argument("--backend", choices=runner.BACKENDS, default="onnxruntime")
+    bench.add_argument("--backend", choices=runner.BACKENDS, default="onnxruntime",
+                       help="onnxruntime (single-node graphs) or torch (needs the torch extra; "
+                       "rows also carry forward+backward with autograd) (default: onnxruntime)")
     bench.add_argument("--db", default=None, help="database URL (default: $GPUPLAN_DB_URL or "
                        "the SQLite file in the gpuplan data dir)")
     bench.add_argument("--sweep", action="append", default=None, metavar="PATH",

@@ -226,7 +226,11 @@ def notes(fitted: bundle.Bundle) -> tuple[str, ...]:
                    if has_cpu else
                    "the bundle has no CPU latency model, so CPU items fall back to the "
                    "roofline of the calibrated host (labelled `roofline:*`)."),
-        "CPU training step (torch backend) is not measured: torch is not installed here.",
+        "CPU training step: the light models onnx2torch converts (weights made random, "
+        "batch-norm in training mode), one SGD step (forward, mean loss, backward, step) "
+        "timed in PyTorch eager; priced with `framework=pytorch-eager`, mode train, optimizer "
+        "sgd, on CPU models fitted from this host's `gpuplan bench --backend torch` rows "
+        "(forward-shaped kernels; backward derived as for GPUs).",
         "CPU loop is priced with `framework=onnxruntime` (its default graph fusions: "
         "BatchNorm folded into conv weights, Conv/Gemm+activation and MatMul+bias as one "
         "kernel, decomposed GELU/LayerNorm/softmax as one kernel); GPU rows with "

@@ -144,7 +144,7 @@ def bench_and_fit(
             f"only {len(frame)} CPU rows measured (need {settings.min_rows}); give the bench "
             "more minutes or run `gpuplan eval` again to resume it")
     fitted = train.train_bundle(
-        frame[list(measurements.MEASUREMENT_COLUMNS)],
+        frame[[*measurements.MEASUREMENT_COLUMNS, *measurements.OPTIONAL_TRAIN_COLUMNS]],
         train.TrainSettings(seed=settings.seed, min_rows_per_kernel=50,
                             cpu_params=train_cli.CPU_PARAMS),
         validate=False)

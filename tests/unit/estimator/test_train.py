@@ -164,10 +164,12 @@ def test_leave_one_out_skips_a_device_alone_on_its_platform() -> None:
     full[:, features.transfer_columns("softmax")] = x
     y = 0.3 * x[:, 0]
     data = train.KernelData(full, y, np.ones(n), np.exp(y), device,
-                            np.where(device == "c1", "cpu", "gpu"))
+                            np.where(device == "c1", "cpu", "gpu"),
+                            np.where(device == "c1", "ort-cpu", "torch-cuda"))
     out = train.validate_kernel("softmax", data, train.TrainSettings(model_params=FAST))
     assert set(out["leave_one_device_out"]) == {"g1", "g2", "g3"}
     assert set(out["random_split_by_platform"]) == {"cpu", "gpu"}
+    assert set(out["random_split_by_backend"]) == {"ort-cpu", "torch-cuda"}
 
 
 def test_cpu_rows_get_their_own_models_and_leave_gpu_predictions_alone(

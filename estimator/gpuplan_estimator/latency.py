@@ -20,7 +20,7 @@ from gpuplan_estimator import errors, features
 from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.predictors import FloatArray, LatencyPrediction, LatencyPredictor
 from gpuplan_estimator.roofline import RooflinePredictor
-from gpuplan_estimator.workload import Phase, WorkItem
+from gpuplan_estimator.workload import WorkItem
 
 if TYPE_CHECKING:
     from gpuplan_estimator.bundle import Bundle
@@ -170,25 +170,7 @@ class LearnedPredictor:
             median[group.index], p10[group.index], p90[group.index] = parts
             for j, i in enumerate(group.index):
                 names[i] = label[j]
-        scale = self._backward_scale(items, backend_code, names)
-        return LatencyPrediction(median_ms=median * scale, p10_ms=p10 * scale,
-                                 p90_ms=p90 * scale, predictor=tuple(names))
-
-    def _backward_scale(self, items: Sequence[WorkItem], backend_code: int | None,
-                        names: Sequence[str]) -> npt.NDArray[np.float64]:
-        """Per item, the measured backward factor of its backend and family (`backward_factors`)
-        for learned backward items; 1 elsewhere."""
-        scale = np.ones(len(items))
-        if backend_code is None:
-            return scale
-        backend = self.bundle.manifest.get("backends", [])[backend_code]
-        factors = self.bundle.manifest.get("backward_factors", {}).get(backend, {})
-        if not factors:
-            return scale
-        for i, item in enumerate(items):
-            if item.phase is Phase.BACKWARD and names[i].startswith("lightgbm"):
-                scale[i] = factors.get(item.family.value, 1.0)
-        return scale
+        return LatencyPrediction(median_ms=median, p10_ms=p10, p90_ms=p90, predictor=tuple(names))
 
     def _groups(self, items: Sequence[WorkItem]) -> list[_KernelGroup]:
         """Items grouped by kernel with their distinct shapes; reused while the same items

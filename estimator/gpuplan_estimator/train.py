@@ -315,7 +315,8 @@ def report_markdown(manifest: Mapping[str, Any], *, today: str, command: str) ->
         lines += ["", f"## Backward factors, {backend} (`backward_factors`)", "",
                   "Measured backward (forward+backward minus forward, autograd) over the "
                   "backward the estimator derives in forward-kernel passes; median per family. "
-                  "Learned backward items of this backend are multiplied by them.", "",
+                  "A check of the derivation only: predictions do not use them (see "
+                  "`backward_factors`).", "",
                   "| family | factor |", "|---|--:|",
                   *[f"| {f} | {v:.3f} |" for f, v in sorted(factors.items())]]
     return "\n".join([*lines, "", METHOD_NOTES]) + "\n"

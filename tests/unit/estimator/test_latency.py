@@ -184,22 +184,3 @@ def test_sample_weight_is_validated_and_changes_the_fit() -> None:
     b = latency.LayerLatencyModel(**FAST).fit(x, y, heavy).predict(x)
     assert not np.array_equal(a, b)
 
-
-def test_backward_factors_scale_learned_backward_items_only(gemm_bundle: bundle.Bundle) -> None:
-    import dataclasses
-
-    t4 = devices.load_catalog().resolve("t4")
-    fwd = gemm_item(256)
-    bwd = dataclasses.replace(fwd, phase=Phase.BACKWARD, role="dgrad")
-    fallback_bwd = dataclasses.replace(gemm_item(256, kernel="softmax"), phase=Phase.BACKWARD)
-    items = [fwd, bwd, fallback_bwd]
-    plain = latency.LearnedPredictor(gemm_bundle).predict(items, t4)
-    manifest = {**gemm_bundle.manifest, "backward_factors": {"pytorch": {"matmul": 1.5}}}
-    scaled = latency.LearnedPredictor(dataclasses.replace(gemm_bundle, manifest=manifest)
-                                      ).predict(items, t4)
-    np.testing.assert_allclose(scaled.median_ms, plain.median_ms * [1.0, 1.5, 1.0])
-    np.testing.assert_allclose(scaled.p90_ms, plain.p90_ms * [1.0, 1.5, 1.0])
-    other = {**gemm_bundle.manifest, "backward_factors": {"onnxruntime": {"matmul": 3.0}}}
-    unchanged = latency.LearnedPredictor(dataclasses.replace(gemm_bundle, manifest=other)
-                                         ).predict(items, t4)
-    np.testing.assert_allclose(unchanged.median_ms, plain.median_ms)

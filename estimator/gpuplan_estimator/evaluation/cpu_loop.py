@@ -163,11 +163,19 @@ def evaluate_model(
                      measured, settings.runs)
 
 
+ModelEvaluator = Callable[..., CpuResult]
+"""`evaluate_model` of this module or of `torch_loop`: (path, batch, *, device, predictor,
+settings) -> CpuResult."""
+
+
 def evaluate_light_models(
     *, device: DeviceSpec, predictor: LatencyPredictor, settings: TimingSettings,
     models: Sequence[str] = LIGHT_MODELS, batches: Sequence[int] = BATCHES,
     directory: Path | None = None, progress: Callable[[str], None] | None = None,
+    evaluate: ModelEvaluator | None = None,
 ) -> tuple[CpuResult, ...]:
+    """Every model at every batch, priced and measured by `evaluate` (default: inference)."""
+    one = evaluate if evaluate is not None else evaluate_model
     root = directory if directory is not None else light_dir()
     out = []
     for name in models:
@@ -175,10 +183,9 @@ def evaluate_light_models(
         if not path.is_file():
             raise errors.InvalidRequestError("models", f"{path} does not exist")
         for batch in batches:
-            result = evaluate_model(path, batch, device=device, predictor=predictor,
-                                    settings=settings)
+            result = one(path, batch, device=device, predictor=predictor, settings=settings)
             if progress is not None:
-                progress(f"cpu {name} b{batch}: predicted {result.predicted_ms:.1f} ms, "
-                         f"measured {result.measured_ms:.1f} ms")
+                progress(f"cpu {result.mode} {name} b{batch}: predicted "
+                         f"{result.predicted_ms:.1f} ms, measured {result.measured_ms:.1f} ms")
             out.append(result)
     return tuple(out)

@@ -26,7 +26,7 @@ from gpuplan_estimator.evaluation.cpu_loop import (
     MAX_RUN_SECONDS,
     CpuResult,
     TimingSettings,
-    light_dir,
+    evaluate_light_models,
     rebatch,
 )
 from gpuplan_estimator.framework import PYTORCH_EAGER
@@ -134,19 +134,8 @@ def evaluate_model(
 def evaluate_training_steps(
     *, device: DeviceSpec, predictor: LatencyPredictor, settings: TimingSettings,
     models: Sequence[str] = CONVERTIBLE, batches: Sequence[int] = BATCHES,
-    directory: Path | None = None, progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[CpuResult, ...]:
-    root = directory if directory is not None else light_dir()
-    out = []
-    for name in models:
-        path = root / f"light_{name}.onnx"
-        if not path.is_file():
-            raise errors.InvalidRequestError("torch models", f"{path} does not exist")
-        for batch in batches:
-            result = evaluate_model(path, batch, device=device, predictor=predictor,
-                                    settings=settings)
-            if progress is not None:
-                progress(f"cpu train {name} b{batch}: predicted {result.predicted_ms:.1f} ms, "
-                         f"measured {result.measured_ms:.1f} ms")
-            out.append(result)
-    return tuple(out)
+    return evaluate_light_models(device=device, predictor=predictor, settings=settings,
+                                 models=models, batches=batches, progress=progress,
+                                 evaluate=evaluate_model)

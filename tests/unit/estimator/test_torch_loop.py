@@ -91,3 +91,12 @@ def test_bundle_without_torch_rows_is_refused_by_flag() -> None:
     empty = Bundle(models={}, manifest={"backends": ["pytorch-2.1.0+cu121"]}, path=Path("."))
     with pytest.raises(errors.InvalidRequestError, match="--torch-bench-minutes"):
         eval_cli.host_cpu_models(empty, "torch", 0.0, 10, argparse.Namespace())
+
+
+def test_training_steps_loop_reports_progress_per_model_and_batch() -> None:
+    said: list[str] = []
+    results = torch_loop.evaluate_training_steps(
+        device=cpuinfo.local_cpu_device(), predictor=roofline.RooflinePredictor(),
+        settings=FAST, models=("shufflenet",), batches=(1,), progress=said.append)
+    assert [(r.model, r.mode, r.batch) for r in results] == [("shufflenet", "train", 1)]
+    assert len(said) == 1 and said[0].startswith("cpu train shufflenet b1: predicted")

@@ -133,12 +133,18 @@ def _session_mean_ms(model_bytes: bytes, settings: TimingSettings,
         if not all(isinstance(d, int) for d in value.shape):
             raise errors.UnboundDimError([str(d) for d in value.shape], value.name)
         feeds[value.name] = rng.standard_normal(value.shape).astype(np.float32)
-    session.run(None, feeds)  # warm-up: allocations, kernel selection
+    return mean_run_ms(lambda: session.run(None, feeds), settings.runs, clock)
+
+
+def mean_run_ms(run: Callable[[], object], runs: int, clock: Callable[[], float]) -> float:
+    """One untimed warm-up call (allocations, kernel selection), then the mean wall time of
+    up to `runs` calls, stopping early past `MAX_RUN_SECONDS`."""
+    run()
     times = []
     deadline = clock() + MAX_RUN_SECONDS
-    for _ in range(settings.runs):
+    for _ in range(runs):
         start = clock()
-        session.run(None, feeds)
+        run()
         times.append(clock() - start)
         if clock() > deadline:
             break

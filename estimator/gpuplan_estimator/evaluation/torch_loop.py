@@ -23,10 +23,10 @@ from gpuplan_estimator import errors, estimate, graph
 from gpuplan_estimator.devices import DeviceSpec
 from gpuplan_estimator.evaluation.cpu_loop import (
     BATCHES,
-    MAX_RUN_SECONDS,
     CpuResult,
     TimingSettings,
     evaluate_light_models,
+    mean_run_ms,
     rebatch,
 )
 from gpuplan_estimator.framework import PYTORCH_EAGER
@@ -99,16 +99,7 @@ def measure_train_step_ms(
         module(x).float().mean().backward()
         optimizer.step()
 
-    step()  # warm-up: allocations, oneDNN primitive creation
-    times = []
-    deadline = clock() + MAX_RUN_SECONDS
-    for _ in range(settings.runs):
-        start = clock()
-        step()
-        times.append(clock() - start)
-        if clock() > deadline:
-            break
-    return 1000.0 * float(np.mean(times))
+    return mean_run_ms(step, settings.runs, clock)  # the warm-up also creates oneDNN primitives
 
 
 def evaluate_model(

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -143,23 +143,48 @@ def _register_estimate(sub: Any) -> None:
                    help="every layer with its P10-P90 interval, predictor and share of the step")
     p.add_argument("--json", action="store_true", help="JSON (docs/estimate-json.md)")
     p.add_argument("--bundle", default=None, help="model bundle directory to predict with")
+    p.add_argument("--cpu-backend", default=None, metavar="NAME",
+                   help="bundle backend that prices CPU devices, or a unique prefix of one "
+                   "(e.g. torch: PyTorch eager rows); default: the bundle's main CPU backend")
     p.set_defaults(func=run_estimate)
 
 
-def select_predictor(bundle_dir: str | None) -> tuple[LatencyPredictor, str]:
+def select_predictor(bundle_dir: str | None, cpu_backend: str | None = None
+                     ) -> tuple[LatencyPredictor, str]:
     """The predictor and where it comes from, e.g. ``bundle:/path (data-dir)`` or ``roofline``.
 
     An explicit bundle must load; otherwise the newest valid bundle in the data dir, else the
-    shipped one, else (no bundle shipped in this build) the roofline.
+    shipped one, else (no bundle shipped in this build) the roofline. `cpu_backend` names (or
+    uniquely prefixes) the bundle's CPU backend that prices CPU devices.
     """
     from gpuplan_estimator import bundle, latency, roofline
 
     explicit = Path(bundle_dir) if bundle_dir is not None else None
     path, origin = bundle.find_bundle_with_origin(explicit)
     if origin == "shipped" and not (path / bundle.MANIFEST).is_file():
+        if cpu_backend is not None:
+            raise InvalidRequestError("--cpu-backend", "no model bundle to choose from")
         return roofline.RooflinePredictor(), "roofline"
     loaded = bundle.load_bundle(path, origin=origin)
-    return latency.LearnedPredictor(loaded), f"bundle:{path} ({origin})"
+    source = f"bundle:{path} ({origin})"
+    if cpu_backend is None:
+        return latency.LearnedPredictor(loaded), source
+    name = cpu_backend_name(loaded.manifest, cpu_backend)
+    return latency.LearnedPredictor(loaded, backend={"cpu": name}), f"{source}, CPU as {name}"
+
+
+def cpu_backend_name(manifest: Mapping[str, Any], wanted: str) -> str:
+    """The bundle's CPU backend named `wanted` exactly or, failing that, by a unique prefix."""
+    # `gpuplan bench` names backends <backend>-<version>-<cpu|cuda>.
+    default = manifest.get("default_backends", {}).get("cpu")
+    cpu = [b for b in manifest.get("backends", []) if b.endswith("-cpu") or b == default]
+    matches = [b for b in cpu if b == wanted] or [b for b in cpu if b.startswith(wanted)]
+    if len(matches) != 1:
+        found = "several match" if matches else "none matches"
+        raise InvalidRequestError(
+            "--cpu-backend", f"{wanted!r}: {found}; the bundle's CPU backends are "
+            f"{', '.join(cpu) or 'none'}")
+    return matches[0]
 
 
 def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:
@@ -180,7 +205,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     settings = TrainingSettings(batch_size=model_batch(g, args.batch), mode=args.mode,
                                 optimizer=args.optimizer, precision=args.precision,
                                 framework=args.framework)
-    predictor, source = select_predictor(args.bundle)
+    predictor, source = select_predictor(args.bundle, args.cpu_backend)
     results = estimate.estimate(g, specs, settings, predictor=predictor, epochs=args.epochs,
                                 dataset_size=args.dataset_size)
     if args.json:

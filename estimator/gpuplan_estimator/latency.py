@@ -143,8 +143,11 @@ class LearnedPredictor:
 
     def __init__(
         self, bundle: Bundle, fallback: LatencyPredictor | None = None, *,
-        backend: str | None = None,
+        backend: str | Mapping[str, str] | None = None,
     ) -> None:
+        """`backend`: one bundle backend name for every device, or one per platform
+        (``{"cpu": "torch-2.15.0+cu132-cpu"}``); None or a missing platform = the bundle's
+        default for the device."""
         self.bundle = bundle
         self.fallback: LatencyPredictor = fallback if fallback is not None else RooflinePredictor()
         self.backend = backend
@@ -154,7 +157,9 @@ class LearnedPredictor:
         n = len(items)
         median, p10, p90 = np.zeros(n), np.zeros(n), np.zeros(n)
         names = ["none"] * n
-        backend_code = self.bundle.backend_code(device, self.backend)
+        backend = (self.backend.get(device.platform) if isinstance(self.backend, Mapping)
+                   else self.backend)
+        backend_code = self.bundle.backend_code(device, backend)
         for group in self._groups(items):
             if group.kernel == "none":
                 continue  # metadata-only work launches no kernel

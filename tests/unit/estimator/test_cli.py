@@ -11,7 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from gpuplan_estimator import bundle, cli, demo, estimate
+from gpuplan_estimator import bundle, cli, demo, devices, estimate
+from gpuplan_estimator.errors import InvalidRequestError
 
 assert bundle.MANIFEST  # imported here so collection, not the first test, pays for LightGBM
 
@@ -186,3 +187,33 @@ def test_subprocess_exit_code_and_single_line(tmp_path: Path) -> None:
     assert proc.stdout == ""
     assert one_error_line(proc.stderr)
     assert "Traceback" not in proc.stderr
+
+
+def test_cpu_backend_resolves_exact_names_and_unique_prefixes() -> None:
+    manifest = {"backends": ["onnxruntime-1.23.2-cpu", "pytorch-2.1.0+cu121",
+                             "torch-2.15.0-cpu", "torch-2.16.0-cpu"],
+                "default_backends": {"cpu": "onnxruntime-1.23.2-cpu"}}
+    assert cli.cpu_backend_name(manifest, "onnx") == "onnxruntime-1.23.2-cpu"
+    assert cli.cpu_backend_name(manifest, "torch-2.16.0-cpu") == "torch-2.16.0-cpu"
+    with pytest.raises(InvalidRequestError, match=r"--cpu-backend.*several match"):
+        cli.cpu_backend_name(manifest, "torch")
+    with pytest.raises(InvalidRequestError, match=r"none matches.*onnxruntime-1\.23\.2-cpu"):
+        cli.cpu_backend_name(manifest, "pytorch")  # a GPU backend does not price CPUs
+
+
+def test_cpu_backend_changes_cpu_prices_only() -> None:
+    from gpuplan_estimator import layers
+    from gpuplan_estimator.workload import Phase, WorkItem
+
+    item = WorkItem(layer="fc", family=layers.OpFamily.MATMUL, kernel="gemm",
+                    phase=Phase.FORWARD, dims={"batch": 1, "m": 64, "k": 1024, "n": 1024,
+                                               "bias": 1},
+                    dtype="float32", flops=2 * 64 * 1024 * 1024, bytes_moved=4 * 1024 * 1200,
+                    op="Gemm")
+    cpu, t4 = devices.resolve_device("cpu"), devices.resolve_device("t4")
+    default, _ = cli.select_predictor(None)
+    torch_cpu, source = cli.select_predictor(None, "torch")
+    assert source.endswith("CPU as " + cli.cpu_backend_name(
+        default.bundle.manifest, "torch"))  # type: ignore[attr-defined]
+    assert torch_cpu.predict([item], t4).median_ms == default.predict([item], t4).median_ms
+    assert torch_cpu.predict([item], cpu).median_ms != default.predict([item], cpu).median_ms

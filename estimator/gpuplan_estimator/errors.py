@@ -44,6 +44,7 @@ class InvalidRequestError(GpuplanError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
 
 

@@ -28,6 +28,7 @@ from gpuplan_estimator import (
     train,
     train_cli,
 )
+from gpuplan_estimator import cli as estimate_cli
 from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, host_bench, report, torch_loop
 from gpuplan_estimator.evaluation.gpu_labels import RowResult
 from gpuplan_estimator.predictors import LatencyPredictor
@@ -154,12 +155,12 @@ def host_cpu_models(fitted: bundle.Bundle, backend: str, minutes: float, samples
     """The models that price a CPU loop on `backend`: fitted on this host's bench rows, or
     (with 0 minutes) the bundle's, whose rows may come from another host."""
     if minutes <= 0:
-        name = next((b for b in fitted.manifest.get("backends", []) if b.startswith(backend)
-                     and b.endswith("-cpu")), None)
-        if name is None:
+        try:
+            name = estimate_cli.cpu_backend_name(fitted.manifest, backend)
+        except errors.InvalidRequestError as exc:
             raise errors.InvalidRequestError(
                 f"--{'cpu' if backend == 'onnxruntime' else backend}-bench-minutes",
-                f"the bundle has no {backend} CPU rows; benchmark this host instead")
+                f"{exc.message}; benchmark this host instead") from None
         return (latency.LearnedPredictor(fitted, backend=name),
                 f"CPU latency models: the bundle's {name} rows (measured on the host its "
                 "metadata names)")

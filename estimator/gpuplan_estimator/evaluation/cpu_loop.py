@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,9 +164,13 @@ def evaluate_model(
         batch_size=batch, mode="inference", framework=ONNXRUNTIME),
                                predictor=predictor)
     measured = measure_ms(data, settings)
-    main = max(est.predictor.items(), key=lambda kv: kv[1])[0] if est.predictor else "none"
-    return CpuResult(name, batch, main, est.forward_ms, est.interval_ms[0], est.interval_ms[1],
-                     measured, settings.runs)
+    return CpuResult(name, batch, main_predictor(est.predictor), est.forward_ms,
+                     est.interval_ms[0], est.interval_ms[1], measured, settings.runs)
+
+
+def main_predictor(shares: Mapping[str, float]) -> str:
+    """The label of the predictor that priced the largest share of the time."""
+    return max(shares.items(), key=lambda kv: kv[1])[0] if shares else "none"
 
 
 ModelEvaluator = Callable[..., CpuResult]

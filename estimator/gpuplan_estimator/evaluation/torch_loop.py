@@ -26,6 +26,7 @@ from gpuplan_estimator.evaluation.cpu_loop import (
     CpuResult,
     TimingSettings,
     evaluate_light_models,
+    main_predictor,
     mean_run_ms,
     rebatch,
 )
@@ -114,12 +115,11 @@ def evaluate_model(
         batch_size=batch, mode="train", optimizer=OPTIMIZER, framework=PYTORCH_EAGER),
         predictor=predictor)
     weighted = with_weights(proto, np.random.default_rng(settings.seed))
-    (free,) = [v for v in weighted.graph.input]
+    (free,) = weighted.graph.input
     shape = [d.dim_value for d in free.type.tensor_type.shape.dim]
     measured = measure_train_step_ms(to_torch(weighted), shape, settings)
-    main = max(est.predictor.items(), key=lambda kv: kv[1])[0] if est.predictor else "none"
-    return CpuResult(name, batch, main, est.step_time_ms, est.interval_ms[0], est.interval_ms[1],
-                     measured, settings.runs, mode="train")
+    return CpuResult(name, batch, main_predictor(est.predictor), est.step_time_ms,
+                     est.interval_ms[0], est.interval_ms[1], measured, settings.runs, mode="train")
 
 
 def evaluate_training_steps(

@@ -183,4 +183,3 @@ def test_sample_weight_is_validated_and_changes_the_fit() -> None:
     a = latency.LayerLatencyModel(**FAST).fit(x, y).predict(x)
     b = latency.LayerLatencyModel(**FAST).fit(x, y, heavy).predict(x)
     assert not np.array_equal(a, b)
-

@@ -1,12 +1,14 @@
 """Model bundles: the only module that reads or writes them (LightGBM text + manifest.json).
 
-A bundle is a directory: ``manifest.json`` plus ``<kernel>.txt`` (median) and
-``<kernel>.p10.txt`` / ``<kernel>.p90.txt`` (quantiles), each LightGBM ``model_to_string``.
-No pickle: a bundle is inert data that any LightGBM of the same major version can read.
+A bundle is a directory: ``manifest.json`` plus ``<kernel>.txt.gz`` (median) and
+``<kernel>.p10.txt.gz`` / ``<kernel>.p90.txt.gz`` (quantiles), each LightGBM
+``model_to_string`` gzip-compressed (bundles written before compression, plain ``.txt``, still
+load). No pickle: a bundle is inert data that any LightGBM of the same major version can read.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -25,7 +27,10 @@ from gpuplan_estimator.perfdb import paths
 BUNDLE_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 SHIPPED_BUNDLE = Path(__file__).parent / "data" / "bundle"
-MAX_MODEL_FILE_BYTES = 64 * 1024 * 1024  # a shipped bundle is a few MB; refuse runaway files
+MAX_MODEL_FILE_BYTES = 64 * 1024 * 1024  # per model text (after gunzip); refuse runaway files
+# Tree text compresses ~2.8x; gzip rather than xz (3.6x) because every CLI call and server start
+# reads the bundle: gunzip of a 29 MB model takes ~0.1 s, unxz ~0.7 s on these hosts.
+MODEL_SUFFIX = ".txt.gz"
 _KERNEL_RE = re.compile(r"^[a-z0-9_]+$")
 
 
@@ -72,8 +77,9 @@ def save_bundle(bundle: Bundle, directory: Path) -> Path:
     stale = directory / MANIFEST
     if stale.exists():
         stale.unlink()
-    for old in directory.glob("*.txt"):
-        old.unlink()
+    for pattern in ("*.txt", "*.txt.gz"):
+        for old in directory.glob(pattern):
+            old.unlink()
     files = _write_models(directory, bundle.models, "")
     transfer_files = _write_models(directory, bundle.transfer_models, ".transfer")
     cpu_files = _write_models(directory, bundle.cpu_models, ".cpu")
@@ -112,8 +118,11 @@ def _write_models(
     for kernel, model in sorted(models.items()):
         files[kernel] = {}
         for part, booster in sorted(model._fitted().items()):
-            name = f"{kernel}{suffix}.txt" if part == "median" else f"{kernel}{suffix}.{part}.txt"
-            (directory / name).write_text(booster.model_to_string(), encoding="utf-8")
+            stem = f"{kernel}{suffix}" if part == "median" else f"{kernel}{suffix}.{part}"
+            name = stem + MODEL_SUFFIX
+            text = booster.model_to_string().encode("utf-8")
+            # mtime=0: the same models give byte-identical files (reproducible bundles).
+            (directory / name).write_bytes(gzip.compress(text, compresslevel=9, mtime=0))
             files[kernel][part] = name
     return files
 
@@ -202,11 +211,22 @@ def load_default(explicit: Path | None = None, data_dir: Path | None = None) -> 
 
 def _read_booster(path: Path) -> lgb.Booster:
     try:
-        size = path.stat().st_size
-        if size > MAX_MODEL_FILE_BYTES:
-            raise errors.BundleError(f"{path}: {size} bytes exceeds {MAX_MODEL_FILE_BYTES}")
-        return lgb.Booster(model_str=path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise errors.BundleError(f"{path}: cannot read model: {exc.strerror}") from None
-    except lgb.basic.LightGBMError as exc:
+        return lgb.Booster(model_str=_read_model_text(path))
+    except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
+        reason = getattr(exc, "strerror", None) or exc
+        raise errors.BundleError(f"{path}: cannot read model: {reason}") from None
+    except (lgb.basic.LightGBMError, UnicodeDecodeError) as exc:
         raise errors.BundleError(f"{path}: not a LightGBM text model: {exc}") from None
+
+
+def _read_model_text(path: Path) -> str:
+    """The model text of a ``.txt.gz`` or ``.txt`` file, at most `MAX_MODEL_FILE_BYTES`."""
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rb") as fh:
+            raw = fh.read(MAX_MODEL_FILE_BYTES + 1)  # bounded: a gzip bomb stops here
+    else:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_MODEL_FILE_BYTES + 1)
+    if len(raw) > MAX_MODEL_FILE_BYTES:
+        raise errors.BundleError(f"{path}: model text exceeds {MAX_MODEL_FILE_BYTES} bytes")
+    return raw.decode("utf-8")

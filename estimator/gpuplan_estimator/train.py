@@ -358,7 +358,14 @@ METHOD_NOTES = """## Method
 - conv2d random split: channel alignment (C mod 8/32, H mod 4) and Winograd F(4x4)/F(2x2) tile
   counts took GPU MAPE 10.7 -> 10.0 %, learning rate 0.1 (same tree count, same bundle size)
   to 9.55 % (a second split, seed 1: 9.89 -> 9.34 % for lr 0.05 -> 0.1); 600 trees 9.35 %,
-  800 trees 9.1 %, but over the 20 MB bundle budget. gemm: lr 0.1 took 7.31 -> 6.99 %.
+  800 trees 9.1 %. Since the bundle stores gzip-compressed model text (2.8x smaller), conv2d
+  ships 3000 trees at lr 0.05: 8.87 %, P90 19.4 % (1500 trees: 8.96 %). The curve is flat
+  beyond that (3000 at lr 0.03 without bagging: 8.87 %; 2000 x 63 leaves: 8.93 %), and neither
+  an L1 nor a Huber objective helps (10.5 %, 9.5 %). Extra features, tried one group at a time,
+  did not help either: im2col buffer over L2 9.51 %, weight bytes over L2 9.44 %, waves of
+  128x128/64x64/128x32 output tiles 9.83 %, Winograd transformed-GEMM waves 9.59 % (all at 400
+  trees, against 9.48 %). Held-out error is highest for short convs (0.1-0.3 ms: 17.6 %;
+  1-3 ms: 8.4 %; 3-10 ms: 6.3 %) and on A100/P100 (11-12 %). gemm: lr 0.1 took 7.31 -> 6.99 %.
   Every measured conv is 3x3/stride 1, so a Winograd-eligibility flag would be constant in the
   data and cannot be learned; the tile counts stand in for it.
 - The gap: the first bundle (commit d01ab21, feature schema 3) priced left-out GPUs with the full

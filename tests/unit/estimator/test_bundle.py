@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -40,11 +41,11 @@ def test_save_load_predicts_identically(fitted: bundle.Bundle, tmp_path: Path) -
     cols = features.transfer_columns("softmax")
     np.testing.assert_array_equal(loaded.transfer_models["softmax"].predict(x[:, cols]),
                                   fitted.transfer_models["softmax"].predict(x[:, cols]))
-    assert (tmp_path / "b" / "softmax.transfer.p10.txt").is_file()
+    assert (tmp_path / "b" / "softmax.transfer.p10.txt.gz").is_file()
     manifest = loaded.manifest
     assert manifest["feature_schema_version"] == features.FEATURE_SCHEMA_VERSION
     assert manifest["files"]["softmax"] == {
-        "median": "softmax.txt", "p10": "softmax.p10.txt", "p90": "softmax.p90.txt"}
+        "median": "softmax.txt.gz", "p10": "softmax.p10.txt.gz", "p90": "softmax.p90.txt.gz"}
     assert loaded.models["softmax"].get_params() == fitted.models["softmax"].get_params()
     assert not list((tmp_path / "b").glob("*.pkl"))
 
@@ -67,8 +68,47 @@ def test_broken_bundles_name_the_file(fitted: bundle.Bundle, tmp_path: Path) -> 
     with pytest.raises(errors.BundleError, match="no manifest"):
         bundle.load_bundle(tmp_path)
     bundle.save_bundle(fitted, tmp_path)
-    (tmp_path / "softmax.p90.txt").write_text("garbage")
-    with pytest.raises(errors.BundleError, match=r"softmax\.p90\.txt"):
+    (tmp_path / "softmax.p90.txt.gz").write_text("garbage")
+    with pytest.raises(errors.BundleError, match=r"softmax\.p90\.txt\.gz: cannot read model"):
+        bundle.load_bundle(tmp_path)
+    (tmp_path / "softmax.p90.txt.gz").write_bytes(gzip.compress(b"garbage"))
+    with pytest.raises(errors.BundleError, match=r"softmax\.p90\.txt\.gz: not a LightGBM"):
+        bundle.load_bundle(tmp_path)
+    whole = (tmp_path / "softmax.p10.txt.gz").read_bytes()
+    (tmp_path / "softmax.p10.txt.gz").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(errors.BundleError, match=r"softmax\.p10\.txt\.gz: cannot read model"):
+        bundle.load_bundle(tmp_path)
+
+
+def test_model_files_are_reproducible_and_plain_text_bundles_still_load(
+    fitted: bundle.Bundle, tmp_path: Path
+) -> None:
+    first = bundle.save_bundle(fitted, tmp_path / "a")
+    second = bundle.save_bundle(fitted, tmp_path / "b")
+    assert (first / "softmax.txt.gz").read_bytes() == (second / "softmax.txt.gz").read_bytes()
+    # A bundle written before compression: plain .txt files named in the manifest.
+    manifest = json.loads((first / bundle.MANIFEST).read_text())
+    for key in ("files", "transfer_files"):
+        for parts in manifest[key].values():
+            for part, name in parts.items():
+                plain = name.removesuffix(".gz")
+                (first / plain).write_bytes(gzip.decompress((first / name).read_bytes()))
+                (first / name).unlink()
+                parts[part] = plain
+    (first / bundle.MANIFEST).write_text(json.dumps(manifest))
+    x = np.random.default_rng(2).normal(size=(20, len(features.feature_names("softmax"))))
+    np.testing.assert_array_equal(bundle.load_bundle(first).models["softmax"].predict(x),
+                                  fitted.models["softmax"].predict(x))
+    bundle.save_bundle(fitted, first)  # rewriting replaces the plain files
+    assert not list(first.glob("*.txt"))
+
+
+def test_oversized_model_text_is_refused_after_bounded_gunzip(
+    fitted: bundle.Bundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle.save_bundle(fitted, tmp_path)
+    monkeypatch.setattr(bundle, "MAX_MODEL_FILE_BYTES", 1000)
+    with pytest.raises(errors.BundleError, match=r"softmax.*\.txt\.gz: model text exceeds 1000"):
         bundle.load_bundle(tmp_path)
 
 

@@ -163,13 +163,14 @@ class LearnedPredictor:
         for group in self._groups(items):
             if group.kernel == "none":
                 continue  # metadata-only work launches no kernel
-            model, columns, tag = self._model_for(group.kernel, device)
+            model, columns, tag, correction = self._model_for(group.kernel, device)
             if model is None or backend_code is None or group.unique is None:
                 pred = self.fallback.predict(group.items, device)
                 parts = (pred.median_ms, pred.p10_ms, pred.p90_ms)
                 label: Sequence[str] = pred.predictor
             else:
-                med, lo, hi = _predict_kernel(model, columns, group.unique, device, backend_code)
+                med, lo, hi = _predict_kernel(model, columns, group.unique, device, backend_code,
+                                              correction)
                 parts = (med[group.inverse], lo[group.inverse], hi[group.inverse])
                 label = (f"lightgbm:{group.kernel}{tag}",) * len(group.items)
             median[group.index], p10[group.index], p90[group.index] = parts
@@ -214,17 +215,22 @@ class LearnedPredictor:
 
     def _model_for(
         self, kernel: str, device: DeviceSpec
-    ) -> tuple[LayerLatencyModel | None, npt.NDArray[np.intp] | None, str]:
-        """The full model for devices in the training data, else the transfer model; none
-        when the kernel's model never saw the device's platform."""
+    ) -> tuple[LayerLatencyModel | None, npt.NDArray[np.intp] | None, str, tuple[float, float]]:
+        """(model, its feature columns, label tag, probe correction): the full model for
+        devices in the training data, else the transfer model, corrected by the device's probe
+        when it was probed; no model when the kernel's model never saw the device's platform."""
+        none = (0.0, 0.0)
         if not self.bundle.covers(kernel, device):
-            return None, None, ""
+            return None, None, "", none
         if device.platform == "cpu" and kernel in self.bundle.cpu_models:
-            return self.bundle.cpu_models[kernel], None, ""
+            return self.bundle.cpu_models[kernel], None, "", none
         transfer = self.bundle.transfer_models.get(kernel)
+        probe = self.bundle.probe_correction(kernel, device)
+        if transfer is not None and probe is not None:
+            return transfer, features.transfer_columns(kernel), ":transfer+probe", probe
         if transfer is not None and not self.bundle.has_seen(device):
-            return transfer, features.transfer_columns(kernel), ":transfer"
-        return self.bundle.models.get(kernel), None, ""
+            return transfer, features.transfer_columns(kernel), ":transfer", none
+        return self.bundle.models.get(kernel), None, "", none
 
 
 @dataclass(frozen=True)
@@ -239,10 +245,13 @@ class _KernelGroup:
 def _predict_kernel(
     model: LayerLatencyModel, columns: npt.NDArray[np.intp] | None,
     cols: features.WorkColumns, device: DeviceSpec, backend_code: int,
+    correction: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Median, P10, P90 ms; `correction` = (log offset, slope on log base) of a probe."""
     dev = features.broadcast_device(device, cols.dtype, backend_code)
     x, base = features.feature_matrix(cols, dev)
     if columns is not None:
         x = x[:, columns]
     q = model.predict_quantiles(x)
-    return base * np.exp(q["median"]), base * np.exp(q["p10"]), base * np.exp(q["p90"])
+    scale = base * np.exp(correction[0] + correction[1] * np.log(base))
+    return scale * np.exp(q["median"]), scale * np.exp(q["p10"]), scale * np.exp(q["p90"])

@@ -17,6 +17,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from gpuplan_estimator import (
     bundle,
     calibration,
@@ -35,6 +37,7 @@ from gpuplan_estimator.predictors import LatencyPredictor
 
 LGB = "lightgbm"
 CALIBRATED = "lightgbm+calibration"
+PROBED = "lightgbm+probe"
 
 
 def register(subparsers: Any) -> None:
@@ -194,20 +197,31 @@ def leave_one_gpu_out(
     rows: Sequence[gpu_labels.LabelRow], gpu_ops: Path, max_rows: int, catalog: devices.Catalog,
     build: gpu_labels.GraphBuilder,
 ) -> tuple[RowResult, ...]:
-    """For each labelled GPU: refit the latency models without its op rows, predict its rows."""
+    """For each labelled GPU: refit the latency models without its op rows, predict its rows;
+    and again with a probe of it (`probe_sample`: what a short bench on a new GPU type gives)."""
     frame = train_cli.load_sources([str(gpu_ops)])
+    settings = train.TrainSettings(max_rows_per_kernel=max_rows)
     out: list[RowResult] = []
     for key in gpu_labels.devices_of(rows, catalog):
         _say(f"eval: leave-one-GPU-out refit without {key}")
         rest = frame[frame["device"] != key]
-        held = train.train_bundle(rest, train.TrainSettings(max_rows_per_kernel=max_rows),
-                                  validate=False)
+        held = train.train_bundle(rest, settings, validate=False)
+        probe = probe_sample(frame[frame["device"] == key], settings.probe_rows, settings.seed)
+        probed = train.train_bundle(pd.concat([rest, probe], ignore_index=True), settings,
+                                    validate=False)
         mine = [r for r in rows if gpu_labels.label_device(r, catalog).key == key]
         results, _ = gpu_labels.evaluate_rows(
-            mine, predictors={LGB: latency.LearnedPredictor(held)}, catalog=catalog,
-            build_graph=build)
+            mine, predictors={LGB: latency.LearnedPredictor(held),
+                              PROBED: latency.LearnedPredictor(probed)},
+            catalog=catalog, build_graph=build)
         out.extend(results)
     return tuple(out)
+
+
+def probe_sample(rows: pd.DataFrame, per_kernel: int, seed: int) -> pd.DataFrame:
+    """`per_kernel` random rows of every kernel of one device (all of a smaller kernel)."""
+    return rows.groupby("kernel", group_keys=False).sample(frac=1.0, random_state=seed).groupby(
+        "kernel", group_keys=False).head(per_kernel)
 
 
 def notes(fitted: bundle.Bundle) -> tuple[str, ...]:
@@ -223,6 +237,11 @@ def notes(fitted: bundle.Bundle) -> tuple[str, ...]:
         "(decomposed GELU/LayerNorm/softmax as one kernel, attention scale and mask inside "
         "the softmax, residual Add inside the LayerNorm; GEMMs unchanged).",
         "Intervals: sum of per-layer P10/P90 (quantile LightGBM); the roofline has none.",
+        "Leave one GPU out, `lightgbm+probe`: the same refit plus 20 random op rows per "
+        "kernel of the left-out GPU as its probe (`train.split_probe_rows`): the transfer "
+        "model shifted by one log offset per kernel, as `gpuplan train` does after a short "
+        "`gpuplan bench` on a new GPU type. It uses measurements of that GPU, so it is not "
+        "the spec-sheet-only case (`lightgbm`).",
         "CPU: " + ("the bundle has CPU op models (onnxruntime backend)."
                    if has_cpu else
                    "the bundle has no CPU latency model, so CPU items fall back to the "

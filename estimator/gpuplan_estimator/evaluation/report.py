@@ -214,7 +214,7 @@ def to_markdown(rep: Report, plot_name: str = "accuracy.png") -> str:
 
 
 def _predictor_order(name: str) -> tuple[int, str]:
-    order = {"roofline": 0, "lightgbm": 1, "lightgbm+calibration": 2}
+    order = {"roofline": 0, "lightgbm": 1, "lightgbm+calibration": 2, "lightgbm+probe": 3}
     return order.get(name, 9), name
 
 

@@ -9,18 +9,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpuplan_estimator import devices, errors, features, measurements, train
+from gpuplan_estimator import devices, errors, features, latency, measurements, train, workload
+from gpuplan_estimator.layers import OpFamily
 
 DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb")
 FAST = {"n_estimators": 25, "num_leaves": 15, "min_child_samples": 5, "n_jobs": 1}
 
 
-def synthetic_frame(rows_per_device: int = 120, seed: int = 0) -> pd.DataFrame:
-    """gemm + softmax rows whose latency is a known efficiency times the feature base."""
+def synthetic_frame(rows_per_device: int = 120, seed: int = 0, keys: tuple[str, ...] = DEVICES,
+                    slowdown: float = 1.0) -> pd.DataFrame:
+    """gemm + softmax rows whose latency is a known efficiency times the feature base (times
+    `slowdown`, a device constant no spec feature explains)."""
     rng = np.random.default_rng(seed)
     catalog = devices.load_catalog()
     out = []
-    for key in DEVICES:
+    for key in keys:
         spec = catalog.resolve(key)
         for kernel in ("gemm", "softmax"):
             if kernel == "gemm":
@@ -33,7 +36,7 @@ def synthetic_frame(rows_per_device: int = 120, seed: int = 0) -> pd.DataFrame:
             cols = features.WorkColumns(kernel, dims, dtype, np.full(rows_per_device, kernel))
             base = features.base_ms(cols, features.broadcast_device(spec, dtype, 0))
             eff = 1.3 + 0.4 * np.sin(np.log(dims["rows" if kernel == "softmax" else "m"]))
-            latency = base * eff * np.exp(rng.normal(0, 0.01, rows_per_device))
+            latency = slowdown * base * eff * np.exp(rng.normal(0, 0.01, rows_per_device))
             out.append(pd.DataFrame({
                 "device": key, "backend": "pytorch-2.1.0+cu121", "kernel": kernel,
                 "op": kernel, "dtype": "float32",
@@ -79,6 +82,58 @@ def test_held_out_metrics_learn_the_synthetic_efficiency(fitted: train.Bundle) -
         assert set(metrics["leave_one_device_out"]) == set(DEVICES)
         assert set(metrics["random_split_by_device"]) == set(DEVICES)
         assert set(metrics["random_split_by_platform"]) == {"gpu"}
+        probed = metrics["leave_one_device_out_probe"]
+        assert set(probed) == set(DEVICES)
+        assert all(v["rows"] == 120 - 20 and v["probe_rows"] == 20 for v in probed.values())
+
+
+def test_a_gpu_with_a_few_rows_is_probed_not_trained_on(frame: pd.DataFrame) -> None:
+    """Its rows set an offset on the transfer model; the offset recovers a device constant
+    that the spec features cannot, and the other devices' models never see its rows."""
+    settings = train.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
+    new_gpu = synthetic_frame(30, seed=5, keys=("p100-pcie-16gb",), slowdown=2.0)
+    probed = train.train_bundle(pd.concat([frame, new_gpu], ignore_index=True), settings,
+                                validate=False)
+    plain = train.train_bundle(frame, settings, validate=False)
+    m = probed.manifest
+    assert "p100-pcie-16gb" not in m["devices"] and m["probe_rows"] == 60
+    assert m["data_digest"] == train.data_digest(pd.concat([frame, new_gpu]))
+    offset = m["probe_offsets"]["p100-pcie-16gb"]["gemm"]
+    assert offset["rows"] == 30 and offset["log_offset"] == pytest.approx(np.log(2.0), abs=0.15)
+    for kernel in ("gemm", "softmax"):  # probe rows moved no fitted model
+        x = np.random.default_rng(3).normal(size=(20, len(features.feature_names(kernel))))
+        np.testing.assert_array_equal(probed.models[kernel].predict(x),
+                                      plain.models[kernel].predict(x))
+
+    spec = devices.load_catalog().resolve("p100-pcie-16gb")
+    items = [workload.WorkItem(layer="fc", family=OpFamily.MATMUL, kernel="gemm",
+                               phase=workload.Phase.FORWARD, dtype="float32", flops=0,
+                               bytes_moved=0, dims={"batch": 1, "m": m_, "k": 512, "n": 256,
+                                                    "bias": 0}) for m_ in (64, 256, 900)]
+    truth = 2.0 * features.base_ms(features.columns_from_items("gemm", items),
+                                   features.broadcast_device(spec, np.full(3, "float32"), 0))
+    truth *= 1.3 + 0.4 * np.sin(np.log([64, 256, 900]))
+    with_probe = latency.LearnedPredictor(probed).predict(items, spec)
+    without = latency.LearnedPredictor(plain).predict(items, spec)
+    assert with_probe.predictor == ("lightgbm:gemm:transfer+probe",) * 3
+    assert without.predictor == ("lightgbm:gemm:transfer",) * 3
+    assert np.abs(with_probe.median_ms / truth - 1).max() < 0.2
+    assert np.abs(without.median_ms / truth - 1).min() > 0.3
+    assert (with_probe.p10_ms <= with_probe.median_ms).all()
+    assert (with_probe.median_ms <= with_probe.p90_ms).all()
+
+
+def test_probe_rows_need_enough_rows_on_the_other_gpus(frame: pd.DataFrame) -> None:
+    settings = train.TrainSettings(min_rows_per_kernel=50, probe_max_rows=100)
+    kinds = dict.fromkeys(DEVICES, "gpu") | {"p100-pcie-16gb": "gpu"}
+    new_gpu = synthetic_frame(30, seed=5, keys=("p100-pcie-16gb",))
+    fit, probe = train.split_probe_rows(pd.concat([frame, new_gpu]), kinds, settings)
+    assert set(probe["device"]) == {"p100-pcie-16gb"} and len(probe) == 60
+    assert len(fit) == len(frame)
+    # Every GPU small: nothing to shift, so all rows are fitted as before.
+    few = synthetic_frame(30, seed=6)
+    fit, probe = train.split_probe_rows(few, dict.fromkeys(DEVICES, "gpu"), settings)
+    assert probe.empty and len(fit) == len(few)
 
 
 def test_data_digest_ignores_row_order_but_not_values(frame: pd.DataFrame) -> None:
@@ -200,3 +255,15 @@ def test_cpu_rows_get_their_own_models_and_leave_gpu_predictions_alone(
     np.testing.assert_array_equal(
         latency.LearnedPredictor(loaded).predict(items, devices.resolve_device("cpu")).median_ms,
         on_cpu.median_ms)
+
+
+def test_probe_correction_recovers_offset_and_bounded_slope() -> None:
+    base = np.logspace(-2, 1, 20)
+    predicted = 3.0 * base
+    fit = train.probe_correction(predicted * 1.5 * base**0.1, predicted, base)
+    assert fit.log_offset == pytest.approx(np.log(1.5)) and fit.log_base_slope == pytest.approx(0.1)
+    np.testing.assert_allclose(predicted * fit.factor(base), predicted * 1.5 * base**0.1)
+    steep = train.probe_correction(predicted * base**0.9, predicted, base)
+    assert steep.log_base_slope == train.MAX_PROBE_SLOPE
+    one = train.probe_correction(np.array([2.0]), np.array([1.0]), np.array([0.5]))
+    assert one == train.ProbeCorrection(pytest.approx(np.log(2.0)), 0.0)

@@ -226,6 +226,7 @@ def train_bundle(
     skipped: dict[str, int] = {}
     offsets: dict[str, dict[str, Any]] = {}
     platform = frame["device"].map(kinds)
+    default_backends = _default_backends(frame, platform)
     counts = (frame.assign(platform=platform).groupby(["kernel", "platform"]).size()
               .reset_index(name="rows"))
     for kernel_value, kind_value, count in counts.itertuples(index=False, name=None):
@@ -249,7 +250,10 @@ def train_bundle(
         transfer[kernel] = _model(settings, kernel, quantiles=True, transfer=True).fit(
             data.x[:, columns], data.y)
         for device, rows in probe_frame[probe_frame["kernel"] == kernel].groupby("device"):
-            probe = kernel_data(rows, kernel, resolve, backends)
+            # Priced later with the GPU default backend (a probed GPU has no own backend in
+            # the manifest), so the correction is fitted against those predictions.
+            probe = kernel_data(rows.assign(backend=default_backends["gpu"]), kernel, resolve,
+                                backends)
             predicted = probe.base_ms * np.exp(transfer[kernel].predict(probe.x[:, columns]))
             fit = probe_correction(probe.latency_ms, predicted, probe.base_ms)
             offsets.setdefault(str(device), {})[kernel] = {
@@ -263,7 +267,7 @@ def train_bundle(
         "probe_rows": len(probe_frame),
         "devices": sorted(frame["device"].unique()), "backends": backends,
         "device_backends": {str(k): str(v) for k, v in device_backends.items()},
-        "default_backends": _default_backends(frame, platform),
+        "default_backends": default_backends,
         "backward_factors": factors,
         "probe_offsets": offsets,
         "skipped_kernels": skipped, "metrics": metrics,

@@ -92,6 +92,7 @@ def test_a_gpu_with_a_few_rows_is_probed_not_trained_on(frame: pd.DataFrame) -> 
     that the spec features cannot, and the other devices' models never see its rows."""
     settings = train.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
     new_gpu = synthetic_frame(30, seed=5, keys=("p100-pcie-16gb",), slowdown=2.0)
+    new_gpu["backend"] = "onnxruntime-1.23.2-cuda"  # a short `gpuplan bench` on the new GPU
     probed = train.train_bundle(pd.concat([frame, new_gpu], ignore_index=True), settings,
                                 validate=False)
     plain = train.train_bundle(frame, settings, validate=False)

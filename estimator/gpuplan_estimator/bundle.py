@@ -21,7 +21,7 @@ import lightgbm as lgb
 
 from gpuplan_estimator import errors, features
 from gpuplan_estimator.devices import DeviceSpec
-from gpuplan_estimator.latency import LayerLatencyModel
+from gpuplan_estimator.latency import LayerLatencyModel, ProbeCorrection
 from gpuplan_estimator.perfdb import paths
 
 BUNDLE_SCHEMA_VERSION = 1
@@ -51,13 +51,13 @@ class Bundle:
     def has_seen(self, device: DeviceSpec) -> bool:
         return device.key in self.manifest.get("devices", [])
 
-    def probe_correction(self, kernel: str, device: DeviceSpec) -> tuple[float, float] | None:
-        """(log offset, slope on log base_ms) of the transfer model, fitted on the device's
-        few probe rows of the kernel (`train.split_probe_rows`); None when it was not probed."""
+    def probe_correction(self, kernel: str, device: DeviceSpec) -> ProbeCorrection | None:
+        """The transfer model's correction fitted on the device's few probe rows of the kernel
+        (`train.split_probe_rows`); None when it was not probed."""
         entry = self.manifest.get("probe_offsets", {}).get(device.key, {}).get(kernel)
         if entry is None:
             return None
-        return float(entry["log_offset"]), float(entry.get("log_base_slope", 0.0))
+        return ProbeCorrection(float(entry["log_offset"]), float(entry["log_base_slope"]))
 
     def covers(self, kernel: str, device: DeviceSpec) -> bool:
         """Whether the kernel's training data had the device's platform (cpu or gpu)."""

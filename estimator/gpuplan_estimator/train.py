@@ -23,7 +23,7 @@ import pandas as pd
 from gpuplan_estimator import backward_factors, devices, errors, features, measurements
 from gpuplan_estimator.bundle import Bundle
 from gpuplan_estimator.devices import DeviceSpec
-from gpuplan_estimator.latency import LayerLatencyModel
+from gpuplan_estimator.latency import LayerLatencyModel, ProbeCorrection
 from gpuplan_estimator.predictors import FloatArray
 
 DeviceResolver = Callable[[str], DeviceSpec]
@@ -169,21 +169,6 @@ def _probe_metrics(actual_ms: FloatArray, predicted_ms: FloatArray, base: FloatA
     correction = probe_correction(actual_ms[probe], predicted_ms[probe], base[probe])
     corrected = predicted_ms[rest] * correction.factor(base[rest])
     return {**error_metrics(actual_ms[rest], corrected), "probe_rows": float(probe_rows)}
-
-
-@dataclass(frozen=True)
-class ProbeCorrection:
-    """log(measured / predicted) ≈ log_offset + log_base_slope · log(base_ms) on one device
-    and kernel. The offset is the device's constant (its launch floor, sustained clocks: no
-    spec sheet gives them); the slope, kept small, how that gap changes from tiny kernels to
-    big ones (layernorm leaving one GPU out, 20 probe rows: mean MAPE 15.6 % with the
-    offset alone, 12.4 % with the slope)."""
-
-    log_offset: float
-    log_base_slope: float
-
-    def factor(self, base_ms: FloatArray) -> FloatArray:
-        return np.exp(self.log_offset + self.log_base_slope * np.log(base_ms))
 
 
 MAX_PROBE_SLOPE = 0.2  # a handful of rows cannot support more; unbounded fits did no better

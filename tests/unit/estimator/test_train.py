@@ -267,4 +267,4 @@ def test_probe_correction_recovers_offset_and_bounded_slope() -> None:
     steep = train.probe_correction(predicted * base**0.9, predicted, base)
     assert steep.log_base_slope == train.MAX_PROBE_SLOPE
     one = train.probe_correction(np.array([2.0]), np.array([1.0]), np.array([0.5]))
-    assert one == train.ProbeCorrection(pytest.approx(np.log(2.0)), 0.0)
+    assert one == latency.ProbeCorrection(pytest.approx(np.log(2.0)), 0.0)

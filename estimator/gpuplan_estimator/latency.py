@@ -152,7 +152,6 @@ class ProbeCorrection:
         return np.exp(self.log_offset + self.log_base_slope * np.log(base_ms))
 
 
-
 NO_CORRECTION = ProbeCorrection(0.0, 0.0)
 
 

@@ -492,9 +492,9 @@ METHOD_NOTES = """## Method
   37.6 -> 16.8 %, P100 49.8 -> 25.1 %, but A100 4.5 -> 22.0 % and T4 9.3 -> 56.1 %: the probe
   moves a GPU toward its own op data, and T4's op data runs large GEMMs slower than its
   whole-model labels imply (linear rows with M 2-8k, N/K 0.7-5k: median 3.3 TFLOP/s; the
-  BERT-large batch-8 label runs its 2.94 TFLOP of GEMMs in under 694 ms, at least 4.2 TFLOP/s). A leave-one-out check inside the probe
-  (apply the correction only when it lowers the probe rows' own error) moved gemm's mean from
-  23.4 to 22.8 % in a quick test; not kept.
+  BERT-large batch-8 label runs its 2.94 TFLOP of GEMMs in under 694 ms, at least 4.2
+  TFLOP/s). A leave-one-out check inside the probe (apply the correction only when it lowers
+  the probe rows' own error) moved gemm's mean from 23.4 to 22.8 % in a quick test; not kept.
 - `pool` has the op as a feature (schema 6): onnxruntime's CPU AveragePool is 30-100x slower per
   element than MaxPool, and without it the CPU pool model erred 121 % (with it: 20 %).
 - conv2d: cuDNN's algorithm is named in the data (`kernel_name`: Winograd, implicit-GEMM scudnn,

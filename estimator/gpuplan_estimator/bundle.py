@@ -178,7 +178,24 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             f"{features.FEATURE_SCHEMA_VERSION!r}; retrain with `gpuplan train`")
     if not isinstance(manifest.get("files"), dict):
         raise errors.BundleError(f"{path}: manifest field 'files' missing or not an object")
+    _check_probe_offsets(path, manifest.get("probe_offsets", {}))
     return manifest
+
+
+def _check_probe_offsets(path: Path, offsets: Any) -> None:
+    """``{device: {kernel: {"log_offset": x, "log_base_slope": y, "rows": n}}}``: a bad entry
+    is named here rather than failing later inside a prediction."""
+    ok = isinstance(offsets, dict) and all(
+        isinstance(per_kernel, dict) and all(
+            isinstance(entry, dict) and all(
+                isinstance(entry.get(k), (int, float)) and not isinstance(entry.get(k), bool)
+                for k in ("log_offset", "log_base_slope", "rows"))
+            for entry in per_kernel.values())
+        for per_kernel in offsets.values())
+    if not ok:
+        raise errors.BundleError(
+            f"{path}: manifest field 'probe_offsets' must map device -> kernel -> "
+            "{log_offset, log_base_slope, rows} numbers")
 
 
 def default_data_dir() -> Path:

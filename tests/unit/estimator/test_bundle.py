@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpuplan_estimator import bundle, errors, features, latency
+from gpuplan_estimator import bundle, devices, errors, features, latency
 
 FAST: dict[str, Any] = {"n_estimators": 15, "num_leaves": 7, "min_child_samples": 5, "n_jobs": 1}
 
@@ -62,6 +62,30 @@ def test_feature_schema_mismatch_names_both_versions(fitted: bundle.Bundle, tmp_
     _rewrite_manifest(tmp_path, feature_schema_version="0-old")
     with pytest.raises(errors.BundleError, match=rf"'0-old'.*'{features.FEATURE_SCHEMA_VERSION}'"):
         bundle.load_bundle(tmp_path)
+
+
+@pytest.mark.parametrize("offsets", [
+    [], {"t4": []}, {"t4": {"gemm": {"log_offset": 0.1, "rows": 20}}},
+    {"t4": {"gemm": {"log_offset": "x", "log_base_slope": 0.0, "rows": 20}}},
+])
+def test_malformed_probe_offsets_are_refused_on_load(fitted: bundle.Bundle, tmp_path: Path,
+                                                     offsets: object) -> None:
+    bundle.save_bundle(fitted, tmp_path)
+    _rewrite_manifest(tmp_path, probe_offsets=offsets)
+    with pytest.raises(errors.BundleError, match=r"manifest.json: .*'probe_offsets'"):
+        bundle.load_bundle(tmp_path)
+
+
+def test_probe_offsets_load_as_corrections(fitted: bundle.Bundle, tmp_path: Path) -> None:
+    bundle.save_bundle(fitted, tmp_path)
+    entry = {"log_offset": 0.25, "log_base_slope": -0.05, "rows": 20}
+    _rewrite_manifest(tmp_path, probe_offsets={"t4": {"softmax": entry}})
+    loaded = bundle.load_bundle(tmp_path)
+    catalog = devices.load_catalog()
+    got = loaded.probe_correction("softmax", catalog.resolve("t4"))
+    assert got == latency.ProbeCorrection(0.25, -0.05)
+    assert loaded.probe_correction("gemm", catalog.resolve("t4")) is None
+    assert loaded.probe_correction("softmax", catalog.resolve("v100-pcie-32gb")) is None
 
 
 def test_broken_bundles_name_the_file(fitted: bundle.Bundle, tmp_path: Path) -> None:

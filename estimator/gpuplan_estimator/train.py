@@ -52,7 +52,7 @@ class TrainSettings:
     """Kernels with fewer rows get no model (they fall back to the roofline)."""
     probe_max_rows: int = 100
     """A GPU with fewer rows than this of a kernel is *probed*, not trained on: its rows stay
-    out of that kernel's fits and set one log offset of the transfer model for it (a short
+    out of that kernel's fits and fit a `ProbeCorrection` of the transfer model for it (a short
     `gpuplan bench` on a new GPU type). Leave-one-device-out also reports this few-shot case."""
     probe_rows: int = 20
     """Rows of the left-out GPU used as its probe in the few-shot leave-one-device-out metric
@@ -386,13 +386,13 @@ def report_markdown(manifest: Mapping[str, Any], *, today: str, command: str) ->
     for kernel, m in sorted(metrics.items()):
         lines += [_row(kernel, d, v) for d, v in sorted(m.get("leave_one_device_out", {}).items())]
     lines += ["", "## Leave one device out, with a probe of the left-out device", "",
-              "The transfer model of the table above, shifted by one log offset per device "
-              "and kernel: the median log ratio measured / predicted over a few random rows of "
-              "the left-out device (`TrainSettings.probe_rows`, its probe; scored on its other "
-              "rows). This is what `gpuplan train` does for a GPU with fewer than "
-              "`probe_max_rows` rows of a kernel, e.g. after a short `gpuplan bench` on a new "
-              "GPU type. Not a spec-sheet-only number: the target above stays the table "
-              "before this one.", "",
+              "The transfer model of the table above, corrected per device and kernel by a log "
+              "offset plus a bounded slope on log base_ms, fitted to measured / predicted over a "
+              "few random rows of the left-out device (`TrainSettings.probe_rows`, its probe; "
+              "scored on its other rows). This is what `gpuplan train` does for a GPU with fewer "
+              "than `probe_max_rows` rows of a kernel, e.g. after a short `gpuplan bench` on a new"
+              " GPU type. Not a spec-sheet-only number: the target above stays the table before "
+              "this one.", "",
               "| kernel | held-out device | rows | MAPE % | P90 APE % | RMSE log |",
               "|---|---|--:|--:|--:|--:|"]
     for kernel, m in sorted(metrics.items()):
@@ -466,7 +466,7 @@ METHOD_NOTES = """## Method
   GPU and CPU rows are fitted as separate models per kernel (`Bundle.cpu_models`), each capped
   at `max_rows_per_kernel` on its own: in one joint model, adding 800 CPU rows moved the GPU
   whole-model training MAPE from 5.1 to 10.1 % through shared bagging and splits.
-  Held-out CPU MAPE is 11.3-24.0 % (table above). The floor is the measurement itself:
+  Held-out CPU MAPE is in the tables above. The floor is the measurement itself:
   re-timing 175 stored rows (25 per kernel) on the idle host (`hack/cpu_remeasure.py`) gave a
   mean APE of 16.6 % against the stored values, with median ratios of 0.68-0.96 per kernel:
   the VM's speed drifts over tens of minutes. Within one session the repeat CV is ~5 %; the

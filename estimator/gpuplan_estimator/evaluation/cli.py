@@ -237,14 +237,14 @@ def notes(fitted: bundle.Bundle) -> tuple[str, ...]:
         "(decomposed GELU/LayerNorm/softmax as one kernel, attention scale and mask inside "
         "the softmax, residual Add inside the LayerNorm; GEMMs unchanged).",
         "Intervals: sum of per-layer P10/P90 (quantile LightGBM); the roofline has none.",
-        "Leave one GPU out, `lightgbm+probe`: the same refit plus 20 random op rows per "
-        "kernel of the left-out GPU as its probe (`train.split_probe_rows`): the transfer "
-        "model shifted by one log offset per kernel, as `gpuplan train` does after a short "
-        "`gpuplan bench` on a new GPU type. It uses measurements of that GPU, so it is not "
-        "the spec-sheet-only case (`lightgbm`). It pulls predictions toward the GPU's own op "
-        "data, which on T4 runs large GEMMs slower than its whole-model labels imply (linear "
-        "rows with M 2-8k, N and K 0.7-5k: median 3.3 TFLOP/s; the BERT-large batch-8 label "
-        "runs its 2.94 TFLOP of GEMMs in under 694 ms, at least 4.2), hence the T4 rows.",
+        "Leave one GPU out, `lightgbm+probe`: the same refit plus 20 random op rows per kernel of "
+        "the left-out GPU as its probe (`train.split_probe_rows`): the transfer model corrected "
+        "per kernel (log offset + bounded slope on log base_ms), as `gpuplan train` does after a "
+        "short `gpuplan bench` on a new GPU type. It uses measurements of that GPU, so it is not "
+        "the spec-sheet-only case (`lightgbm`). It pulls predictions toward the GPU's own op data,"
+        " which on T4 runs large GEMMs slower than its whole-model labels imply (linear rows with "
+        "M 2-8k, N and K 0.7-5k: median 3.3 TFLOP/s; the BERT-large batch-8 label runs its 2.94 "
+        "TFLOP of GEMMs in under 694 ms, at least 4.2), hence the T4 rows.",
         "CPU: " + ("the bundle has CPU op models (onnxruntime backend)."
                    if has_cpu else
                    "the bundle has no CPU latency model, so CPU items fall back to the "

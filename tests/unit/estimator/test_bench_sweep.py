@@ -144,3 +144,15 @@ def test_plan_digest_changes_with_parameters(tmp_path: Path) -> None:
     assert a != sweep.plan_digest(specs, samples=5, seed=2)
     other = [sweep.load_spec(write(tmp_path, "h.yaml", GEMM.replace("64]", "65]")))]
     assert a != sweep.plan_digest(other, samples=5, seed=1)
+
+
+def test_grouped_and_depthwise_conv_specs_sample_valid_groups() -> None:
+    depthwise = sweep.load_spec(SHIPPED / "conv2d-depthwise.yaml")
+    grouped = sweep.load_spec(SHIPPED / "conv2d-grouped.yaml")
+    for it in sweep.sample_plan([depthwise], samples=30, seed=1, device_kind="cpu"):
+        assert it.dims["groups"] == it.dims["c_in"] == it.dims["c_out"] > 1
+    plan = sweep.sample_plan([grouped], samples=30, seed=1, device_kind="cpu")
+    assert {it.dims["groups"] for it in plan} > {2}
+    for it in plan:
+        assert it.dims["c_in"] % it.dims["groups"] == 0
+        assert it.dims["c_out"] % it.dims["groups"] == 0

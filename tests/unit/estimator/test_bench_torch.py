@@ -68,6 +68,13 @@ def test_every_shipped_op_has_a_torch_layer_shaped_like_its_onnx_unit(kernel: st
     layer.forward_backward()
 
 
+def test_depthwise_conv_matches_onnx_shapes() -> None:
+    item = item_for("conv2d", "conv", c_in=6, c_out=6, groups=6)
+    layer = torch_units.build_unit(item, np.random.default_rng(2), "cpu")
+    assert tuple(layer.forward().shape) == onnx_output_shape(item)
+    layer.forward_backward()
+
+
 @pytest.mark.parametrize("bias", [0, 1])
 def test_gemm_with_and_without_bias_matches_onnx_shapes(bias: int) -> None:
     item = item_for("gemm", "matmul", bias=bias, batch=1)

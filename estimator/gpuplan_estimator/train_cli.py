@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import shlex
 import subprocess
@@ -86,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         rs = m["random_split"]
         print(f"  {kernel:12s} held-out MAPE {rs['mape_pct']:6.2f} %  "
               f"P90 APE {rs['p90_ape_pct']:6.2f} %")
+    for device, kernels in sorted(fitted.manifest.get("probe_offsets", {}).items()):
+        parts = ", ".join(f"{k} ({v['rows']} rows, x{math.exp(v['log_offset']):.2f} at 1 ms "
+                          f"base)" for k, v in sorted(kernels.items()))
+        print(f"  probed {device}: {parts}; its other kernels use the transfer models")
     return 0
 
 

@@ -195,7 +195,9 @@ def test_cli_trains_from_a_measurement_parquet(frame: pd.DataFrame, tmp_path: Pa
 
     from gpuplan_estimator import bundle, train_cli
 
-    frame[frame["kernel"] == "softmax"].to_parquet(tmp_path / "rows.parquet")
+    new_gpu = synthetic_frame(30, seed=5, keys=("p100-pcie-16gb",), slowdown=2.0)
+    rows = pd.concat([frame, new_gpu], ignore_index=True)
+    rows[rows["kernel"] == "softmax"].to_parquet(tmp_path / "rows.parquet")
     parser = argparse.ArgumentParser()
     train_cli.register(parser.add_subparsers())
     args = parser.parse_args(["train", "--data", str(tmp_path / "rows.parquet"), "--out",
@@ -205,7 +207,10 @@ def test_cli_trains_from_a_measurement_parquet(frame: pd.DataFrame, tmp_path: Pa
     assert list(loaded.models) == ["softmax"]
     assert loaded.manifest["command"].startswith("gpuplan train --data")
     assert loaded.manifest["training_seconds"] >= 0
-    assert "wrote bundle" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "wrote bundle" in out
+    assert "probed p100-pcie-16gb: softmax (30 rows, x" in out
+    assert set(loaded.manifest["probe_offsets"]) == {"p100-pcie-16gb"}
     bad = parser.parse_args(["train", "--data", str(tmp_path / "missing.parquet")])
     with pytest.raises(errors.InvalidRequestError, match=r"missing\.parquet"):
         bad.func(bad)

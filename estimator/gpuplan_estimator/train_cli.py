@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     for device, kernels in sorted(fitted.manifest.get("probe_offsets", {}).items()):
         parts = ", ".join(f"{k} ({v['rows']} rows, x{math.exp(v['log_offset']):.2f} at 1 ms "
                           f"base)" for k, v in sorted(kernels.items()))
-        print(f"  probed {device}: {parts}; its other kernels use the transfer models")
+        print(f"  probed {device}: {parts}")
     return 0
 
 

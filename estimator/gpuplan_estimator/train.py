@@ -209,9 +209,7 @@ def train_bundle(
     cpu_models: dict[str, LayerLatencyModel] = {}
     metrics: dict[str, Any] = {}
     skipped: dict[str, int] = {}
-    offsets: dict[str, dict[str, Any]] = {}
     platform = frame["device"].map(kinds)
-    default_backends = _default_backends(frame, platform)
     counts = (frame.assign(platform=platform).groupby(["kernel", "platform"]).size()
               .reset_index(name="rows"))
     for kernel_value, kind_value, count in counts.itertuples(index=False, name=None):
@@ -234,27 +232,15 @@ def train_bundle(
         columns = features.transfer_columns(kernel)
         transfer[kernel] = _model(settings, kernel, quantiles=True, transfer=True).fit(
             data.x[:, columns], data.y)
-        for device, rows in probe_frame[probe_frame["kernel"] == kernel].groupby("device"):
-            # Priced later with the GPU default backend (a probed GPU has no own backend in
-            # the manifest), so the correction is fitted against those predictions.
-            probe = kernel_data(rows.assign(backend=default_backends["gpu"]), kernel, resolve,
-                                backends)
-            predicted = probe.base_ms * np.exp(transfer[kernel].predict(probe.x[:, columns]))
-            fit = probe_correction(probe.latency_ms, predicted, probe.base_ms)
-            offsets.setdefault(str(device), {})[kernel] = {
-                "log_offset": round(fit.log_offset, 6),
-                "log_base_slope": round(fit.log_base_slope, 6), "rows": len(rows)}
     created = (now() if now is not None else datetime.now().astimezone()).isoformat()
     device_backends = (frame.groupby("device")["backend"].agg(lambda s: s.value_counts().index[0]))
     manifest = {
         "created": created, "command": command, "commit": commit,
         "data_digest": data_digest(pd.concat([frame, probe_frame])), "rows": len(frame),
-        "probe_rows": len(probe_frame),
         "devices": sorted(frame["device"].unique()), "backends": backends,
         "device_backends": {str(k): str(v) for k, v in device_backends.items()},
-        "default_backends": default_backends,
+        "default_backends": _default_backends(frame, platform),
         "backward_factors": factors,
-        "probe_offsets": offsets,
         "skipped_kernels": skipped, "metrics": metrics,
         "kernel_platforms": {k: [kind for kind, fitted in (("cpu", cpu_models), ("gpu", models))
                                  if k in fitted] for k in sorted({*models, *cpu_models})},
@@ -263,8 +249,35 @@ def train_bundle(
                      "test_fraction": settings.test_fraction},
         "feature_names": {k: list(features.feature_names(k)) for k in {*models, *cpu_models}},
     }
-    return Bundle(models=models, manifest=manifest, transfer_models=transfer,
-                  cpu_models=cpu_models)
+    bundle = Bundle(models=models, manifest=manifest, transfer_models=transfer,
+                    cpu_models=cpu_models)
+    return with_probes(bundle, probe_frame, resolve)
+
+
+def with_probes(fitted: Bundle, probe_frame: pd.DataFrame,
+                resolve: DeviceResolver | None = None) -> Bundle:
+    """`fitted` plus a `ProbeCorrection` of its transfer model per (GPU, kernel) of the probe
+    rows (`split_probe_rows`; rows of kernels without a transfer model are ignored)."""
+    resolve = resolve if resolve is not None else devices.resolve_device
+    manifest = fitted.manifest
+    # A probed GPU has no backend of its own in the manifest: it is priced with the GPU
+    # default, so the correction is fitted against those predictions.
+    default = manifest.get("default_backends", {}).get("gpu")
+    offsets: dict[str, dict[str, Any]] = {}
+    for (kernel, device), rows in probe_frame.groupby(["kernel", "device"]):
+        transfer = fitted.transfer_models.get(str(kernel))
+        if transfer is None or default is None:
+            continue
+        columns = features.transfer_columns(str(kernel))
+        probe = kernel_data(rows.assign(backend=default), str(kernel), resolve,
+                            manifest["backends"])
+        predicted = probe.base_ms * np.exp(transfer.predict(probe.x[:, columns]))
+        fit = probe_correction(probe.latency_ms, predicted, probe.base_ms)
+        offsets.setdefault(str(device), {})[str(kernel)] = {
+            "log_offset": round(fit.log_offset, 6),
+            "log_base_slope": round(fit.log_base_slope, 6), "rows": len(rows)}
+    return dataclasses.replace(fitted, manifest={**manifest, "probe_offsets": offsets,
+                                                 "probe_rows": len(probe_frame)})
 
 
 def split_probe_rows(

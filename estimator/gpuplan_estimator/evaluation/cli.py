@@ -206,9 +206,10 @@ def leave_one_gpu_out(
         _say(f"eval: leave-one-GPU-out refit without {key}")
         rest = frame[frame["device"] != key]
         held = train.train_bundle(rest, settings, validate=False)
+        # The same models, corrected by a few of the left-out GPU's rows (as `train_bundle`
+        # does for a GPU with fewer than `probe_max_rows` rows of a kernel).
         probe = probe_sample(frame[frame["device"] == key], settings.probe_rows, settings.seed)
-        probed = train.train_bundle(pd.concat([rest, probe], ignore_index=True), settings,
-                                    validate=False)
+        probed = train.with_probes(held, probe)
         mine = [r for r in rows if gpu_labels.label_device(r, catalog).key == key]
         results, _ = gpu_labels.evaluate_rows(
             mine, predictors={LGB: latency.LearnedPredictor(held),

@@ -99,6 +99,8 @@ def test_a_gpu_with_a_few_rows_is_probed_not_trained_on(frame: pd.DataFrame) -> 
     m = probed.manifest
     assert "p100-pcie-16gb" not in m["devices"] and m["probe_rows"] == 60
     assert m["data_digest"] == train.data_digest(pd.concat([frame, new_gpu]))
+    # Probing an already fitted bundle (what the eval does per left-out GPU) agrees.
+    assert train.with_probes(plain, new_gpu).manifest["probe_offsets"] == m["probe_offsets"]
     offset = m["probe_offsets"]["p100-pcie-16gb"]["gemm"]
     assert offset["rows"] == 30 and offset["log_offset"] == pytest.approx(np.log(2.0), abs=0.15)
     for kernel in ("gemm", "softmax"):  # probe rows moved no fitted model

@@ -238,18 +238,17 @@ class LearnedPredictor:
         """(model, its feature columns, label tag, probe correction): the full model for
         devices in the training data, else the transfer model, corrected by the device's probe
         when it was probed; no model when the kernel's model never saw the device's platform."""
-        none = NO_CORRECTION
         if not self.bundle.covers(kernel, device):
-            return None, None, "", none
+            return None, None, "", NO_CORRECTION
         if device.platform == "cpu" and kernel in self.bundle.cpu_models:
-            return self.bundle.cpu_models[kernel], None, "", none
+            return self.bundle.cpu_models[kernel], None, "", NO_CORRECTION
         transfer = self.bundle.transfer_models.get(kernel)
         probe = self.bundle.probe_correction(kernel, device)
         if transfer is not None and probe is not None:
             return transfer, features.transfer_columns(kernel), ":transfer+probe", probe
         if transfer is not None and not self.bundle.has_seen(device):
-            return transfer, features.transfer_columns(kernel), ":transfer", none
-        return self.bundle.models.get(kernel), None, "", none
+            return transfer, features.transfer_columns(kernel), ":transfer", NO_CORRECTION
+        return self.bundle.models.get(kernel), None, "", NO_CORRECTION
 
 
 @dataclass(frozen=True)

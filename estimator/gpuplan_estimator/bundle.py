@@ -185,17 +185,18 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 def _check_probe_offsets(path: Path, offsets: Any) -> None:
     """``{device: {kernel: {"log_offset": x, "log_base_slope": y, "rows": n}}}``: a bad entry
     is named here rather than failing later inside a prediction."""
-    ok = isinstance(offsets, dict) and all(
-        isinstance(per_kernel, dict) and all(
-            isinstance(entry, dict) and all(
-                isinstance(entry.get(k), (int, float)) and not isinstance(entry.get(k), bool)
-                for k in ("log_offset", "log_base_slope", "rows"))
-            for entry in per_kernel.values())
-        for per_kernel in offsets.values())
-    if not ok:
+    per_device = offsets.values() if isinstance(offsets, dict) else [None]
+    if not all(isinstance(per_kernel, dict) and all(map(_is_probe_entry, per_kernel.values()))
+               for per_kernel in per_device):
         raise errors.BundleError(
             f"{path}: manifest field 'probe_offsets' must map device -> kernel -> "
             "{log_offset, log_base_slope, rows} numbers")
+
+
+def _is_probe_entry(entry: Any) -> bool:
+    return isinstance(entry, dict) and all(
+        isinstance(entry.get(k), (int, float)) and not isinstance(entry.get(k), bool)
+        for k in ("log_offset", "log_base_slope", "rows"))
 
 
 def default_data_dir() -> Path:

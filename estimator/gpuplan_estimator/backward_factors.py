@@ -24,6 +24,7 @@ import pandas as pd
 
 KERNEL_FAMILY: Mapping[str, str] = {
     "conv2d": "conv", "gemm": "matmul", "pool": "pooling", "layernorm": "normalization",
+    "batchnorm": "batchnorm",
     "softmax": "softmax", "elementwise": "elementwise", "memcpy": "data_movement",
 }
 MIN_FORWARD_MS = 0.05
@@ -38,6 +39,7 @@ _KERNEL_PASSES: Mapping[str, float] = {
     "conv2d": 2.0,  # dgrad + wgrad, each a conv of the forward's FLOPs
     "gemm": 2.0,  # dA and dB
     "layernorm": 2.0,  # dX, then dgamma/dbeta
+    "batchnorm": 1.0,  # the training-mode forward's two passes again
     "softmax": 1.0,
     "pool": 1.0,
     "memcpy": 1.0,

@@ -48,9 +48,9 @@ ELEMENTWISE_OPS: tuple[str, ...] = (
 )
 # Tensor-scalar variants of the shared gpu-ops data (addu = X + r) share the op's code; the
 # `operands` dim tells them apart.
-# `copy` (onnxruntime's Concat, see `framework`) reads and writes each element once like Relu.
+# A Concat (`opcost`: one contiguous copy) reads and writes each element once like Relu.
 _OP_ALIASES = {"addu": "add", "subu": "sub", "mulu": "mul", "divu": "div", "powu": "pow",
-               "LRN": "lrn", "copy": "relu"}
+               "LRN": "lrn", "Concat": "relu"}
 _OP_CODE = {op: float(i) for i, op in enumerate(ELEMENTWISE_OPS)} | {
     alias: float(ELEMENTWISE_OPS.index(op)) for alias, op in _OP_ALIASES.items()}
 # Pooling: onnxruntime's CPU AveragePool runs 30-100x slower per element than MaxPool (CPU rows

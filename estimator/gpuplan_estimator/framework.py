@@ -17,10 +17,6 @@ the graph at session load:
   slower per element than MaxPool, so onnxruntime's AveragePool is priced as a MaxPool of the
   same window (Inception-v2 at batch 8: 39.7 ms predicted from the generic path, 2.1 ms
   measured in the model with onnxruntime's profiler).
-- Concat copies each input once into its slice of the output, contiguous runs in NCHW: priced as
-  a unary elementwise pass over the output (op ``copy``, which shares Relu's code: read and write
-  each element once) rather than the transpose-shaped memcpy benchmark, 3x slower for the same
-  bytes (SqueezeNet at batch 8: 8.5 ms predicted from memcpy, 2.8 ms measured).
 
 Attention (MatMul/scale/mask/Softmax) is only fused by the separate transformers optimizer,
 so it keeps its per-node kernels here.
@@ -93,16 +89,7 @@ def overrides(graph: ModelGraph, framework: str) -> Overrides:
     if framework == ONNXRUNTIME:
         out.update({layer.name: _blocked_pool(layer) for layer in graph.layers
                     if layer.op_type == "AveragePool" and layer.name not in out})
-        out.update({layer.name: _contiguous_copy(layer) for layer in graph.layers
-                    if layer.op_type == "Concat" and layer.outputs and layer.name not in out})
     return out
-
-
-def _contiguous_copy(layer: Layer) -> UnitKernel:
-    out = layer.outputs[0]
-    cols = out.shape[-1] if out.shape else 1
-    dims = {"rows": out.elements // max(cols, 1), "cols": cols, "operands": 1}
-    return UnitKernel("elementwise", dims, "copy", out.elements, 2 * out.elements)
 
 
 def _blocked_pool(layer: Layer) -> UnitKernel:

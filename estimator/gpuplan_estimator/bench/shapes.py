@@ -42,7 +42,7 @@ def cost(kernel: str, op: str, dims: Mapping[str, int], dtype: str) -> tuple[flo
         out = d["batch"] * d["channels"] * oh * ow
         in_b = d["batch"] * d["channels"] * d["h"] * d["w"]
         return float(out * d["kernel_h"] * d["kernel_w"]), float(eb * (in_b + out))
-    if kernel in ("layernorm", "softmax"):
+    if kernel in ("layernorm", "batchnorm", "softmax"):
         n = d["rows"] * d["cols"]
         return 5.0 * n, float(eb * 2 * n)
     if kernel == "elementwise":

@@ -26,7 +26,8 @@ from gpuplan_estimator import errors
 from gpuplan_estimator.bench import shapes
 from gpuplan_estimator.layers import DTYPE_BYTES
 
-KERNELS = ("gemm", "conv2d", "pool", "layernorm", "softmax", "elementwise", "memcpy")
+KERNELS = ("gemm", "conv2d", "pool", "layernorm", "batchnorm", "softmax", "elementwise",
+           "memcpy")
 MAX_ATTEMPTS_PER_SAMPLE = 2000
 MAX_SPEC_BYTES = 1 << 20
 

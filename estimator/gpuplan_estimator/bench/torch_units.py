@@ -143,6 +143,16 @@ def _layernorm(torch: Any, t: _Tensors, _op: str, d: Mapping[str, int]) -> Calla
     return lambda: torch.nn.functional.layer_norm(x, (d["cols"],), scale, bias)
 
 
+def _batchnorm(torch: Any, t: _Tensors, _op: str, d: Mapping[str, int]) -> Callable[[], Any]:
+    # Training mode, as in the step the torch rows price: batch statistics, running stats
+    # updated. rows are the channels, cols the N*H*W positions (see the ONNX unit).
+    x = t.new((1, d["rows"], d["cols"], 1))
+    scale, bias = t.new((d["rows"],)), t.new((d["rows"],))
+    mean = torch.zeros(d["rows"], dtype=t.dtype, device=t.device)
+    var = torch.ones(d["rows"], dtype=t.dtype, device=t.device)
+    return lambda: torch.nn.functional.batch_norm(x, mean, var, scale, bias, training=True)
+
+
 def _softmax(torch: Any, t: _Tensors, _op: str, d: Mapping[str, int]) -> Callable[[], Any]:
     x = t.new((d["rows"], d["cols"]))
     return lambda: torch.softmax(x, dim=-1)
@@ -152,8 +162,9 @@ def _elementwise(torch: Any, t: _Tensors, op: str, d: Mapping[str, int]) -> Call
     shape = (d["rows"], d["cols"])
     positive = op in _POSITIVE_OPS
     if op in shapes.WINDOW_OPS:
-        # rows play the channels the window slides over (see the ONNX unit).
-        x = t.new((1, d["rows"], d["cols"]))
+        # rows play the channels the window slides over (see the ONNX unit). 4-D like a CNN's
+        # LRN: PyTorch takes its avg_pool3d path then, 3-D inputs a faster avg_pool2d one.
+        x = t.new((1, d["rows"], d["cols"], 1))
         return lambda: torch.nn.functional.local_response_norm(x, d["operands"], 1e-4, 0.75, 1.0)
     if op == "gelu":
         x = t.new(shape)
@@ -184,6 +195,7 @@ _KERNEL_BUILDERS: Mapping[str, Builder] = {
     "conv2d": _conv,
     "pool": _pool,
     "layernorm": _layernorm,
+    "batchnorm": _batchnorm,
     "softmax": _softmax,
     "elementwise": _elementwise,
     "memcpy": _memcpy,

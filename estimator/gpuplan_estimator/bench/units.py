@@ -154,6 +154,15 @@ def _layernorm(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
     return b.build(node, (d["rows"], d["cols"]))
 
 
+def _batchnorm(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
+    # rows are the channels, cols the N*H*W positions each channel normalises over (`opcost`).
+    shape = (1, d["rows"], d["cols"], 1)
+    x = b.input("x", shape)
+    params = [b.weight(name, (d["rows"],), positive=True)
+              for name in ("scale", "bias", "mean", "var")]
+    return b.build(helper.make_node("BatchNormalization", [x, *params], ["y"]), shape)
+
+
 def _softmax(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
     x = b.input("x", (d["rows"], d["cols"]))
     return b.build(helper.make_node("Softmax", [x], ["y"], axis=-1), (d["rows"], d["cols"]))
@@ -201,6 +210,7 @@ _KERNEL_BUILDERS = {
     "conv2d": _conv,
     "pool": _pool,
     "layernorm": _layernorm,
+    "batchnorm": _batchnorm,
     "softmax": _softmax,
     "elementwise": _elementwise,
     "memcpy": _memcpy,

@@ -37,6 +37,7 @@ def item_for(kernel: str, op: str, **override: int) -> sweep.PlanItem:
         "conv2d": CONV,
         "pool": POOL,
         "layernorm": ROWS,
+        "batchnorm": ROWS,
         "softmax": ROWS,
         "elementwise": {**ROWS, "operands": 3 if op == "lrn" else
                         2 if op in ("add", "sub", "mul", "div", "pow") else 1},
@@ -60,12 +61,27 @@ def test_every_shipped_op_has_a_torch_layer_shaped_like_its_onnx_unit(kernel: st
     layer = torch_units.build_unit(item, np.random.default_rng(0), "cpu")
     out = layer.forward()
     assert not out.requires_grad  # the forward is timed without an autograd graph
-    expected = onnx_output_shape(item)
-    # LRN's ONNX unit is [1, rows, cols, 1], torch's [1, rows, cols]: the same elements.
-    assert out.numel() == int(np.prod(expected))
-    if op != "lrn":
-        assert tuple(out.shape) == expected
+    assert tuple(out.shape) == onnx_output_shape(item)
     layer.forward_backward()
+
+
+def test_lrn_is_four_dimensional_like_a_cnn_layer() -> None:
+    # PyTorch runs a 4-D LRN through avg_pool3d, a 3-D one through a faster avg_pool2d path.
+    out = torch_units.build_unit(item_for("elementwise", "lrn"), np.random.default_rng(0),
+                                 "cpu").forward()
+    assert out.dim() == 4 and out.shape[1] == ROWS["rows"]
+
+
+def test_torch_batchnorm_normalises_with_batch_statistics() -> None:
+    rng = np.random.default_rng(0)
+    tensors = torch_units._Tensors(torch, torch.float32, "cpu", rng)
+    fn = torch_units._batchnorm(torch, tensors, "batchnorm", ROWS)
+    _, scale, bias = tensors.leaves
+    with torch.no_grad():
+        out = fn()
+    # Training mode: every channel comes out with its batch mean removed, i.e. mean = bias.
+    assert torch.allclose(out.mean(dim=(0, 2, 3)), bias, atol=1e-5)
+    assert scale.requires_grad and bias.requires_grad
 
 
 def test_depthwise_conv_matches_onnx_shapes() -> None:

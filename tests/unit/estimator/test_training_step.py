@@ -231,3 +231,44 @@ def test_elementwise_gradient_reads_broadcast_operands_for_free() -> None:
         ("elementwise", 1), ("elementwise", 2), ("reduce", None)]
     assert [dict(i.dims) for i in by_layer(step.backward, "act")] == [
         {"rows": 64, "cols": 16, "operands": 2}]  # unary: dY and X
+
+
+def cnn_block(op: str, attrs: dict[str, Any] | None = None) -> ModelGraph:
+    """conv -> `op` (on the conv output and, for Concat, the input) -> conv."""
+    x, y = t("x", 8, 16, 12, 12), t("y", 8, 16, 12, 12)
+    inputs = [y, x] if op == "Concat" else [y]
+    if op == "BatchNormalization":
+        inputs += [t(n, 16) for n in ("scale", "bias", "mean", "var")]
+    c_out = 32 if op == "Concat" else 16
+    return graph(
+        layer("conv1", "Conv", [x, t("w1", 16, 16, 3, 3)], [y], params=["w1"],
+              attrs={"pads": [1, 1, 1, 1]}),
+        layer("mid", op, inputs, [t("z", 8, c_out, 12, 12)],
+              params=["scale", "bias"] if op == "BatchNormalization" else [], attrs=attrs),
+        layer("conv2", "Conv", [t("z", 8, c_out, 12, 12), t("w2", 16, c_out, 3, 3)],
+              [t("o", 8, 16, 12, 12)], params=["w2"], attrs={"pads": [1, 1, 1, 1]}),
+    )
+
+
+def test_concat_is_one_contiguous_copy_whose_gradients_are_views() -> None:
+    step = build_step(cnn_block("Concat", {"axis": 1}), settings(batch_size=8))
+    (fwd,) = by_layer(step.forward, "mid")
+    assert (fwd.kernel, dict(fwd.dims)) == (
+        "elementwise", {"rows": 8 * 32 * 12, "cols": 12, "operands": 1})
+    assert by_layer(step.backward, "mid") == []  # torch.cat's backward slices dY: no kernel
+
+
+def test_lrn_backward_is_the_lrn_kernel_again() -> None:
+    step = build_step(cnn_block("LRN", {"size": 5}), settings(batch_size=8))
+    (fwd,) = by_layer(step.forward, "mid")
+    (bwd,) = by_layer(step.backward, "mid")
+    assert (bwd.kernel, bwd.op, dict(bwd.dims)) == (fwd.kernel, fwd.op, dict(fwd.dims))
+    assert fwd.dims["operands"] == 5 and bwd.phase is Phase.BACKWARD
+
+
+def test_batchnorm_backward_is_one_forward_shaped_pass() -> None:
+    step = build_step(cnn_block("BatchNormalization"), settings(batch_size=8))
+    (fwd,) = by_layer(step.forward, "mid")
+    assert (fwd.kernel, dict(fwd.dims)) == ("batchnorm", {"rows": 16, "cols": 8 * 12 * 12})
+    assert [(i.kernel, dict(i.dims), i.count) for i in by_layer(step.backward, "mid")] == [
+        ("batchnorm", dict(fwd.dims), 1)]

@@ -386,9 +386,11 @@ def report_markdown(manifest: Mapping[str, Any], *, today: str, command: str) ->
     ]
     metrics: Mapping[str, Any] = manifest.get("metrics", {})
     for kernel, m in sorted(metrics.items()):
-        lines += [_row(kernel, f"**{kind}**", v)
-                  for kind, v in sorted(m.get("random_split_by_platform", {}).items())]
-        lines += [_row(kernel, d, v) for d, v in sorted(m["random_split_by_device"].items())]
+        platforms = m.get("random_split_by_platform", {})
+        lines += [_row(kernel, f"**{kind}**", v) for kind, v in sorted(platforms.items())]
+        # The one CPU device is its platform's total already (bold row above).
+        lines += [_row(kernel, d, v) for d, v in sorted(m["random_split_by_device"].items())
+                  if d not in platforms]
         cpu_backends = {b: v for b, v in m.get("random_split_by_backend", {}).items()
                         if b.endswith("-cpu")}
         if len(cpu_backends) > 1:  # one CPU measured with several backends: each on its own
@@ -510,6 +512,10 @@ METHOD_NOTES = """## Method
   the probe rows' own error) moved gemm's mean from 23.4 to 22.8 % in a quick test; not kept.
 - `pool` has the op as a feature (schema 6): onnxruntime's CPU AveragePool is 30-100x slower per
   element than MaxPool, and without it the CPU pool model erred 121 % (with it: 20 %).
+- `batchnorm` is a CPU model only, from torch rows (training-mode `F.batch_norm`,
+  `sweeps/batchnorm.yaml`); the GPU data has no batch norm, so GPUs price it by the roofline.
+  Torch LRN rows are 4-D (PyTorch's avg_pool3d path, 2.3x slower per element than the 3-D
+  avg_pool2d path the first torch rows took; those were removed).
 - conv2d: cuDNN's algorithm is named in the data (`kernel_name`: Winograd, implicit-GEMM scudnn,
   sgemm/FFT). An oracle that gives the model the true algorithm class reaches only 8.64 % MAPE
   (P90 18.6 %) from 9.48 %; cross-fitted predicted class probabilities (88 % accurate) make it

@@ -190,6 +190,16 @@ def test_report_lists_every_kernel_and_device(fitted: train.Bundle) -> None:
     assert "| gemm |" in summary and "| softmax |" in summary
 
 
+def test_report_lists_the_cpu_once_as_its_platform(fitted: train.Bundle) -> None:
+    gemm = fitted.manifest["metrics"]["gemm"]
+    cpu = gemm["random_split"]
+    manifest = {**fitted.manifest, "metrics": {"gemm": {
+        **gemm, "random_split_by_platform": {"cpu": cpu},
+        "random_split_by_device": {**gemm["random_split_by_device"], "cpu": cpu}}}}
+    text = train.report_markdown(manifest, today="2025-01-02", command="cmd")
+    assert "| gemm | **cpu** |" in text and "| gemm | cpu |" not in text
+
+
 @pytest.mark.slow  # full-size default models: several seconds on a shared 2-core machine
 def test_cli_trains_from_a_measurement_parquet(frame: pd.DataFrame, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -457,13 +457,22 @@ METHOD_NOTES = """## Method
   ratio) for gemm: mean 26.2 -> 44 %; like every spec feature they let trees memorise the four
   training GPUs. Held-out T4 gemm errs by shape, not by a constant: small GEMMs 20 % too slow,
   large ones 30-40 % too fast (likely its 70 W power cap), which no other training GPU shows.
+  (e) Whole models (`gpuplan eval` leave-one-GPU-out, inference): the spec-only transfer model
+  over-predicts P100 by 43-57 % and V100 by 31-47 %, because the pool it learns GEMM efficiency
+  from mixes A100/V100/P100 (63-86 % of FP32 peak on large GEMMs) with T4 and P4 (median 39 %
+  and 18 %). `dev_log_ridge` separates the two groups (peak/bandwidth 12.5-15.6 vs 25-30
+  FLOP/byte): with it in the gemm transfer model P100 drops to 3.5 % but A100 rises 4.5 -> 28 %
+  and T4 9 -> 62 %, all GPUs 21.7 -> 32.3 % (throwaway script, 2026-11-23). Not kept.
 - conv2d random split: channel alignment (C mod 8/32, H mod 4) and Winograd F(4x4)/F(2x2) tile
   counts took GPU MAPE 10.7 -> 10.0 %, learning rate 0.1 (same tree count, same bundle size)
   to 9.55 % (a second split, seed 1: 9.89 -> 9.34 % for lr 0.05 -> 0.1); 600 trees 9.35 %,
   800 trees 9.1 %. Since the bundle stores gzip-compressed model text (2.8x smaller), conv2d
   ships 3000 trees at lr 0.05: 8.87 %, P90 19.4 % (1500 trees: 8.96 %). The curve is flat
   beyond that (3000 at lr 0.03 without bagging: 8.87 %; 2000 x 63 leaves: 8.93 %), and neither
-  an L1 nor a Huber objective helps (10.5 %, 9.5 %). Extra features, tried one group at a time,
+  an L1 nor a Huber objective helps (10.5 %, 9.5 %). Nor do max_bin 1023 (8.93 %), feature
+  fraction 0.5 (8.99 %), L2 regularisation 3 (8.87 %) or DART (9.39 %); 63 leaves with 2-3 rows
+  per leaf reach 8.77 % at 5000 trees (lr 0.04) and 8.69 % at 8000 (lr 0.03), which would not
+  fit the 20 MB bundle. Extra features, tried one group at a time,
   did not help either: im2col buffer over L2 9.51 %, weight bytes over L2 9.44 %, waves of
   128x128/64x64/128x32 output tiles 9.83 %, Winograd transformed-GEMM waves 9.59 % (all at 400
   trees, against 9.48 %). Held-out error is highest for short convs (0.1-0.3 ms: 17.6 %;

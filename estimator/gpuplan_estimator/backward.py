@@ -10,16 +10,16 @@ The rules, per forward kernel (``grads[i]`` says whether input ``i`` needs a gra
   the forward dims; a bias gradient is a reduce over batch and pixels.
 - ``layernorm``: twice the forward normalisation kernel (dX, then dγ/dβ).
 - ``batchnorm``: the forward kernel again: training-mode BN makes two passes forward (statistics,
-  normalise) and two backward (dγ/dβ reduction, dX). PyTorch's CPU step profiles at 0.7x the
-  forward (DenseNet-121, batch 8).
+  normalise) and two backward (dγ/dβ reduction, dX). PyTorch on CPU measures less, 0.5-0.7x
+  the forward (torch bench rows; DenseNet-121's SGD step at batch 8).
 - ``softmax``: one softmax-shaped pass (dX = Y·(dY − Σ dY·Y)) reading Y and dY.
 - ``pool``: the pooling kernel again (scatter of dY into the input grid).
 - ``elementwise``: Add passes dY through for free (a reduce when an input was broadcast); Sub
   negates the second operand; Mul/Div and other binaries one pass per operand needing a
   gradient; unary activations one pass reading dY and X. A Concat's input gradients are
   slices of dY (views, no kernel). LRN's gradient sums over the same channel window: the LRN
-  kernel again (in PyTorch, whose LRN is avg_pool3d plus pointwise ops, the backward profiles
-  at ~1x the forward; ZFNet-512's SGD step at batch 8).
+  kernel again (in PyTorch, whose LRN is avg_pool3d plus pointwise ops, the backward measures
+  1.0-1.2x the forward: torch bench rows, ZFNet-512's SGD step at batch 8).
 - ``reduce``: one broadcasting elementwise pass over the input.
 - ``memcpy``: the same copy; an embedding's table gradient is a zeroed table plus a scatter-add
   of the gathered rows (PyTorch's dense `embedding_backward`).

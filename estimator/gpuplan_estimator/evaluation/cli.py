@@ -261,6 +261,10 @@ def notes(fitted: bundle.Bundle) -> tuple[str, ...]:
         "`pytorch-eager` (one kernel per node, as the op data was measured).",
         "Elementwise ops count only full-size inputs as operands: a broadcast bias or "
         "attention mask is priced like the scalar of a tensor-scalar op.",
+        "The CPU closed loop is one draw: on a shared VM the host's speed drifts by 10-20 % "
+        "within minutes (whole-model timings as well as the host speed index), so two runs of "
+        "the same command can differ by more than the targets; compare several runs before "
+        "reading a change into one (docs/latency-models.md, Method: the CPU rows).",
     )
 
 

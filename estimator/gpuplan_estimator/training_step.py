@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from gpuplan_estimator import backward
@@ -183,6 +183,7 @@ def build_step(
     no_grad: list[str] = []
     fused: list[str] = []
     overrides = frameworks.overrides(graph, settings.framework)
+    credits = frameworks.layout_credits(graph, settings.framework)
     for layer in graph.layers:
         if layer.name in overrides:
             unit_kernel = overrides[layer.name]
@@ -193,6 +194,9 @@ def build_step(
                 forward.append(unit_item(layer, unit_kernel, settings))
             continue  # overrides exist for inference only (checked by `settings.check`)
         item = forward_item(layer, dims_of(layer), settings)
+        if layer.name in credits:
+            item = replace(item, attributes=MappingProxyType(
+                {**item.attributes, frameworks.LAYOUT_CREDIT: credits[layer.name]}))
         forward.append(item)
         if item.kernel == "none":
             shape_only.append(layer.name)

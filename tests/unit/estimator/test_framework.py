@@ -174,3 +174,34 @@ def test_concat_is_one_contiguous_copy_in_every_framework(
     cat = {i.layer: i for i in build_step(g, framework()).forward}["cat"]
     assert (cat.kernel, cat.op) == ("elementwise", "Concat")
     assert cat.dims == {"rows": 2 * 32 * 8, "cols": 8, "operands": 1}
+
+
+def conv_chain(c_mid: int = 32, groups: int = 1) -> Any:
+    """conv (16 -> c_mid) -> relu -> conv (c_mid -> 32, `groups`) -> reshape."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", group=groups),
+             helper.make_node("Reshape", ["c2", "shape"], ["y"], name="flat")]
+    inits = [const("w1", c_mid, 16, 3, 3), const("w2", 32, c_mid // groups, 1, 1),
+             helper.make_tensor("shape", TensorProto.INT64, [2], [2, -1])]
+    return load(nodes, inits, [2, 16, 8, 8])
+
+
+def test_onnxruntime_credits_the_nchwc_reorders_a_conv_chain_skips() -> None:
+    g = conv_chain()
+    # conv1's output and conv2's input stay blocked (the ReLU keeps the layout); the graph
+    # input and conv2's output (read by a Reshape) are reordered in the model as in the bench.
+    assert framework.layout_credits(g, "onnxruntime") == {
+        "conv1": 2 * 32 * 8 * 8, "conv2": 2 * 32 * 8 * 8}
+    assert framework.layout_credits(g, "pytorch-eager") == {}
+    by_layer = {i.layer: i for i in build_step(g, ort()).forward}
+    assert by_layer["conv1"].attributes[framework.LAYOUT_CREDIT] == 2 * 32 * 8 * 8
+    assert all(framework.LAYOUT_CREDIT not in i.attributes for i in build_step(g, eager()).forward)
+
+
+def test_grouped_conv_with_unaligned_channels_per_group_is_not_blocked() -> None:
+    # 40 channels in 2 groups: 20 per group, not a multiple of the NCHWc block, so onnxruntime
+    # runs conv2 in NCHW and conv1's output is reordered back in the model too.
+    assert framework.layout_credits(conv_chain(40, 2), "onnxruntime") == {}
+    assert set(framework.layout_credits(conv_chain(64, 2), "onnxruntime")) == {"conv1", "conv2"}
+    assert set(framework.layout_credits(conv_chain(64, 4), "onnxruntime")) == set()  # 8 out

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import pytest
 
-from gpuplan_estimator import bundle, devices, errors, latency
+from gpuplan_estimator import bundle, cpuinfo, devices, errors, framework, latency
 from gpuplan_estimator.layers import OpFamily
 from gpuplan_estimator.roofline import RooflinePredictor
 from gpuplan_estimator.workload import Phase, WorkItem
@@ -183,3 +185,21 @@ def test_sample_weight_is_validated_and_changes_the_fit() -> None:
     a = latency.LayerLatencyModel(**FAST).fit(x, y).predict(x)
     b = latency.LayerLatencyModel(**FAST).fit(x, y, heavy).predict(x)
     assert not np.array_equal(a, b)
+
+
+def test_layout_credit_comes_off_cpu_convs_only() -> None:
+    shipped = bundle.load_default()
+    dims = {"batch": 8, "c_in": 256, "c_out": 64, "h": 56, "w": 56, "kernel_h": 1, "kernel_w": 1,
+            "stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "dilation_h": 1,
+            "dilation_w": 1, "groups": 1}
+    plain = WorkItem(layer="c", family=OpFamily.CONV, kernel="conv2d", phase=Phase.FORWARD,
+                     dims=MappingProxyType(dims), dtype="float32", flops=1, bytes_moved=1,
+                     op="Conv")
+    credited = dataclasses.replace(plain, attributes=MappingProxyType(
+        {framework.LAYOUT_CREDIT: 8 * (256 + 64) * 56 * 56}))
+    predictor = latency.LearnedPredictor(shipped)
+    cpu = cpuinfo.local_cpu_device()
+    base, less = predictor.predict([plain, credited], cpu).median_ms
+    assert 0.5 * base <= less < base
+    gpu = devices.load_catalog().resolve("a100-pcie-40gb")
+    assert len(set(predictor.predict([plain, credited], gpu).median_ms)) == 1

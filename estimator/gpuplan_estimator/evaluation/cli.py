@@ -257,7 +257,8 @@ def notes(fitted: bundle.Bundle) -> tuple[str, ...]:
         "(forward-shaped kernels; backward derived as for GPUs).",
         "CPU loop is priced with `framework=onnxruntime` (its default graph fusions: "
         "BatchNorm folded into conv weights, Conv/Gemm+activation and MatMul+bias as one "
-        "kernel, decomposed GELU/LayerNorm/softmax as one kernel); GPU rows with "
+        "kernel, decomposed GELU/LayerNorm/softmax as one kernel; convs in NCHWc chains "
+        "without the layout reorders their single-node rows include); GPU rows with "
         "`pytorch-eager` (one kernel per node, as the op data was measured).",
         "Elementwise ops count only full-size inputs as operands: a broadcast bias or "
         "attention mask is priced like the scalar of a tensor-scalar op.",

@@ -111,9 +111,11 @@ def overrides(graph: ModelGraph, framework: str) -> Overrides:
     return out
 
 
-def layout_credits(graph: ModelGraph, framework: str) -> Mapping[str, int]:
+def layout_credits(graph: ModelGraph, framework: str, unit_overrides: Overrides
+                   ) -> Mapping[str, int]:
     """Conv layer -> elements whose NCHWc reorders its benchmark rows include but `framework`
-    does not run in this graph (onnxruntime only; empty otherwise)."""
+    does not run in this graph (onnxruntime only; empty otherwise). `unit_overrides` are
+    `overrides(graph, framework)`."""
     if framework != ONNXRUNTIME:
         return {}
     consumers: dict[str, list[Layer]] = {}
@@ -121,8 +123,7 @@ def layout_credits(graph: ModelGraph, framework: str) -> Mapping[str, int]:
         for t in layer.inputs:
             consumers.setdefault(t.name, []).append(layer)
     # What the conv folds in (BN, per-channel Mul/Add, activation) keeps its layout too.
-    folded = frozenset(name for name, kernel in overrides(graph, framework).items()
-                       if kernel is None)
+    folded = frozenset(name for name, kernel in unit_overrides.items() if kernel is None)
     keeping = frozenset(layer.name for layer in graph.layers
                         if layer.op_type in NCHWC_OPS or layer.name in folded)
     blocked = _blocked_tensors(graph, keeping)

@@ -183,7 +183,7 @@ def build_step(
     no_grad: list[str] = []
     fused: list[str] = []
     overrides = frameworks.overrides(graph, settings.framework)
-    credits = frameworks.layout_credits(graph, settings.framework)
+    credits = frameworks.layout_credits(graph, settings.framework, overrides)
     for layer in graph.layers:
         if layer.name in overrides:
             unit_kernel = overrides[layer.name]

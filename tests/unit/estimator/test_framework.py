@@ -187,13 +187,17 @@ def conv_chain(c_mid: int = 32, groups: int = 1) -> Any:
     return load(nodes, inits, [2, 16, 8, 8])
 
 
+def credits(g: Any, name: str) -> Any:
+    return framework.layout_credits(g, name, framework.overrides(g, name))
+
+
 def test_onnxruntime_credits_the_nchwc_reorders_a_conv_chain_skips() -> None:
     g = conv_chain()
     # conv1's output and conv2's input stay blocked (the ReLU keeps the layout); the graph
     # input and conv2's output (read by a Reshape) are reordered in the model as in the bench.
-    assert framework.layout_credits(g, "onnxruntime") == {
+    assert credits(g, "onnxruntime") == {
         "conv1": 2 * 32 * 8 * 8, "conv2": 2 * 32 * 8 * 8}
-    assert framework.layout_credits(g, "pytorch-eager") == {}
+    assert credits(g, "pytorch-eager") == {}
     by_layer = {i.layer: i for i in build_step(g, ort()).forward}
     assert by_layer["conv1"].attributes[framework.LAYOUT_CREDIT] == 2 * 32 * 8 * 8
     assert all(framework.LAYOUT_CREDIT not in i.attributes for i in build_step(g, eager()).forward)
@@ -202,6 +206,6 @@ def test_onnxruntime_credits_the_nchwc_reorders_a_conv_chain_skips() -> None:
 def test_grouped_conv_with_unaligned_channels_per_group_is_not_blocked() -> None:
     # 40 channels in 2 groups: 20 per group, not a multiple of the NCHWc block, so onnxruntime
     # runs conv2 in NCHW and conv1's output is reordered back in the model too.
-    assert framework.layout_credits(conv_chain(40, 2), "onnxruntime") == {}
-    assert set(framework.layout_credits(conv_chain(64, 2), "onnxruntime")) == {"conv1", "conv2"}
-    assert set(framework.layout_credits(conv_chain(64, 4), "onnxruntime")) == set()  # 8 out
+    assert credits(conv_chain(40, 2), "onnxruntime") == {}
+    assert set(credits(conv_chain(64, 2), "onnxruntime")) == {"conv1", "conv2"}
+    assert set(credits(conv_chain(64, 4), "onnxruntime")) == set()  # 8 out

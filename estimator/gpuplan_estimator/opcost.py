@@ -315,22 +315,21 @@ def kernel_dims(layer: Layer) -> tuple[str, dict[str, int]]:
         return "reduce", _reduce_dims(layer)
     if family is _F.ELEMENTWISE:
         out = layer.outputs[0]
-        cols = out.shape[-1] if out.shape else 1
-        return "elementwise", {"rows": out.elements // max(cols, 1), "cols": cols,
-                               "operands": full_size_operands(layer.inputs, out)}
+        return "elementwise", _elementwise_dims(out, full_size_operands(layer.inputs, out))
     if layer.op_type == "Concat" and layer.outputs:
-        return "elementwise", _contiguous_copy_dims(layer.outputs[0])
+        # Concat copies each input once into its slice of the output, in contiguous runs
+        # (torch.cat and onnxruntime alike): one read and one write per element, like a Relu,
+        # not the transpose-shaped memcpy benchmark, 3x slower for the same bytes (SqueezeNet
+        # at batch 8 with onnxruntime: 8.5 ms predicted from memcpy, 2.8 ms measured;
+        # DenseNet-121's SGD step at batch 8 in PyTorch: 263 ms for its Concats, 21 ms profiled).
+        return "elementwise", _elementwise_dims(layer.outputs[0], 1)
     return "memcpy", {"elements": sum(t.elements for t in layer.outputs)}
 
 
-def _contiguous_copy_dims(out: TensorInfo) -> dict[str, int]:
-    """Concat copies each input once into its slice of the output, in contiguous runs (torch.cat
-    and onnxruntime alike): one read and one write per element, like a Relu, not the
-    transpose-shaped memcpy benchmark, which runs 3x slower for the same bytes (SqueezeNet at
-    batch 8 with onnxruntime: 8.5 ms predicted from memcpy, 2.8 ms measured; DenseNet-121's SGD
-    step at batch 8 in PyTorch: 263 ms predicted for its Concats, 21 ms profiled)."""
+def _elementwise_dims(out: TensorInfo, operands: int) -> dict[str, int]:
+    """Rows and last-axis columns of `out`, as an elementwise kernel over it sees them."""
     cols = out.shape[-1] if out.shape else 1
-    return {"rows": out.elements // max(cols, 1), "cols": cols, "operands": 1}
+    return {"rows": out.elements // max(cols, 1), "cols": cols, "operands": operands}
 
 
 def full_size_operands(inputs: Sequence[TensorInfo], out: TensorInfo) -> int:
@@ -432,9 +431,7 @@ def _norm_dims(layer: Layer) -> tuple[str, dict[str, int]]:
         rows = x.shape[0] * groups
         return "layernorm", {"rows": rows, "cols": x.elements // rows}
     if layer.op_type == "LRN":
-        cols = x.shape[-1]
-        return "elementwise", {"rows": x.elements // cols, "cols": cols,
-                               "operands": int(layer.attributes.get("size", 1))}
+        return "elementwise", _elementwise_dims(x, int(layer.attributes.get("size", 1)))
     axis = int(layer.attributes.get("axis", len(x.shape) - 1))
     cols = math.prod(x.shape[axis:])
     return "layernorm", {"rows": x.elements // max(cols, 1), "cols": cols}

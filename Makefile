@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 .PHONY: help install demo test unit integration lint verify crds chart bench eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 2; }
@@ -33,12 +33,13 @@ unit: $(STAMP) ## unit tests only
 integration: $(STAMP) ## integration tests on the local control plane
 	$(BIN)/pytest -q -m integration tests
 
-lint: $(STAMP) ## ruff + mypy
-	$(BIN)/ruff check estimator operator tests
+lint: $(STAMP) ## ruff, mypy and the import contracts (.importlinter)
+	$(BIN)/ruff check estimator operator tests hack testbed
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP) ## speed benchmarks (reported, not asserted)
-	$(PYTHON) -m gpuplan_estimator.benchmarks
+	$(PYTHON) -m gpuplan_estimator.evaluation.speed
 
 eval: $(STAMP) ## accuracy evaluation -> docs/accuracy.md
 	$(BIN)/gpuplan eval

@@ -1,14 +1,18 @@
 """gpuplan's estimator: predict step time, epoch time and memory of DL training per GPU type.
 
 The public API, re-exported lazily (PEP 562) so that importing one submodule does not pay for
-onnx, LightGBM and the rest. ``estimate`` is the submodule (its function is
-``estimate.estimate``): a package attribute cannot be both once the submodule is imported::
+onnx, LightGBM and the rest::
 
     from gpuplan_estimator import RooflinePredictor, TrainingSettings, estimate, load_catalog
     from gpuplan_estimator import load_model
     g = load_model("model.onnx", batch=32)
-    results = estimate.estimate(g, load_catalog().devices, TrainingSettings(batch_size=32),
-                                predictor=RooflinePredictor())
+    results = estimate(g, load_catalog().devices, TrainingSettings(batch_size=32),
+                       predictor=RooflinePredictor())
+
+The package's subpackages follow the data flow, each importing only those before it (checked
+by `lint-imports`, see `.importlinter`): `core` → `devices` → `graph` → `step` | `cost` →
+`models` → `planning`; beside them `perfdb`, `bench`, `training`, `evaluation`; at the edge
+`interfaces` (the CLI and the HTTP service), which nothing imports.
 """
 
 from __future__ import annotations
@@ -17,26 +21,27 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
-    "to_json": "gpuplan_estimator.estimate",
-    "DeviceEstimate": "gpuplan_estimator.estimate",
-    "LayerEstimate": "gpuplan_estimator.estimate",
-    "TrainingSettings": "gpuplan_estimator.training_step",
-    "StepWork": "gpuplan_estimator.training_step",
-    "build_step": "gpuplan_estimator.training_step",
-    "MemoryBreakdown": "gpuplan_estimator.memory",
-    "training_memory": "gpuplan_estimator.memory",
-    "load_model": "gpuplan_estimator.graph",
-    "strip_weights": "gpuplan_estimator.graph",
-    "ModelGraph": "gpuplan_estimator.layers",
-    "Layer": "gpuplan_estimator.layers",
-    "DeviceSpec": "gpuplan_estimator.devices",
-    "load_catalog": "gpuplan_estimator.devices",
-    "resolve_device": "gpuplan_estimator.devices",
-    "LatencyPrediction": "gpuplan_estimator.predictors",
-    "LatencyPredictor": "gpuplan_estimator.predictors",
-    "RooflinePredictor": "gpuplan_estimator.roofline",
-    "WorkItem": "gpuplan_estimator.workload",
-    "GpuplanError": "gpuplan_estimator.errors",
+    "estimate": "gpuplan_estimator.planning.estimates",
+    "to_json": "gpuplan_estimator.planning.estimates",
+    "DeviceEstimate": "gpuplan_estimator.planning.estimates",
+    "LayerEstimate": "gpuplan_estimator.planning.estimates",
+    "TrainingSettings": "gpuplan_estimator.step.decomposition",
+    "StepWork": "gpuplan_estimator.step.decomposition",
+    "build_step": "gpuplan_estimator.step.decomposition",
+    "MemoryBreakdown": "gpuplan_estimator.step.memory",
+    "training_memory": "gpuplan_estimator.step.memory",
+    "load_model": "gpuplan_estimator.graph.loading",
+    "strip_weights": "gpuplan_estimator.graph.loading",
+    "ModelGraph": "gpuplan_estimator.core.layers",
+    "Layer": "gpuplan_estimator.core.layers",
+    "DeviceSpec": "gpuplan_estimator.devices.catalog",
+    "load_catalog": "gpuplan_estimator.devices.catalog",
+    "resolve_device": "gpuplan_estimator.devices.resolution",
+    "LatencyPrediction": "gpuplan_estimator.cost.predictors",
+    "LatencyPredictor": "gpuplan_estimator.cost.predictors",
+    "RooflinePredictor": "gpuplan_estimator.cost.roofline",
+    "WorkItem": "gpuplan_estimator.core.workload",
+    "GpuplanError": "gpuplan_estimator.core.errors",
 }
 __all__ = [
     "DeviceEstimate",
@@ -63,21 +68,25 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from gpuplan_estimator.devices import DeviceSpec, load_catalog, resolve_device
-    from gpuplan_estimator.errors import GpuplanError
-    from gpuplan_estimator.estimate import DeviceEstimate, LayerEstimate, to_json
-    from gpuplan_estimator.graph import load_model, strip_weights
-    from gpuplan_estimator.layers import Layer, ModelGraph
-    from gpuplan_estimator.memory import MemoryBreakdown, training_memory
-    from gpuplan_estimator.predictors import LatencyPrediction, LatencyPredictor
-    from gpuplan_estimator.roofline import RooflinePredictor
-    from gpuplan_estimator.training_step import StepWork, TrainingSettings, build_step
-    from gpuplan_estimator.workload import WorkItem
+    from gpuplan_estimator.core.errors import GpuplanError
+    from gpuplan_estimator.core.layers import Layer, ModelGraph
+    from gpuplan_estimator.core.workload import WorkItem
+    from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor
+    from gpuplan_estimator.cost.roofline import RooflinePredictor
+    from gpuplan_estimator.devices.catalog import DeviceSpec, load_catalog
+    from gpuplan_estimator.devices.resolution import resolve_device
+    from gpuplan_estimator.graph.loading import load_model, strip_weights
+    from gpuplan_estimator.planning.estimates import (
+        DeviceEstimate,
+        LayerEstimate,
+        estimate,
+        to_json,
+    )
+    from gpuplan_estimator.step.decomposition import StepWork, TrainingSettings, build_step
+    from gpuplan_estimator.step.memory import MemoryBreakdown, training_memory
 
 
 def __getattr__(name: str) -> Any:
-    if name == "estimate":
-        return importlib.import_module("gpuplan_estimator.estimate")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'gpuplan_estimator' has no attribute {name!r}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import platform
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,13 +21,13 @@ import onnxruntime as ort
 import pandas as pd
 from tqdm import tqdm
 
-from gpuplan_estimator import devices, errors
+from gpuplan_estimator import devices
 from gpuplan_estimator.bench import nvml, sweep, timing, torch_units, units
-from gpuplan_estimator.measurements import MEASUREMENT_COLUMNS
+from gpuplan_estimator.core import errors, paths, provenance
+from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.perfdb.store import PerfStore, RunInfo
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_SWEEP_DIR = REPO_ROOT / "benchmark-jobs" / "sweeps"
+DEFAULT_SWEEP_DIR = paths.REPO_ROOT / "benchmark-jobs" / "sweeps"
 BACKENDS = ("onnxruntime", "torch")
 FLUSH_EVERY_ROWS = 10
 FLUSH_EVERY_S = 5.0
@@ -97,15 +96,6 @@ def backend_version(backend: str) -> str:
     raise errors.InvalidRequestError("backend", f"expected one of {BACKENDS}, got {backend!r}")
 
 
-def git_commit(cwd: Path = REPO_ROOT) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
 
 
 @dataclass(frozen=True)
@@ -256,7 +246,7 @@ def _start_run(
     }
     return store.add_run(
         device=tgt.key, backend=backend, backend_version=backend_version(settings.backend),
-        host=socket.gethostname(), git_commit=git_commit(), command=settings.command,
+        host=socket.gethostname(), git_commit=provenance.git_commit(), command=settings.command,
         sweep_digest=digest, source="gpuplan-bench",
         plan_json=json.dumps([it.to_json() for it in plan]), settings=run_settings,
     )

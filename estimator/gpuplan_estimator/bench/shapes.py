@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuplan_estimator import errors
-from gpuplan_estimator.layers import DTYPE_BYTES
+from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.layers import DTYPE_BYTES
 
 BINARY_OPS = frozenset({"add", "sub", "mul", "div", "pow"})
 SCALAR_OPS = frozenset({"addu", "mulu", "divu", "powu"})

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from gpuplan_estimator import errors
 from gpuplan_estimator.bench import shapes
-from gpuplan_estimator.layers import DTYPE_BYTES
+from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.layers import DTYPE_BYTES
 
 KERNELS = ("gemm", "conv2d", "pool", "layernorm", "batchnorm", "softmax", "elementwise",
            "memcpy")

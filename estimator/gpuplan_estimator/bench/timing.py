@@ -18,8 +18,8 @@ from typing import Any
 
 import onnxruntime as ort
 
-from gpuplan_estimator import errors
 from gpuplan_estimator.bench.units import Unit
+from gpuplan_estimator.core import errors
 
 Clock = Callable[[], float]  # seconds, monotonic
 

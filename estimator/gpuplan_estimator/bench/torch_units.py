@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan_estimator import errors
 from gpuplan_estimator.bench import shapes, timing
 from gpuplan_estimator.bench.sweep import PlanItem
 from gpuplan_estimator.bench.units import MEMCPY_INNER
+from gpuplan_estimator.core import errors
 
 _DTYPES = ("float32", "float16", "float64")
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow"}

@@ -10,9 +10,9 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from gpuplan_estimator import errors
 from gpuplan_estimator.bench import shapes
 from gpuplan_estimator.bench.sweep import PlanItem
+from gpuplan_estimator.core import errors
 
 OPSET = 20  # Gelu is a standard op from opset 20
 IR_VERSION = 9  # the lowest IR that carries opset 20; onnxruntime 1.20+ loads it

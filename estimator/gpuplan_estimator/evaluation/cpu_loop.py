@@ -19,11 +19,13 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from gpuplan_estimator import errors, estimate, graph
-from gpuplan_estimator.devices import DeviceSpec
-from gpuplan_estimator.framework import ONNXRUNTIME
-from gpuplan_estimator.predictors import LatencyPredictor
-from gpuplan_estimator.training_step import TrainingSettings
+from gpuplan_estimator import graph
+from gpuplan_estimator.core import errors
+from gpuplan_estimator.cost.predictors import LatencyPredictor
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.step.decomposition import TrainingSettings
+from gpuplan_estimator.step.frameworks import ONNXRUNTIME
 
 LIGHT_MODELS = ("resnet50", "vgg19", "bvlc_alexnet", "densenet121", "inception_v1",
                 "inception_v2", "shufflenet", "squeezenet", "zfnet512")
@@ -160,7 +162,7 @@ def evaluate_model(
     data = proto.SerializeToString()
     name = path.stem.removeprefix("light_")
     g = graph.load_model(data, name=name)
-    (est,) = estimate.estimate(g, [device], TrainingSettings(
+    (est,) = estimates.estimate(g, [device], TrainingSettings(
         batch_size=batch, mode="inference", framework=ONNXRUNTIME),
                                predictor=predictor)
     measured = measure_ms(data, settings)

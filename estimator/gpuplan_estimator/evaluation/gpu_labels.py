@@ -16,11 +16,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuplan_estimator import errors, estimate, framework, graph, zoo
-from gpuplan_estimator.devices import Catalog, DeviceSpec
-from gpuplan_estimator.layers import ModelGraph
-from gpuplan_estimator.predictors import LatencyPredictor
-from gpuplan_estimator.training_step import TrainingSettings
+from gpuplan_estimator import graph
+from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.layers import ModelGraph
+from gpuplan_estimator.cost.predictors import LatencyPredictor
+from gpuplan_estimator.devices.catalog import Catalog, DeviceSpec
+from gpuplan_estimator.graph import zoo
+from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.step import frameworks
+from gpuplan_estimator.step.decomposition import TrainingSettings
 
 LABEL_COLUMNS = ("gpu", "model", "mode", "seq_len", "batch", "fusion", "e2e_latency_ms", "fw_ms",
                  "bw_ms")
@@ -155,7 +159,7 @@ def evaluate_rows(
         settings = TrainingSettings(batch_size=row.batch, mode=row.mode, optimizer=optimizer,
                                     precision="fp32", framework=row_framework(row))
         for label, predictor in predictors.items():
-            (est,) = estimate.estimate(g, [device], settings, predictor=predictor)
+            (est,) = estimates.estimate(g, [device], settings, predictor=predictor)
             results.append(row_result(row, est, label))
     return tuple(results), tuple(skipped)
 
@@ -163,11 +167,11 @@ def evaluate_rows(
 def row_framework(row: LabelRow) -> str:
     """torch.compile inference rows are priced with its fusions; everything else as eager."""
     if row.fused and row.mode == "inference":
-        return framework.PYTORCH_COMPILED
-    return framework.PYTORCH_EAGER
+        return frameworks.PYTORCH_COMPILED
+    return frameworks.PYTORCH_EAGER
 
 
-def row_result(row: LabelRow, est: estimate.DeviceEstimate, predictor: str) -> RowResult:
+def row_result(row: LabelRow, est: estimates.DeviceEstimate, predictor: str) -> RowResult:
     """Forward (+ backward for training) and its interval from the per-layer quantiles."""
     return RowResult(
         row=row, device=est.device, predictor=predictor,

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from gpuplan_estimator import errors, measurements, train, train_cli
 from gpuplan_estimator.bench import runner, sweep, timing
-from gpuplan_estimator.bundle import Bundle
-from gpuplan_estimator.devices import DeviceSpec
+from gpuplan_estimator.core import errors, measurements
+from gpuplan_estimator.core.workload import WorkItem
+from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.models.bundles import Bundle
 from gpuplan_estimator.perfdb.store import PerfStore
-from gpuplan_estimator.predictors import LatencyPrediction, LatencyPredictor
-from gpuplan_estimator.workload import WorkItem
+from gpuplan_estimator.training import fitting, recipe
 
 
 @dataclass(frozen=True)
@@ -143,10 +144,10 @@ def bench_and_fit(
             "--cpu-bench-minutes",
             f"only {len(frame)} CPU rows measured (need {settings.min_rows}); give the bench "
             "more minutes or run `gpuplan eval` again to resume it")
-    fitted = train.train_bundle(
+    fitted = fitting.train_bundle(
         frame[[*measurements.MEASUREMENT_COLUMNS, *measurements.OPTIONAL_TRAIN_COLUMNS]],
-        train.TrainSettings(seed=settings.seed, min_rows_per_kernel=50,
-                            cpu_params=train_cli.CPU_PARAMS),
+        fitting.TrainSettings(seed=settings.seed, min_rows_per_kernel=50,
+                            cpu_params=recipe.CPU_PARAMS),
         validate=False)
     ratio, checked = speed_ratio(frame, settings.reference_rows_per_kernel, settings.seed,
                                  settings.timing, settings.backend)

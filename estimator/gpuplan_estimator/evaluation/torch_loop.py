@@ -19,8 +19,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from gpuplan_estimator import errors, estimate, graph
-from gpuplan_estimator.devices import DeviceSpec
+from gpuplan_estimator import graph
+from gpuplan_estimator.core import errors
+from gpuplan_estimator.cost.predictors import LatencyPredictor
+from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.evaluation.cpu_loop import (
     BATCHES,
     CpuResult,
@@ -30,9 +32,9 @@ from gpuplan_estimator.evaluation.cpu_loop import (
     mean_run_ms,
     rebatch,
 )
-from gpuplan_estimator.framework import PYTORCH_EAGER
-from gpuplan_estimator.predictors import LatencyPredictor
-from gpuplan_estimator.training_step import TrainingSettings
+from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.step.decomposition import TrainingSettings
+from gpuplan_estimator.step.frameworks import PYTORCH_EAGER
 
 CONVERTIBLE = ("resnet50", "densenet121", "inception_v2", "shufflenet", "zfnet512")
 OPTIMIZER = "sgd"
@@ -111,7 +113,7 @@ def evaluate_model(
     proto = rebatch(onnx.load(str(path), load_external_data=False), batch)
     name = path.stem.removeprefix("light_")
     g = graph.load_model(proto.SerializeToString(), name=name)
-    (est,) = estimate.estimate(g, [device], TrainingSettings(
+    (est,) = estimates.estimate(g, [device], TrainingSettings(
         batch_size=batch, mode="train", optimizer=OPTIMIZER, framework=PYTORCH_EAGER),
         predictor=predictor)
     weighted = with_weights(proto, np.random.default_rng(settings.seed))

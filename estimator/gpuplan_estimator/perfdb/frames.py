@@ -7,8 +7,8 @@ from typing import Any
 
 import pandas as pd
 
-from gpuplan_estimator import errors
-from gpuplan_estimator.measurements import MEASUREMENT_COLUMNS
+from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
 
 KEY_COLUMNS: tuple[str, ...] = ("device", "backend", "kernel", "op", "dtype", "dims")
 OPTIONAL_COLUMNS: dict[str, Any] = {

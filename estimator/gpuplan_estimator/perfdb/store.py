@@ -12,11 +12,10 @@ import pandas as pd
 from sqlalchemy import Select, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 
-from gpuplan_estimator import errors
-from gpuplan_estimator.devices import DeviceSpec
-from gpuplan_estimator.measurements import MEASUREMENT_COLUMNS
-from gpuplan_estimator.perfdb import engine as dbengine
-from gpuplan_estimator.perfdb import frames, paths
+from gpuplan_estimator.core import errors, paths
+from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.perfdb import connections, frames
 from gpuplan_estimator.perfdb.models import (
     BenchmarkRun,
     Device,
@@ -80,21 +79,21 @@ class PerfStore:
         *,
         retries: int = 5,
         retry_delay_s: float = 0.5,
-        busy_timeout_s: float = dbengine.SQLITE_BUSY_TIMEOUT_S,
+        busy_timeout_s: float = connections.SQLITE_BUSY_TIMEOUT_S,
         clock: Clock = _utcnow,
     ) -> PerfStore:
         """Connect to `url` (default `paths.default_db_url()`) and upgrade the schema to head.
 
         `busy_timeout_s` is how long SQLite waits on a lock before a retry counts.
         """
-        eng = dbengine.create(url or paths.default_db_url(), busy_timeout_s=busy_timeout_s)
+        eng = connections.create(url or paths.default_db_url(), busy_timeout_s=busy_timeout_s)
         store = cls(eng, retries=retries, retry_delay_s=retry_delay_s, clock=clock)
-        store._retry(lambda: dbengine.upgrade(eng))
+        store._retry(lambda: connections.upgrade(eng))
         return store
 
     @property
     def url(self) -> str:
-        return dbengine.masked(self.engine.url)
+        return connections.masked(self.engine.url)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -106,7 +105,7 @@ class PerfStore:
         self.close()
 
     def _retry(self, fn: Callable[[], Any]) -> Any:
-        return dbengine.with_retry(
+        return connections.with_retry(
             fn, url=self.engine.url, retries=self.retries, retry_delay_s=self.retry_delay_s
         )
 

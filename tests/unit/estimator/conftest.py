@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuplan_estimator.perfdb.store import PerfStore
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fixtures import TINY
+from gpuplan_testing.bench_fixtures import TINY
 
 
 @pytest.fixture

@@ -1,0 +1,118 @@
+"""Plain-data types for a parsed model graph: tensors, op families, layers and fusion units.
+
+These are the contract between `graph` (the only ONNX reader) and everything downstream.
+All sizes are concrete: a symbolic dim is bound before a `Layer` exists, never read as 0.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16", "float8"})
+"""Tensor dtypes autograd can differentiate (and mixed precision casts)."""
+DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
+    {
+        "float64": 8,
+        "float32": 4,
+        "float16": 2,
+        "bfloat16": 2,
+        "float8": 1,
+        "int64": 8,
+        "int32": 4,
+        "int16": 2,
+        "int8": 1,
+        "uint8": 1,
+        "bool": 1,
+    }
+)
+
+
+class OpFamily(str, enum.Enum):
+    """Kind of kernel a node runs; each family gets its own latency model."""
+
+    CONV = "conv"
+    MATMUL = "matmul"  # MatMul, Gemm, batched matmul, Einsum contractions
+    POOLING = "pooling"
+    NORMALIZATION = "normalization"  # BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm
+    SOFTMAX = "softmax"
+    ELEMENTWISE = "elementwise"  # arithmetic and activations
+    REDUCTION = "reduction"
+    DATA_MOVEMENT = "data_movement"  # Transpose, Concat, Split, Slice, Pad, copying Reshape...
+    EMBEDDING = "embedding"  # Gather from a parameter table
+    SHAPE_ONLY = "shape_only"  # costs nothing at run time: Shape, metadata-only Reshape, ...
+    OTHER = "other"  # unknown ops: priced by the roofline and listed as uncovered
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor with fully concrete shape."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # key of DTYPE_BYTES
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def size_bytes(self) -> int:
+        return self.elements * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One ONNX node with its cost features (forward pass, one batch)."""
+
+    name: str
+    op_type: str
+    family: OpFamily
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    flops: int  # floating-point operations; a multiply-accumulate counts 2
+    bytes_read: int
+    bytes_written: int
+    parameter_count: int  # trainable elements this node owns (weights, bias, scale...)
+    parameter_inputs: tuple[str, ...] = ()  # names of inputs that are trainable parameters
+    attributes: Mapping[str, Any] = field(default_factory=dict)  # kernel, strides, pads, ...
+    unit: str = ""  # id of the fusion unit this layer belongs to ("" = alone)
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        return self.flops / self.bytes_moved if self.bytes_moved else 0.0
+
+
+@dataclass(frozen=True)
+class FusionUnit:
+    """Nodes a framework typically runs as one kernel (e.g. Conv+BatchNorm+Relu)."""
+
+    id: str
+    pattern: str  # e.g. "conv_bn_relu", "matmul_bias_act", "gelu", "layernorm"
+    layer_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModelGraph:
+    """A parsed model: layers in topological order plus what could not be classified."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    units: tuple[FusionUnit, ...]
+    dim_bindings: Mapping[str, int]
+    opset: int
+    unknown_op_types: tuple[str, ...] = ()  # op types that landed in OpFamily.OTHER
+
+    @property
+    def parameter_count(self) -> int:
+        return sum(layer.parameter_count for layer in self.layers)

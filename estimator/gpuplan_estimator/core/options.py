@@ -1,0 +1,25 @@
+"""What a training request may ask for: modes, optimizers, precisions, frameworks and defaults.
+
+The one source of these facts. The estimator's CLI and HTTP validation read them from here, the
+operator's spec validation too, and the CRD's enums and defaults are tested against them.
+"""
+
+from __future__ import annotations
+
+MODES: tuple[str, ...] = ("train", "inference")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop")
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+
+PYTORCH_EAGER = "pytorch-eager"
+ONNXRUNTIME = "onnxruntime"
+PYTORCH_COMPILED = "pytorch-compiled"
+FRAMEWORKS: tuple[str, ...] = (PYTORCH_EAGER, ONNXRUNTIME, PYTORCH_COMPILED)
+INFERENCE_ONLY_FRAMEWORKS = frozenset({ONNXRUNTIME, PYTORCH_COMPILED})
+"""Frameworks priced for inference only: their folded kernels have no backward here."""
+
+DEFAULT_MODE = "train"
+DEFAULT_OPTIMIZER = "adamw"
+"""AdamW: what transformer and most CNN recipes train with today (and the CRD's default)."""
+DEFAULT_PRECISION = "fp32"
+DEFAULT_FRAMEWORK = PYTORCH_EAGER
+"""One kernel per node, as the GPU rows were measured."""

@@ -1,0 +1,1 @@
+"""Pricing work items on a device: the predictor protocol, the roofline, feature rows."""

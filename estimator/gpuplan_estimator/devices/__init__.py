@@ -1,0 +1,40 @@
+"""Devices: the GPU catalog (specs as data), the local CPU as a device, and name resolution.
+
+The facade: callers use ``devices.load_catalog()``, ``devices.resolve_device(name)``,
+``devices.DeviceSpec`` and the rest below; the modules behind it are `catalog`, `local_cpu`
+(measures this host) and `resolution`.
+"""
+
+from gpuplan_estimator.devices.catalog import (
+    CPU_KEY,
+    DEFAULT_CATALOG_PATH,
+    MAX_CATALOG_BYTES,
+    PEAK_DTYPES,
+    VENDORS,
+    Catalog,
+    DeviceSpec,
+    canonical_key,
+    load_catalog,
+    normalize_name,
+    parse_catalog,
+    parse_entry,
+    with_prices,
+)
+from gpuplan_estimator.devices.resolution import resolve_device
+
+__all__ = [
+    "CPU_KEY",
+    "DEFAULT_CATALOG_PATH",
+    "MAX_CATALOG_BYTES",
+    "PEAK_DTYPES",
+    "VENDORS",
+    "Catalog",
+    "DeviceSpec",
+    "canonical_key",
+    "load_catalog",
+    "normalize_name",
+    "parse_catalog",
+    "parse_entry",
+    "resolve_device",
+    "with_prices",
+]

@@ -1,0 +1,55 @@
+"""ONNX in, layers out: the only package that reads ONNX models.
+
+`loading` parses, shape-infers and binds a model into a `ModelGraph`; `records` turns graph
+records into `Layer`s priced by `opcost`; `fusion` finds the kernels frameworks fuse; `batching`
+re-batches fixed-batch exports; `zoo` and `examples` build models. The facade below is lazy
+(PEP 562) so that importing, say, `graph.opcost` does not load onnx.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "COMPRESSIONS": "gpuplan_estimator.graph.loading",
+    "DEFAULT_MAX_DECOMPRESSED_BYTES": "gpuplan_estimator.graph.loading",
+    "compression_of": "gpuplan_estimator.graph.loading",
+    "load_model": "gpuplan_estimator.graph.loading",
+    "read_model_bytes": "gpuplan_estimator.graph.loading",
+    "strip_weights": "gpuplan_estimator.graph.loading",
+    "model_batch": "gpuplan_estimator.graph.batching",
+    "symbolic_batch": "gpuplan_estimator.graph.batching",
+}
+__all__ = [
+    "COMPRESSIONS",
+    "DEFAULT_MAX_DECOMPRESSED_BYTES",
+    "compression_of",
+    "load_model",
+    "model_batch",
+    "read_model_bytes",
+    "strip_weights",
+    "symbolic_batch",
+]
+
+if TYPE_CHECKING:
+    from gpuplan_estimator.graph.batching import model_batch, symbolic_batch
+    from gpuplan_estimator.graph.loading import (
+        COMPRESSIONS,
+        DEFAULT_MAX_DECOMPRESSED_BYTES,
+        compression_of,
+        load_model,
+        read_model_bytes,
+        strip_weights,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpuplan_estimator.graph' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,345 @@
+"""The only ONNX reader: bytes or file → bound, shape-inferred `ModelGraph`; and `strip_weights`.
+
+Weights are never needed: a model loads with `load_external_data=False`, and structure-only
+graphs (weights as `ConstantOfShape`, the convention of `onnx.tools.replace_constants`) are
+first-class. Symbolic input dims are bound before shape inference; one left unbound is an error.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import lzma
+import os
+import tempfile
+from collections.abc import Mapping
+
+import onnx
+import zstandard
+from google.protobuf.message import DecodeError
+from onnx import ModelProto, TensorProto, helper, shape_inference
+
+from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.layers import DTYPE_BYTES, ModelGraph, TensorInfo
+from gpuplan_estimator.graph import fusion, records
+
+DEFAULT_MAX_DECOMPRESSED_BYTES = 512 * 2**20
+MIN_OPSET = 7
+# Protobuf cannot serialise a message past 2 GiB; above this, infer via a file (infer_shapes_path).
+_INFER_IN_MEMORY_LIMIT_BYTES = 2**31 - 2**24
+_BATCH_DIM_NAMES = frozenset({"batch", "batch_size", "batchsize", "n", "bs"})
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
+)
+COMPRESSIONS = ("gzip", "xz", "zstd")
+
+Source = str | os.PathLike[str] | bytes
+
+
+def _label(source: Source) -> str:
+    return "<bytes>" if isinstance(source, bytes) else os.fspath(source)
+
+
+def _raw_bytes(source: Source) -> bytes:
+    if isinstance(source, bytes):
+        return source
+    try:
+        with open(source, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise errors.InvalidModelError(f"{_label(source)}: cannot read: {exc}") from exc
+
+
+def compression_of(data: bytes) -> str | None:
+    """'gzip' | 'xz' | 'zstd' by magic bytes, None for anything else (plain ONNX)."""
+    for magic, kind in _MAGIC:
+        if data.startswith(magic):
+            return kind
+    return None
+
+
+def read_model_bytes(
+    source: Source, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+) -> bytes:
+    """Serialized ONNX of `source`, decompressing gzip/xz/zstd (at most the cap) by magic bytes."""
+    data = _raw_bytes(source)
+    kind = compression_of(data)
+    if kind is None:
+        return data
+    try:
+        out = _decompress(kind, data, max_decompressed_bytes + 1)
+    except (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError) as exc:
+        raise errors.InvalidModelError(
+            f"{_label(source)}: corrupt or truncated {kind} data: {exc}"
+        ) from exc
+    if len(out) > max_decompressed_bytes:
+        raise errors.InvalidModelError(
+            f"{_label(source)}: decompressed model exceeds the cap of "
+            f"{max_decompressed_bytes} bytes (max_decompressed_bytes)"
+        )
+    return out
+
+
+def _decompress(kind: str, data: bytes, limit: int) -> bytes:
+    """At most `limit` decompressed bytes, so a compression bomb stops at the cap."""
+    buffer = io.BytesIO(data)
+    if kind == "gzip":
+        with gzip.GzipFile(fileobj=buffer) as gz:
+            return gz.read(limit)
+    if kind == "xz":
+        with lzma.LZMAFile(buffer) as xz:
+            return xz.read(limit)
+    with zstandard.ZstdDecompressor().stream_reader(buffer) as zst:
+        return zst.read(limit)
+
+
+def parse_model(data: bytes, label: str) -> ModelProto:
+    try:
+        model = onnx.load_from_string(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise errors.InvalidModelError(f"{label}: not a valid ONNX model: {exc}") from exc
+    if model.ir_version <= 0 or not model.graph.node:
+        raise errors.InvalidModelError(f"{label}: not a valid ONNX model (no IR version or nodes)")
+    return model
+
+
+def model_opset(model: ModelProto, label: str) -> int:
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not versions:
+        raise errors.UnsupportedOpsetError(f"{label}: no default-domain opset import")
+    opset, newest = versions[0], onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise errors.UnsupportedOpsetError(
+            f"{label}: opset {opset} outside the supported range {MIN_OPSET}..{newest}"
+        )
+    return opset
+
+
+def bind_input_dims(
+    model: ModelProto, batch: int | None, dim_bindings: Mapping[str, int], label: str
+) -> dict[str, int]:
+    """Rewrite symbolic graph-input dims in place; return the bindings used."""
+    initializers = {t.name for t in model.graph.initializer}
+    used: dict[str, int] = {}
+    unbound: list[str] = []
+    for value in model.graph.input:
+        if value.name in initializers or not value.type.HasField("tensor_type"):
+            continue
+        for pos, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value"):
+                continue
+            key = dim.dim_param or f"{value.name}[{pos}]"
+            bound = _binding_for(key, pos, batch, dim_bindings)
+            if bound is None:
+                unbound.append(key)
+                continue
+            if bound <= 0:
+                raise errors.InvalidRequestError(f"dim_bindings.{key}", f"must be > 0, got {bound}")
+            dim.dim_value = bound  # assigning the oneof clears dim_param
+            used[key] = bound
+    if unbound:
+        raise errors.UnboundDimError(sorted(set(unbound)), where=label)
+    # Declared intermediate/output shapes use the same names: bind them too, so a shape only
+    # declared (e.g. the output of a custom op) stays usable and consistent.
+    for value in (*model.graph.value_info, *model.graph.output):
+        if value.type.HasField("tensor_type"):
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param and dim.dim_param in used:
+                    dim.dim_value = used[dim.dim_param]
+    return used
+
+
+def _binding_for(
+    key: str, pos: int, batch: int | None, dim_bindings: Mapping[str, int]
+) -> int | None:
+    if key in dim_bindings:
+        return int(dim_bindings[key])
+    if batch is not None and (pos == 0 or key.lower() in _BATCH_DIM_NAMES):
+        return batch
+    return None
+
+
+def _infer(model: ModelProto, label: str) -> ModelProto:
+    try:
+        if model.ByteSize() < _INFER_IN_MEMORY_LIMIT_BYTES:
+            return shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        with tempfile.TemporaryDirectory(prefix="gpuplan-infer-") as tmp:
+            src, dst = os.path.join(tmp, "in.onnx"), os.path.join(tmp, "out.onnx")
+            onnx.save(model, src, save_as_external_data=True, location="in.data")
+            shape_inference.infer_shapes_path(src, dst, strict_mode=False, data_prop=True)
+            return onnx.load(dst, load_external_data=False)
+    except (shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        raise errors.InvalidModelError(f"{label}: shape inference failed: {exc}") from exc
+
+
+def load_model(
+    source: Source,
+    *,
+    batch: int | None = None,
+    dim_bindings: Mapping[str, int] | None = None,
+    name: str | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+) -> ModelGraph:
+    """Parse an ONNX model (plain or gzip/xz/zstd) into layers with concrete shapes.
+
+    `batch` binds the first dim of every graph input whose first dim is symbolic (and dims
+    named batch/batch_size/N); `dim_bindings` binds dims by name. Raises `UnboundDimError`
+    naming every dim left symbolic, `InvalidModelError` naming the file for bad input.
+    """
+    label = _label(source)
+    model = parse_model(read_model_bytes(source, max_decompressed_bytes=max_decompressed_bytes), label)
+    opset = model_opset(model, label)
+    symbolic = symbolic_inputs(model)
+    used = bind_input_dims(model, batch, dict(dim_bindings or {}), label)
+    inferred = _infer(model, label)
+    model_name = name or inferred.graph.name or os.path.basename(label)
+    record = extract_graph(inferred, symbolic)
+    layers, unknown = records.build_layers(record, opset=opset, label=label)
+    fused, units = fusion.fuse(layers)
+    return ModelGraph(name=model_name, layers=fused, units=units, dim_bindings=used,
+                      opset=opset, unknown_op_types=unknown)
+
+
+_DTYPES: Mapping[int, str] = {
+    TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64", TensorProto.FLOAT16: "float16",
+    TensorProto.BFLOAT16: "bfloat16", TensorProto.INT64: "int64", TensorProto.INT32: "int32",
+    TensorProto.INT16: "int16", TensorProto.INT8: "int8", TensorProto.UINT8: "uint8",
+    TensorProto.BOOL: "bool",
+    # Unsigned and 8-bit float types only matter here through their width.
+    TensorProto.UINT16: "int16", TensorProto.UINT32: "int32", TensorProto.UINT64: "int64",
+    TensorProto.FLOAT8E4M3FN: "float8", TensorProto.FLOAT8E4M3FNUZ: "float8",
+    TensorProto.FLOAT8E5M2: "float8", TensorProto.FLOAT8E5M2FNUZ: "float8",
+}
+assert set(_DTYPES.values()) <= set(DTYPE_BYTES)
+
+
+def _value_info(value: onnx.ValueInfoProto) -> TensorInfo | None:
+    """Concrete TensorInfo, or None while any dim is unknown (never read as 0)."""
+    if not value.type.HasField("tensor_type"):
+        return None
+    tt = value.type.tensor_type
+    dtype = _DTYPES.get(tt.elem_type)
+    if dtype is None or not tt.HasField("shape"):
+        return None
+    dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
+    if any(d < 0 for d in dims):
+        return None
+    return TensorInfo(value.name, dims, dtype)
+
+
+def _attributes(node: onnx.NodeProto) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for attr in node.attribute:
+        if attr.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.GRAPH,
+                         onnx.AttributeProto.GRAPHS, onnx.AttributeProto.TENSORS,
+                         onnx.AttributeProto.SPARSE_TENSOR, onnx.AttributeProto.TYPE_PROTO):
+            continue
+        value = helper.get_attribute_value(attr)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        elif isinstance(value, list):
+            value = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+        out[attr.name] = value
+    return out
+
+
+def symbolic_inputs(model: ModelProto) -> frozenset[str]:
+    """Graph inputs declared with at least one symbolic or missing dim (data, not weights)."""
+    return frozenset(
+        v.name for v in model.graph.input
+        if v.type.HasField("tensor_type")
+        and any(not d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)
+    )
+
+
+def extract_graph(
+    model: ModelProto, symbolic: frozenset[str] = frozenset()
+) -> records.GraphRecord:
+    """Plain-data view of a shape-inferred graph (no onnx types leave this module)."""
+    g = model.graph
+    tensors: dict[str, TensorInfo] = {}
+    for value in (*g.input, *g.value_info, *g.output):
+        info = _value_info(value)
+        if info is not None:
+            tensors[value.name] = info
+    for tensor in g.initializer:
+        dtype = _DTYPES.get(tensor.data_type)
+        if dtype is not None:
+            tensors[tensor.name] = TensorInfo(tensor.name, tuple(tensor.dims), dtype)
+    initializers = frozenset(t.name for t in g.initializer)
+    nodes = tuple(
+        records.NodeRecord(name=n.name, op_type=n.op_type, inputs=tuple(n.input),
+                                outputs=tuple(n.output), attributes=_attributes(n),
+                                has_subgraph=any(a.type in (onnx.AttributeProto.GRAPH,
+                                                            onnx.AttributeProto.GRAPHS)
+                                                 for a in n.attribute))
+        for n in g.node
+    )
+    data_inputs = frozenset(v.name for v in g.input if v.name not in initializers)
+    return records.GraphRecord(nodes=nodes, tensors=tensors, initializers=initializers,
+                                    data_inputs=data_inputs,
+                                    graph_outputs=frozenset(v.name for v in g.output),
+                                    symbolic_inputs=symbolic)
+
+
+def strip_weights(
+    source: Source,
+    dest: str | os.PathLike[str],
+    *,
+    compress: str | None = None,
+    threshold_elements: int = 128,
+) -> tuple[int, int]:
+    """Write a structure-only copy of `source` to `dest`; return (in_bytes, out_bytes).
+
+    Tensors above `threshold_elements` become `ConstantOfShape` of their shape and dtype, as
+    `onnx.tools.replace_constants` does; int32/int64 tensors are kept up to 64 Ki elements since
+    they carry shapes Reshape needs. `compress` is None, 'gzip', 'xz' or 'zstd'.
+    """
+    if compress not in (None, *COMPRESSIONS):
+        raise errors.InvalidRequestError("compress", f"expected one of {COMPRESSIONS}")
+    raw = _raw_bytes(source)
+    model = parse_model(read_model_bytes(raw), _label(source))
+    _replace_initializers(model.graph, threshold_elements)
+    data = model.SerializeToString()
+    if compress == "gzip":
+        data = gzip.compress(data, compresslevel=9, mtime=0)
+    elif compress == "xz":
+        data = lzma.compress(data, preset=6)
+    elif compress == "zstd":
+        data = zstandard.ZstdCompressor(level=19).compress(data)
+    with open(dest, "wb") as f:
+        f.write(data)
+    return len(raw), len(data)
+
+
+def _keep_as_data(tensor: TensorProto, threshold_elements: int) -> bool:
+    elements = 1
+    for d in tensor.dims:
+        elements *= d
+    if tensor.data_type in (TensorProto.INT64, TensorProto.INT32):
+        return elements <= 65536
+    return elements <= threshold_elements
+
+
+def _replace_initializers(graph: onnx.GraphProto, threshold_elements: int) -> None:
+    kept: list[TensorProto] = []
+    replaced: list[onnx.NodeProto] = []
+    for tensor in graph.initializer:
+        if _keep_as_data(tensor, threshold_elements):
+            kept.append(tensor)
+            continue
+        shape_name = f"{tensor.name}__SHAPE"
+        kept.append(helper.make_tensor(shape_name, TensorProto.INT64, [len(tensor.dims)],
+                                       list(tensor.dims)))
+        value = helper.make_tensor("value", tensor.data_type, [1], [0])
+        replaced.append(helper.make_node("ConstantOfShape", [shape_name], [tensor.name],
+                                         name=f"{tensor.name}__CONST", value=value))
+    names = {n.output[0] for n in replaced}
+    inputs = [v for v in graph.input if v.name not in names]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    del graph.input[:]
+    graph.input.extend(inputs)
+    nodes = replaced + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)

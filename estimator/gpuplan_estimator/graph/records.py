@@ -1,0 +1,250 @@
+"""Pure: a plain-data graph record (from `graph`) → `Layer`s with parameters and costs.
+
+Tensors fall in three kinds. *Weights*: float initializers / Constants with more than one
+element, and float `ConstantOfShape` outputs whose shape is a literal (structure-only graphs).
+*Static*: shape computations (Shape, integer constants, anything computed only from static
+tensors) — these nodes cost nothing. Everything else is *data*. Views of a weight (Transpose,
+Unsqueeze, Cast, ...) are free and keep pointing at the weight, so a parameter read through
+a view, or by two nodes (tied embeddings), is counted exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.layers import FLOAT_DTYPES, Layer, OpFamily, TensorInfo
+from gpuplan_estimator.graph import opcost
+
+# Fallback shape rules when ONNX inference leaves an output unknown.
+_SAME_SHAPE_OPS = frozenset({
+    "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Gelu", "FastGelu", "Exp", "Log", "Sqrt",
+    "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Sin", "Cos", "Softplus", "Elu", "Selu",
+    "HardSigmoid", "HardSwish", "Mish", "Dropout", "Identity", "Softmax", "LogSoftmax",
+    "LayerNormalization", "BatchNormalization", "InstanceNormalization", "GroupNormalization",
+    "SimplifiedLayerNormalization", "RMSNormalization", "Clip", "Not", "Sign", "Round",
+})
+_BROADCAST_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Where",
+                            "PRelu", "Mod"})
+_BOOL_OUTPUT_OPS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+                              "And", "Or", "Xor", "Not", "IsNaN", "IsInf"})
+# Graph inputs (no initializer) count as weights only in these slots and only when declared
+# with fully static shapes: structure-only graphs that list weights as inputs.
+_INPUT_WEIGHT_SLOTS: Mapping[str, frozenset[int]] = {
+    **{op: slots for op, slots in opcost.PARAMETER_SLOTS.items() if op != "MatMul"},
+    "MatMul": frozenset({1}),
+}
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    name: str
+    op_type: str
+    inputs: tuple[str, ...]  # "" marks an omitted optional input
+    outputs: tuple[str, ...]
+    attributes: Mapping[str, Any]
+    has_subgraph: bool = False
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    nodes: tuple[NodeRecord, ...]
+    tensors: Mapping[str, TensorInfo]  # every tensor whose shape is fully known
+    initializers: frozenset[str]
+    data_inputs: frozenset[str]  # graph inputs without an initializer
+    graph_outputs: frozenset[str]
+    symbolic_inputs: frozenset[str] = frozenset()  # inputs declared with a symbolic dim
+
+
+@dataclass
+class _State:
+    tensors: dict[str, TensorInfo]
+    static: set[str] = field(default_factory=set)
+    weight_of: dict[str, str] = field(default_factory=dict)  # tensor → weight (root) name
+    counted: set[str] = field(default_factory=set)
+    consumed: set[str] = field(default_factory=set)
+    names: set[str] = field(default_factory=set)
+
+
+def build_layers(
+    record: GraphRecord, *, opset: int, label: str
+) -> tuple[tuple[Layer, ...], tuple[str, ...]]:
+    """Layers in node order and the sorted op types that landed in OpFamily.OTHER."""
+    state = _State(tensors=dict(record.tensors))
+    literals = set(record.initializers)
+    for name in record.initializers:
+        info = state.tensors.get(name)
+        if info is not None and info.dtype in FLOAT_DTYPES and info.elements > 1:
+            state.weight_of[name] = name
+        else:
+            state.static.add(name)
+    for node in record.nodes:
+        state.consumed.update(node.inputs)
+        if node.op_type == "Constant":
+            literals.update(node.outputs)
+    layers: list[Layer] = []
+    unknown: set[str] = set()
+    for index, node in enumerate(record.nodes):
+        layer = _layer(node, index, record, state, literals, opset, label)
+        if layer.family is OpFamily.OTHER:
+            unknown.add(node.op_type)
+        layers.append(layer)
+    return tuple(layers), tuple(sorted(unknown))
+
+
+def _unique_name(node: NodeRecord, index: int, state: _State) -> str:
+    name = node.name or f"{node.op_type}_{index}"
+    if name in state.names:
+        name = f"{name}_{index}"
+    state.names.add(name)
+    return name
+
+
+def _inputs(node: NodeRecord, name: str, record: GraphRecord, state: _State,
+            label: str) -> list[TensorInfo]:
+    infos = []
+    for tensor in node.inputs:
+        if not tensor:
+            continue
+        info = state.tensors.get(tensor)
+        if info is None:
+            raise errors.InvalidModelError(
+                f"{label}: node {name!r} ({node.op_type}) input {tensor!r} has no known shape "
+                f"(no producer, or shape inference could not resolve it)"
+            )
+        infos.append(info)
+    return infos
+
+
+def _layer(node: NodeRecord, index: int, record: GraphRecord, state: _State,
+           literals: set[str], opset: int, label: str) -> Layer:
+    name = _unique_name(node, index, state)
+    inputs = _inputs(node, name, record, state, label)
+    outputs = _outputs(node, name, inputs, record, state, label)
+    present = [t for t in node.inputs if t]
+    inputs_static = all(t in state.static for t in present)
+    weight_inputs = _weight_inputs(node, record, state)
+    family = opcost.classify(node.op_type, node.attributes, inputs_static=inputs_static,
+                             gathers_parameter=0 in weight_inputs)
+    if node.has_subgraph:
+        family = OpFamily.OTHER
+    _mark_outputs(node, family, outputs, weight_inputs, inputs_static, literals, state)
+    is_view = _is_weight_view(node, weight_inputs, state)
+    if is_view:
+        family = OpFamily.SHAPE_ONLY
+    roots, count = _parameters(node, weight_inputs, state, is_view)
+    attrs = opcost.normalize_attributes(node.op_type, inputs, outputs, node.attributes, opset)
+    flops = opcost.node_flops(node.op_type, family, inputs, outputs, attrs)
+    read, written = opcost.node_bytes(node.op_type, family, inputs, outputs)
+    return Layer(name=name, op_type=node.op_type, family=family, inputs=tuple(inputs),
+                 outputs=tuple(outputs), flops=flops, bytes_read=read, bytes_written=written,
+                 parameter_count=count, parameter_inputs=roots, attributes=attrs)
+
+
+def _outputs(node: NodeRecord, name: str, inputs: Sequence[TensorInfo], record: GraphRecord,
+             state: _State, label: str) -> list[TensorInfo]:
+    outputs = []
+    for tensor in node.outputs:
+        if not tensor:
+            continue
+        info = state.tensors.get(tensor) or _propagate(node, tensor, inputs)
+        if info is None:
+            needed = tensor in state.consumed or tensor in record.graph_outputs
+            if needed and not node.has_subgraph:
+                raise errors.InvalidModelError(
+                    f"{label}: node {name!r} ({node.op_type}) output {tensor!r} has no "
+                    f"concrete shape after shape inference"
+                )
+            continue  # unused optional output (e.g. a Dropout mask), or a control-flow result
+        state.tensors[tensor] = info
+        outputs.append(info)
+    return outputs
+
+
+def _propagate(node: NodeRecord, tensor: str, inputs: Sequence[TensorInfo]) -> TensorInfo | None:
+    if not inputs or tensor != node.outputs[0]:
+        return None
+    dtype = "bool" if node.op_type in _BOOL_OUTPUT_OPS else inputs[-1].dtype
+    if node.op_type in _SAME_SHAPE_OPS:
+        return TensorInfo(tensor, inputs[0].shape, inputs[0].dtype if dtype != "bool" else dtype)
+    if node.op_type in _BROADCAST_OPS or node.op_type in _BOOL_OUTPUT_OPS:
+        shape = _broadcast([t.shape for t in inputs])
+        return None if shape is None else TensorInfo(tensor, shape, dtype)
+    return None
+
+
+def _broadcast(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
+    rank = max(len(s) for s in shapes)
+    out = []
+    for axis in range(rank):
+        sizes = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            return None
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def _weight_inputs(node: NodeRecord, record: GraphRecord, state: _State) -> dict[int, str]:
+    """Slot → weight root name, for inputs that are weights (or views of one)."""
+    found: dict[int, str] = {}
+    input_slots = _INPUT_WEIGHT_SLOTS.get(node.op_type, frozenset())
+    for slot, tensor in enumerate(node.inputs):
+        if tensor in state.weight_of:
+            found[slot] = state.weight_of[tensor]
+        elif (slot in input_slots and tensor in record.data_inputs
+              and tensor not in record.symbolic_inputs):
+            info = state.tensors.get(tensor)
+            if info is not None and info.dtype in FLOAT_DTYPES:
+                state.weight_of[tensor] = tensor
+                found[slot] = tensor
+    return found
+
+
+def _mark_outputs(node: NodeRecord, family: OpFamily, outputs: Sequence[TensorInfo],
+                  weight_inputs: Mapping[int, str], inputs_static: bool, literals: set[str],
+                  state: _State) -> None:
+    if node.op_type == "Constant":
+        for out in outputs:
+            if out.dtype in FLOAT_DTYPES and out.elements > 1:
+                state.weight_of[out.name] = out.name
+            else:
+                state.static.add(out.name)
+        return
+    if node.op_type == "ConstantOfShape" and node.inputs and node.inputs[0] in literals:
+        for out in outputs:  # the replace_constants convention for a stripped weight
+            if out.dtype in FLOAT_DTYPES:
+                state.weight_of[out.name] = out.name
+            else:
+                state.static.add(out.name)
+        return
+    if node.op_type in ("Shape", "Size") or (inputs_static and family is not OpFamily.OTHER):
+        state.static.update(o.name for o in outputs)
+    elif _is_weight_view(node, weight_inputs, state):
+        for out in outputs:
+            state.weight_of[out.name] = weight_inputs[0]
+
+
+def _is_weight_view(node: NodeRecord, weight_inputs: Mapping[int, str], state: _State) -> bool:
+    if node.op_type not in opcost.VIEW_OPS or 0 not in weight_inputs:
+        return False
+    return all(t in state.static for t in node.inputs[1:] if t)
+
+
+def _parameters(node: NodeRecord, weight_inputs: Mapping[int, str], state: _State,
+                is_view: bool) -> tuple[tuple[str, ...], int]:
+    """Trainable weight roots this node reads, and the elements it is first to count."""
+    if is_view or node.op_type in ("Constant", "ConstantOfShape"):
+        return (), 0
+    excluded = opcost.NON_PARAMETER_SLOTS.get(node.op_type, frozenset())
+    roots: list[str] = []
+    count = 0
+    for slot, root in sorted(weight_inputs.items()):
+        if slot in excluded or root in roots:
+            continue
+        roots.append(root)
+        if root not in state.counted:
+            state.counted.add(root)
+            count += state.tensors[root].elements
+    return tuple(roots), count

@@ -1,0 +1,1 @@
+"""The `gpuplan` command line, one module per group of subcommands."""

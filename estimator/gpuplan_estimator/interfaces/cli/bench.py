@@ -1,0 +1,151 @@
+"""`gpuplan bench` and `gpuplan import` subcommands.
+
+The main CLI calls `register(subparsers)`; each subcommand sets ``func`` (args → exit code).
+`main(argv)` runs them standalone (``python -m gpuplan_estimator.bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuplan_estimator.bench import runner, timing
+from gpuplan_estimator.core import errors, provenance
+from gpuplan_estimator.perfdb.store import PerfStore
+
+
+def register(subparsers: Any) -> None:
+    """Add ``bench`` and ``import`` to an argparse subparsers object."""
+    bench = subparsers.add_parser(
+        "bench", help="measure single-kernel latencies on this machine into the perf database",
+        description="Sample layer configurations from sweep specs, time them with onnxruntime "
+        "(or, with --backend torch, as PyTorch eager layers forward and forward+backward), "
+        "store rows in the performance database. An interrupted run resumes.",
+    )
+    bench.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    bench.add_argument("--families", type=_families, default=None,
+                       help="comma-separated kernels, e.g. gemm,conv2d (default: all specs)")
+    bench.add_argument("--samples", type=_positive_int, default=200,
+                       help="rows in the sampled plan (default: 200)")
+    bench.add_argument("--budget-minutes", type=float, default=3.0,
+                       help="stop starting rows after this long; resumable (default: 3)")
+    bench.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    bench.add_argument("--backend", choices=runner.BACKENDS, default="onnxruntime",
+                       help="onnxruntime (single-node graphs) or torch (needs the torch extra; "
+                       "rows also carry forward+backward with autograd) (default: onnxruntime)")
+    bench.add_argument("--db", default=None, help="database URL (default: $GPUPLAN_DB_URL or "
+                       "the SQLite file in the gpuplan data dir)")
+    bench.add_argument("--sweep", action="append", default=None, metavar="PATH",
+                       help="sweep spec file or directory (repeatable; default: the repo's "
+                       "benchmark-jobs/sweeps)")
+    bench.add_argument("--repeats", type=_positive_int, default=5, help="R (default: 5)")
+    bench.add_argument("--sessions", type=_positive_int, default=1,
+                       help="fresh onnxruntime sessions the R repeats are spread over "
+                       "(default: 1)")
+    bench.add_argument("--threads", type=int, default=0,
+                       help="intra-op threads (default 0: all cores)")
+    bench.add_argument("--export", type=Path, default=None, metavar="PARQUET",
+                       help="also write the run's rows to PARQUET plus a JSON sidecar")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.set_defaults(func=run_bench_command)
+
+    imp = subparsers.add_parser(
+        "import", help="import measured GPU operator data (gpu-ops parquet/CSV) into the db",
+    )
+    imp.add_argument("paths", nargs="+", type=Path, help="files or directories")
+    imp.add_argument("--db", default=None, help="database URL (default as for bench)")
+    imp.set_defaults(func=run_import_command)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _families(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("empty family list")
+    return names
+
+
+def _command(argv: Sequence[str] | None) -> str:
+    return shlex.join(["gpuplan", *(argv if argv is not None else sys.argv[1:])])
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    settings = runner.BenchSettings(
+        device=args.device,
+        families=args.families,
+        samples=args.samples,
+        budget_minutes=args.budget_minutes,
+        seed=args.seed,
+        backend=args.backend,
+        sweep_paths=tuple(args.sweep) if args.sweep else runner.BenchSettings().sweep_paths,
+        timing=timing.TimingSettings(repeats=args.repeats, intra_op_threads=args.threads,
+                                     sessions=args.sessions),
+        command=getattr(args, "command_line", "") or _command(None),
+    )
+    with PerfStore.open(args.db) as store:
+        report = runner.run_bench(settings, store, progress=not args.no_progress)
+        print(
+            f"run {report.run_id} on {report.device} ({report.backend}, "
+            f"{report.intra_op_threads} threads): {report.status}, "
+            f"{report.rows_added} rows added in {report.elapsed_s:.0f} s "
+            f"({report.rows_per_min:.0f} rows/min), {report.rows_total}/{report.planned} "
+            f"measured{' (resumed)' if report.resumed else ''}; db {store.url}"
+        )
+        if args.export is not None:
+            run = next(r for r in store.runs(device=report.device) if r.id == report.run_id)
+            sidecar = {
+                "device": report.device,
+                "backend": report.backend,
+                "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "commit": provenance.git_commit(),
+                "command": settings.command,
+                "run_id": report.run_id,
+                "status": report.status,
+                "settings": run.settings_json,
+                "rows": report.rows_total,
+                "rows_per_min": round(report.rows_per_min, 1),
+                # Timings from a busy host are inflated; keep the evidence with the data.
+                "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+            }
+            n = runner.export_run(store, report.run_id, args.export, sidecar)
+            print(f"wrote {n} rows to {args.export}")
+    return 0 if report.status == "done" else 3
+
+
+def run_import_command(args: argparse.Namespace) -> int:
+    from gpuplan_estimator.perfdb import importing
+
+    with PerfStore.open(args.db) as store:
+        for path in args.paths:
+            report = importing.import_gpu_ops(path, store)
+            print(report.summary())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpuplan")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    args.command_line = _command(argv)
+    try:
+        return int(args.func(args))
+    except errors.GpuplanError as exc:
+        print(f"gpuplan: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gpuplan: interrupted; run again with the same arguments to resume",
+              file=sys.stderr)
+        return 130

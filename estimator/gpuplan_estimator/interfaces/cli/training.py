@@ -1,0 +1,113 @@
+"""`gpuplan train`: read measurements (gpu-ops dirs, measurement parquet, a database), fit, save.
+
+``--shipped`` rebuilds the shipped default bundle from ``$GPUPLAN_SHARED_DATA/gpu-ops``
+(default ``../shared/data`` next to the repo) plus the CPU measurements in the package data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import shlex
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpuplan_estimator.core import errors, provenance
+from gpuplan_estimator.models import bundles
+from gpuplan_estimator.training import fitting, recipe, report, sources
+
+
+def register(subparsers: Any) -> None:
+    """Add the `train` and `models-report` subcommands."""
+    r = subparsers.add_parser("models-report",
+                              help="write the latency models' accuracy report from a bundle")
+    r.add_argument("--bundle", type=Path, default=bundles.SHIPPED_BUNDLE)
+    r.add_argument("--doc", type=Path, default=Path("docs/latency-models.md"))
+    r.set_defaults(func=run_report)
+    p = subparsers.add_parser("train", help="fit the per-kernel latency models into a bundle")
+    p.add_argument("--data", action="append", default=[], metavar="DIR_OR_DB_URL",
+                   help="gpu-ops dir, measurement parquet file/dir, or database URL (repeatable)")
+    p.add_argument("--out", type=Path, help="bundle directory (default: a new one in the data dir)")
+    p.add_argument("--shipped", action="store_true",
+                   help="rebuild the shipped default bundle from the shared data + CPU rows")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-rows", type=int, default=recipe.SHIPPED_MAX_ROWS,
+                   help="subsample cap per kernel (default %(default)s)")
+    p.add_argument("--no-validate", action="store_true", help="skip held-out validation")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fit a bundle from the named sources (or the shipped recipe) and save it."""
+    sources = list(args.data)
+    out: Path | None = args.out
+    if args.shipped:
+        sources = recipe.shipped_sources() + sources
+        out = out or bundles.SHIPPED_BUNDLE
+    if not sources:
+        raise errors.InvalidRequestError("--data", "give at least one --data source or --shipped")
+    if args.max_rows < 100:
+        raise errors.InvalidRequestError("--max-rows", "must be at least 100")
+    frame = load_sources(sources)
+    settings = fitting.TrainSettings(seed=args.seed, max_rows_per_kernel=args.max_rows,
+                                   kernel_params=recipe.KERNEL_PARAMS,
+                                     transfer_params=recipe.TRANSFER_PARAMS,
+                                     cpu_params=recipe.CPU_PARAMS)
+    command = command_line(args)
+    start_s = time.perf_counter()
+    fitted = fitting.train_bundle(frame, settings, command=command,
+                                  commit=provenance.git_commit(short=True),
+                                  validate=not args.no_validate)
+    elapsed_s = round(time.perf_counter() - start_s, 1)
+    fitted = dataclasses.replace(
+        fitted, manifest={**fitted.manifest, "training_seconds": elapsed_s})
+    out = out or bundles.default_data_dir() / datetime.now().strftime("bundle-%Y%m%dT%H%M%S")
+    bundles.save_bundle(fitted, out)
+    print(f"wrote bundle {out} ({', '.join(sorted(fitted.models))}; {len(frame)} rows)")
+    for kernel, m in fitted.manifest.get("metrics", {}).items():
+        rs = m["random_split"]
+        print(f"  {kernel:12s} held-out MAPE {rs['mape_pct']:6.2f} %  "
+              f"P90 APE {rs['p90_ape_pct']:6.2f} %")
+    for device, kernels in sorted(fitted.manifest.get("probe_offsets", {}).items()):
+        parts = ", ".join(f"{k} ({v['rows']} rows, x{math.exp(v['log_offset']):.2f} at 1 ms "
+                          f"base)" for k, v in sorted(kernels.items()))
+        print(f"  probed {device}: {parts}")
+    return 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The equivalent `gpuplan train` command, recorded in the manifest."""
+    parts = ["gpuplan", "train", *(["--shipped"] if args.shipped else [])]
+    for source in args.data:
+        parts += ["--data", source]
+    if args.out is not None and not args.shipped:
+        parts += ["--out", str(args.out)]
+    parts += ["--seed", str(args.seed), "--max-rows", str(args.max_rows)]
+    return shlex.join(parts) + (" --no-validate" if args.no_validate else "")
+
+
+def load_sources(names: Sequence[str]) -> Any:
+    """`sources.load_sources`, with errors that name the `--data` flag."""
+    try:
+        return sources.load_sources(list(names))
+    except errors.InvalidRequestError as exc:
+        if exc.field != "data":
+            raise
+        raise errors.InvalidRequestError("--data", exc.message) from exc
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Print and write the accuracy report of a bundle's latency models."""
+    manifest = bundles.read_manifest(args.bundle)
+    command = shlex.join(["gpuplan", "models-report", "--bundle", str(args.bundle),
+                          "--doc", str(args.doc)])
+    text = report.report_markdown(manifest, today=datetime.now().date().isoformat(),
+                                  command=command)
+    print(text)
+    args.doc.parent.mkdir(parents=True, exist_ok=True)
+    args.doc.write_text(text, encoding="utf-8")
+    return 0

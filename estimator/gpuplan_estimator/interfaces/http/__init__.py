@@ -1,0 +1,1 @@
+"""The estimator HTTP service and its wire types."""

@@ -1,0 +1,232 @@
+"""Wire types of the estimator service: JSON request → typed request, plan → JSON (pure).
+
+`POST /v1/plans` request::
+
+    {"model_onnx_b64": "...",
+     "training": {"batch_size": 64, "dataset_size": 1281167, "epochs": 1, "optimizer": "adamw",
+                  "precision": "fp32", "mode": "train", "dims": {"sequence": 1024}},
+     "objective": {"prefer": "cheapest", "deadline_seconds": 14400, "budget_usd": null,
+                   "max_gpus": 8},
+     "inventory": [{"gpu_type": "NVIDIA-H100-80GB-HBM3", "gpus_per_node": 8, "nodes": 4,
+                    "free_gpus": 32}],
+     "gpu_types": []}
+
+Errors are every invalid field at once, each with its JSON path.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuplan_estimator.core import options
+from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.planning.placement import OBJECTIVES, Objective
+from gpuplan_estimator.planning.requests import (
+    EstimateRequest,
+    InventoryEntry,
+    PlanRequest,
+    TrainingRequest,
+)
+
+MAX_GPUS_CAP = 4096
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append((path, message))
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise InvalidRequestError(
+                ", ".join(p for p, _ in self.items), "; ".join(f"{p}: {m}" for p, m in self.items)
+            )
+
+
+def _int(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, *, minimum: int = 1,
+         maximum: int | None = None, default: int | None = None) -> int:
+    value = obj.get(key, default)
+    if value is None:
+        errs.add(f"{path}.{key}", "is required")
+        return minimum
+    if isinstance(value, bool) or not isinstance(value, int):
+        errs.add(f"{path}.{key}", f"must be an integer, got {type(value).__name__}")
+        return minimum
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        errs.add(f"{path}.{key}", f"must be {bound}, got {value}")
+        return minimum
+    return value
+
+
+def _choice(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, choices: tuple[str, ...],
+            default: str) -> str:
+    value = obj.get(key, default)
+    if value not in choices:
+        errs.add(f"{path}.{key}", f"must be one of {', '.join(choices)}, got {value!r}")
+        return default
+    return str(value)
+
+
+def _positive_float(obj: Mapping[str, Any], key: str, path: str, errs: _Errors) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        errs.add(f"{path}.{key}", f"must be a positive number, got {value!r}")
+        return None
+    return float(value)
+
+
+def _mapping(body: Mapping[str, Any], key: str, errs: _Errors) -> Mapping[str, Any]:
+    value = body.get(key, {})
+    if not isinstance(value, Mapping):
+        errs.add(key, "must be an object")
+        return {}
+    return value
+
+
+def parse_training(obj: Mapping[str, Any], errs: _Errors, path: str = "training"
+                   ) -> TrainingRequest:
+    dims_raw = obj.get("dims", {}) or {}
+    dims: dict[str, int] = {}
+    if not isinstance(dims_raw, Mapping):
+        errs.add(f"{path}.dims", "must be an object of name -> positive integer")
+    else:
+        for name in dims_raw:
+            dims[str(name)] = _int(dims_raw, name, f"{path}.dims", errs)
+    return TrainingRequest(
+        batch_size=_int(obj, "batch_size", path, errs),
+        dataset_size=_int(obj, "dataset_size", path, errs, default=obj.get("batch_size")),
+        epochs=_int(obj, "epochs", path, errs, default=1),
+        optimizer=_choice(obj, "optimizer", path, errs, options.OPTIMIZERS,
+                          options.DEFAULT_OPTIMIZER),
+        precision=_choice(obj, "precision", path, errs, options.PRECISIONS,
+                          options.DEFAULT_PRECISION),
+        mode=_choice(obj, "mode", path, errs, options.MODES, options.DEFAULT_MODE),
+        dims=dims,
+    )
+
+
+def decode_model(body: Mapping[str, Any], errs: _Errors) -> bytes:
+    text = body.get("model_onnx_b64")
+    if not isinstance(text, str) or not text:
+        errs.add("model_onnx_b64", "is required (base64 of the ONNX graph)")
+        return b""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        errs.add("model_onnx_b64", "is not valid base64")
+        return b""
+
+
+def parse_plan_request(body: Any) -> PlanRequest:
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("body", "must be a JSON object")
+    errs = _Errors()
+    model = decode_model(body, errs)
+    training = parse_training(_mapping(body, "training", errs), errs)
+    obj = _mapping(body, "objective", errs)
+    objective = Objective(
+        prefer=_choice(obj, "prefer", "objective", errs, OBJECTIVES, "cheapest"),
+        max_gpus=_int(obj, "max_gpus", "objective", errs, default=8, maximum=MAX_GPUS_CAP),
+        deadline_seconds=_positive_float(obj, "deadline_seconds", "objective", errs),
+        budget_usd=_positive_float(obj, "budget_usd", "objective", errs),
+    )
+    inventory = _parse_inventory(body.get("inventory"), errs)
+    gpu_types = body.get("gpu_types") or []
+    if not isinstance(gpu_types, list) or not all(isinstance(t, str) for t in gpu_types):
+        errs.add("gpu_types", "must be a list of GPU type names")
+        gpu_types = []
+    errs.raise_if_any()
+    return PlanRequest(model, training, objective, inventory, tuple(gpu_types))
+
+
+def _parse_inventory(raw: Any, errs: _Errors) -> tuple[InventoryEntry, ...]:
+    if not isinstance(raw, list) or not raw:
+        errs.add("inventory", "must be a non-empty list of GPU pools")
+        return ()
+    out = []
+    for i, entry in enumerate(raw):
+        path = f"inventory[{i}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("gpu_type"), str):
+            errs.add(f"{path}.gpu_type", "is required")
+            continue
+        out.append(InventoryEntry(
+            gpu_type=entry["gpu_type"],
+            gpus_per_node=_int(entry, "gpus_per_node", path, errs),
+            nodes=_int(entry, "nodes", path, errs, default=1),
+            free_gpus=_int(entry, "free_gpus", path, errs, minimum=0,
+                           default=entry.get("gpus_per_node")),
+        ))
+    return tuple(out)
+
+
+def error_json(reason: str, message: str, details: list[str] | None = None) -> dict[str, Any]:
+    return {"error": {"reason": reason, "message": message, "details": details or []}}
+
+
+@dataclass(frozen=True)
+class OutcomeRequest:
+    """A finished job, reported by the operator: the calibration sample of a plan."""
+
+    job_uid: str
+    gpu_type: str
+    gpu_count: int
+    estimated_seconds: float  # as planned, i.e. already multiplied by calibration_factor
+    actual_seconds: float
+    model_digest: str = ""
+    calibration_factor: float = 1.0  # the plan's `calibration.factor`; 1 from older operators
+
+
+def parse_outcome_request(body: Any) -> OutcomeRequest:
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("body", "must be a JSON object")
+    errs = _Errors()
+    texts = {}
+    for key in ("job_uid", "gpu_type"):
+        value = body.get(key)
+        if not isinstance(value, str) or not value:
+            errs.add(key, "is required (non-empty string)")
+        texts[key] = str(value or "")
+    seconds: dict[str, float | None] = {}
+    for key in ("estimated_seconds", "actual_seconds"):
+        if body.get(key) is None:
+            errs.add(f"outcome.{key}", "is required")
+        seconds[key] = _positive_float(body, key, "outcome", errs)
+    digest = body.get("model_digest", "")
+    factor = _positive_float(body, "calibration_factor", "outcome", errs)
+    if factor is not None and not math.isfinite(factor):
+        errs.add("outcome.calibration_factor", f"must be a finite number, got {factor!r}")
+    outcome = OutcomeRequest(
+        job_uid=texts["job_uid"], gpu_type=texts["gpu_type"],
+        gpu_count=_int(body, "gpu_count", "outcome", errs),
+        estimated_seconds=seconds["estimated_seconds"] or 0.0,
+        actual_seconds=seconds["actual_seconds"] or 0.0,
+        model_digest=digest if isinstance(digest, str) else "",
+        calibration_factor=factor or 1.0,
+    )
+    errs.raise_if_any()
+    return outcome
+
+
+def parse_estimate_request(body: Any) -> EstimateRequest:
+    """`POST /v1/estimate` body → request; every invalid field at once."""
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("body", "must be a JSON object")
+    errs = _Errors()
+    model = decode_model(body, errs)
+    training = parse_training(_mapping(body, "training", errs), errs)
+    names = body.get("devices") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        errs.add("devices", "must be a list of device names")
+        names = []
+    errs.raise_if_any()
+    return EstimateRequest(model, training, tuple(names))

@@ -1,0 +1,258 @@
+"""Model bundles: the only module that reads or writes them (LightGBM text + manifest.json).
+
+A bundle is a directory: ``manifest.json`` plus ``<kernel>.txt.gz`` (median) and
+``<kernel>.p10.txt.gz`` / ``<kernel>.p90.txt.gz`` (quantiles), each LightGBM
+``model_to_string`` gzip-compressed (bundles written before compression, plain ``.txt``, still
+load). No pickle: a bundle is inert data that any LightGBM of the same major version can read.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightgbm as lgb
+
+from gpuplan_estimator.core import errors, paths
+from gpuplan_estimator.cost import features
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.models.latency import LayerLatencyModel, ProbeCorrection
+
+BUNDLE_SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+SHIPPED_BUNDLE = paths.PACKAGE_DATA_DIR / "bundle"
+MAX_MODEL_FILE_BYTES = 64 * 1024 * 1024  # per model text (after gunzip); refuse runaway files
+# Tree text compresses ~2.8x; gzip rather than xz (3.6x) because every CLI call and server start
+# reads the bundle: gunzip of a 29 MB model takes ~0.1 s, unxz ~0.7 s on these hosts.
+MODEL_SUFFIX = ".txt.gz"
+_KERNEL_RE = re.compile(r"^[a-z0-9_]+$")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Fitted models per kernel plus the manifest that describes them."""
+
+    models: Mapping[str, LayerLatencyModel]
+    manifest: Mapping[str, Any]
+    path: Path | None = None
+    origin: str = field(default="memory")  # explicit | data-dir | shipped | memory
+    transfer_models: Mapping[str, LayerLatencyModel] = field(default_factory=dict)
+    """Per kernel, on `features.transfer_columns`: used for devices the bundle never saw."""
+    cpu_models: Mapping[str, LayerLatencyModel] = field(default_factory=dict)
+    """Per kernel, fitted on CPU rows only: they price CPUs, `models` price GPUs. Apart, so
+    CPU rows cannot move GPU predictions (bagging and splits shared them in one model)."""
+
+    def has_seen(self, device: DeviceSpec) -> bool:
+        return device.key in self.manifest.get("devices", [])
+
+    def probe_correction(self, kernel: str, device: DeviceSpec) -> ProbeCorrection | None:
+        """The transfer model's correction fitted on the device's few probe rows of the kernel
+        (`train.split_probe_rows`); None when it was not probed."""
+        entry = self.manifest.get("probe_offsets", {}).get(device.key, {}).get(kernel)
+        if entry is None:
+            return None
+        return ProbeCorrection(float(entry["log_offset"]), float(entry["log_base_slope"]))
+
+    def covers(self, kernel: str, device: DeviceSpec) -> bool:
+        """Whether the kernel's training data had the device's platform (cpu or gpu)."""
+        if device.platform == "cpu" and kernel in self.cpu_models:
+            return True
+        platforms = self.manifest.get("kernel_platforms", {}).get(kernel)
+        if platforms is None:
+            return True  # bundles built in memory by tests carry no platform list
+        return device.platform in platforms
+
+    def backend_code(self, device: DeviceSpec, backend: str | None = None) -> int | None:
+        """Code of the backend to predict for: explicit, the device's own, else its vendor's."""
+        backends: list[str] = list(self.manifest.get("backends", []))
+        if backend is None:
+            backend = self.manifest.get("device_backends", {}).get(device.key)
+        if backend is None:
+            kind = device.platform
+            backend = self.manifest.get("default_backends", {}).get(kind)
+        return backends.index(backend) if backend in backends else None
+
+
+def save_bundle(bundle: Bundle, directory: Path) -> Path:
+    """Write models and manifest; the manifest goes last so a partial write never loads."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stale = directory / MANIFEST
+    if stale.exists():
+        stale.unlink()
+    for pattern in ("*.txt", "*.txt.gz"):
+        for old in directory.glob(pattern):
+            old.unlink()
+    files = _write_models(directory, bundle.models, "")
+    transfer_files = _write_models(directory, bundle.transfer_models, ".transfer")
+    cpu_files = _write_models(directory, bundle.cpu_models, ".cpu")
+    manifest = {
+        **bundle.manifest,
+        "schema_version": BUNDLE_SCHEMA_VERSION,
+        "feature_schema_version": features.FEATURE_SCHEMA_VERSION,
+        "lightgbm_version": lgb.__version__,
+        "kernels": sorted(bundle.models),
+        "files": files,
+        "transfer_files": transfer_files,
+        "cpu_files": cpu_files,
+        "model_params": {k: m.get_params() for k, m in sorted(bundle.models.items())},
+        "cpu_model_params": {k: m.get_params() for k, m in sorted(bundle.cpu_models.items())},
+    }
+    tmp = directory / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, directory / MANIFEST)
+    return directory
+
+
+def load_bundle(directory: Path, *, origin: str = "explicit") -> Bundle:
+    """Read a bundle; `errors.BundleError` names the file or the mismatching versions."""
+    manifest = read_manifest(directory)
+    models = _read_models(directory, manifest, "files", transfer=False)
+    transfer = _read_models(directory, manifest, "transfer_files", transfer=True)
+    cpu = _read_models(directory, manifest, "cpu_files", transfer=False)
+    return Bundle(models=models, manifest=manifest, path=directory, origin=origin,
+                  transfer_models=transfer, cpu_models=cpu)
+
+
+def _write_models(
+    directory: Path, models: Mapping[str, LayerLatencyModel], suffix: str
+) -> dict[str, dict[str, str]]:
+    files: dict[str, dict[str, str]] = {}
+    for kernel, model in sorted(models.items()):
+        files[kernel] = {}
+        for part, booster in sorted(model._fitted().items()):
+            stem = f"{kernel}{suffix}" if part == "median" else f"{kernel}{suffix}.{part}"
+            name = stem + MODEL_SUFFIX
+            text = booster.model_to_string().encode("utf-8")
+            # mtime=0: the same models give byte-identical files (reproducible bundles).
+            (directory / name).write_bytes(gzip.compress(text, compresslevel=9, mtime=0))
+            files[kernel][part] = name
+    return files
+
+
+def _read_models(
+    directory: Path, manifest: Mapping[str, Any], key: str, *, transfer: bool
+) -> dict[str, LayerLatencyModel]:
+    models: dict[str, LayerLatencyModel] = {}
+    for kernel, parts in manifest.get(key, {}).items():
+        if not _KERNEL_RE.match(kernel) or kernel not in features.KERNEL_DIMS:
+            raise errors.BundleError(f"{directory / MANIFEST}: bad kernel name {kernel!r}")
+        boosters = {part: _read_booster(directory / name) for part, name in parts.items()}
+        params_key = "cpu_model_params" if key == "cpu_files" else "model_params"
+        params = manifest.get(params_key, {}).get(kernel, {})
+        model = LayerLatencyModel.from_boosters(boosters, params)
+        expected = (len(features.transfer_columns(kernel)) if transfer
+                    else len(features.feature_names(kernel)))
+        if model.n_features_in_ != expected:
+            raise errors.BundleError(
+                f"{directory}: model {kernel!r} has {model.n_features_in_} features, "
+                f"feature schema {features.FEATURE_SCHEMA_VERSION} defines {expected}")
+        models[kernel] = model
+    return models
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """Parse and check ``manifest.json`` (schema and feature-schema versions, files)."""
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise errors.BundleError(f"{path}: no manifest; not a model bundle") from None
+    except (OSError, ValueError) as exc:
+        raise errors.BundleError(f"{path}: unreadable manifest: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise errors.BundleError(f"{path}: manifest must be a JSON object")
+    if manifest.get("schema_version") != BUNDLE_SCHEMA_VERSION:
+        raise errors.BundleError(
+            f"{path}: bundle schema_version {manifest.get('schema_version')!r}, "
+            f"this gpuplan reads {BUNDLE_SCHEMA_VERSION}")
+    got = manifest.get("feature_schema_version")
+    if got != features.FEATURE_SCHEMA_VERSION:
+        raise errors.BundleError(
+            f"{path}: bundle feature schema {got!r} differs from this gpuplan's "
+            f"{features.FEATURE_SCHEMA_VERSION!r}; retrain with `gpuplan train`")
+    if not isinstance(manifest.get("files"), dict):
+        raise errors.BundleError(f"{path}: manifest field 'files' missing or not an object")
+    _check_probe_offsets(path, manifest.get("probe_offsets", {}))
+    return manifest
+
+
+def _check_probe_offsets(path: Path, offsets: Any) -> None:
+    """``{device: {kernel: {"log_offset": x, "log_base_slope": y, "rows": n}}}``: a bad entry
+    is named here rather than failing later inside a prediction."""
+    per_device = offsets.values() if isinstance(offsets, dict) else [None]
+    if not all(isinstance(per_kernel, dict) and all(map(_is_probe_entry, per_kernel.values()))
+               for per_kernel in per_device):
+        raise errors.BundleError(
+            f"{path}: manifest field 'probe_offsets' must map device -> kernel -> "
+            "{log_offset, log_base_slope, rows} numbers")
+
+
+def _is_probe_entry(entry: Any) -> bool:
+    return isinstance(entry, dict) and all(
+        isinstance(entry.get(k), (int, float)) and not isinstance(entry.get(k), bool)
+        for k in ("log_offset", "log_base_slope", "rows"))
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/gpuplan/bundles`` or ``~/.local/share/gpuplan/bundles`` (next to the
+    default SQLite performance database)."""
+    return paths.data_dir() / "bundles"
+
+
+def find_bundle_with_origin(
+    explicit: Path | None = None, data_dir: Path | None = None
+) -> tuple[Path, str]:
+    """(path, origin): explicit path, else the newest valid bundle in the data dir, else shipped."""
+    if explicit is not None:
+        read_manifest(explicit)  # an explicit bad bundle is an error, not a silent fallback
+        return explicit, "explicit"
+    root = data_dir if data_dir is not None else default_data_dir()
+    candidates: list[tuple[str, Path]] = []
+    if root.is_dir():
+        for sub in root.iterdir():
+            try:
+                manifest = read_manifest(sub)
+            except errors.BundleError:
+                continue  # stale schema or half-written: skip, the next one may be valid
+            candidates.append((str(manifest.get("created", "")), sub))
+    if candidates:
+        return max(candidates)[1], "data-dir"
+    return SHIPPED_BUNDLE, "shipped"
+
+
+def find_bundle(explicit: Path | None = None, data_dir: Path | None = None) -> Path:
+    return find_bundle_with_origin(explicit, data_dir)[0]
+
+
+def load_default(explicit: Path | None = None, data_dir: Path | None = None) -> Bundle:
+    path, origin = find_bundle_with_origin(explicit, data_dir)
+    return load_bundle(path, origin=origin)
+
+
+def _read_booster(path: Path) -> lgb.Booster:
+    try:
+        return lgb.Booster(model_str=_read_model_text(path))
+    except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
+        reason = getattr(exc, "strerror", None) or exc
+        raise errors.BundleError(f"{path}: cannot read model: {reason}") from None
+    except (lgb.basic.LightGBMError, UnicodeDecodeError) as exc:
+        raise errors.BundleError(f"{path}: not a LightGBM text model: {exc}") from None
+
+
+def _read_model_text(path: Path) -> str:
+    """The model text of a ``.txt.gz`` or ``.txt`` file, at most `MAX_MODEL_FILE_BYTES`."""
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rb") as fh:
+            raw = fh.read(MAX_MODEL_FILE_BYTES + 1)  # bounded: a gzip bomb stops here
+    else:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_MODEL_FILE_BYTES + 1)
+    if len(raw) > MAX_MODEL_FILE_BYTES:
+        raise errors.BundleError(f"{path}: model text exceeds {MAX_MODEL_FILE_BYTES} bytes")
+    return raw.decode("utf-8")

@@ -1,0 +1,178 @@
+"""The learned predictor: a bundle's kernel models price work items; roofline for the rest."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuplan_estimator.core.layers import OpFamily
+from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.cost import features
+from gpuplan_estimator.cost.predictors import FloatArray, LatencyPrediction, LatencyPredictor
+from gpuplan_estimator.cost.roofline import RooflinePredictor
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.models.bundles import Bundle
+from gpuplan_estimator.models.latency import NO_CORRECTION, LayerLatencyModel, ProbeCorrection
+from gpuplan_estimator.step.frameworks import LAYOUT_CREDIT
+
+MAX_LAYOUT_CREDIT = 0.5
+"""Largest share of a conv's time its layout credit may remove (the profiled reorders were
+8-36 % of a single-Conv session)."""
+
+
+class LearnedPredictor:
+    """`predictors.LatencyPredictor` over a bundle; roofline (or `fallback`) for other kernels."""
+
+    name = "lightgbm"
+
+    def __init__(
+        self, bundle: Bundle, fallback: LatencyPredictor | None = None, *,
+        backend: str | Mapping[str, str] | None = None,
+    ) -> None:
+        """`backend`: one bundle backend name for every device, or one per platform
+        (``{"cpu": "torch-2.15.0+cu132-cpu"}``); None or a missing platform = the bundle's
+        default for the device."""
+        self.bundle = bundle
+        self.fallback: LatencyPredictor = fallback if fallback is not None else RooflinePredictor()
+        self.backend = backend
+        self._cache: tuple[tuple[WorkItem, ...], list[_KernelGroup]] | None = None
+
+    def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
+        n = len(items)
+        median, p10, p90 = np.zeros(n), np.zeros(n), np.zeros(n)
+        names = ["none"] * n
+        backend = (self.backend.get(device.platform) if isinstance(self.backend, Mapping)
+                   else self.backend)
+        backend_code = self.bundle.backend_code(device, backend)
+        for group in self._groups(items):
+            if group.kernel == "none":
+                continue  # metadata-only work launches no kernel
+            parts, label = self._price(group, device, backend_code)
+            median[group.index], p10[group.index], p90[group.index] = parts
+            for j, i in enumerate(group.index):
+                names[i] = label[j]
+        if device.platform == "cpu":
+            self._take_off_layout_credits(items, device, backend_code, (median, p10, p90))
+        return LatencyPrediction(median_ms=median, p10_ms=p10, p90_ms=p90, predictor=tuple(names))
+
+    def _price(
+        self, group: _KernelGroup, device: DeviceSpec, backend_code: int | None
+    ) -> tuple[tuple[FloatArray, FloatArray, FloatArray], Sequence[str]]:
+        """(median, P10, P90) ms and predictor labels of one kernel's items."""
+        model, columns, tag, correction = self._model_for(group.kernel, device)
+        if model is None or backend_code is None or group.unique is None:
+            pred = self.fallback.predict(group.items, device)
+            return (pred.median_ms, pred.p10_ms, pred.p90_ms), pred.predictor
+        med, lo, hi = _predict_kernel(model, columns, group.unique, device, backend_code,
+                                      correction)
+        return ((med[group.inverse], lo[group.inverse], hi[group.inverse]),
+                (f"lightgbm:{group.kernel}{tag}",) * len(group.items))
+
+    def _take_off_layout_credits(
+        self, items: Sequence[WorkItem], device: DeviceSpec, backend_code: int | None,
+        parts: tuple[FloatArray, FloatArray, FloatArray],
+    ) -> None:
+        """Subtract, in place, the NCHWc reorders a conv's single-node rows timed but its
+        model skips (`framework.layout_credits`), priced as this host's copies (transpose
+        rows: ResNet-50 at batch 8, 74 ms predicted for 78 ms profiled). At most
+        `MAX_LAYOUT_CREDIT` of the conv's own time comes off."""
+        idx = [i for i, it in enumerate(items) if it.attributes.get(LAYOUT_CREDIT)]
+        if not idx:
+            return
+        copies = [_copy_item(int(items[i].attributes[LAYOUT_CREDIT])) for i in idx]
+        group = self._group("memcpy", list(range(len(copies))), copies)
+        (copy_med, _, _), _ = self._price(group, device, backend_code)
+        at = np.asarray(idx, dtype=np.intp)
+        for values in parts:
+            values[at] = np.maximum(values[at] - copy_med,
+                                    (1.0 - MAX_LAYOUT_CREDIT) * values[at])
+
+    def _groups(self, items: Sequence[WorkItem]) -> list[_KernelGroup]:
+        """Items grouped by kernel with their distinct shapes; reused while the same items
+        are priced on one device after another (a plan prices one step on ~20 devices)."""
+        cached = self._cache
+        if cached is not None and len(cached[0]) == len(items) and all(
+                map(operator.is_, cached[0], items)):
+            return cached[1]
+        by_kernel: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            by_kernel.setdefault(item.kernel, []).append(i)
+        groups = [self._group(kernel, idx, items) for kernel, idx in by_kernel.items()]
+        self._cache = (tuple(items), groups)
+        return groups
+
+    def _group(self, kernel: str, idx: list[int], items: Sequence[WorkItem]) -> _KernelGroup:
+        sub = tuple(items[i] for i in idx)
+        index = np.asarray(idx, dtype=np.intp)
+        has_model = (kernel in self.bundle.models or kernel in self.bundle.transfer_models
+                     or kernel in self.bundle.cpu_models)
+        if kernel == "none" or not has_model:
+            return _KernelGroup(kernel, index, sub, None, index)
+        keys = features.KERNEL_DIMS[kernel]
+        first: dict[tuple[object, ...], int] = {}
+        reps: list[WorkItem] = []
+        inverse = np.empty(len(sub), dtype=np.intp)
+        for j, item in enumerate(sub):
+            key = (item.dtype, item.op, *(item.dims.get(k) for k in keys))
+            pos = first.get(key)
+            if pos is None:
+                pos = first[key] = len(reps)
+                reps.append(item)
+            inverse[j] = pos
+        unique = features.columns_from_items(kernel, reps)
+        return _KernelGroup(kernel, index, sub, unique, inverse)
+
+    def _model_for(
+        self, kernel: str, device: DeviceSpec
+    ) -> tuple[LayerLatencyModel | None, npt.NDArray[np.intp] | None, str, ProbeCorrection]:
+        """(model, its feature columns, label tag, probe correction): the full model for
+        devices in the training data, else the transfer model, corrected by the device's probe
+        when it was probed; no model when the kernel's model never saw the device's platform."""
+        if not self.bundle.covers(kernel, device):
+            return None, None, "", NO_CORRECTION
+        if device.platform == "cpu" and kernel in self.bundle.cpu_models:
+            return self.bundle.cpu_models[kernel], None, "", NO_CORRECTION
+        transfer = self.bundle.transfer_models.get(kernel)
+        probe = self.bundle.probe_correction(kernel, device)
+        if transfer is not None and probe is not None:
+            return transfer, features.transfer_columns(kernel), ":transfer+probe", probe
+        if transfer is not None and not self.bundle.has_seen(device):
+            return transfer, features.transfer_columns(kernel), ":transfer", NO_CORRECTION
+        return self.bundle.models.get(kernel), None, "", NO_CORRECTION
+
+
+def _copy_item(elements: int) -> WorkItem:
+    """A reorder of `elements` float32 values: one strided copy (the memcpy bench kernel)."""
+    return WorkItem(layer="layout", family=OpFamily.DATA_MOVEMENT, kernel="memcpy",
+                    phase=Phase.FORWARD, dims=MappingProxyType({"elements": elements}),
+                    dtype="float32", flops=0, bytes_moved=8 * elements, op="transpose",
+                    role="layout_reorder")
+
+
+@dataclass(frozen=True)
+class _KernelGroup:
+    kernel: str
+    index: npt.NDArray[np.intp]  # positions of this kernel's items in the request
+    items: tuple[WorkItem, ...]
+    unique: features.WorkColumns | None  # distinct shapes; None when no model prices them
+    inverse: npt.NDArray[np.intp]  # row of `unique` for each item
+
+
+def _predict_kernel(
+    model: LayerLatencyModel, columns: npt.NDArray[np.intp] | None,
+    cols: features.WorkColumns, device: DeviceSpec, backend_code: int,
+    correction: ProbeCorrection = NO_CORRECTION,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Median, P10, P90 ms, times the device's probe `correction`."""
+    dev = features.broadcast_device(device, cols.dtype, backend_code)
+    x, base = features.feature_matrix(cols, dev)
+    if columns is not None:
+        x = x[:, columns]
+    q = model.predict_quantiles(x)
+    scale = base * correction.factor(base)
+    return scale * np.exp(q["median"]), scale * np.exp(q["p10"]), scale * np.exp(q["p90"])

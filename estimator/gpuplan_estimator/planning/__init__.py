@@ -1,0 +1,1 @@
+"""Estimates per device, calibration from outcomes, data-parallel scaling and placement."""

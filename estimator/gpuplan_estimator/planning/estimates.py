@@ -1,0 +1,344 @@
+"""The estimate facade: graph + devices + predictor → step time, epoch time and memory per device.
+
+The step's work items are built once (device independent), identical items (same family, kernel,
+dims, dtype, op, attributes) are priced once, and the predictor is called once per device with
+every distinct item: learned predictors batch by family inside that call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.layers import ModelGraph, OpFamily
+from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.cost.predictors import LatencyPredictor
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.planning import calibrating
+from gpuplan_estimator.step.decomposition import (
+    KernelDimsFn,
+    StepWork,
+    TrainingSettings,
+    build_step,
+)
+from gpuplan_estimator.step.memory import MemoryBreakdown, training_memory
+
+SCHEMA_VERSION = 1
+ROOFLINE_PREFIX = "roofline"
+_PHASE_CODE = {Phase.FORWARD: 0, Phase.BACKWARD: 1, Phase.OPTIMIZER: 2}
+
+
+@dataclass(frozen=True)
+class LayerEstimate:
+    name: str
+    op_type: str
+    family: str
+    forward_ms: float
+    backward_ms: float
+    p10_ms: float  # forward + backward
+    p90_ms: float
+    predictor: str  # label of the predictor that priced most of this layer's time
+
+    @property
+    def total_ms(self) -> float:
+        return self.forward_ms + self.backward_ms
+
+
+@dataclass(frozen=True)
+class DeviceEstimate:
+    device: str  # canonical catalog key
+    forward_ms: float
+    backward_ms: float  # 0 for inference
+    optimizer_ms: float
+    step_time_ms: float
+    interval_ms: tuple[float, float]  # (p10, p90) of the step, item intervals summed
+    steps_per_epoch: int | None
+    epoch_seconds: float | None
+    total_seconds: float | None
+    memory: MemoryBreakdown
+    memory_available_bytes: int
+    fits: bool
+    predictor: Mapping[str, float]  # predictor label → share of step time
+    uncovered_ops: tuple[str, ...]
+    layers: tuple[LayerEstimate, ...]
+    shape_only_layers: int
+
+    def top_layers(self, n: int = 5) -> tuple[LayerEstimate, ...]:
+        """The `n` layers with the most forward+backward time, most expensive first."""
+        return tuple(sorted(self.layers, key=lambda layer: -layer.total_ms)[: max(0, n)])
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Device-independent bookkeeping: items, their distinct representatives and indices."""
+
+    step: StepWork
+    unique: tuple[WorkItem, ...]
+    unique_index: npt.NDArray[np.intp]
+    counts: npt.NDArray[np.float64]
+    layer_index: npt.NDArray[np.intp]  # -1 for optimizer items
+    phase: npt.NDArray[np.intp]
+    op_types: tuple[str, ...]  # per item: the ONNX op type it prices
+
+
+def estimate(
+    graph: ModelGraph,
+    devices: Sequence[DeviceSpec],
+    settings: TrainingSettings,
+    *,
+    predictor: LatencyPredictor,
+    epochs: int | None = None,
+    dataset_size: int | None = None,
+    kernel_dims: KernelDimsFn | None = None,
+) -> tuple[DeviceEstimate, ...]:
+    """Estimate one step of `graph` on each device; epoch/total time when sizes are given."""
+    settings.check()
+    _check_sizes(epochs, dataset_size)
+    if not devices:
+        raise InvalidRequestError("devices", "at least one device is required")
+    plan = _plan(graph, build_step(graph, settings, kernel_dims=kernel_dims))
+    memory = training_memory(graph, settings)
+    steps = math.ceil(dataset_size / settings.batch_size) if dataset_size else None
+    return tuple(
+        _price(graph, plan, device, predictor, memory, steps, epochs) for device in devices
+    )
+
+
+def _check_sizes(epochs: int | None, dataset_size: int | None) -> None:
+    for name, value in (("epochs", epochs), ("dataset_size", dataset_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value <= 0):
+            raise InvalidRequestError(name, f"must be a positive integer, got {value!r}")
+    if epochs is not None and dataset_size is None:
+        raise InvalidRequestError("dataset_size", "is required when epochs is given")
+
+
+def _item_key(item: WorkItem) -> Hashable:
+    return (
+        item.family, item.kernel, tuple(sorted(item.dims.items())), item.dtype, item.op,
+        tuple(sorted(item.attributes.items())),
+    )
+
+
+def _plan(graph: ModelGraph, step: StepWork) -> _Plan:
+    layer_pos = {layer.name: i for i, layer in enumerate(graph.layers)}
+    op_of = [layer.op_type for layer in graph.layers]
+    family_of = [layer.family for layer in graph.layers]
+    seen: dict[Hashable, int] = {}
+    unique: list[WorkItem] = []
+    uidx, counts, lidx, phase, ops = [], [], [], [], []
+    for item in step.items:
+        if item.kernel == "none":
+            continue
+        key = _item_key(item)
+        if key not in seen:
+            seen[key] = len(unique)
+            unique.append(item)
+        uidx.append(seen[key])
+        counts.append(item.count)
+        pos = layer_pos.get(item.layer, -1) if item.phase is not Phase.OPTIMIZER else -1
+        lidx.append(pos)
+        phase.append(_PHASE_CODE[item.phase])
+        ops.append(_op_type(item, op_of[pos] if pos >= 0 else None,
+                            family_of[pos] if pos >= 0 else None))
+    return _Plan(
+        step=step,
+        unique=tuple(unique),
+        unique_index=np.asarray(uidx, dtype=np.intp),
+        counts=np.asarray(counts, dtype=np.float64),
+        layer_index=np.asarray(lidx, dtype=np.intp),
+        phase=np.asarray(phase, dtype=np.intp),
+        op_types=tuple(ops),
+    )
+
+
+def _op_type(item: WorkItem, layer_op: str | None, layer_family: OpFamily | None) -> str:
+    """What an uncovered item is reported as: its layer's op, or the derived kernel's op."""
+    if layer_op is None:
+        return f"optimizer:{item.op}"
+    return layer_op if item.family is layer_family else item.op
+
+
+def _price(
+    graph: ModelGraph, plan: _Plan, device: DeviceSpec, predictor: LatencyPredictor,
+    memory: MemoryBreakdown, steps: int | None, epochs: int | None,
+) -> DeviceEstimate:
+    pred = predictor.predict(plan.unique, device) if plan.unique else None
+    n = len(plan.unique)
+    med_u = _checked(pred.median_ms if pred else None, n, "median_ms", predictor)
+    p10_u = _checked(pred.p10_ms if pred else None, n, "p10_ms", predictor)
+    p90_u = _checked(pred.p90_ms if pred else None, n, "p90_ms", predictor)
+    labels_u = tuple(pred.predictor) if pred else ()
+    if len(labels_u) != n:
+        raise ValueError(f"predictor {predictor.name!r} returned {len(labels_u)} labels for {n}")
+    med = med_u[plan.unique_index] * plan.counts
+    p10 = p10_u[plan.unique_index] * plan.counts
+    p90 = p90_u[plan.unique_index] * plan.counts
+    by_phase = np.bincount(plan.phase, weights=med, minlength=3)
+    step_ms = float(med.sum())
+    label_names, label_of_item = _labels(labels_u, plan.unique_index)
+    share = np.bincount(label_of_item, weights=med, minlength=len(label_names))
+    shares = {name: (float(s) / step_ms if step_ms > 0 else 0.0)
+              for name, s in zip(label_names, share, strict=True)}
+    uncovered = _uncovered(graph, plan, predictor, label_names, label_of_item)
+    epoch_s = steps * step_ms / 1000.0 if steps is not None else None
+    return DeviceEstimate(
+        device=device.key,
+        forward_ms=float(by_phase[0]),
+        backward_ms=float(by_phase[1]),
+        optimizer_ms=float(by_phase[2]),
+        step_time_ms=step_ms,
+        interval_ms=(float(p10.sum()), float(p90.sum())),
+        steps_per_epoch=steps,
+        epoch_seconds=epoch_s,
+        total_seconds=epoch_s * epochs if epoch_s is not None and epochs is not None else None,
+        memory=memory,
+        memory_available_bytes=device.memory_bytes,
+        fits=memory.fits(device),
+        predictor=shares,
+        uncovered_ops=uncovered,
+        layers=_layers(graph, plan, med, p10, p90, label_names, label_of_item),
+        shape_only_layers=len(plan.step.shape_only),
+    )
+
+
+def _checked(
+    values: Any, n: int, name: str, predictor: LatencyPredictor
+) -> npt.NDArray[np.float64]:
+    arr = np.zeros(0) if values is None else np.asarray(values, dtype=np.float64)
+    if arr.shape != (n,):
+        raise ValueError(f"predictor {predictor.name!r}: {name} has shape {arr.shape}, want ({n},)")
+    if n and not np.all(np.isfinite(arr) & (arr >= 0)):
+        raise ValueError(f"predictor {predictor.name!r}: {name} has negative or non-finite values")
+    return arr
+
+
+def _labels(
+    labels_u: tuple[str, ...], unique_index: npt.NDArray[np.intp]
+) -> tuple[list[str], npt.NDArray[np.intp]]:
+    names = sorted(set(labels_u))
+    code = {name: i for i, name in enumerate(names)}
+    codes_u = np.asarray([code[label] for label in labels_u], dtype=np.intp)
+    return names, codes_u[unique_index] if len(codes_u) else np.zeros(0, dtype=np.intp)
+
+
+def _uncovered(
+    graph: ModelGraph, plan: _Plan, predictor: LatencyPredictor, label_names: list[str],
+    label_of_item: npt.NDArray[np.intp],
+) -> tuple[str, ...]:
+    """OTHER-family op types, plus op types a learned predictor handed to its roofline fallback.
+
+    When the predictor *is* the roofline every item is roofline-priced by choice, which the
+    predictor share already says; listing every op type then would hide the OTHER ones.
+    """
+    ops = set(graph.unknown_op_types)
+    if not predictor.name.startswith(ROOFLINE_PREFIX):
+        fallback = [i for i, name in enumerate(label_names) if name.startswith(ROOFLINE_PREFIX)]
+        for pos in np.flatnonzero(np.isin(label_of_item, fallback)):
+            ops.add(plan.op_types[pos])
+    return tuple(sorted(ops))
+
+
+def _layers(
+    graph: ModelGraph, plan: _Plan, med: npt.NDArray[np.float64], p10: npt.NDArray[np.float64],
+    p90: npt.NDArray[np.float64], label_names: list[str], label_of_item: npt.NDArray[np.intp],
+) -> tuple[LayerEstimate, ...]:
+    n = len(graph.layers)
+    mask = plan.layer_index >= 0
+    idx = plan.layer_index[mask]
+    fwd_mask = plan.phase[mask] == 0
+    fwd = np.bincount(idx[fwd_mask], weights=med[mask][fwd_mask], minlength=n)
+    bwd = np.bincount(idx[~fwd_mask], weights=med[mask][~fwd_mask], minlength=n)
+    lo = np.bincount(idx, weights=p10[mask], minlength=n)
+    hi = np.bincount(idx, weights=p90[mask], minlength=n)
+    # The label of each layer's costliest item: sort by time, last write per layer wins.
+    best = [""] * n
+    order = np.argsort(med[mask], kind="stable")
+    labels = label_of_item[mask]
+    for pos in order:
+        best[idx[pos]] = label_names[labels[pos]]
+    return tuple(
+        LayerEstimate(
+            name=layer.name, op_type=layer.op_type, family=layer.family.value,
+            forward_ms=float(fwd[i]), backward_ms=float(bwd[i]), p10_ms=float(lo[i]),
+            p90_ms=float(hi[i]), predictor=best[i] or "none",
+        )
+        for i, layer in enumerate(graph.layers)
+    )
+
+
+def to_json(
+    graph: ModelGraph, results: Sequence[DeviceEstimate], settings: TrainingSettings, *,
+    predictor_source: str, epochs: int | None = None, dataset_size: int | None = None,
+    include_layers: bool = False, calibration: calibrating.Calibration | None = None,
+) -> dict[str, Any]:
+    """The stable JSON document of `docs/estimate-json.md`.
+
+    Each device gets `calibrated_*` fields next to the model's own (which are never changed),
+    from `calibration` fitted to job outcomes; without one they equal the model's.
+    """
+    cal = calibration if calibration is not None else calibrating.Calibration()
+    mode = calibrating.mode_of(settings.mode)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": {
+            "name": graph.name, "layers": len(graph.layers), "parameters": graph.parameter_count,
+            "opset": graph.opset, "dim_bindings": dict(graph.dim_bindings),
+        },
+        "settings": {
+            "mode": settings.mode, "optimizer": settings.optimizer,
+            "precision": settings.precision, "batch_size": settings.batch_size,
+            "epochs": epochs, "dataset_size": dataset_size,
+        },
+        "predictor_source": predictor_source,
+        "devices": [_device_json(r, include_layers, cal, mode) for r in results],
+    }
+
+
+def _device_json(r: DeviceEstimate, include_layers: bool, cal: calibrating.Calibration,
+                 mode: str) -> dict[str, Any]:
+    c = calibrating.calibrate(cal, r.device, mode, r.step_time_ms, *r.interval_ms)
+    factor = c.correction.factor
+    out: dict[str, Any] = {
+        "device": r.device,
+        "forward_ms": r.forward_ms,
+        "backward_ms": r.backward_ms,
+        "optimizer_ms": r.optimizer_ms,
+        "step_time_ms": r.step_time_ms,
+        "interval_ms": {"p10": r.interval_ms[0], "p90": r.interval_ms[1]},
+        "steps_per_epoch": r.steps_per_epoch,
+        "epoch_seconds": r.epoch_seconds,
+        "total_seconds": r.total_seconds,
+        "calibration": c.correction.as_dict(),
+        "calibrated_step_time_ms": c.median_ms,
+        "calibrated_interval_ms": {"p10": c.p10_ms, "p90": c.p90_ms},
+        "calibrated_epoch_seconds": (r.epoch_seconds * factor
+                                     if r.epoch_seconds is not None else None),
+        "calibrated_total_seconds": (r.total_seconds * factor
+                                     if r.total_seconds is not None else None),
+        "memory_bytes": r.memory.total_bytes,
+        "memory": r.memory.as_dict(),
+        "memory_available_bytes": r.memory_available_bytes,
+        "fits": r.fits,
+        "predictor": {name: round(share, 6) for name, share in r.predictor.items()},
+        "uncovered_ops": list(r.uncovered_ops),
+        "shape_only_layers": r.shape_only_layers,
+        "top_layers": [_layer_json(layer) for layer in r.top_layers(5)],
+    }
+    if include_layers:
+        out["layers"] = [_layer_json(layer) for layer in r.layers]
+    return out
+
+
+def _layer_json(layer: LayerEstimate) -> dict[str, Any]:
+    return {
+        "name": layer.name, "op_type": layer.op_type, "family": layer.family,
+        "forward_ms": layer.forward_ms, "backward_ms": layer.backward_ms,
+        "p10_ms": layer.p10_ms, "p90_ms": layer.p90_ms, "predictor": layer.predictor,
+    }

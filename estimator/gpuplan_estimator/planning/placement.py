@@ -1,0 +1,294 @@
+"""Pure planner: step profiles per GPU type + cluster inventory + objective → ranked plans.
+
+Data parallel only: each of `n` GPUs runs `ceil(global_batch / n)` samples per step, then the
+gradients are ring-all-reduced. Every candidate that is not chosen keeps the reason why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuplan_estimator.planning import calibrating
+from gpuplan_estimator.planning.scaling import ScalingModel
+
+OBJECTIVES = ("cheapest", "fastest", "balanced")
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """A single-GPU estimate of one training step at `per_gpu_batch` samples."""
+
+    per_gpu_batch: int
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    memory_bytes: int
+    p10_ms: float
+    p90_ms: float
+    activation_bytes: int = 0  # the part of memory_bytes that grows with the batch
+
+    @property
+    def step_time_ms(self) -> float:
+        return self.forward_ms + self.backward_ms + self.optimizer_ms
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """Step cost of one device type as a function of per-GPU batch.
+
+    Built from one or two measured-shape estimates; between them time and memory are linear in
+    the batch (both are sums of per-sample work plus a fixed part), outside them they are
+    extrapolated linearly from the same two points.
+    """
+
+    device_key: str
+    memory_capacity_bytes: int
+    gradient_bytes: int  # bytes all-reduced per step
+    price_per_gpu_hour_usd: float
+    interconnect_gbps: float
+    points: tuple[StepPoint, ...]
+    predictor: str = ""
+    calibration: calibrating.Correction = calibrating.IDENTITY
+    """The correction already applied to `points`; `evaluate` applies it to the all-reduce."""
+
+    def at(self, per_gpu_batch: int) -> StepPoint:
+        pts = sorted(self.points, key=lambda p: p.per_gpu_batch)
+        exact = [p for p in pts if p.per_gpu_batch == per_gpu_batch]
+        if exact:
+            return exact[0]
+        if len(pts) == 1:
+            only = pts[0]
+            frac = per_gpu_batch / only.per_gpu_batch  # proportional: no fixed part known
+            return _scaled(only, per_gpu_batch, frac)
+        lo, hi = pts[0], pts[-1]
+        t = (per_gpu_batch - lo.per_gpu_batch) / (hi.per_gpu_batch - lo.per_gpu_batch)
+        return _interpolated(lo, hi, per_gpu_batch, t)
+
+
+def _scaled(p: StepPoint, batch: int, frac: float) -> StepPoint:
+    return StepPoint(
+        per_gpu_batch=batch,
+        forward_ms=p.forward_ms * frac,
+        backward_ms=p.backward_ms * frac,
+        optimizer_ms=p.optimizer_ms,  # optimizer work does not depend on the batch
+        memory_bytes=p.memory_bytes + math.ceil(p.activation_bytes * (frac - 1.0)),
+        activation_bytes=math.ceil(p.activation_bytes * frac),
+        p10_ms=p.p10_ms * frac,
+        p90_ms=p.p90_ms * frac,
+    )
+
+
+def _interpolated(lo: StepPoint, hi: StepPoint, batch: int, t: float) -> StepPoint:
+    def lin(a: float, b: float) -> float:
+        return max(0.0, a + (b - a) * t)
+
+    return StepPoint(
+        per_gpu_batch=batch,
+        forward_ms=lin(lo.forward_ms, hi.forward_ms),
+        backward_ms=lin(lo.backward_ms, hi.backward_ms),
+        optimizer_ms=lin(lo.optimizer_ms, hi.optimizer_ms),
+        memory_bytes=math.ceil(lin(lo.memory_bytes, hi.memory_bytes)),
+        activation_bytes=math.ceil(lin(lo.activation_bytes, hi.activation_bytes)),
+        p10_ms=lin(lo.p10_ms, hi.p10_ms),
+        p90_ms=lin(lo.p90_ms, hi.p90_ms),
+    )
+
+
+@dataclass(frozen=True)
+class GpuPool:
+    """GPUs of one type in the cluster (from Node labels and allocatable)."""
+
+    gpu_type: str  # nvidia.com/gpu.product value (or catalog key outside a cluster)
+    device_key: str  # canonical catalog key
+    gpus_per_node: int
+    nodes: int
+    free_gpus: int
+
+
+@dataclass(frozen=True)
+class Objective:
+    prefer: str = "cheapest"  # one of OBJECTIVES
+    max_gpus: int = 8
+    deadline_seconds: float | None = None
+    budget_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainingShape:
+    global_batch: int
+    steps_per_epoch: int
+    epochs: int
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+
+@dataclass(frozen=True)
+class Candidate:
+    gpu_type: str
+    device_key: str
+    gpu_count: int
+    gpus_per_node: int
+    nodes: int
+    per_gpu_batch: int
+    step_time_ms: float
+    compute_ms: float
+    allreduce_ms: float
+    estimated_seconds: float
+    interval_seconds: tuple[float, float]
+    memory_bytes_per_gpu: int
+    cost_usd: float
+    predictor: str = ""
+    calibration: calibrating.Correction = calibrating.IDENTITY
+
+
+@dataclass(frozen=True)
+class Rejection:
+    gpu_type: str
+    gpu_count: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    chosen: Candidate | None
+    candidates: tuple[Candidate, ...]  # feasible, best first
+    rejected: tuple[Rejection, ...]
+    objective: Objective
+    reasons_by_type: Mapping[str, str] = field(default_factory=dict)  # why a type has no candidate
+
+
+def candidate_counts(max_gpus: int, gpus_per_node: int) -> list[int]:
+    """1..gpus_per_node, then whole multiples of a node (multi-node jobs take whole nodes)."""
+    counts = [n for n in range(1, min(max_gpus, gpus_per_node) + 1)]
+    n = 2 * gpus_per_node
+    while n <= max_gpus:
+        counts.append(n)
+        n += gpus_per_node
+    return counts
+
+
+def evaluate(
+    profile: StepProfile,
+    pool: GpuPool,
+    shape: TrainingShape,
+    gpu_count: int,
+    scaling: ScalingModel,
+) -> Candidate | Rejection:
+    per_gpu_batch = math.ceil(shape.global_batch / gpu_count)
+    point = profile.at(per_gpu_batch)
+    if point.memory_bytes > profile.memory_capacity_bytes:
+        need_gib = point.memory_bytes / 2**30
+        have_gib = profile.memory_capacity_bytes / 2**30
+        return Rejection(
+            pool.gpu_type, gpu_count,
+            f"needs {need_gib:.1f} GiB per GPU at batch {per_gpu_batch}, has {have_gib:.1f} GiB",
+        )
+    nodes = max(1, math.ceil(gpu_count / pool.gpus_per_node))
+    # Job outcomes measure whole jobs, network included, so the factor scales the all-reduce
+    # too: the whole estimate is then exactly the model's times the factor, which is what lets
+    # the estimator recover the model's own estimate from a reported outcome.
+    allreduce_ms = profile.calibration.factor * scaling.allreduce_ms(
+        gradient_bytes=profile.gradient_bytes,
+        gpu_count=gpu_count,
+        gpus_per_node=pool.gpus_per_node,
+        intra_node_gbps=profile.interconnect_gbps,
+    )
+    step_ms = scaling.step_time_ms(
+        compute_ms=point.forward_ms + point.backward_ms,
+        backward_ms=point.backward_ms,
+        optimizer_ms=point.optimizer_ms,
+        allreduce_ms=allreduce_ms,
+    )
+    ratio_lo = point.p10_ms / point.step_time_ms if point.step_time_ms else 1.0
+    ratio_hi = point.p90_ms / point.step_time_ms if point.step_time_ms else 1.0
+    seconds = step_ms * shape.total_steps / 1000.0
+    cost = seconds / 3600.0 * gpu_count * profile.price_per_gpu_hour_usd
+    return Candidate(
+        gpu_type=pool.gpu_type,
+        device_key=pool.device_key,
+        gpu_count=gpu_count,
+        gpus_per_node=min(gpu_count, pool.gpus_per_node),  # GPUs each pod of the job uses
+        nodes=nodes,
+        per_gpu_batch=per_gpu_batch,
+        step_time_ms=step_ms,
+        compute_ms=point.forward_ms + point.backward_ms + point.optimizer_ms,
+        allreduce_ms=allreduce_ms,
+        estimated_seconds=seconds,
+        interval_seconds=(seconds * min(ratio_lo, 1.0), seconds * max(ratio_hi, 1.0)),
+        memory_bytes_per_gpu=point.memory_bytes,
+        cost_usd=cost,
+        predictor=profile.predictor,
+        calibration=profile.calibration,
+    )
+
+
+def _objective_violation(c: Candidate, obj: Objective) -> str:
+    if obj.deadline_seconds is not None and c.estimated_seconds > obj.deadline_seconds:
+        return f"takes {c.estimated_seconds:.0f} s, deadline is {obj.deadline_seconds:.0f} s"
+    if obj.budget_usd is not None and c.cost_usd > obj.budget_usd:
+        return f"costs ${c.cost_usd:.2f}, budget is ${obj.budget_usd:.2f}"
+    return ""
+
+
+def rank_key(c: Candidate, prefer: str) -> tuple[float, ...]:
+    if prefer == "fastest":
+        return (c.estimated_seconds, c.cost_usd, c.gpu_count)
+    if prefer == "balanced":
+        # Cost x time: a 2x faster plan may cost up to 2x more.
+        return (c.cost_usd * c.estimated_seconds, c.gpu_count)
+    return (c.cost_usd, c.estimated_seconds, c.gpu_count)
+
+
+def plan(
+    profiles: Mapping[str, StepProfile],
+    pools: Sequence[GpuPool],
+    shape: TrainingShape,
+    objective: Objective,
+    scaling: ScalingModel,
+) -> Plan:
+    """Enumerate GPU type x count, reject with reasons, rank feasible ones by the objective."""
+    if objective.prefer not in OBJECTIVES:
+        raise ValueError(f"objective.prefer: must be one of {', '.join(OBJECTIVES)}")
+    feasible: list[Candidate] = []
+    rejected: list[Rejection] = []
+    by_type: dict[str, str] = {}
+    for pool in pools:
+        profile = profiles.get(pool.device_key)
+        if profile is None:
+            by_type[pool.gpu_type] = f"no estimate for device {pool.device_key}"
+            continue
+        type_feasible = 0
+        evaluated: list[str] = []  # reasons of counts the cluster could run: the informative ones
+        for n in candidate_counts(objective.max_gpus, pool.gpus_per_node):
+            if n > pool.gpus_per_node * pool.nodes:
+                rejected.append(Rejection(pool.gpu_type, n, f"cluster has only "
+                                          f"{pool.gpus_per_node * pool.nodes} GPUs of this type"))
+                continue
+            outcome = evaluate(profile, pool, shape, n, scaling)
+            if isinstance(outcome, Rejection):
+                rejected.append(outcome)
+                evaluated.append(f"x{n}: {outcome.reason}")
+                continue
+            violation = _objective_violation(outcome, objective)
+            if violation:
+                rejected.append(Rejection(pool.gpu_type, n, violation))
+                evaluated.append(f"x{n}: {violation}")
+                continue
+            feasible.append(outcome)
+            type_feasible += 1
+        if not type_feasible:
+            others = [r.reason for r in rejected if r.gpu_type == pool.gpu_type]
+            by_type[pool.gpu_type] = (evaluated[-1] if evaluated else others[-1] if others
+                                      else "no GPU count allowed by maxGpus")
+    feasible.sort(key=lambda c: rank_key(c, objective.prefer))
+    return Plan(
+        chosen=feasible[0] if feasible else None,
+        candidates=tuple(feasible),
+        rejected=tuple(rejected),
+        objective=objective,
+        reasons_by_type=by_type,
+    )

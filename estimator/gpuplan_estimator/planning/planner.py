@@ -1,0 +1,202 @@
+"""Glue behind the service and `gpuplan plan`: request → graph → estimates → plan (no I/O here
+beyond parsing the model bytes it is handed)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuplan_estimator import devices, graph
+from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError, UnknownDeviceError
+from gpuplan_estimator.cost.predictors import LatencyPredictor
+from gpuplan_estimator.planning import calibrating, estimates, placement, requests
+from gpuplan_estimator.planning.scaling import ScalingModel
+from gpuplan_estimator.step.decomposition import TrainingSettings
+
+
+class NoFeasiblePlanError(GpuplanError):
+    """No GPU type x count satisfies memory, cluster size and the objective."""
+
+    def __init__(self, message: str, details: Sequence[str]) -> None:
+        super().__init__(f"{message}: {'; '.join(details)}" if details else message)
+        self.details = tuple(details)
+
+
+@dataclass(frozen=True)
+class PlannerContext:
+    catalog: devices.Catalog
+    predictor: LatencyPredictor
+    predictor_source: str  # e.g. "bundle:/path (shipped)" or "roofline"
+    scaling: ScalingModel = field(default_factory=ScalingModel)
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+    calibration: calibrating.Calibration = field(default_factory=calibrating.Calibration)
+    """Fitted from job outcomes by the service; identity (factor 1) when there are none."""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "predictor": self.predictor.name,
+            "source": self.predictor_source,
+            "manifest": dict(self.manifest),
+            "devices": list(self.catalog.keys()),
+        }
+
+
+def training_settings(t: requests.TrainingRequest, batch: int) -> TrainingSettings:
+    return TrainingSettings(mode=t.mode, optimizer=t.optimizer, precision=t.precision,
+                            batch_size=batch)
+
+
+def _estimates_at(model: bytes, t: requests.TrainingRequest, batch: int,
+                  specs: Sequence[devices.DeviceSpec], ctx: PlannerContext
+                  ) -> tuple[int, Sequence[estimates.DeviceEstimate]]:
+    """Estimates at `batch`. A model exported with a fixed batch is re-batched (its leading
+    dim made symbolic); when that does not parse, it is estimated at its own batch and the
+    planner scales per sample."""
+    g = graph.load_model(model, batch=batch, dim_bindings=dict(t.dims))
+    actual = graph.model_batch(g, None)
+    if actual != batch:
+        try:
+            g = graph.load_model(graph.symbolic_batch(model), batch=batch,
+                                 dim_bindings=dict(t.dims))
+            actual = graph.model_batch(g, None)
+        except GpuplanError:
+            g = graph.load_model(model, batch=batch, dim_bindings=dict(t.dims))
+    settings = training_settings(t, actual)
+    return actual, estimates.estimate(g, specs, settings, predictor=ctx.predictor)
+
+
+def _point(e: estimates.DeviceEstimate, batch: int, calibrated: calibrating.Calibrated
+           ) -> placement.StepPoint:
+    """One step as the planner sees it: every phase scaled by the job outcomes' factor (they
+    measured the whole step, so there is no per-phase factor to apply), the interval theirs."""
+    factor = calibrated.correction.factor
+    return placement.StepPoint(
+        per_gpu_batch=batch, forward_ms=e.forward_ms * factor,
+        backward_ms=e.backward_ms * factor, optimizer_ms=e.optimizer_ms * factor,
+        memory_bytes=e.memory.total_bytes, p10_ms=calibrated.p10_ms, p90_ms=calibrated.p90_ms,
+        activation_bytes=e.memory.activations_bytes,
+    )
+
+
+def _calibrated(e: estimates.DeviceEstimate, cal: calibrating.Calibration, mode: str
+                ) -> calibrating.Calibrated:
+    p10, p90 = e.interval_ms
+    return calibrating.calibrate(cal, e.device, mode, e.step_time_ms, p10, p90)
+
+
+def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec], ctx: PlannerContext
+                  ) -> dict[str, placement.StepProfile]:
+    """Estimate at the largest and smallest per-GPU batch the plan can use; interpolate between.
+
+    A model exported with a fixed batch is estimated at that batch only and scaled per sample.
+    Step times are calibrated per device by `ctx.calibration`; the profile carries the
+    correction so the planner scales its all-reduce by the same factor (see `placement`).
+    """
+    t = req.training
+    mode = calibrating.mode_of(t.mode)
+    wanted = sorted({t.batch_size, math.ceil(t.batch_size / req.objective.max_gpus)})
+    by_batch = dict(_estimates_at(req.model_onnx, t, b, specs, ctx) for b in wanted)
+    batches = sorted(by_batch)
+    profiles = {}
+    for i, spec in enumerate(specs):
+        first = by_batch[batches[0]][i]
+        calibrated = [_calibrated(by_batch[b][i], ctx.calibration, mode) for b in batches]
+        profiles[spec.key] = placement.StepProfile(
+            device_key=spec.key,
+            memory_capacity_bytes=spec.memory_bytes,
+            gradient_bytes=first.memory.gradients_bytes,
+            price_per_gpu_hour_usd=spec.price_per_hour_usd,
+            interconnect_gbps=spec.interconnect_gbps,
+            points=tuple(_point(by_batch[b][i], b, c)
+                         for b, c in zip(batches, calibrated, strict=True)),
+            predictor=ctx.predictor_source,
+            calibration=calibrated[0].correction,  # per device and mode: equal at every batch
+        )
+    return profiles
+
+
+def _pools(req: requests.PlanRequest, ctx: PlannerContext) -> tuple[list[placement.GpuPool], list[str]]:
+    allowed = {ctx.catalog.resolve(n).key for n in req.gpu_types} if req.gpu_types else None
+    pools, notes = [], []
+    for entry in req.inventory:
+        try:
+            spec = ctx.catalog.resolve(entry.gpu_type)
+        except UnknownDeviceError:
+            notes.append(f"{entry.gpu_type}: not in the GPU catalog, no estimate possible")
+            continue
+        if allowed is not None and spec.key not in allowed:
+            notes.append(f"{entry.gpu_type}: not in gpuTypes allow-list")
+            continue
+        pools.append(requests.to_pool(entry, spec.key))
+    return pools, notes
+
+
+def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> dict[str, Any]:
+    pools, notes = _pools(req, ctx)
+    if not pools:
+        raise NoFeasiblePlanError("no usable GPU type in the inventory", notes)
+    specs = [ctx.catalog.resolve(k) for k in dict.fromkeys(p.device_key for p in pools)]
+    shape = placement.TrainingShape(req.training.batch_size, req.training.steps_per_epoch,
+                                    req.training.epochs)
+    result = placement.plan(step_profiles(req, specs, ctx), pools, shape, req.objective,
+                            ctx.scaling)
+    if result.chosen is None:
+        details = notes + [f"{t}: {r}" for t, r in result.reasons_by_type.items()]
+        raise NoFeasiblePlanError("no GPU type and count satisfies the request", details)
+    out = plan_json(result)
+    out["notes"] = notes
+    return out
+
+
+def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> dict[str, Any]:
+    specs = ([ctx.catalog.resolve(n) for n in req.devices] if req.devices
+             else list(ctx.catalog.devices))
+    t = req.training
+    g = graph.load_model(req.model_onnx, batch=t.batch_size, dim_bindings=dict(t.dims))
+    try:
+        graph.model_batch(g, t.batch_size)  # a fixed-batch model cannot run at another batch
+    except InvalidRequestError as exc:
+        raise InvalidRequestError("training.batch_size", exc.message) from exc
+    results = estimates.estimate(g, specs, training_settings(t, t.batch_size),
+                                    predictor=ctx.predictor, epochs=t.epochs,
+                                    dataset_size=t.dataset_size)
+    return estimates.to_json(g, results, training_settings(t, t.batch_size),
+                                predictor_source=ctx.predictor_source, epochs=t.epochs,
+                                dataset_size=t.dataset_size, calibration=ctx.calibration)
+
+
+def candidate_json(c: placement.Candidate) -> dict[str, Any]:
+    """One candidate as the plan JSON shows it (rounded for reading, calibration exact)."""
+    return {
+        "gpu_type": c.gpu_type,
+        "device": c.device_key,
+        "gpu_count": c.gpu_count,
+        "gpus_per_node": c.gpus_per_node,
+        "nodes": c.nodes,
+        "per_gpu_batch": c.per_gpu_batch,
+        "step_time_ms": round(c.step_time_ms, 4),
+        "allreduce_ms": round(c.allreduce_ms, 4),
+        "estimated_seconds": round(c.estimated_seconds, 3),
+        "interval_seconds": [round(c.interval_seconds[0], 3), round(c.interval_seconds[1], 3)],
+        "memory_bytes_per_gpu": c.memory_bytes_per_gpu,
+        "cost_usd": round(c.cost_usd, 4),
+        "predictor": c.predictor,
+        # Unrounded: the operator reports it back with the job's outcome, and the estimator
+        # divides the (calibrated) estimated_seconds by it to store the model's own estimate.
+        "calibration": c.calibration.as_dict(),
+    }
+
+
+def plan_json(result: placement.Plan, *, max_candidates: int = 20) -> dict[str, Any]:
+    """The plan JSON: the chosen candidate, the best others, and every rejection's reason."""
+    return {
+        "plan": candidate_json(result.chosen) if result.chosen else None,
+        "candidates": [candidate_json(c) for c in result.candidates[:max_candidates]],
+        "rejected": [
+            {"gpu_type": r.gpu_type, "gpu_count": r.gpu_count, "reason": r.reason}
+            for r in result.rejected
+        ],
+        "reasons_by_type": dict(result.reasons_by_type),
+    }

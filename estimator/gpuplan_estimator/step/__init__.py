@@ -1,0 +1,1 @@
+"""One training (or inference) step as work: forward, backward, optimizer, frameworks, memory."""

@@ -1,0 +1,335 @@
+"""Pure decomposition of one training (or inference) step into work items per phase.
+
+Forward items come from `opcost.kernel_dims` (the canonical dims of each forward layer); backward
+items are derived from them as forward-shaped kernels (`backward`); the optimizer step is a fixed
+list of elementwise passes over the parameters per optimizer (`OPTIMIZER_PASSES`).
+
+Which layers get backward work follows autograd's rule: a tensor needs a gradient when it is a
+trainable parameter or is computed (as a floating-point tensor) from one that does. Layers none
+of whose inputs need a gradient (e.g. the stem's preprocessing, shape arithmetic) get none.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from gpuplan_estimator.core import options
+from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.layers import DTYPE_BYTES, FLOAT_DTYPES, Layer, ModelGraph, OpFamily
+from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.step import backward, frameworks
+
+KernelDims = tuple[str, Mapping[str, int]]
+KernelDimsFn = Callable[[Layer], KernelDims]
+
+# Elementwise passes of one optimizer step over all parameters, as PyTorch 2.x runs them on CUDA
+# by default (the `foreach` paths `_multi_tensor_*` in torch/optim/{sgd,adam,adamw,adagrad,
+# rmsprop}.py; the `_single_tensor_*` paths do the same arithmetic one tensor at a time).
+# Each pass: (op, tensors read, tensors written, flops per element). Reads+writes per parameter:
+# sgd 3 (p += -lr*g), momentum 8 (buf*=m; buf+=g; p+=-lr*buf), adam 18 (exp_avg.lerp_(g);
+# exp_avg_sq*=b2; exp_avg_sq.addcmul_(g,g); s=sqrt(exp_avg_sq); s/=bc2; s+=eps;
+# p.addcdiv_(exp_avg,s)), adamw 20 (adam + p*=1-lr*wd), adagrad 11, rmsprop 13.
+# zero_grad(set_to_none=True), PyTorch 2.x's default, launches no kernel.
+OPTIMIZER_PASSES: Mapping[str, tuple[tuple[str, int, int, int], ...]] = MappingProxyType(
+    {
+        "sgd": (("add", 2, 1, 2),),
+        "momentum": (("mul", 1, 1, 1), ("add", 2, 1, 1), ("add", 2, 1, 2)),
+        "adam": (
+            ("lerp", 2, 1, 3),
+            ("mul", 1, 1, 1),
+            ("addcmul", 2, 1, 3),
+            ("sqrt", 1, 1, 1),
+            ("div", 1, 1, 1),
+            ("add", 1, 1, 1),
+            ("addcdiv", 3, 1, 3),
+        ),
+        "adamw": (
+            ("mul", 1, 1, 1),
+            ("lerp", 2, 1, 3),
+            ("mul", 1, 1, 1),
+            ("addcmul", 2, 1, 3),
+            ("sqrt", 1, 1, 1),
+            ("div", 1, 1, 1),
+            ("add", 1, 1, 1),
+            ("addcdiv", 3, 1, 3),
+        ),
+        "adagrad": (
+            ("addcmul", 2, 1, 2), ("sqrt", 1, 1, 1), ("add", 1, 1, 1), ("addcdiv", 3, 1, 3)
+        ),
+        "rmsprop": (
+            ("mul", 1, 1, 1),
+            ("addcmul", 2, 1, 3),
+            ("sqrt", 1, 1, 1),
+            ("add", 1, 1, 1),
+            ("addcdiv", 3, 1, 3),
+        ),
+    }
+)
+# Mixed precision (torch.amp): fp32 master weights are cast to the half dtype every step, and
+# fp16 (not bf16) unscales the gradients with GradScaler (one read+write pass over them).
+CAST_PASS = ("cast", 1, 1, 1)
+UNSCALE_PASS = ("unscale", 1, 1, 1)
+# multi_tensor_apply walks parameters in chunks of 65536 elements (ATen's kChunkSize), so the
+# optimizer passes are priced as [chunks, 65536] elementwise kernels.
+OPTIMIZER_CHUNK_ELEMENTS = 65536
+MASTER_DTYPE = "float32"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSettings:
+    """What is being run; validated by `validate()`, never silently corrected."""
+
+    batch_size: int
+    """Global samples per step; the graph is expected to be bound at this batch."""
+    mode: str = options.DEFAULT_MODE
+    """"train" (forward, backward, optimizer) or "inference" (forward only)."""
+    optimizer: str = options.DEFAULT_OPTIMIZER
+    precision: str = options.DEFAULT_PRECISION
+    """fp32, tf32 (float32 tensors, TF32 tensor-core math), fp16 or bf16 (mixed precision)."""
+    framework: str = options.DEFAULT_FRAMEWORK
+    """How fusion units run: "pytorch-eager" (one kernel per node, as the GPU data was
+    measured), "onnxruntime" or "pytorch-compiled" (inference with that framework's fusions;
+    see `framework`)."""
+
+    def validate(self) -> tuple[str, ...]:
+        """Every problem as "field: message"; empty when valid."""
+        errors: list[str] = []
+        if self.mode not in options.MODES:
+            errors.append(f"mode: must be one of {', '.join(options.MODES)}, got {self.mode!r}")
+        if self.optimizer not in options.OPTIMIZERS:
+            errors.append(
+                f"optimizer: must be one of {', '.join(options.OPTIMIZERS)}, got {self.optimizer!r}"
+            )
+        if self.precision not in options.PRECISIONS:
+            errors.append(
+                f"precision: must be one of {', '.join(options.PRECISIONS)}, got {self.precision!r}"
+            )
+        if self.framework not in options.FRAMEWORKS:
+            errors.append(f"framework: must be one of {', '.join(options.FRAMEWORKS)}, "
+                          f"got {self.framework!r}")
+        elif self.framework in options.INFERENCE_ONLY_FRAMEWORKS and self.mode != "inference":
+            errors.append(f"framework: {self.framework} is priced for inference only (its "
+                          "folded kernels have no backward here), set mode to inference")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
+            errors.append(f"batch_size: must be an integer, got {self.batch_size!r}")
+        elif self.batch_size <= 0:
+            errors.append(f"batch_size: must be positive, got {self.batch_size}")
+        return tuple(errors)
+
+    def check(self) -> None:
+        """Raise `InvalidRequestError` naming the first bad field (all are in the message)."""
+        errors = self.validate()
+        if errors:
+            field_name = errors[0].split(":", 1)[0]
+            raise InvalidRequestError(field_name, "; ".join(e.split(": ", 1)[1] for e in errors))
+
+    @property
+    def training(self) -> bool:
+        return self.mode == "train"
+
+    @property
+    def mixed_precision(self) -> bool:
+        return self.precision in ("fp16", "bf16")
+
+    @property
+    def compute_dtype(self) -> str:
+        return {"fp16": "float16", "bf16": "bfloat16"}.get(self.precision, "float32")
+
+    @property
+    def activation_bytes(self) -> int:
+        return DTYPE_BYTES[self.compute_dtype]
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """The work items of one step, device independent."""
+
+    forward: tuple[WorkItem, ...]
+    backward: tuple[WorkItem, ...]
+    optimizer: tuple[WorkItem, ...]
+    shape_only: tuple[str, ...] = ()  # layers that cost nothing (kernel "none")
+    fused: tuple[str, ...] = ()  # layers the framework folds into another layer's kernel
+    no_grad: tuple[str, ...] = ()  # layers skipped in backward: no input needs a gradient
+    parameter_count: int = 0
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def items(self) -> tuple[WorkItem, ...]:
+        return self.forward + self.backward + self.optimizer
+
+
+def build_step(
+    graph: ModelGraph, settings: TrainingSettings, *, kernel_dims: KernelDimsFn | None = None
+) -> StepWork:
+    """Work items of one step of `graph` under `settings` (forward, backward, optimizer).
+
+    `kernel_dims` maps a forward layer to its canonical (kernel, dims); defaults to
+    `opcost.kernel_dims`.
+    """
+    settings.check()
+    dims_of = kernel_dims if kernel_dims is not None else _default_kernel_dims()
+    needs_grad = gradient_tensors(graph) if settings.training else frozenset()
+    forward: list[WorkItem] = []
+    backward_items: list[WorkItem] = []
+    shape_only: list[str] = []
+    no_grad: list[str] = []
+    fused: list[str] = []
+    overrides = frameworks.overrides(graph, settings.framework)
+    credits = frameworks.layout_credits(graph, settings.framework, overrides)
+    for layer in graph.layers:
+        if layer.name in overrides:
+            unit_kernel = overrides[layer.name]
+            if unit_kernel is None:
+                fused.append(layer.name)
+                forward.append(forward_item(layer, ("none", {}), settings, role="fused"))
+            else:
+                forward.append(unit_item(layer, unit_kernel, settings))
+            continue  # overrides exist for inference only (checked by `settings.check`)
+        item = forward_item(layer, dims_of(layer), settings)
+        if layer.name in credits:
+            item = replace(item, attributes=MappingProxyType(
+                {**item.attributes, frameworks.LAYOUT_CREDIT: credits[layer.name]}))
+        forward.append(item)
+        if item.kernel == "none":
+            shape_only.append(layer.name)
+            continue
+        if not settings.training:
+            continue
+        grads = tuple(t.name in needs_grad for t in layer.inputs)
+        if not any(grads):
+            no_grad.append(layer.name)
+            continue
+        backward_items.extend(backward.backward_items(layer, item, grads, settings.precision))
+    optimizer = optimizer_items(graph.parameter_count, settings) if settings.training else ()
+    return StepWork(
+        forward=tuple(forward),
+        backward=tuple(backward_items),
+        optimizer=optimizer,
+        shape_only=tuple(shape_only),
+        fused=tuple(fused),
+        no_grad=tuple(no_grad),
+        parameter_count=graph.parameter_count,
+    )
+
+
+def gradient_tensors(graph: ModelGraph) -> frozenset[str]:
+    """Names of tensors that need a gradient: parameters and float tensors computed from them."""
+    needs: set[str] = set()
+    for layer in graph.layers:
+        needs.update(layer.parameter_inputs)
+    for layer in graph.layers:
+        if any(t.name in needs for t in layer.inputs):
+            needs.update(t.name for t in layer.outputs if t.dtype in FLOAT_DTYPES)
+    return frozenset(needs)
+
+
+def forward_item(
+    layer: Layer, kernel_and_dims: KernelDims, settings: TrainingSettings,
+    role: str = "shape_only",
+) -> WorkItem:
+    """The forward item of `layer`; `role` labels a free ("none") item."""
+    kernel, dims = kernel_and_dims
+    if layer.family is OpFamily.SHAPE_ONLY or kernel == "none":
+        return WorkItem(
+            layer=layer.name, family=layer.family, kernel="none", phase=Phase.FORWARD,
+            dims=MappingProxyType(dict(dims)), dtype=item_dtype(layer, settings), flops=0,
+            bytes_moved=0, op=layer.op_type, role=role,
+        )
+    return WorkItem(
+        layer=layer.name,
+        family=layer.family,
+        kernel=kernel,
+        phase=Phase.FORWARD,
+        dims=MappingProxyType(dict(dims)),
+        dtype=item_dtype(layer, settings),
+        flops=layer.flops,
+        bytes_moved=_scaled_bytes(layer, settings),
+        op=backward.op_name(layer),
+        role="fwd",
+        attributes=backward.math_attributes(kernel, settings.precision),
+    )
+
+
+def unit_item(
+    layer: Layer, unit_kernel: frameworks.UnitKernel, settings: TrainingSettings
+) -> WorkItem:
+    """The one kernel of a fused unit, attributed to `layer` (the unit's sink or main layer)."""
+    family = {"gemm": OpFamily.MATMUL, "layernorm": OpFamily.NORMALIZATION,
+              "softmax": OpFamily.SOFTMAX}.get(unit_kernel.kernel, OpFamily.ELEMENTWISE)
+    return WorkItem(
+        layer=layer.name, family=family, kernel=unit_kernel.kernel, phase=Phase.FORWARD,
+        dims=MappingProxyType(dict(unit_kernel.dims)), dtype=settings.compute_dtype,
+        flops=unit_kernel.flops,
+        bytes_moved=unit_kernel.elements_moved * settings.activation_bytes,
+        op=unit_kernel.op, role="fused_unit",
+        attributes=backward.math_attributes(unit_kernel.kernel, settings.precision),
+    )
+
+
+def item_dtype(layer: Layer, settings: TrainingSettings) -> str:
+    """Compute dtype: the precision's for float work, the tensor's own for integer work."""
+    dtypes = [t.dtype for t in layer.outputs] or [t.dtype for t in layer.inputs]
+    if dtypes and all(d not in FLOAT_DTYPES for d in dtypes):
+        return dtypes[0]
+    return settings.compute_dtype
+
+
+def _scaled_bytes(layer: Layer, settings: TrainingSettings) -> int:
+    """The layer's bytes with float tensors stored at the activation width of `settings`."""
+    tensors = layer.inputs + layer.outputs
+    as_built = sum(t.size_bytes for t in tensors)
+    if as_built == 0:
+        return layer.bytes_moved
+    as_run = sum(
+        t.elements * settings.activation_bytes if t.dtype in FLOAT_DTYPES else t.size_bytes
+        for t in tensors
+    )
+    return round(layer.bytes_moved * as_run / as_built)
+
+
+def optimizer_items(parameter_count: int, settings: TrainingSettings) -> tuple[WorkItem, ...]:
+    """Elementwise passes of one optimizer step over `parameter_count` fp32 master weights."""
+    if parameter_count <= 0:
+        return ()
+    passes = list(OPTIMIZER_PASSES[settings.optimizer])
+    if settings.precision == "fp16":
+        passes.insert(0, UNSCALE_PASS)
+    if settings.mixed_precision:
+        passes.append(CAST_PASS)
+    rows = math.ceil(parameter_count / OPTIMIZER_CHUNK_ELEMENTS)
+    items = []
+    for op, reads, writes, flops_per_element in passes:
+        width = DTYPE_BYTES[MASTER_DTYPE]
+        if op == "cast":  # writes the half copy
+            moved = parameter_count * (width + settings.activation_bytes)
+        else:
+            moved = parameter_count * width * (reads + writes)
+        items.append(
+            WorkItem(
+                layer="optimizer",
+                family=OpFamily.ELEMENTWISE,
+                kernel="elementwise",
+                phase=Phase.OPTIMIZER,
+                dims=MappingProxyType(
+                    {"rows": rows, "cols": OPTIMIZER_CHUNK_ELEMENTS, "operands": reads}
+                ),
+                dtype=MASTER_DTYPE,
+                flops=parameter_count * flops_per_element,
+                bytes_moved=moved,
+                op=op,
+                role=f"{settings.optimizer}_{op}",
+            )
+        )
+    return tuple(items)
+
+
+def _default_kernel_dims() -> KernelDimsFn:
+    from gpuplan_estimator.graph import (
+        opcost,  # the graph work owns it; imported late to stay optional
+    )
+
+    fn: KernelDimsFn = opcost.kernel_dims
+    return fn

@@ -1,0 +1,362 @@
+"""Training and validation of the per-kernel latency models from a measurement frame.
+
+`train_bundle` fits one `LayerLatencyModel` per kernel on all rows and validates it with a
+held-out random split and leave-one-device-out refits; only held-out rows produce the metrics
+written to the manifest. ``python -m gpuplan_estimator.training.fitting --report`` prints the tables and
+writes ``docs/latency-models.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuplan_estimator import devices
+from gpuplan_estimator.core import errors, measurements
+from gpuplan_estimator.cost import features
+from gpuplan_estimator.cost.predictors import FloatArray
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.models.bundles import Bundle
+from gpuplan_estimator.models.latency import LayerLatencyModel, ProbeCorrection
+from gpuplan_estimator.training import backward_factors
+
+DeviceResolver = Callable[[str], DeviceSpec]
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What `train_bundle` fits and how it validates."""
+
+    seed: int = 0
+    """random_state of the split, the subsample and LightGBM."""
+    max_rows_per_kernel: int = 40_000
+    """Subsample cap per kernel (stratified by device) so training stays in minutes on 2 cores."""
+    test_fraction: float = 0.2
+    leave_one_device_out: bool = True
+    model_params: Mapping[str, Any] = field(default_factory=dict)
+    """Overrides of `LayerLatencyModel` keyword arguments for every kernel."""
+    kernel_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Further overrides per kernel (bigger models where the data supports them)."""
+    transfer_params: Mapping[str, Any] = field(default_factory=dict)
+    """Overrides for the transfer models (kept small: they see fewer features)."""
+    cpu_params: Mapping[str, Any] = field(default_factory=dict)
+    """Overrides for the CPU models (a few thousand rows each; small trees keep the bundle
+    small). Per-kernel sizes in `kernel_params` apply to GPU models only."""
+    min_rows_per_kernel: int = 200
+    """Kernels with fewer rows get no model (they fall back to the roofline)."""
+    probe_max_rows: int = 100
+    """A GPU with fewer rows than this of a kernel is *probed*, not trained on: its rows stay
+    out of that kernel's fits and fit a `ProbeCorrection` of the transfer model for it (a short
+    `gpuplan bench` on a new GPU type). Leave-one-device-out also reports this few-shot case."""
+    probe_rows: int = 20
+    """Rows of the left-out GPU used as its probe in the few-shot leave-one-device-out metric
+    (the metric is computed on its other rows)."""
+
+
+@dataclass(frozen=True)
+class KernelData:
+    """Rows of one kernel ready for LightGBM."""
+
+    x: FloatArray
+    y: FloatArray  # log(latency / base)
+    base_ms: FloatArray
+    latency_ms: FloatArray
+    device: np.ndarray  # catalog key per row
+    platform: np.ndarray  # "cpu" or "gpu" per row
+    backend: np.ndarray  # backend name per row (onnxruntime and torch rows of one CPU differ)
+
+
+def data_digest(frame: pd.DataFrame) -> str:
+    """sha256 over the frame's rows in a canonical column order and row order."""
+    cols = [c for c in measurements.MEASUREMENT_COLUMNS if c in frame.columns]
+    canon = frame[cols].sort_values(cols[:6]).reset_index(drop=True)
+    hashed = pd.util.hash_pandas_object(canon, index=False).to_numpy()
+    return "sha256:" + hashlib.sha256(hashed.tobytes()).hexdigest()
+
+
+def kernel_data(
+    frame: pd.DataFrame, kernel: str, resolve: DeviceResolver, backends: Sequence[str]
+) -> KernelData:
+    """Features and target for the rows of one kernel (any mix of devices and backends)."""
+    rows = frame[frame["kernel"] == kernel]
+    if (rows["latency_ms"] <= 0).any() or rows["latency_ms"].isna().any():
+        raise errors.InvalidRequestError("latency_ms", f"{kernel}: latencies must be > 0")
+    parsed = [measurements.dims_from_json(t) for t in rows["dims"]]
+    keys = features.KERNEL_DIMS[kernel]
+    try:
+        dims = {k: np.array([p[k] for p in parsed], dtype=np.int64) for k in keys}
+    except KeyError as exc:
+        raise errors.InvalidRequestError(
+            "dims", f"{kernel} rows lack dim {exc.args[0]!r}") from None
+    cols = features.WorkColumns(
+        kernel, dims, rows["dtype"].to_numpy().astype(str), rows["op"].to_numpy().astype(str))
+    specs = {d: resolve(d) for d in rows["device"].unique()}
+    codes = [backends.index(b) for b in rows["backend"]]
+    dev = features.device_columns([specs[d] for d in rows["device"]], cols.dtype, codes)
+    x, base = features.feature_matrix(cols, dev)
+    latency = rows["latency_ms"].to_numpy(dtype=np.float64)
+    kinds = {d: s.platform for d, s in specs.items()}
+    return KernelData(x, np.log(latency / base), base, latency, rows["device"].to_numpy(),
+                      rows["device"].map(kinds).to_numpy(), rows["backend"].to_numpy())
+
+
+def error_metrics(actual_ms: FloatArray, predicted_ms: FloatArray) -> dict[str, float]:
+    ape = np.abs(predicted_ms - actual_ms) / actual_ms
+    return {
+        "rows": float(len(actual_ms)),
+        "mape_pct": round(float(100 * ape.mean()), 3),
+        "p90_ape_pct": round(float(100 * np.quantile(ape, 0.9)), 3),
+        "rmse_log": round(float(np.sqrt(np.mean(np.log(predicted_ms / actual_ms) ** 2))), 5),
+    }
+
+
+def validate_kernel(kernel: str, data: KernelData, settings: TrainSettings) -> dict[str, Any]:
+    """Held-out metrics: random split (overall and per device) with the full model, and
+    leave-one-device-out with the transfer model (the one unseen devices get)."""
+    rng = np.random.default_rng(settings.seed)
+    order = rng.permutation(len(data.y))
+    n_test = max(1, int(len(order) * settings.test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    pred = _fit_predict(kernel, data, train, test, settings, None)
+    out: dict[str, Any] = {"random_split": error_metrics(data.latency_ms[test], pred)}
+    out["random_split_by_platform"] = {
+        str(k): error_metrics(data.latency_ms[test][m], pred[m])
+        for k in np.unique(data.platform[test]) for m in [data.platform[test] == k]
+    }
+    out["random_split_by_device"] = {
+        str(d): error_metrics(data.latency_ms[test][m], pred[m])
+        for d in np.unique(data.device[test]) for m in [data.device[test] == d]
+    }
+    out["random_split_by_backend"] = {
+        str(b): error_metrics(data.latency_ms[test][m], pred[m])
+        for b in np.unique(data.backend[test]) for m in [data.backend[test] == b]
+    }
+    if settings.leave_one_device_out:
+        loo: dict[str, Any] = {}
+        probed: dict[str, Any] = {}
+        columns = features.transfer_columns(kernel)  # what an unseen device is priced with
+        for d in np.unique(data.device):
+            held = np.flatnonzero(data.device == d)
+            platform = data.platform[held[0]]
+            # Only devices with a sibling of their platform: a CPU is not a GPU left out.
+            if len(np.unique(data.device[data.platform == platform])) < 2:
+                continue
+            rest = np.flatnonzero((data.device != d) & (data.platform == platform))
+            pred_held = _fit_predict(kernel, data, rest, held, settings, columns)
+            loo[str(d)] = error_metrics(data.latency_ms[held], pred_held)
+            if len(held) > 2 * settings.probe_rows:
+                probed[str(d)] = _probe_metrics(data.latency_ms[held], pred_held,
+                                                data.base_ms[held], rng, settings.probe_rows)
+        if loo:
+            out["leave_one_device_out"] = loo
+        if probed:
+            out["leave_one_device_out_probe"] = probed
+    return out
+
+
+def _probe_metrics(actual_ms: FloatArray, predicted_ms: FloatArray, base: FloatArray,
+                   rng: np.random.Generator, probe_rows: int) -> dict[str, float]:
+    """Metrics on a left-out device after correcting by `probe_rows` of its own rows (picked
+    at random; scored on the rest): what one short bench run on a new GPU type buys."""
+    probe = rng.choice(len(actual_ms), probe_rows, replace=False)
+    rest = np.setdiff1d(np.arange(len(actual_ms)), probe)
+    correction = probe_correction(actual_ms[probe], predicted_ms[probe], base[probe])
+    corrected = predicted_ms[rest] * correction.factor(base[rest])
+    return {**error_metrics(actual_ms[rest], corrected), "probe_rows": float(probe_rows)}
+
+
+MAX_PROBE_SLOPE = 0.2  # a handful of rows cannot support more; unbounded fits did no better
+
+
+def probe_correction(actual_ms: FloatArray, predicted_ms: FloatArray, base_ms: FloatArray
+                     ) -> ProbeCorrection:
+    """Least-squares slope (clipped to ±`MAX_PROBE_SLOPE`), then the median residual as the
+    offset, which resists the odd algorithm switch among a few rows."""
+    log_ratio = np.log(actual_ms / predicted_ms)
+    log_base = np.log(base_ms)
+    slope = 0.0
+    if len(log_ratio) >= 3 and np.ptp(log_base) > 0:
+        slope = float(np.polyfit(log_base, log_ratio, 1)[0])
+    slope = float(np.clip(slope, -MAX_PROBE_SLOPE, MAX_PROBE_SLOPE))
+    return ProbeCorrection(float(np.median(log_ratio - slope * log_base)), slope)
+
+
+def train_bundle(
+    frame: pd.DataFrame, settings: TrainSettings, *, resolve: DeviceResolver | None = None,
+    now: Callable[[], datetime] | None = None, command: str = "", commit: str = "",
+    validate: bool = True,
+) -> Bundle:
+    """Fit every kernel with enough rows; the manifest carries held-out metrics and provenance."""
+    _check_frame(frame)
+    factors = backward_factors.fit(frame)  # from every row: the caps below are for the trees
+    resolve = resolve if resolve is not None else devices.resolve_device
+    kinds = {d: resolve(d).platform for d in frame["device"].unique()}
+    frame, probe_frame = split_probe_rows(frame, kinds, settings)
+    # GPU and CPU rows are capped and fitted apart: one platform's rows must neither use up the
+    # other's row budget nor move its predictions.
+    frame = pd.concat([subsample(rows, settings.max_rows_per_kernel, settings.seed)
+                       for _, rows in frame.groupby(frame["device"].map(kinds), sort=True)],
+                      ignore_index=True)
+    backends = sorted(frame["backend"].unique())
+    models: dict[str, LayerLatencyModel] = {}
+    transfer: dict[str, LayerLatencyModel] = {}
+    cpu_models: dict[str, LayerLatencyModel] = {}
+    metrics: dict[str, Any] = {}
+    skipped: dict[str, int] = {}
+    platform = frame["device"].map(kinds)
+    counts = (frame.assign(platform=platform).groupby(["kernel", "platform"]).size()
+              .reset_index(name="rows"))
+    for kernel_value, kind_value, count in counts.itertuples(index=False, name=None):
+        kernel, kind = str(kernel_value), str(kind_value)
+        if count < settings.min_rows_per_kernel or kernel not in features.KERNEL_DIMS:
+            skipped[kernel if kind == "gpu" else f"{kernel} (cpu)"] = int(count)
+            continue
+        data = kernel_data(frame[(frame["kernel"] == kernel) & (platform == kind)], kernel,
+                           resolve, backends)
+        own = settings if kind == "gpu" else dataclasses.replace(
+            settings, kernel_params={}, model_params={**settings.model_params,
+                                                      **settings.cpu_params})
+        if validate:
+            _merge_metrics(metrics.setdefault(kernel, {}), validate_kernel(kernel, data, own))
+        fitted = _model(own, kernel, quantiles=True).fit(data.x, data.y)
+        if kind == "cpu":
+            cpu_models[kernel] = fitted
+            continue
+        models[kernel] = fitted
+        columns = features.transfer_columns(kernel)
+        transfer[kernel] = _model(settings, kernel, quantiles=True, transfer=True).fit(
+            data.x[:, columns], data.y)
+    created = (now() if now is not None else datetime.now().astimezone()).isoformat()
+    device_backends = (frame.groupby("device")["backend"].agg(lambda s: s.value_counts().index[0]))
+    manifest = {
+        "created": created, "command": command, "commit": commit,
+        "data_digest": data_digest(pd.concat([frame, probe_frame])), "rows": len(frame),
+        "devices": sorted(frame["device"].unique()), "backends": backends,
+        "device_backends": {str(k): str(v) for k, v in device_backends.items()},
+        "default_backends": _default_backends(frame, platform),
+        "backward_factors": factors,
+        "skipped_kernels": skipped, "metrics": metrics,
+        "kernel_platforms": {k: [kind for kind, fitted in (("cpu", cpu_models), ("gpu", models))
+                                 if k in fitted] for k in sorted({*models, *cpu_models})},
+        "device_platforms": {str(d): kinds[d] for d in sorted(kinds)},
+        "settings": {"seed": settings.seed, "max_rows_per_kernel": settings.max_rows_per_kernel,
+                     "test_fraction": settings.test_fraction},
+        "feature_names": {k: list(features.feature_names(k)) for k in {*models, *cpu_models}},
+    }
+    bundle = Bundle(models=models, manifest=manifest, transfer_models=transfer,
+                    cpu_models=cpu_models)
+    return with_probes(bundle, probe_frame, resolve)
+
+
+def with_probes(fitted: Bundle, probe_frame: pd.DataFrame,
+                resolve: DeviceResolver | None = None) -> Bundle:
+    """`fitted` plus a `ProbeCorrection` of its transfer model per (GPU, kernel) of the probe
+    rows (`split_probe_rows`; rows of kernels without a transfer model are ignored)."""
+    resolve = resolve if resolve is not None else devices.resolve_device
+    manifest = fitted.manifest
+    # A probed GPU has no backend of its own in the manifest: it is priced with the GPU
+    # default, so the correction is fitted against those predictions.
+    default = manifest.get("default_backends", {}).get("gpu")
+    offsets: dict[str, dict[str, Any]] = {}
+    for (kernel, device), rows in probe_frame.groupby(["kernel", "device"]):
+        transfer = fitted.transfer_models.get(str(kernel))
+        if transfer is None or default is None:
+            continue
+        columns = features.transfer_columns(str(kernel))
+        probe = kernel_data(rows.assign(backend=default), str(kernel), resolve,
+                            manifest["backends"])
+        predicted = probe.base_ms * np.exp(transfer.predict(probe.x[:, columns]))
+        fit = probe_correction(probe.latency_ms, predicted, probe.base_ms)
+        offsets.setdefault(str(device), {})[str(kernel)] = {
+            "log_offset": round(fit.log_offset, 6),
+            "log_base_slope": round(fit.log_base_slope, 6), "rows": len(rows)}
+    return dataclasses.replace(fitted, manifest={**manifest, "probe_offsets": offsets,
+                                                 "probe_rows": len(probe_frame)})
+
+
+def split_probe_rows(
+    frame: pd.DataFrame, kinds: Mapping[str, str], settings: TrainSettings
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows to fit, probe rows): a GPU's rows of a kernel are probe rows when it has fewer
+    than `probe_max_rows` of them while the GPUs with more have enough to fit the kernel."""
+    gpu = frame["device"].map(kinds) == "gpu"
+    counts = frame[gpu].groupby(["kernel", "device"]).size()
+    small = counts < settings.probe_max_rows
+    fitted_rows = counts[~small].groupby(level="kernel").sum()
+    probed = [(str(k), str(d)) for k, d in small[small].index
+              if fitted_rows.get(k, 0) >= settings.min_rows_per_kernel]
+    if not probed:
+        return frame, frame.iloc[:0]
+    pairs = pd.MultiIndex.from_frame(frame[["kernel", "device"]])
+    mask = pairs.isin(probed)
+    return frame[~mask], frame[mask]
+
+
+def _merge_metrics(into: dict[str, Any], part: Mapping[str, Any]) -> None:
+    """Held-out metrics of one platform's model into the kernel's entry: per platform and
+    device side by side; the overall random split stays the GPU one when there is one."""
+    for key in ("random_split_by_platform", "random_split_by_device", "random_split_by_backend",
+                "leave_one_device_out", "leave_one_device_out_probe"):
+        if key in part:
+            into.setdefault(key, {}).update(part[key])
+    if "random_split" not in into or "gpu" in part.get("random_split_by_platform", {}):
+        into["random_split"] = part["random_split"]
+
+
+def subsample(frame: pd.DataFrame, max_rows: int, seed: int) -> pd.DataFrame:
+    """At most `max_rows` per kernel, the same fraction from every device (deterministic)."""
+    parts = []
+    for _, rows in frame.groupby("kernel", sort=True):
+        frac = min(1.0, max_rows / len(rows))
+        parts.append(rows if frac >= 1.0 else rows.groupby("device", group_keys=False).sample(
+            frac=frac, random_state=seed))
+    return pd.concat(parts, ignore_index=True) if parts else frame
+
+
+def _model(
+    settings: TrainSettings, kernel: str, *, quantiles: bool, transfer: bool = False
+) -> LayerLatencyModel:
+    params = {"random_state": settings.seed, **settings.model_params,
+              **(settings.transfer_params if transfer else settings.kernel_params.get(kernel, {})),
+              "quantiles": quantiles}
+    return LayerLatencyModel(**params)
+
+
+def _fit_predict(
+    kernel: str, data: KernelData, train: np.ndarray, test: np.ndarray, settings: TrainSettings,
+    columns: np.ndarray | None,
+) -> FloatArray:
+    x = data.x if columns is None else data.x[:, columns]
+    model = _model(settings, kernel, quantiles=False, transfer=columns is not None)
+    model.fit(x[train], data.y[train])
+    return data.base_ms[test] * np.exp(model.predict(x[test]))
+
+
+def _default_backends(frame: pd.DataFrame, platform: pd.Series) -> dict[str, str]:
+    """The most common backend per platform (`platform` holds each row's)."""
+    return {str(k): str(rows.value_counts().index[0])
+            for k, rows in frame["backend"].groupby(platform)}
+
+
+def _check_frame(frame: pd.DataFrame) -> None:
+    missing = [c for c in ("device", "backend", "kernel", "op", "dtype", "dims", "latency_ms")
+               if c not in frame.columns]
+    if missing:
+        raise errors.InvalidRequestError("frame", f"measurement frame lacks {', '.join(missing)}")
+    if frame.empty:
+        raise errors.InvalidRequestError("frame", "no measurement rows to train on")
+
+
+def metrics_json(bundle: Bundle) -> str:
+    return json.dumps(bundle.manifest.get("metrics", {}), indent=2, sort_keys=True)
+
+
+# --- report: `python -m gpuplan_estimator.training.fitting --report` -------------------------------------

@@ -1,0 +1,147 @@
+"""Store behaviour every backend must show; run on SQLite (unit) and PostgreSQL (integration).
+
+Each `contract_*` takes a freshly opened, empty `PerfStore`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.perfdb.frames import EXTRA_COLUMNS
+from gpuplan_estimator.perfdb.store import PerfStore
+
+
+def frame(n: int, *, device: str = "t4", kernel: str = "gemm", start: int = 1) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "device": device,
+            "backend": "onnxruntime-1.23.2-cpu",
+            "kernel": kernel,
+            "op": "matmul",
+            "dtype": "float32",
+            "dims": [f'{{"m":{i}}}' for i in range(start, start + n)],
+            "latency_ms": [0.5 * i for i in range(start, start + n)],
+            "latency_std_ms": [0.01] * n,
+            "repeats": 5,
+            "source": "test",
+        }
+    )
+
+
+def contract_roundtrip_keeps_values(store: PerfStore) -> None:
+    run = store.add_run(device="t4", backend="onnxruntime-1.23.2-cpu")
+    assert store.add_measurements(run, frame(3)) == 3
+    got = store.measurements()
+    assert list(got.columns) == [*MEASUREMENT_COLUMNS, *EXTRA_COLUMNS]
+    assert got["latency_ms"].tolist() == [0.5, 1.0, 1.5]
+    assert got["dims"].tolist() == ['{"m":1}', '{"m":2}', '{"m":3}']
+    assert set(got["run_id"]) == {run}
+    assert math.isnan(got["latency_min_ms"].iloc[0])
+
+
+def contract_add_is_idempotent(store: PerfStore) -> None:
+    run = store.add_run(device="t4", backend="b")
+    assert store.add_measurements(run, frame(4)) == 4
+    assert store.add_measurements(run, frame(4)) == 0
+    assert store.add_measurements(run, frame(6)) == 2  # only the 2 new keys
+    assert len(store.measurements()) == 6
+
+
+def contract_repeated_keys_in_a_source_are_kept(store: PerfStore) -> None:
+    run = store.add_run(device="t4", backend="b")
+    twice = pd.concat([frame(2), frame(2)], ignore_index=True)
+    assert store.add_measurements(run, twice) == 4
+    assert store.add_measurements(run, twice) == 0
+    assert len(store.measurements()) == 4
+
+
+def contract_filters(store: PerfStore) -> None:
+    run = store.add_run(device="t4", backend="b")
+    store.add_measurements(run, frame(2, device="t4", kernel="gemm"))
+    store.add_measurements(run, frame(3, device="p4", kernel="softmax"))
+    assert len(store.measurements(devices=["p4"])) == 3
+    assert len(store.measurements(kernels=["gemm"])) == 2
+    assert len(store.measurements(devices=["t4"], kernels=["softmax"])) == 0
+    assert len(store.measurements(backend="other")) == 0
+
+
+def contract_runs_and_finish(store: PerfStore) -> None:
+    a = store.add_run(device="t4", backend="b", sweep_digest="d1", plan_json="[]",
+                      settings={"seed": 1})
+    store.add_run(device="p4", backend="b", sweep_digest="d2")
+    store.finish_run(a, "done")
+    (run,) = store.runs(sweep_digest="d1")
+    assert (run.id, run.status, run.device) == (a, "done", "t4")
+    assert run.ended_at is not None and run.settings_json == '{"seed": 1}'
+    with pytest.raises(errors.InvalidRequestError, match="status"):
+        store.finish_run(a, "great")
+    with pytest.raises(errors.DatabaseError, match="no benchmark run"):
+        store.finish_run(99999, "done")
+
+
+def contract_devices_keep_first_seen(store: PerfStore) -> None:
+    spec = DeviceSpec(
+        key="t4", name="Tesla T4", vendor="nvidia", memory_bytes=16 << 30,
+        mem_bandwidth_gbps=320.0, peak_tflops={"fp32": 8.1}, sm_count=40,
+        boost_clock_mhz=1590.0, l2_cache_mb=4.0, nvml_names=("Tesla T4",),
+    )
+    store.upsert_device(spec)
+    first = store.devices()
+    store.upsert_device(spec, nvml_name="Tesla T4", nvml_uuid="GPU-1")
+    second = store.devices()
+    assert len(second) == 1
+    assert second["first_seen"].iloc[0] == first["first_seen"].iloc[0]
+    assert second["last_seen"].iloc[0] >= first["last_seen"].iloc[0]
+    assert second["nvml_uuid"].iloc[0] == "GPU-1"
+    assert '"fp32": 8.1' in second["spec_json"].iloc[0]
+
+
+def contract_model_versions_and_job_outcomes(store: PerfStore) -> None:
+    mv = store.record_model_version(data_digest="abc", metrics={"gemm": {"mape": 0.1}},
+                                    bundle_path="/b/1")
+    assert store.model_versions()["id"].tolist() == [mv]
+    store.record_job_outcome(job_uid="u1", device="t4", gpu_count=2, estimated_seconds=100.0,
+                             actual_seconds=125.0, model_digest="abc")
+    store.record_job_outcome(job_uid="u2", device="p4", gpu_count=1, estimated_seconds=10.0,
+                             actual_seconds=5.0)
+    got = store.job_outcomes(device="t4")
+    assert got["job_uid"].tolist() == ["u1"]
+    assert got["drift_ratio"].tolist() == [1.25]
+    assert len(store.job_outcomes()) == 2
+    with pytest.raises(errors.InvalidRequestError, match="gpu_count"):
+        store.record_job_outcome(job_uid="u3", device="t4", gpu_count=0,
+                                 estimated_seconds=1.0, actual_seconds=1.0)
+
+
+def contract_bad_frames_are_rejected(store: PerfStore) -> None:
+    run = store.add_run(device="t4", backend="b")
+    with pytest.raises(errors.GpuplanError, match="dims"):
+        store.add_measurements(run, frame(2).drop(columns="dims"))
+    bad = frame(2)
+    bad.loc[0, "latency_ms"] = -1.0
+    with pytest.raises(errors.GpuplanError, match="latency_ms"):
+        store.add_measurements(run, bad)
+    assert store.add_measurements(run, frame(0)) == 0
+
+
+def contract_bulk_insert_is_fast(store: PerfStore) -> None:
+    import time
+
+    run = store.add_run(device="t4", backend="b")
+    t0 = time.perf_counter()
+    assert store.add_measurements(run, frame(20_000)) == 20_000
+    assert store.add_measurements(run, frame(20_000)) == 0
+    assert time.perf_counter() - t0 < 15.0
+
+
+CONTRACT = {
+    name.removeprefix("contract_"): fn
+    for name, fn in sorted(globals().items())
+    if name.startswith("contract_")
+}

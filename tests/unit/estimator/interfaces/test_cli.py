@@ -1,0 +1,193 @@
+"""The `gpuplan` CLI, in process through `main(argv)` and once as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from gpuplan_estimator.graph import examples
+from gpuplan_estimator.interfaces.cli import main
+from gpuplan_estimator.models import bundles
+from gpuplan_estimator.planning import estimates
+
+assert bundles.MANIFEST  # imported here so collection, not the first test, pays for LightGBM
+
+RESNET = examples.light_resnet50_path()
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gpuplan: error: ")
+    return lines[0]
+
+
+def tiny_model(path: Path, *, opset: int = 17) -> Path:
+    """x[batch, sequence, 8] @ w[8, 4]: a model with two symbolic dims."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", 4])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 4], [0.5] * 32)
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")
+    g = helper.make_graph([node], "tiny", [x], [y], initializer=[w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_estimate_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["estimate", str(RESNET), "--device", "h100-sxm-80gb", "--device",
+                          "NVIDIA-A100-SXM4-80GB", "--json", "--epochs", "2",
+                          "--dataset-size", "100"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["schema_version"] == estimates.SCHEMA_VERSION
+    assert doc["predictor_source"] == "roofline" or doc["predictor_source"].startswith("bundle:")
+    assert doc["settings"] == {"mode": "train", "optimizer": "adamw", "precision": "fp32",
+                               "batch_size": 1, "epochs": 2, "dataset_size": 100}
+    assert [d["device"] for d in doc["devices"]] == ["h100-sxm-80gb", "a100-sxm4-80gb"]
+    dev = doc["devices"][0]
+    assert dev["step_time_ms"] == pytest.approx(
+        dev["forward_ms"] + dev["backward_ms"] + dev["optimizer_ms"])
+    assert dev["total_seconds"] == pytest.approx(2 * dev["epoch_seconds"])
+    assert dev["fits"] is True and dev["memory_bytes"] > 0
+    assert "layers" not in dev
+
+
+def test_estimate_text_with_all_layers(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["estimate", str(RESNET), "--device", "t4", "--mode", "inference",
+                        "--layers", "--precision", "fp16"], capsys)
+    assert code == 0
+    assert "inference, batch 1" in out and "precision fp16" in out
+    assert "all layers:" in out and out.count(" Conv ") >= 53
+    assert "memory" in out and "fits" in out
+
+
+def test_tiny_model_dims_and_unbound_dim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny_model(tmp_path / "tiny.onnx")
+    code, _, err = run(["estimate", str(model), "--batch", "2", "--device", "t4"], capsys)
+    assert code == 2 and "sequence" in one_error_line(err)
+    code, out, err = run(["estimate", str(model), "--batch", "2", "--dim", "sequence=16",
+                          "--device", "t4", "--json", "--layers"], capsys)
+    assert code == 0, err
+    (layer,) = json.loads(out)["devices"][0]["layers"]
+    assert layer["op_type"] == "MatMul" and layer["backward_ms"] > 0
+
+
+def test_onnxruntime_framework_folds_resnet_batchnorms(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    forward = {}
+    for fw in ("pytorch-eager", "onnxruntime"):
+        code, out, err = run(["estimate", str(RESNET), "--device", "t4", "--mode", "inference",
+                              "--framework", fw, "--json", "--layers"], capsys)
+        assert code == 0, err
+        layers = json.loads(out)["devices"][0]["layers"]
+        forward[fw] = {ly["op_type"]: 0.0 for ly in layers}
+        for ly in layers:
+            forward[fw][ly["op_type"]] += ly["forward_ms"]
+    assert forward["pytorch-eager"]["BatchNormalization"] > 0
+    assert forward["onnxruntime"]["BatchNormalization"] == 0  # folded into the 53 convs
+    assert forward["onnxruntime"]["Conv"] == pytest.approx(forward["pytorch-eager"]["Conv"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["estimate", str(RESNET), "--device", "h100-sxm-81gb"], "did you mean"),
+        (["estimate", str(RESNET), "--batch", "0"], "must be positive"),
+        (["estimate", str(RESNET), "--batch", "32"], "fixed batch of 1"),
+        (["estimate", str(RESNET), "--epochs", "3", "--device", "t4"], "dataset_size"),
+        (["estimate", str(RESNET), "--dim", "sequence"], "NAME=VALUE"),
+        (["estimate", "/nonexistent/model.onnx"], "/nonexistent/model.onnx"),
+        (["estimate", str(RESNET), "--optimizer", "lamb"], "invalid choice"),
+        (["estimate", str(RESNET), "--framework", "onnxruntime", "--device", "t4"],
+         "inference only"),
+        (["nonsense"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert needle in one_error_line(err)
+
+
+def test_bad_model_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "notes.onnx"
+    text.write_text("this is not a protobuf at all\n" * 10)
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(RESNET.read_bytes()[:5000])
+    old = tiny_model(tmp_path / "old.onnx", opset=5)
+    for path in (text, truncated, old):
+        code, _, err = run(["estimate", str(path), "--device", "t4"], capsys)
+        assert code == 2
+        assert str(path) in one_error_line(err)
+
+
+def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["--debug", "estimate", str(RESNET), "--device", "nope-gpu"], capsys)
+    assert code == 2 and "Traceback" in err and err.strip().endswith("nope-gpu'")
+
+
+def test_devices_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["devices", "--json"], capsys)
+    rows = json.loads(out)
+    assert code == 0 and len(rows) >= 10
+    assert {"key", "memory_bytes", "mem_bandwidth_gbps", "peak_tflops"} <= set(rows[0])
+    code, out, _ = run(["devices"], capsys)
+    assert code == 0 and "h100-sxm-80gb" in out
+
+
+def test_strip_then_estimate_the_compressed_copy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dest = tmp_path / "resnet.onnx.xz"
+    code, out, _ = run(["strip", str(RESNET), str(dest), "--compress", "xz"], capsys)
+    assert code == 0 and f"-> {dest}" in out and "bytes" in out
+    code, out, err = run(["estimate", str(dest), "--device", "l4", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["model"]["parameters"] > 25_000_000
+
+
+def test_demo_on_one_device(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["demo", "--device", "a100-sxm4-80gb"], capsys)
+    assert code == 0, err
+    assert "== ResNet-50" in out and "== GPT-2 medium" in out
+    assert "gpt2-medium" in out and "most expensive layers" in out
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run([], capsys)
+    assert code == 2 and "estimate" in err
+
+
+@pytest.mark.slow  # a fresh interpreter imports onnx, numpy and LightGBM: seconds on 2 cores
+def test_subprocess_exit_code_and_single_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\x01garbage")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuplan_estimator.interfaces.cli.main", "estimate", str(bad)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert one_error_line(proc.stderr)
+    assert "Traceback" not in proc.stderr
+
+

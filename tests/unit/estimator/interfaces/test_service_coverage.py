@@ -1,0 +1,74 @@
+"""`GET /v1/coverage`: performance-database rows and bundle devices per catalog key."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import pathlib
+from typing import Any
+
+import pandas as pd
+from aiohttp.test_utils import TestClient, TestServer
+
+from gpuplan_estimator import devices
+from gpuplan_estimator.core import errors
+from gpuplan_estimator.cost import roofline
+from gpuplan_estimator.interfaces.cli import serving
+from gpuplan_estimator.interfaces.http import service
+from gpuplan_estimator.perfdb import PerfStore
+from gpuplan_estimator.planning import planner
+
+NEWEST = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
+
+
+def _context() -> planner.PlannerContext:
+    return planner.PlannerContext(
+        catalog=devices.load_catalog(), predictor=roofline.RooflinePredictor(),
+        predictor_source="roofline", manifest={"devices": ["t4", "cpu"]})
+
+
+async def _get(source: service.CoverageSource | None) -> tuple[int, dict[str, Any]]:
+    app = service.make_app(service.ServiceState(_context),
+                           service.ServiceSettings(bundle_poll_s=3600), coverage_source=source)
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.get("/v1/coverage")
+        return resp.status, await resp.json()
+
+
+def test_coverage_json_lists_catalog_bundle_and_database_devices() -> None:
+    got = service.coverage_json({"l4": (7, NEWEST), "custom-gpu": (2, None)}, ["t4"],
+                                ["t4", "l4", "h100-sxm-80gb"])["devices"]
+    assert list(got) == ["custom-gpu", "h100-sxm-80gb", "l4", "t4"]
+    assert got["l4"] == {"measurements": 7, "newest_run_unix": NEWEST.timestamp(),
+                         "in_bundle": False}
+    assert got["t4"] == {"measurements": 0, "newest_run_unix": None, "in_bundle": True}
+    assert got["custom-gpu"]["measurements"] == 2
+    assert got["h100-sxm-80gb"]["measurements"] == 0
+
+
+def test_endpoint_reads_a_real_sqlite_database(tmp_path: pathlib.Path) -> None:
+    url = f"sqlite:///{tmp_path / 'perf.db'}"
+    with PerfStore.open(url, clock=lambda: NEWEST) as store:
+        run = store.add_run(device="l4", backend="b")
+        store.add_measurements(run, pd.DataFrame({
+            "device": "l4", "backend": "b", "kernel": "gemm", "op": "matmul",
+            "dtype": "float32", "dims": ['{"m":1}', '{"m":2}'], "latency_ms": [1.0, 2.0],
+            "latency_std_ms": [0.0, 0.0], "repeats": 3, "source": "t"}))
+        store.finish_run(run, "done")
+    status, body = asyncio.run(_get(serving.perfdb_coverage_source(url)))
+    assert status == 200, body
+    assert body["devices"]["l4"] == {"measurements": 2, "newest_run_unix": NEWEST.timestamp(),
+                                     "in_bundle": False}
+    assert body["devices"]["t4"]["in_bundle"] is True
+    assert body["devices"]["h100-sxm-80gb"]["measurements"] == 0
+
+
+def test_without_a_database_or_when_it_fails_the_answer_is_503() -> None:
+    def broken() -> dict[str, tuple[int, dt.datetime | None]]:
+        raise errors.DatabaseError("database at sqlite:///x unreachable")
+
+    status, body = asyncio.run(_get(None))
+    assert status == 503 and body["error"]["reason"] == "NotReady"
+    status, body = asyncio.run(_get(broken))
+    assert status == 503 and body["error"]["reason"] == "DatabaseUnavailable"
+    assert "unreachable" in body["error"]["message"]

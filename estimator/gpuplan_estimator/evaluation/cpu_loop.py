@@ -2,7 +2,7 @@
 measure it with onnxruntime in the same run.
 
 The light models (``onnx/backend/test/data/light``) are structure-only (weights are
-ConstantOfShape zeros), which is fine for timing. They are exported at batch 1; `rebatch`
+ConstantOfShape zeros), which is fine for timing. They are exported at batch 1; `graph.batching.fixed_batch`
 rewrites the input's leading dim and the batch-major Reshape targets so batch 8 runs too.
 Timing follows the project's rule: one warm-up run, then the mean of runs 2..N+1.
 """
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from gpuplan_estimator import graph
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.graph import batching
 from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_estimator.step.frameworks import ONNXRUNTIME
@@ -72,45 +72,6 @@ class CpuResult:
         return self.p10_ms <= self.measured_ms <= self.p90_ms
 
 
-def _free_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    produced = {o for n in model.graph.node for o in n.output}
-    inits = {i.name for i in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in produced and i.name not in inits]
-
-
-def rebatch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
-    """A copy at `batch`: leading dim of every free input and of constant Reshape targets.
-
-    Only Reshape targets whose leading entry equals the exported batch (1) are rewritten; the
-    result is checked by shape inference so a target that was not batch-major fails loudly.
-    """
-    if batch < 1:
-        raise errors.InvalidRequestError("batch", f"must be positive, got {batch}")
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for value in _free_inputs(out):
-        dims = value.type.tensor_type.shape.dim
-        if not dims or dims[0].dim_value != 1:
-            raise errors.InvalidModelError(f"{out.graph.name}: input {value.name} is not batch 1")
-        dims[0].dim_value = batch
-    del out.graph.value_info[:]  # stale batch-1 shapes; re-inferred below and by `graph`
-    for value in out.graph.output:
-        dims = value.type.tensor_type.shape.dim
-        if dims and dims[0].dim_value == 1:
-            dims[0].dim_value = batch
-    inits = {t.name: t for t in out.graph.initializer}
-    for node in out.graph.node:
-        target = inits.get(node.input[1]) if node.op_type == "Reshape" else None
-        if target is None:
-            continue
-        shape = numpy_helper.to_array(target).copy()
-        if shape.size and shape[0] == 1:
-            shape[0] = batch
-            target.CopyFrom(numpy_helper.from_array(shape.astype(np.int64), target.name))
-    onnx.shape_inference.infer_shapes(out, check_type=True, strict_mode=True)
-    return out
-
-
 def measure_ms(model_bytes: bytes, settings: TimingSettings,
                clock: Callable[[], float] = time.perf_counter) -> float:
     """Median over `settings.sessions` fresh sessions of the mean of runs 2..N+1."""
@@ -158,7 +119,7 @@ def evaluate_model(
     settings: TimingSettings,
 ) -> CpuResult:
     """Predict and measure one light model at one batch."""
-    proto = rebatch(onnx.load(os.fspath(path), load_external_data=False), batch)
+    proto = batching.fixed_batch(onnx.load(os.fspath(path), load_external_data=False), batch)
     data = proto.SerializeToString()
     name = path.stem.removeprefix("light_")
     g = graph.load_model(data, name=name)

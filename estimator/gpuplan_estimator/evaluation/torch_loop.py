@@ -30,8 +30,8 @@ from gpuplan_estimator.evaluation.cpu_loop import (
     evaluate_light_models,
     main_predictor,
     mean_run_ms,
-    rebatch,
 )
+from gpuplan_estimator.graph import batching
 from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_estimator.step.frameworks import PYTORCH_EAGER
@@ -110,7 +110,7 @@ def evaluate_model(
     settings: TimingSettings,
 ) -> CpuResult:
     """Predict and measure one SGD training step of one light model at one batch."""
-    proto = rebatch(onnx.load(str(path), load_external_data=False), batch)
+    proto = batching.fixed_batch(onnx.load(str(path), load_external_data=False), batch)
     name = path.stem.removeprefix("light_")
     g = graph.load_model(proto.SerializeToString(), name=name)
     (est,) = estimates.estimate(g, [device], TrainingSettings(

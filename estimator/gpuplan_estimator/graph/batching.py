@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
 from onnx import numpy_helper
 
-from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.errors import InvalidModelError, InvalidRequestError
 from gpuplan_estimator.core.layers import FLOAT_DTYPES, ModelGraph, OpFamily
 from gpuplan_estimator.graph import loading
 
@@ -46,20 +48,62 @@ def symbolic_batch(data: bytes) -> bytes:
     the per-GPU batches it considers.
     """
     model = loading.parse_model(data, "<model>")
-    initializers = {t.name: t for t in model.graph.initializer}
-    fixed = set()
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        dim = value.type.tensor_type.shape.dim[0]
-        if dim.HasField("dim_value"):
-            fixed.add(dim.dim_value)
+    _set_batch(model, None)
+    return model.SerializeToString()
+
+
+def fixed_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
+    """A copy of a fixed-batch model at another fixed `batch` (to run it, not only to price it).
+
+    Reshape targets whose leading entry is the exported batch get `batch` there; the result is
+    checked by shape inference, so a target that was not batch-major fails loudly.
+    """
+    if batch < 1:
+        raise InvalidRequestError("batch", f"must be positive, got {batch}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    _set_batch(out, batch)
+    onnx.shape_inference.infer_shapes(out, check_type=True, strict_mode=True)
+    return out
+
+
+def _free_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    produced = {o for n in model.graph.node for o in n.output}
+    inits = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in produced and i.name not in inits]
+
+
+def _set_leading(dim: onnx.TensorShapeProto.Dimension, batch: int | None) -> None:
+    if batch is None:
         dim.dim_param = "batch"
+    else:
+        dim.dim_value = batch
+
+
+def _set_batch(model: onnx.ModelProto, batch: int | None) -> None:
+    """Leading dim of the free inputs (and of outputs and Reshape targets at the exported
+    batch) set to `batch`, or made symbolic when `batch` is None; in place."""
+    exported: set[int] = set()
+    for value in _free_inputs(model):
+        dims = value.type.tensor_type.shape.dim
+        if not dims:
+            if batch is None:
+                continue  # a scalar input has no batch to free
+            raise InvalidModelError(f"{model.graph.name}: input {value.name} has no batch dim")
+        if dims[0].HasField("dim_value"):
+            exported.add(dims[0].dim_value)
+        _set_leading(dims[0], batch)
+    del model.graph.value_info[:]  # stale shapes at the exported batch; re-inferred later
+    for value in model.graph.output:
+        dims = value.type.tensor_type.shape.dim
+        if dims and dims[0].HasField("dim_value") and dims[0].dim_value in exported:
+            _set_leading(dims[0], batch)
+    initializers = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
         target = initializers.get(node.input[1]) if node.op_type == "Reshape" else None
-        if target is not None:
-            shape = numpy_helper.to_array(target).copy()
-            if shape.size and int(shape[0]) in fixed:
-                shape[0] = 0
-                target.CopyFrom(numpy_helper.from_array(shape, target.name))
-    return model.SerializeToString()
+        if target is None:
+            continue
+        shape = numpy_helper.to_array(target).copy()
+        if shape.size and int(shape[0]) in exported:
+            shape[0] = 0 if batch is None else batch
+            target.CopyFrom(numpy_helper.from_array(shape.astype(np.int64), target.name))

@@ -65,6 +65,7 @@ def test_canonical_dims_for_elementwise_and_memcpy() -> None:
     specs = sweep.load_specs([SHIPPED])
     plan = sweep.sample_plan(specs, samples=200, seed=1, device_kind="cpu",
                              families=["elementwise", "memcpy"])
+    assert {it.kernel for it in plan} == {"elementwise", "memcpy"}
     for it in plan:
         if it.kernel == "memcpy":
             assert set(it.dims) == {"elements"} and it.dims["elements"] % 64 == 0
@@ -149,7 +150,9 @@ def test_plan_digest_changes_with_parameters(tmp_path: Path) -> None:
 def test_grouped_and_depthwise_conv_specs_sample_valid_groups() -> None:
     depthwise = sweep.load_spec(SHIPPED / "conv2d-depthwise.yaml")
     grouped = sweep.load_spec(SHIPPED / "conv2d-grouped.yaml")
-    for it in sweep.sample_plan([depthwise], samples=30, seed=1, device_kind="cpu"):
+    depthwise_plan = sweep.sample_plan([depthwise], samples=30, seed=1, device_kind="cpu")
+    assert len(depthwise_plan) == 30
+    for it in depthwise_plan:
         assert it.dims["groups"] == it.dims["c_in"] == it.dims["c_out"] > 1
     plan = sweep.sample_plan([grouped], samples=30, seed=1, device_kind="cpu")
     assert {it.dims["groups"] for it in plan} > {2}

@@ -128,7 +128,9 @@ def test_onnxruntime_rows_have_no_forward_backward_time(sweep_dir: Path,
                                                         store: PerfStore) -> None:
     report = runner.run_bench(settings(sweep_dir, samples=2), store, target=TARGET,
                               progress=False)
-    assert store.measurements(run_id=report.run_id)["fwd_bwd_latency_ms"].isna().all()
+    rows = store.measurements(run_id=report.run_id)
+    assert report.rows_added > 0 and len(rows) == report.rows_added
+    assert rows["fwd_bwd_latency_ms"].isna().all()
 
 
 def test_missing_torch_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

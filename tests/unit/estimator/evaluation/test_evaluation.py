@@ -17,6 +17,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, report
+from gpuplan_estimator.graph import batching
 from gpuplan_estimator.interfaces.cli import estimating
 from gpuplan_estimator.interfaces.cli import evaluation as eval_cli
 
@@ -163,16 +164,6 @@ def _tiny_batch1_model() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-def test_rebatch_rewrites_input_and_reshape() -> None:
-    out = cpu_loop.rebatch(_tiny_batch1_model(), 8)
-    assert out.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 8
-    assert out.graph.output[0].type.tensor_type.shape.dim[0].dim_value == 8
-    shape = next(t for t in out.graph.initializer if t.name == "shape")
-    assert numpy_helper.to_array(shape).tolist() == [8, -1]
-    with pytest.raises(InvalidRequestError):
-        cpu_loop.rebatch(_tiny_batch1_model(), 0)
-
-
 def test_evaluate_model_predicts_and_measures(tmp_path: Path) -> None:
     path = tmp_path / "light_tiny.onnx"
     onnx.save(_tiny_batch1_model(), path)
@@ -213,7 +204,7 @@ def test_cpu_data_notes_quote_the_measurement_conditions(tmp_path: Path) -> None
 
 
 def test_measure_keeps_the_median_session_and_checks_sessions() -> None:
-    model = cpu_loop.rebatch(_tiny_batch1_model(), 2).SerializeToString()
+    model = batching.fixed_batch(_tiny_batch1_model(), 2).SerializeToString()
     ticks = iter(np.arange(0.0, 1e6, 0.5))  # every clock read advances 0.5 s: means are exact
     measured = cpu_loop.measure_ms(model, cpu_loop.TimingSettings(runs=2, sessions=3, threads=1),
                                    clock=lambda: float(next(ticks)))

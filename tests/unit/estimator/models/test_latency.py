@@ -17,7 +17,7 @@ from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.devices import local_cpu
 from gpuplan_estimator.models import bundles, latency, learned
-from gpuplan_estimator.step import frameworks
+from gpuplan_estimator.step import layout_credits
 
 FAST: dict[str, Any] = {
     "n_estimators": 20, "num_leaves": 15, "min_child_samples": 5, "n_jobs": 1}
@@ -200,7 +200,7 @@ def test_layout_credit_comes_off_cpu_convs_only() -> None:
                      dims=MappingProxyType(dims), dtype="float32", flops=1, bytes_moved=1,
                      op="Conv")
     credited = dataclasses.replace(plain, attributes=MappingProxyType(
-        {frameworks.LAYOUT_CREDIT: 8 * (256 + 64) * 56 * 56}))
+        {layout_credits.LAYOUT_CREDIT: 8 * (256 + 64) * 56 * 56}))
     predictor = learned.LearnedPredictor(shipped)
     cpu = local_cpu.local_cpu_device()
     base, less = predictor.predict([plain, credited], cpu).median_ms

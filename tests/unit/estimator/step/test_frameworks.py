@@ -17,7 +17,7 @@ from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.planning import estimates
-from gpuplan_estimator.step import frameworks
+from gpuplan_estimator.step import frameworks, layout_credits
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
 
 F = TensorProto.FLOAT
@@ -191,7 +191,7 @@ def conv_chain(c_mid: int = 32, groups: int = 1) -> Any:
 
 
 def credits(g: Any, name: str) -> Any:
-    return frameworks.layout_credits(g, name, frameworks.overrides(g, name))
+    return layout_credits.credits_for(g, name, frameworks.overrides(g, name))
 
 
 def test_onnxruntime_credits_the_nchwc_reorders_a_conv_chain_skips() -> None:
@@ -202,8 +202,8 @@ def test_onnxruntime_credits_the_nchwc_reorders_a_conv_chain_skips() -> None:
         "conv1": 2 * 32 * 8 * 8, "conv2": 2 * 32 * 8 * 8}
     assert credits(g, "pytorch-eager") == {}
     by_layer = {i.layer: i for i in build_step(g, ort()).forward}
-    assert by_layer["conv1"].attributes[frameworks.LAYOUT_CREDIT] == 2 * 32 * 8 * 8
-    assert all(frameworks.LAYOUT_CREDIT not in i.attributes for i in build_step(g, eager()).forward)
+    assert by_layer["conv1"].attributes[layout_credits.LAYOUT_CREDIT] == 2 * 32 * 8 * 8
+    assert all(layout_credits.LAYOUT_CREDIT not in i.attributes for i in build_step(g, eager()).forward)
 
 
 def test_grouped_conv_with_unaligned_channels_per_group_is_not_blocked() -> None:

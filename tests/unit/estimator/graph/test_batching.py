@@ -1,0 +1,62 @@
+"""Batch of a graph: the batch it runs at, and re-batching fixed-batch exports."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from gpuplan_estimator import graph
+from gpuplan_estimator.core.errors import InvalidModelError, InvalidRequestError
+from gpuplan_estimator.graph import batching
+
+
+def batch1_model(*, scalar_input: bool = False) -> onnx.ModelProto:
+    """Conv → Reshape([1, -1]) exported at batch 1, like a light model's classifier head."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], np.zeros(108, np.float32))
+    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])]
+    if scalar_input:
+        inputs.append(helper.make_tensor_value_info("scale", TensorProto.FLOAT, []))
+    g = helper.make_graph(nodes, "tiny", inputs,
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])],
+                          [w, shape])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_fixed_batch_rewrites_input_output_and_reshape() -> None:
+    out = batching.fixed_batch(batch1_model(), 8)
+    assert out.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 8
+    assert out.graph.output[0].type.tensor_type.shape.dim[0].dim_value == 8
+    shape = next(t for t in out.graph.initializer if t.name == "shape")
+    assert numpy_helper.to_array(shape).tolist() == [8, -1]
+    with pytest.raises(InvalidRequestError, match="batch"):
+        batching.fixed_batch(batch1_model(), 0)
+
+
+def test_fixed_batch_refuses_an_input_without_a_batch_dim() -> None:
+    with pytest.raises(InvalidModelError, match="scale"):
+        batching.fixed_batch(batch1_model(scalar_input=True), 4)
+
+
+@pytest.mark.parametrize("scalar_input", [False, True])
+def test_symbolic_batch_loads_at_any_batch(scalar_input: bool) -> None:
+    data = batching.symbolic_batch(batch1_model(scalar_input=scalar_input).SerializeToString())
+    model = onnx.load_from_string(data)
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    shape = next(t for t in model.graph.initializer if t.name == "shape")
+    assert numpy_helper.to_array(shape).tolist() == [0, -1]  # 0: copy the input's batch
+    g = graph.load_model(data, batch=4)
+    assert graph.model_batch(g, None) == 4
+    assert g.layers[-1].outputs[0].shape == (4, 256)
+
+
+def test_model_batch_names_the_field_not_a_flag() -> None:
+    g = graph.load_model(batch1_model().SerializeToString())
+    assert graph.model_batch(g, None) == 1
+    assert graph.model_batch(g, 1) == 1
+    with pytest.raises(InvalidRequestError, match=r"^batch: the model has a fixed batch of 1"):
+        graph.model_batch(g, 32)

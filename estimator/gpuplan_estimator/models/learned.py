@@ -5,24 +5,18 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import numpy as np
 import numpy.typing as npt
 
-from gpuplan_estimator.core.layers import OpFamily
-from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.cost.predictors import FloatArray, LatencyPrediction, LatencyPredictor
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.models.bundles import Bundle
 from gpuplan_estimator.models.latency import NO_CORRECTION, LayerLatencyModel, ProbeCorrection
-from gpuplan_estimator.step.frameworks import LAYOUT_CREDIT
-
-MAX_LAYOUT_CREDIT = 0.5
-"""Largest share of a conv's time its layout credit may remove (the profiled reorders were
-8-36 % of a single-Conv session)."""
+from gpuplan_estimator.step import layout_credits
 
 
 class LearnedPredictor:
@@ -77,20 +71,15 @@ class LearnedPredictor:
         self, items: Sequence[WorkItem], device: DeviceSpec, backend_code: int | None,
         parts: tuple[FloatArray, FloatArray, FloatArray],
     ) -> None:
-        """Subtract, in place, the NCHWc reorders a conv's single-node rows timed but its
-        model skips (`framework.layout_credits`), priced as this host's copies (transpose
-        rows: ResNet-50 at batch 8, 74 ms predicted for 78 ms profiled). At most
-        `MAX_LAYOUT_CREDIT` of the conv's own time comes off."""
-        idx = [i for i, it in enumerate(items) if it.attributes.get(LAYOUT_CREDIT)]
+        """Take the NCHWc reorders this host's convs skip off their rows' price, in place
+        (`layout_credits`: ResNet-50 at batch 8, 74 ms predicted for 78 ms profiled)."""
+        idx, copies = layout_credits.credited(items)
         if not idx:
             return
-        copies = [_copy_item(int(items[i].attributes[LAYOUT_CREDIT])) for i in idx]
         group = self._group("memcpy", list(range(len(copies))), copies)
-        (copy_med, _, _), _ = self._price(group, device, backend_code)
-        at = np.asarray(idx, dtype=np.intp)
+        (copy_ms, _, _), _ = self._price(group, device, backend_code)
         for values in parts:
-            values[at] = np.maximum(values[at] - copy_med,
-                                    (1.0 - MAX_LAYOUT_CREDIT) * values[at])
+            layout_credits.take_off(values, idx, copy_ms)
 
     def _groups(self, items: Sequence[WorkItem]) -> list[_KernelGroup]:
         """Items grouped by kernel with their distinct shapes; reused while the same items
@@ -144,14 +133,6 @@ class LearnedPredictor:
         if transfer is not None and not self.bundle.has_seen(device):
             return transfer, features.transfer_columns(kernel), ":transfer", NO_CORRECTION
         return self.bundle.models.get(kernel), None, "", NO_CORRECTION
-
-
-def _copy_item(elements: int) -> WorkItem:
-    """A reorder of `elements` float32 values: one strided copy (the memcpy bench kernel)."""
-    return WorkItem(layer="layout", family=OpFamily.DATA_MOVEMENT, kernel="memcpy",
-                    phase=Phase.FORWARD, dims=MappingProxyType({"elements": elements}),
-                    dtype="float32", flops=0, bytes_moved=8 * elements, op="transpose",
-                    role="layout_reorder")
 
 
 @dataclass(frozen=True)

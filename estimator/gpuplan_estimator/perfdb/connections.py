@@ -18,7 +18,7 @@ from gpuplan_estimator.perfdb import migrations
 
 T = TypeVar("T")
 
-SQLITE_BUSY_TIMEOUT_S = 10.0
+SQLITE_BUSY_TIMEOUT_SECONDS = 10.0
 CONNECT_TIMEOUT_S = 10
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
@@ -36,19 +36,19 @@ def masked(url: str | URL) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
-def _sqlite_pragmas(busy_timeout_s: float) -> Callable[[Any, Any], None]:
+def _sqlite_pragmas(busy_timeout_seconds: float) -> Callable[[Any, Any], None]:
     def on_connect(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
         # WAL lets readers (the estimator service) run while a benchmark writes.
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_seconds * 1000)}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
     return on_connect
 
 
-def create(url: str, *, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> Engine:
+def create(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS) -> Engine:
     """An engine for `url`; creates the SQLite file's directory. Does not connect."""
     parsed = parse_url(url)
     backend = parsed.get_backend_name()
@@ -56,8 +56,8 @@ def create(url: str, *, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> Engine
         db = parsed.database or ""
         if db and db != ":memory:" and not db.startswith("file:"):
             Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(parsed, connect_args={"timeout": busy_timeout_s})
-        event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_s))
+        engine = create_engine(parsed, connect_args={"timeout": busy_timeout_seconds})
+        event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_seconds))
         return engine
     connect_args: dict[str, Any] = {}
     if backend == "postgresql":
@@ -73,7 +73,7 @@ def with_retry(
     *,
     url: URL | str,
     retries: int,
-    retry_delay_s: float,
+    retry_delay_seconds: float,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
     """Run `fn`, retrying OperationalError (locked, unreachable) with exponential backoff."""
@@ -88,7 +88,7 @@ def with_retry(
                     f"performance database {masked(url)} unavailable after "
                     f"{attempt + 1} attempt(s): {reason.strip()}"
                 ) from exc
-            sleep(retry_delay_s * (2**attempt))
+            sleep(retry_delay_seconds * (2**attempt))
             attempt += 1
 
 

@@ -65,11 +65,11 @@ class PerfStore:
     """
 
     def __init__(
-        self, engine: Engine, *, retries: int, retry_delay_s: float, clock: Clock = _utcnow
+        self, engine: Engine, *, retries: int, retry_delay_seconds: float, clock: Clock = _utcnow
     ) -> None:
         self.engine = engine
         self.retries = retries
-        self.retry_delay_s = retry_delay_s
+        self.retry_delay_seconds = retry_delay_seconds
         self.clock = clock
 
     @classmethod
@@ -78,16 +78,16 @@ class PerfStore:
         url: str | None = None,
         *,
         retries: int = 5,
-        retry_delay_s: float = 0.5,
-        busy_timeout_s: float = connections.SQLITE_BUSY_TIMEOUT_S,
+        retry_delay_seconds: float = 0.5,
+        busy_timeout_seconds: float = connections.SQLITE_BUSY_TIMEOUT_SECONDS,
         clock: Clock = _utcnow,
     ) -> PerfStore:
         """Connect to `url` (default `paths.default_db_url()`) and upgrade the schema to head.
 
-        `busy_timeout_s` is how long SQLite waits on a lock before a retry counts.
+        `busy_timeout_seconds` is how long SQLite waits on a lock before a retry counts.
         """
-        eng = connections.create(url or paths.default_db_url(), busy_timeout_s=busy_timeout_s)
-        store = cls(eng, retries=retries, retry_delay_s=retry_delay_s, clock=clock)
+        eng = connections.create(url or paths.default_db_url(), busy_timeout_seconds=busy_timeout_seconds)
+        store = cls(eng, retries=retries, retry_delay_seconds=retry_delay_seconds, clock=clock)
         store._retry(lambda: connections.upgrade(eng))
         return store
 
@@ -106,7 +106,7 @@ class PerfStore:
 
     def _retry(self, fn: Callable[[], Any]) -> Any:
         return connections.with_retry(
-            fn, url=self.engine.url, retries=self.retries, retry_delay_s=self.retry_delay_s
+            fn, url=self.engine.url, retries=self.retries, retry_delay_seconds=self.retry_delay_seconds
         )
 
     # -- runs -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from gpuplan_estimator.core import options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import DTYPE_BYTES, FLOAT_DTYPES, Layer, ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
-from gpuplan_estimator.step import backward, frameworks
+from gpuplan_estimator.step import backward, frameworks, layout_credits
 
 KernelDims = tuple[str, Mapping[str, int]]
 KernelDimsFn = Callable[[Layer], KernelDims]
@@ -178,7 +178,7 @@ def build_step(
     no_grad: list[str] = []
     fused: list[str] = []
     overrides = frameworks.overrides(graph, settings.framework)
-    credits = frameworks.layout_credits(graph, settings.framework, overrides)
+    credits = layout_credits.credits_for(graph, settings.framework, overrides)
     for layer in graph.layers:
         if layer.name in overrides:
             unit_kernel = overrides[layer.name]
@@ -191,7 +191,7 @@ def build_step(
         item = forward_item(layer, dims_of(layer), settings)
         if layer.name in credits:
             item = replace(item, attributes=MappingProxyType(
-                {**item.attributes, frameworks.LAYOUT_CREDIT: credits[layer.name]}))
+                {**item.attributes, layout_credits.LAYOUT_CREDIT: credits[layer.name]}))
         forward.append(item)
         if item.kernel == "none":
             shape_only.append(layer.name)

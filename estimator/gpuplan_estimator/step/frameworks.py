@@ -23,8 +23,7 @@ the graph at session load:
   Concat, pooling and (folded) batch norm keep the layout, so inside a CNN they are gone
   (ResNet-50 at batch 8, profiled: 0.01 ms of reorders), while a single-Conv benchmark pays
   both (78 ms of its 423 ms over ResNet-50's 53 convs; the convs alone: 345 ms isolated, 347 ms
-  in the model). `layout_credits` names the elements each conv's rows reordered that the model
-  does not; the learned predictor takes their price off on CPU devices (`latency`).
+  in the model). The module `layout_credits` prices what the model does not run.
 
 Attention (MatMul/scale/mask/Softmax) is only fused by the separate transformers optimizer,
 so it keeps its per-node kernels here.
@@ -49,14 +48,6 @@ from gpuplan_estimator.core.layers import Layer, ModelGraph
 from gpuplan_estimator.core.options import FRAMEWORKS, ONNXRUNTIME, PYTORCH_COMPILED, PYTORCH_EAGER
 from gpuplan_estimator.graph import opcost
 
-# MLAS's NCHWc block on AVX-512 hosts (8 on AVX2 ones), both of which measured the shipped rows
-# and the eval host: grouped convs are blocked only when the channels per group divide by it.
-NCHWC_BLOCK = 16
-# Ops onnxruntime runs in the NCHWc layout (or folds away), so a reorder before or after them
-# cancels against the neighbouring conv's (profiled: ResNet-50, Inception-v2, VGG-19).
-NCHWC_OPS = frozenset({"Relu", "Add", "Sum", "Concat", "MaxPool", "AveragePool",
-                       "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization"})
-LAYOUT_CREDIT = "nchwc_reorder_elements"
 """WorkItem attribute: elements of the conv's input and output whose NCHWc reorders the single-
 node benchmark timed but the model skips."""
 
@@ -104,80 +95,6 @@ def overrides(graph: ModelGraph, framework: str) -> Overrides:
         out.update({layer.name: _blocked_pool(layer) for layer in graph.layers
                     if layer.op_type == "AveragePool" and layer.name not in out})
     return out
-
-
-def layout_credits(graph: ModelGraph, framework: str, unit_overrides: Overrides
-                   ) -> Mapping[str, int]:
-    """Conv layer -> elements whose NCHWc reorders its benchmark rows include but `framework`
-    does not run in this graph (onnxruntime only; empty otherwise). `unit_overrides` are
-    `overrides(graph, framework)`."""
-    if framework != ONNXRUNTIME:
-        return {}
-    consumers: dict[str, list[Layer]] = {}
-    for layer in graph.layers:
-        for t in layer.inputs:
-            consumers.setdefault(t.name, []).append(layer)
-    # What the conv folds in (BN, per-channel Mul/Add, activation) keeps its layout too.
-    folded = frozenset(name for name, kernel in unit_overrides.items() if kernel is None)
-    keeping = frozenset(layer.name for layer in graph.layers
-                        if layer.op_type in NCHWC_OPS or layer.name in folded)
-    blocked = _blocked_tensors(graph, keeping)
-    stays = _stays_blocked(graph, consumers, blocked, keeping)
-    credits: dict[str, int] = {}
-    for layer in graph.layers:
-        if not _is_nchwc_conv(layer):
-            continue
-        x, y = layer.inputs[0], layer.outputs[0]
-        reordered_in = x.shape[1] >= NCHWC_BLOCK  # narrower inputs are read as NCHW
-        n = (x.elements if reordered_in and x.name in blocked else 0) + (
-            y.elements if y.name in stays else 0)
-        if n:
-            credits[layer.name] = n
-    return credits
-
-
-def _is_nchwc_conv(layer: Layer) -> bool:
-    if layer.op_type != "Conv" or len(layer.inputs) < 2 or len(layer.inputs[0].shape) != 4:
-        return False
-    groups = int(layer.attributes.get("group", 1))
-    c_in, c_out = layer.inputs[0].shape[1], layer.outputs[0].shape[1]
-    if groups == 1 or groups == c_in == c_out:
-        return True
-    return (c_in // groups) % NCHWC_BLOCK == 0 and (c_out // groups) % NCHWC_BLOCK == 0
-
-
-def _blocked_tensors(graph: ModelGraph, keeping: frozenset[str]) -> set[str]:
-    """Tensors produced in NCHWc: by a blocked conv, or by a layout-keeping layer whose 4-D
-    inputs all are."""
-    blocked: set[str] = set()
-    for layer in graph.layers:
-        acts = [t for t in layer.inputs if len(t.shape) == 4]
-        if _is_nchwc_conv(layer) or (layer.name in keeping and acts
-                                     and all(t.name in blocked for t in acts)):
-            blocked.update(t.name for t in layer.outputs)
-    return blocked
-
-
-def _stays_blocked(graph: ModelGraph, consumers: Mapping[str, list[Layer]],
-                   blocked: set[str], keeping: frozenset[str]) -> set[str]:
-    """Tensors that are never reordered back to NCHW: every consumer is a blocked conv, or a
-    layout-keeping layer whose other 4-D inputs are blocked and whose outputs stay blocked
-    too (reverse topological order)."""
-    stays: set[str] = set()
-
-    def keeps(user: Layer) -> bool:
-        if _is_nchwc_conv(user):
-            return True
-        return (user.name in keeping
-                and all(t.name in blocked for t in user.inputs if len(t.shape) == 4)
-                and all(t.name in stays for t in user.outputs))
-
-    for layer in reversed(graph.layers):
-        for t in layer.outputs:
-            users = consumers.get(t.name, [])
-            if users and all(keeps(u) for u in users):
-                stays.add(t.name)
-    return stays
 
 
 def _blocked_pool(layer: Layer) -> UnitKernel:

@@ -102,7 +102,7 @@ def test_with_retry_backs_off_then_succeeds() -> None:
             raise OperationalError("stmt", {}, sqlite3.OperationalError("database is locked"))
         return "ok"
 
-    got = connections.with_retry(flaky, url="sqlite://", retries=5, retry_delay_s=0.1,
+    got = connections.with_retry(flaky, url="sqlite://", retries=5, retry_delay_seconds=0.1,
                             sleep=sleeps.append)
     assert got == "ok"
     assert sleeps == [0.1, 0.2]
@@ -114,8 +114,8 @@ def test_locked_sqlite_gives_database_error_after_retries(tmp_path: Path) -> Non
     locker = sqlite3.connect(db, isolation_level=None)
     locker.execute("begin exclusive")
     try:
-        store = PerfStore.open(f"sqlite:///{db}", retries=2, retry_delay_s=0.01,
-                               busy_timeout_s=0.05)
+        store = PerfStore.open(f"sqlite:///{db}", retries=2, retry_delay_seconds=0.01,
+                               busy_timeout_seconds=0.05)
         with pytest.raises(errors.DatabaseError, match=r"after 3 attempt\(s\).*locked"):
             store.add_run(device="cpu", backend="b")
     finally:
@@ -126,7 +126,7 @@ def test_locked_sqlite_gives_database_error_after_retries(tmp_path: Path) -> Non
 def test_unreachable_server_error_masks_password() -> None:
     url = "postgresql+psycopg://gpuplan:s3cret@127.0.0.1:1/perf"
     with pytest.raises(errors.DatabaseError) as info:
-        PerfStore.open(url, retries=1, retry_delay_s=0.01)
+        PerfStore.open(url, retries=1, retry_delay_seconds=0.01)
     message = str(info.value)
     assert "s3cret" not in message
     assert "gpuplan:***@127.0.0.1:1/perf" in message

@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 @dataclass(frozen=True)
 class NvmlIdentity:
+    """NVML's identity, memory, clocks and power limit of one GPU."""
     index: int
     name: str  # e.g. "NVIDIA A100-SXM4-80GB", what the catalog resolves
     uuid: str
@@ -121,10 +122,12 @@ class PowerSampler:
 
     @property
     def mean_watts(self) -> float | None:
+        """Mean sampled board power in watts, or None when nothing was sampled."""
         return _mean(self.samples_watts)
 
     @property
     def mean_sm_clock_mhz(self) -> float | None:
+        """Mean sampled SM clock in MHz, or None when nothing was sampled."""
         return _mean(self.samples_sm_clock_mhz)
 
 

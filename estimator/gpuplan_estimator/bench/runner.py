@@ -56,6 +56,7 @@ class BenchSettings:
 
 @dataclass(frozen=True)
 class BenchReport:
+    """Outcome of one `run_bench` call: run id, status, row counts and elapsed time."""
     run_id: int
     device: str
     backend: str
@@ -69,6 +70,7 @@ class BenchReport:
 
     @property
     def rows_per_min(self) -> float:
+        """Rows measured per minute of this invocation (0.0 when no time elapsed)."""
         return 60.0 * self.rows_added / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
@@ -85,10 +87,12 @@ def parse_device(device: str) -> tuple[str, int]:
 
 
 def backend_name(backend: str, kind: str) -> str:
+    """Backend label stored with rows, e.g. ``onnxruntime-1.18.0-cuda``."""
     return f"{backend}-{backend_version(backend)}-{kind}"
 
 
 def backend_version(backend: str) -> str:
+    """Installed version of the ``onnxruntime`` or ``torch`` backend."""
     if backend == "onnxruntime":
         return str(ort.__version__)
     if backend == "torch":
@@ -100,6 +104,7 @@ def backend_version(backend: str) -> str:
 
 @dataclass(frozen=True)
 class Target:
+    """The device a benchmark runs on: kind, index, catalog spec and execution provider."""
     kind: str
     index: int
     key: str
@@ -109,6 +114,7 @@ class Target:
 
 
 def resolve_target(device: str) -> Target:
+    """Resolve a ``cpu`` / ``cuda:N`` string to a catalog device, via NVML for GPUs."""
     kind, index = parse_device(device)
     if kind == "cpu":
         spec = devices.resolve_device("cpu")

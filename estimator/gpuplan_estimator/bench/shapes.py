@@ -16,6 +16,7 @@ WINDOW_OPS = frozenset({"lrn"})
 
 
 def operands(op: str) -> int:
+    """Number of input tensors an elementwise op reads (2 binary, 1 unary or scalar)."""
     if op in BINARY_OPS:
         return 2
     if op in SCALAR_OPS or op in UNARY_OPS:
@@ -54,6 +55,7 @@ def cost(kernel: str, op: str, dims: Mapping[str, int], dtype: str) -> tuple[flo
 
 
 def conv_out(d: Mapping[str, int]) -> tuple[int, int]:
+    """Output (height, width) of a 2-D convolution with the padding, stride and dilation."""
     def one(size: int, k: int, s: int, p: int, dil: int) -> int:
         return (size + 2 * p - dil * (k - 1) - 1) // s + 1
 
@@ -64,6 +66,7 @@ def conv_out(d: Mapping[str, int]) -> tuple[int, int]:
 
 
 def pool_out(d: Mapping[str, int]) -> tuple[int, int]:
+    """Output (height, width) of an unpadded pooling window."""
     return (
         (d["h"] - d["kernel_h"]) // d["stride_h"] + 1,
         (d["w"] - d["kernel_w"]) // d["stride_w"] + 1,
@@ -83,6 +86,7 @@ def canonical(kernel: str, op: str, dims: dict[str, int]) -> dict[str, int]:
 
 
 def valid(kernel: str, dims: Mapping[str, int]) -> bool:
+    """Whether `dims` describe a runnable kernel: no negatives, divisible groups, outputs >= 1."""
     if any(v < 0 for v in dims.values()):
         return False
     if kernel == "conv2d":

@@ -34,12 +34,14 @@ MAX_SPEC_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class Limits:
+    """Caps on a sampled item's forward FLOPs and bytes moved, for one device kind."""
     max_flops: float
     max_bytes: float
 
 
 @dataclass(frozen=True)
 class SweepSpec:
+    """One parsed sweep YAML file: kernel family, ops, dim distributions and limits."""
     kernel: str
     ops: tuple[str, ...]
     dims: Mapping[str, Any]
@@ -52,24 +54,29 @@ class SweepSpec:
 
 @dataclass(frozen=True)
 class PlanItem:
+    """One kernel to benchmark: family, op, dtype and canonical dims."""
     kernel: str
     op: str
     dtype: str
     dims: Mapping[str, int]
 
     def key(self) -> tuple[str, str, str, str]:
+        """Identity of the item as (kernel, op, dtype, canonical dims JSON)."""
         return (self.kernel, self.op, self.dtype, dims_json(self.dims))
 
     def to_json(self) -> dict[str, Any]:
+        """The item as a JSON-ready mapping (the form stored in a run's plan)."""
         return {"kernel": self.kernel, "op": self.op, "dtype": self.dtype, "dims": dict(self.dims)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PlanItem:
+        """Rebuild an item from its `to_json` mapping."""
         dims = {str(k): int(v) for k, v in data["dims"].items()}
         return cls(str(data["kernel"]), str(data["op"]), str(data["dtype"]), dims)
 
 
 def dims_json(dims: Mapping[str, int]) -> str:
+    """Dims as compact JSON with sorted keys, so equal dims give equal strings."""
     return json.dumps({k: int(v) for k, v in sorted(dims.items())}, separators=(",", ":"))
 
 

@@ -46,6 +46,7 @@ class TimingSettings:
     next one's by 15-20 % while its repeats agree within ~5 %."""
 
     def validate(self) -> None:
+        """Raise InvalidRequestError when a count is below its minimum or min_runs > max_runs."""
         for name in ("warmup_runs", "repeats", "min_runs", "max_runs", "sessions"):
             if getattr(self, name) < (0 if name == "warmup_runs" else 1):
                 raise errors.InvalidRequestError(name, f"too small: {getattr(self, name)}")
@@ -55,6 +56,7 @@ class TimingSettings:
 
 @dataclass(frozen=True)
 class TimingResult:
+    """Timed latency of one unit in ms: median, std and min over repeats, and run counts."""
     latency_ms: float  # median over repeats of the per-repeat mean of runs 2..N+1
     latency_std_ms: float
     latency_min_ms: float
@@ -63,10 +65,12 @@ class TimingResult:
 
 
 def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def resolved_threads(settings: TimingSettings) -> int:
+    """Intra-op thread count to use: the setting, or every available core when 0."""
     return settings.intra_op_threads or available_cores()
 
 
@@ -91,6 +95,7 @@ def summarize(per_repeat_runs_ms: Sequence[Sequence[float]]) -> TimingResult:
 
 
 def choose_runs(estimate_ms: float, settings: TimingSettings) -> int:
+    """N, the timed runs per repeat, so a repeat lasts about target_repeat_ms."""
     if estimate_ms <= 0 or not math.isfinite(estimate_ms):
         return settings.max_runs
     n = int(settings.target_repeat_ms / estimate_ms)
@@ -100,6 +105,7 @@ def choose_runs(estimate_ms: float, settings: TimingSettings) -> int:
 def make_session(
     unit: Unit, *, provider: str, settings: TimingSettings, device_id: int = 0
 ) -> ort.InferenceSession:
+    """An onnxruntime session for `unit` on `provider`; raises if it is unavailable."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = resolved_threads(settings)
     opts.inter_op_num_threads = 1
@@ -137,8 +143,11 @@ def time_unit(
 
 
 def time_runs(timers: Sequence[Callable[[], float]], settings: TimingSettings) -> TimingResult:
-    """The protocol over already built timers (each returns one run's ms), repeats spread
-    round-robin over them; shared by the onnxruntime sessions and the torch backend."""
+    """Run the timing protocol over already built timers (each returns one run's ms).
+
+    Repeats are spread round-robin over the timers; shared by the onnxruntime sessions and the
+    torch backend.
+    """
     settings.validate()
     warm = [[one() for _ in range(settings.warmup_runs)] for one in timers]
     first = warm[0]

@@ -1,0 +1,1 @@
+"""Plain data every stage shares: errors, layer records, work items, options, paths."""

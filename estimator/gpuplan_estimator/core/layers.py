@@ -57,6 +57,7 @@ class TensorInfo:
 
     @property
     def elements(self) -> int:
+        """Number of elements: the product of the shape (1 for a scalar)."""
         n = 1
         for d in self.shape:
             n *= d
@@ -64,6 +65,7 @@ class TensorInfo:
 
     @property
     def size_bytes(self) -> int:
+        """Size of the tensor in bytes at its dtype."""
         return self.elements * DTYPE_BYTES[self.dtype]
 
 
@@ -86,10 +88,12 @@ class Layer:
 
     @property
     def bytes_moved(self) -> int:
+        """Bytes read plus bytes written by one forward run of the node."""
         return self.bytes_read + self.bytes_written
 
     @property
     def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved (0.0 when the node moves no bytes)."""
         return self.flops / self.bytes_moved if self.bytes_moved else 0.0
 
 
@@ -115,4 +119,5 @@ class ModelGraph:
 
     @property
     def parameter_count(self) -> int:
+        """Trainable parameter elements summed over all layers."""
         return sum(layer.parameter_count for layer in self.layers)

@@ -35,8 +35,10 @@ OPTIONAL_TRAIN_COLUMNS: tuple[str, ...] = ("fwd_bwd_latency_ms",)
 
 
 def dims_to_json(dims: Mapping[str, int]) -> str:
+    """Canonical dims as the ``dims`` column text: compact JSON, sorted keys."""
     return json.dumps({k: int(v) for k, v in sorted(dims.items())}, separators=(",", ":"))
 
 
 def dims_from_json(text: str) -> dict[str, int]:
+    """Parse a ``dims`` column value back into a name → int mapping."""
     return {str(k): int(v) for k, v in json.loads(text).items()}

@@ -28,6 +28,8 @@ from gpuplan_estimator.core.layers import OpFamily
 
 
 class Phase(str, enum.Enum):
+    """Where in a step a work item runs."""
+
     FORWARD = "forward"
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"

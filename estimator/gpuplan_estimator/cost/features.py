@@ -130,6 +130,7 @@ class DeviceColumns:
 
 
 def feature_names(kernel: str) -> tuple[str, ...]:
+    """Column names of `kernel`'s feature matrix: device, work, then kernel-specific."""
     return DEVICE_FEATURES + WORK_FEATURES + _kernel_feature_names(kernel)
 
 
@@ -190,6 +191,7 @@ def broadcast_device(
 
 
 def peak_gflops(spec: DeviceSpec, dtype: str) -> float:
+    """The device's peak GFLOP/s for `dtype` (from its spec sheet, or its measured CPU peak)."""
     key = _PEAK_KEY.get(dtype)
     if key is None:
         raise errors.InvalidRequestError("dtype", f"unknown dtype {dtype!r}")

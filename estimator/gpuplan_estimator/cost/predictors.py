@@ -30,6 +30,10 @@ class LatencyPrediction:
 
 
 class LatencyPredictor(Protocol):
+    """Anything that prices work items on a device (roofline, learned, scaled, ...)."""
+
     name: str
 
-    def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction: ...
+    def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
+        """Median, P10 and P90 ms per item on `device`, and which predictor priced each."""
+        ...

@@ -107,6 +107,7 @@ class RooflinePredictor:
         self.settings = settings
 
     def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
+        """max(FLOPs / peak, bytes / bandwidth) plus the launch floor, per item; P10 = P90."""
         n = len(items)
         flops = np.fromiter((it.flops for it in items), dtype=np.float64, count=n)
         moved = np.fromiter((it.bytes_moved for it in items), dtype=np.float64, count=n)

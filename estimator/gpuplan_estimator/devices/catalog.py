@@ -67,6 +67,7 @@ class DeviceSpec:
 
     @property
     def has_price(self) -> bool:
+        """Whether a positive hourly price is known for this device."""
         return self.price_per_hour_usd > 0.0
 
 
@@ -110,6 +111,7 @@ class Catalog:
         raise errors.UnknownDeviceError(name, self.suggest(name))
 
     def keys(self) -> tuple[str, ...]:
+        """Catalog keys of all known devices, in catalog order."""
         return tuple(d.key for d in self.devices)
 
     def suggest(self, name: str, n: int = 3) -> tuple[str, ...]:

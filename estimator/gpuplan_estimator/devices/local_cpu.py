@@ -42,12 +42,14 @@ class CalibrationSizes:
 
 @dataclass(frozen=True)
 class Calibration:
+    """Measured peak float32 GFLOP/s and memory bandwidth (GB/s) of this host."""
     peak_gflops_fp32: float
     mem_bandwidth_gbps: float  # bytes read + bytes written per second, GB/s
 
 
 @dataclass(frozen=True)
 class HostFacts:
+    """Facts about this host's CPU read from /proc and /sys."""
     model_name: str
     cores: int
     memory_bytes: int
@@ -116,11 +118,13 @@ def _l2_mb(cache_dir: Path) -> float:
 
 
 def default_cache_dir() -> Path:
+    """Directory for cached calibrations: ``$XDG_CACHE_HOME/gpuplan`` or ~/.cache."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "gpuplan"
 
 
 def cache_path(cache_dir: Path, facts: HostFacts) -> Path:
+    """Calibration cache file for this CPU model and core count inside `cache_dir`."""
     slug = re.sub(r"[^a-z0-9]+", "-", facts.model_name.lower()).strip("-") or "cpu"
     return cache_dir / f"cpu-{slug[:80]}-{facts.cores}c.json"
 

@@ -1,0 +1,1 @@
+"""Accuracy and speed of the estimator: GPU labels, leave-one-GPU-out, the CPU closed loop."""

@@ -2,8 +2,9 @@
 measure it with onnxruntime in the same run.
 
 The light models (``onnx/backend/test/data/light``) are structure-only (weights are
-ConstantOfShape zeros), which is fine for timing. They are exported at batch 1; `graph.batching.fixed_batch`
-rewrites the input's leading dim and the batch-major Reshape targets so batch 8 runs too.
+ConstantOfShape zeros), which is fine for timing. They are exported at batch 1;
+`graph.batching.fixed_batch` rewrites the input's leading dim and the batch-major Reshape targets
+so batch 8 runs too.
 Timing follows the project's rule: one warm-up run, then the mean of runs 2..N+1.
 """
 
@@ -34,11 +35,13 @@ MAX_RUN_SECONDS = 120.0  # per model and batch: a cap so a slow machine cannot h
 
 
 def light_dir() -> Path:
+    """Directory of ONNX's light test models inside the installed onnx package."""
     return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 
 @dataclass(frozen=True)
 class TimingSettings:
+    """How the CPU loop times each light model with onnxruntime."""
     runs: int = 10
     """Timed runs after the warm-up (mean of runs 2..N+1)."""
     sessions: int = 3
@@ -53,6 +56,7 @@ class TimingSettings:
 
 @dataclass(frozen=True)
 class CpuResult:
+    """Predicted vs measured forward time (ms) of one light model at one batch size."""
     model: str
     batch: int
     predictor: str  # label of the predictor that priced most of the time
@@ -65,10 +69,12 @@ class CpuResult:
 
     @property
     def ape(self) -> float:
+        """Absolute error relative to the measurement, as a fraction (0.1 = 10 %)."""
         return abs(self.predicted_ms - self.measured_ms) / self.measured_ms
 
     @property
     def covered(self) -> bool:
+        """Whether the measured time lies within the predicted p10..p90 interval."""
         return self.p10_ms <= self.measured_ms <= self.p90_ms
 
 
@@ -100,8 +106,11 @@ def _session_mean_ms(model_bytes: bytes, settings: TimingSettings,
 
 
 def mean_run_ms(run: Callable[[], object], runs: int, clock: Callable[[], float]) -> float:
-    """One untimed warm-up call (allocations, kernel selection), then the mean wall time of
-    up to `runs` calls, stopping early past `MAX_RUN_SECONDS`."""
+    """Mean wall time in ms of up to `runs` calls of `run`, after one untimed warm-up call.
+
+    The warm-up pays for allocations and kernel selection; timing stops early past
+    `MAX_RUN_SECONDS`.
+    """
     run()
     times = []
     deadline = clock() + MAX_RUN_SECONDS

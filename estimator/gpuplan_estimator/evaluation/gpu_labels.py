@@ -70,15 +70,18 @@ class RowResult:
 
     @property
     def ape(self) -> float:
+        """Absolute error relative to the measured label, as a fraction (0.1 = 10 %)."""
         return abs(self.predicted_ms - self.row.measured_ms) / self.row.measured_ms
 
     @property
     def covered(self) -> bool:
+        """Whether the measured label lies within the predicted p10..p90 interval."""
         return self.p10_ms <= self.row.measured_ms <= self.p90_ms
 
 
 @dataclass(frozen=True)
 class Skipped:
+    """A label row that was not priced, with the reason."""
     row: LabelRow
     reason: str
 
@@ -183,4 +186,5 @@ def row_result(row: LabelRow, est: estimates.DeviceEstimate, predictor: str) -> 
 
 
 def devices_of(rows: Sequence[LabelRow], catalog: Catalog) -> tuple[str, ...]:
+    """Sorted catalog keys of the devices the label rows were measured on."""
     return tuple(sorted({label_device(r, catalog).key for r in rows}))

@@ -28,6 +28,7 @@ from gpuplan_estimator.training import fitting, recipe
 
 @dataclass(frozen=True)
 class HostBenchSettings:
+    """How `gpuplan eval` benchmarks this host before fitting its CPU models."""
     minutes: float = 10.0
     """Benchmark budget; a later run with the same settings resumes the plan."""
     samples: int = 4000
@@ -50,6 +51,7 @@ class HostBenchSettings:
 
 @dataclass(frozen=True)
 class HostModels:
+    """CPU latency models fitted on this host's rows, with their provenance."""
     bundle: Bundle
     run_id: int
     rows: int  # CPU rows of this backend in the database, this run's and earlier ones
@@ -60,6 +62,7 @@ class HostModels:
     reference_rows: int = 0
 
     def describe(self) -> str:
+        """Report sentence: where the models' rows came from and the host speed index applied."""
         text = (f"CPU latency models fitted in this run from the {self.rows} {self.backend} CPU "
                 f"rows of "
                 f"{self.db_url} (this host's bench runs; this run's plan: run {self.run_id}, "
@@ -79,6 +82,7 @@ class ScaledPredictor:
         self.name = inner.name
 
     def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
+        """The inner predictor's median, p10 and p90 times multiplied by `factor`."""
         p = self.inner.predict(items, device)
         return LatencyPrediction(p.median_ms * self.factor, p.p10_ms * self.factor,
                                  p.p90_ms * self.factor, p.predictor)
@@ -86,8 +90,10 @@ class ScaledPredictor:
 
 def retime(frame: pd.DataFrame, per_kernel: int, seed: int,
            settings: timing.TimingSettings, backend: str = "onnxruntime") -> pd.DataFrame:
-    """Time `per_kernel` stored rows of every kernel again on this host: columns kernel,
-    stored_ms, now_ms, ratio (now / stored)."""
+    """Time `per_kernel` stored rows of every kernel again on this host.
+
+    Columns: kernel, stored_ms, now_ms, ratio (now / stored).
+    """
     picked = pd.concat([g.sample(n=min(per_kernel, len(g)), random_state=seed)
                         for _, g in frame.groupby("kernel")])
     target = runner.resolve_target("cpu")

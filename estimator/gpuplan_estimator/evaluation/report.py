@@ -20,12 +20,14 @@ from gpuplan_estimator.evaluation.gpu_labels import RowResult, Skipped
 
 @dataclass(frozen=True)
 class Metrics:
+    """Accuracy of a group of rows: MAPE, P90 APE and P10–P90 coverage, in percent."""
     rows: int
     mape_pct: float
     p90_ape_pct: float
     coverage_pct: float  # measured within P10–P90
 
     def as_dict(self) -> dict[str, float]:
+        """The metrics rounded for the JSON report."""
         return {"rows": self.rows, "mape_pct": round(self.mape_pct, 2),
                 "p90_ape_pct": round(self.p90_ape_pct, 2),
                 "coverage_pct": round(self.coverage_pct, 1)}
@@ -139,6 +141,7 @@ class Report:
 
 
 def to_json(rep: Report) -> dict[str, Any]:
+    """The report as the JSON document written to ``accuracy.json``."""
     def flat(s: Mapping[tuple[str, str, str], Metrics]) -> list[dict[str, Any]]:
         return [{"predictor": p, "device": d, "mode": m, **v.as_dict()}
                 for (p, d, m), v in s.items()]
@@ -170,6 +173,7 @@ def to_json(rep: Report) -> dict[str, Any]:
 
 
 def to_markdown(rep: Report, plot_name: str = "accuracy.png") -> str:
+    """The report as the Markdown page ``accuracy.md``, linking the plot `plot_name`."""
     gpu_preds = sorted({r.predictor for r in rep.gpu}, key=_predictor_order)
     logo_preds = sorted({r.predictor for r in rep.logo}, key=_predictor_order)
     skipped = sorted({(s.row.model, s.reason) for s in rep.skipped})
@@ -260,6 +264,7 @@ def plot(rep: Report, path: Path) -> None:
 
 
 def write(rep: Report, out_dir: Path) -> tuple[Path, Path, Path]:
+    """Write accuracy.md, accuracy.json and accuracy.png into `out_dir`; return paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md, js, png = out_dir / "accuracy.md", out_dir / "accuracy.json", out_dir / "accuracy.png"
     plot(rep, png)

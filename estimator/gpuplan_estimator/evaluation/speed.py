@@ -32,6 +32,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class BenchRow:
+    """Timing of graph loading and `estimate` for one model at one batch (seconds)."""
     model: str
     batch: int
     layers: int
@@ -53,6 +54,7 @@ def timed(fn: Callable[[], T], repeats: int, clock: Callable[[], float]) -> tupl
 
 
 def gpt2_large_loader(config_path: Path) -> Callable[[int], ModelGraph]:
+    """Batch size → GPT-2 large graph at sequence 1024, built from `config_path`."""
     from gpuplan_estimator.graph import zoo
 
     data = zoo.build_transformer(zoo.load_hf_config(config_path), name="gpt2-large")
@@ -66,6 +68,7 @@ def run(
     specs: Sequence[devices.DeviceSpec], repeats: int,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[BenchRow]:
+    """Load each case at each batch once and time `estimate` over `specs`, roofline-priced."""
     predictor = roofline.RooflinePredictor()
     rows = []
     for name, load, batches in cases:
@@ -79,6 +82,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point: time the cases and print a table or JSON; returns 0."""
     parser = argparse.ArgumentParser(prog="python -m gpuplan_estimator.evaluation.speed")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)

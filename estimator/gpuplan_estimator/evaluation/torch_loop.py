@@ -43,8 +43,11 @@ MIN_IR_VERSION = 4  # IR 3 needs every initializer listed as a graph input too
 
 
 def with_weights(model: onnx.ModelProto, rng: np.random.Generator) -> onnx.ModelProto:
-    """A copy whose constant-shaped weights are random initializers (fan-in scaled) and whose
-    graph inputs are only the free inputs (IR >= 4)."""
+    """A copy of `model` with random weights, so onnx2torch can convert it.
+
+    Constant-shaped weights become random initializers (fan-in scaled) and the graph inputs
+    are only the free inputs (IR >= 4).
+    """
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inits = {t.name: t for t in out.graph.initializer}
@@ -129,6 +132,7 @@ def evaluate_training_steps(
     models: Sequence[str] = CONVERTIBLE, batches: Sequence[int] = BATCHES,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[CpuResult, ...]:
+    """Predict and measure one SGD training step of each convertible light model."""
     return evaluate_light_models(device=device, predictor=predictor, settings=settings,
                                  models=models, batches=batches, progress=progress,
                                  evaluate=evaluate_model)

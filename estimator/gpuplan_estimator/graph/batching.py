@@ -14,8 +14,8 @@ from gpuplan_estimator.graph import loading
 def model_batch(g: ModelGraph, requested: int | None) -> int:
     """The batch the graph was built at: `requested` when it bound a dim, else the graph's own.
 
-    A model with a fixed batch is not re-batched here (`symbolic_batch` does that); saying so beats estimating a
-    different batch than the one asked for.
+    A model with a fixed batch is not re-batched here (`symbolic_batch` does that); saying so
+    beats estimating a different batch than the one asked for.
     """
     first = _first_data_dim(g)
     if requested is None:

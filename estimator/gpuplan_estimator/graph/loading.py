@@ -94,6 +94,7 @@ def _decompress(kind: str, data: bytes, limit: int) -> bytes:
 
 
 def parse_model(data: bytes, label: str) -> ModelProto:
+    """Parse serialized ONNX bytes; InvalidModelError naming `label` if not a model."""
     try:
         model = onnx.load_from_string(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
@@ -104,6 +105,7 @@ def parse_model(data: bytes, label: str) -> ModelProto:
 
 
 def model_opset(model: ModelProto, label: str) -> int:
+    """The model's default-domain opset; UnsupportedOpsetError when out of range."""
     versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
     if not versions:
         raise errors.UnsupportedOpsetError(f"{label}: no default-domain opset import")
@@ -187,7 +189,9 @@ def load_model(
     naming every dim left symbolic, `InvalidModelError` naming the file for bad input.
     """
     label = _label(source)
-    model = parse_model(read_model_bytes(source, max_decompressed_bytes=max_decompressed_bytes), label)
+    model = parse_model(
+        read_model_bytes(source, max_decompressed_bytes=max_decompressed_bytes), label
+    )
     opset = model_opset(model, label)
     symbolic = symbolic_inputs(model)
     used = bind_input_dims(model, batch, dict(dim_bindings or {}), label)

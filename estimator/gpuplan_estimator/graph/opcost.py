@@ -114,6 +114,7 @@ NON_PARAMETER_SLOTS: Mapping[str, frozenset[int]] = {
 
 
 def is_known_op(op_type: str) -> bool:
+    """Whether `op_type` has an op family (anything else is classified OTHER)."""
     return op_type in _FAMILY_BY_OP or op_type in ("Gather", "Einsum")
 
 

@@ -40,6 +40,7 @@ _INPUT_WEIGHT_SLOTS: Mapping[str, frozenset[int]] = {
 
 @dataclass(frozen=True)
 class NodeRecord:
+    """One ONNX node as plain data: op type, input/output tensor names, attributes."""
     name: str
     op_type: str
     inputs: tuple[str, ...]  # "" marks an omitted optional input
@@ -50,6 +51,7 @@ class NodeRecord:
 
 @dataclass(frozen=True)
 class GraphRecord:
+    """A graph as plain data: nodes, shape-known tensors, initializers, inputs, outputs."""
     nodes: tuple[NodeRecord, ...]
     tensors: Mapping[str, TensorInfo]  # every tensor whose shape is fully known
     initializers: frozenset[str]

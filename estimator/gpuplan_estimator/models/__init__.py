@@ -1,1 +1,4 @@
-"""Learned latency: LightGBM kernel models, bundles and predictor selection (the only lightgbm user)."""
+"""Learned latency: LightGBM kernel models, bundles and predictor selection.
+
+The only package that imports lightgbm.
+"""

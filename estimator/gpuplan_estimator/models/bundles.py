@@ -49,11 +49,14 @@ class Bundle:
     CPU rows cannot move GPU predictions (bagging and splits shared them in one model)."""
 
     def has_seen(self, device: DeviceSpec) -> bool:
+        """Whether the bundle was trained on this device (it is in the manifest's ``devices``)."""
         return device.key in self.manifest.get("devices", [])
 
     def probe_correction(self, kernel: str, device: DeviceSpec) -> ProbeCorrection | None:
-        """The transfer model's correction fitted on the device's few probe rows of the kernel
-        (`train.split_probe_rows`); None when it was not probed."""
+        """The transfer model's correction for `kernel` on `device`, or None when not probed.
+
+        It is fitted on the device's few probe rows of the kernel (`train.split_probe_rows`).
+        """
         entry = self.manifest.get("probe_offsets", {}).get(device.key, {}).get(kernel)
         if entry is None:
             return None
@@ -200,8 +203,10 @@ def _is_probe_entry(entry: Any) -> bool:
 
 
 def default_data_dir() -> Path:
-    """``$XDG_DATA_HOME/gpuplan/bundles`` or ``~/.local/share/gpuplan/bundles`` (next to the
-    default SQLite performance database)."""
+    """``$XDG_DATA_HOME/gpuplan/bundles``, else ``~/.local/share/gpuplan/bundles``.
+
+    That is next to the default SQLite performance database.
+    """
     return paths.data_dir() / "bundles"
 
 
@@ -227,10 +232,12 @@ def find_bundle_with_origin(
 
 
 def find_bundle(explicit: Path | None = None, data_dir: Path | None = None) -> Path:
+    """Bundle path: the explicit one, else the newest valid one in the data dir, else shipped."""
     return find_bundle_with_origin(explicit, data_dir)[0]
 
 
 def load_default(explicit: Path | None = None, data_dir: Path | None = None) -> Bundle:
+    """Load the bundle `find_bundle` picks, recording where it came from."""
     path, origin = find_bundle_with_origin(explicit, data_dir)
     return load_bundle(path, origin=origin)
 

@@ -46,6 +46,7 @@ class LayerLatencyModel:
         self.n_jobs = n_jobs
 
     def get_params(self) -> dict[str, Any]:
+        """The constructor's keyword arguments and their current values."""
         return {k: getattr(self, k) for k in (
             "n_estimators", "num_leaves", "learning_rate", "min_child_samples", "subsample",
             "colsample_bytree", "linear_tree", "quantiles", "quantile_n_estimators",
@@ -130,11 +131,13 @@ class LayerLatencyModel:
 
 @dataclass(frozen=True)
 class ProbeCorrection:
-    """log(measured / predicted) ≈ log_offset + log_base_slope · log(base_ms) on one device
-    and kernel. The offset is the device's constant (its launch floor, sustained clocks: no
-    spec sheet gives them); the slope, kept small, how that gap changes from tiny kernels to
-    big ones (layernorm leaving one GPU out, 20 probe rows: mean MAPE 15.6 % with the
-    offset alone, 12.4 % with the slope)."""
+    """Correction of the transfer model on one probed device and kernel, in log space.
+
+    log(measured / predicted) ≈ log_offset + log_base_slope · log(base_ms). The offset is the
+    device's constant (its launch floor, sustained clocks: no spec sheet gives them); the slope,
+    kept small, how that gap changes from tiny kernels to big ones (layernorm leaving one GPU
+    out, 20 probe rows: mean MAPE 15.6 % with the offset alone, 12.4 % with the slope).
+    """
 
     log_offset: float
     log_base_slope: float

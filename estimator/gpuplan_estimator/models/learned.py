@@ -37,6 +37,7 @@ class LearnedPredictor:
         self._cache: tuple[tuple[WorkItem, ...], list[_KernelGroup]] | None = None
 
     def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
+        """Each kernel's items priced by its bundle model (or the fallback), credits taken off."""
         n = len(items)
         median, p10, p90 = np.zeros(n), np.zeros(n), np.zeros(n)
         names = ["none"] * n

@@ -24,6 +24,7 @@ MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
 
 def parse_url(url: str) -> URL:
+    """Parse a SQLAlchemy database URL; DatabaseError when it is malformed."""
     try:
         return make_url(url)
     except ArgumentError as exc:

@@ -25,6 +25,7 @@ DEFAULT_FEATURE_SCHEMA_VERSION = 1
 
 
 def jsonable(value: Any) -> Any:
+    """`json.dumps` fallback: mappings as dicts, tuples and sets as lists, anything else as str."""
     if isinstance(value, Mapping):
         return dict(value)
     if isinstance(value, tuple | set | frozenset):
@@ -33,6 +34,7 @@ def jsonable(value: Any) -> Any:
 
 
 def prepare_rows(run_id: int, frame: pd.DataFrame) -> pd.DataFrame:
+    """Validate a measurement frame and add defaults, occurrence number ``seq`` and ``run_id``."""
     missing = [c for c in MEASUREMENT_COLUMNS if c not in frame.columns]
     if missing:
         raise errors.GpuplanError(f"measurement frame lacks column(s): {', '.join(missing)}")
@@ -59,6 +61,7 @@ def prepare_rows(run_id: int, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def to_records(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as insertable dicts, with NaN and other missing values as None."""
     out = rows.astype(object).where(rows.notna(), None)
     records: list[dict[str, Any]] = out.to_dict("records")  # type: ignore[assignment]
     return records

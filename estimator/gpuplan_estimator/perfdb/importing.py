@@ -218,6 +218,7 @@ def _device_key(path: Path, name: str, catalog: devices.Catalog | None) -> str:
 
 @dataclass
 class ImportReport:
+    """What `import_gpu_ops` did: files read, rows read and added, runs, elapsed seconds."""
     files: list[str] = field(default_factory=list)
     rows_read: int = 0
     rows_added: int = 0
@@ -225,6 +226,7 @@ class ImportReport:
     elapsed_s: float = 0.0
 
     def summary(self) -> str:
+        """One line for the terminal: files, rows read and added, runs and elapsed time."""
         return (
             f"imported {len(self.files)} file(s): {self.rows_read} rows read, "
             f"{self.rows_added} added ({self.rows_read - self.rows_added} already present) "

@@ -22,10 +22,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
 class Base(DeclarativeBase):
-    pass
+    """Declarative base of the performance database's tables."""
 
 
 class Device(Base):
+    """A device type seen by a benchmark: catalog key, NVML identity, spec, first/last seen."""
     __tablename__ = "devices"
 
     key: Mapped[str] = mapped_column(String(128), primary_key=True)
@@ -39,6 +40,7 @@ class Device(Base):
 
 
 class BenchmarkRun(Base):
+    """One benchmark or import run: device, backend, provenance, status and its plan."""
     __tablename__ = "benchmark_runs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -59,6 +61,7 @@ class BenchmarkRun(Base):
 
 
 class Measurement(Base):
+    """One timed kernel-shaped work item of a run (latency in ms, power, clock)."""
     __tablename__ = "measurements"
     __table_args__ = (
         UniqueConstraint(
@@ -94,6 +97,7 @@ class Measurement(Base):
 
 
 class ModelVersion(Base):
+    """A fitted latency-model bundle: training-data digest, metrics and bundle path."""
     __tablename__ = "model_versions"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -104,6 +108,7 @@ class ModelVersion(Base):
 
 
 class JobOutcome(Base):
+    """A finished training job's estimated vs actual seconds, reported for calibration."""
     __tablename__ = "job_outcomes"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

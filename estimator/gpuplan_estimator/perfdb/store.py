@@ -41,6 +41,7 @@ def _aware(value: datetime | None) -> datetime | None:
 
 @dataclass(frozen=True)
 class RunInfo:
+    """A benchmark run as read back from the database."""
     id: int
     device: str
     backend: str
@@ -86,16 +87,20 @@ class PerfStore:
 
         `busy_timeout_seconds` is how long SQLite waits on a lock before a retry counts.
         """
-        eng = connections.create(url or paths.default_db_url(), busy_timeout_seconds=busy_timeout_seconds)
+        eng = connections.create(
+            url or paths.default_db_url(), busy_timeout_seconds=busy_timeout_seconds
+        )
         store = cls(eng, retries=retries, retry_delay_seconds=retry_delay_seconds, clock=clock)
         store._retry(lambda: connections.upgrade(eng))
         return store
 
     @property
     def url(self) -> str:
+        """The database URL with any password masked."""
         return connections.masked(self.engine.url)
 
     def close(self) -> None:
+        """Dispose of the engine's connection pool."""
         self.engine.dispose()
 
     def __enter__(self) -> PerfStore:
@@ -106,7 +111,8 @@ class PerfStore:
 
     def _retry(self, fn: Callable[[], Any]) -> Any:
         return connections.with_retry(
-            fn, url=self.engine.url, retries=self.retries, retry_delay_seconds=self.retry_delay_seconds
+            fn, url=self.engine.url, retries=self.retries,
+            retry_delay_seconds=self.retry_delay_seconds,
         )
 
     # -- runs -------------------------------------------------------------------------------
@@ -150,6 +156,7 @@ class PerfStore:
         return int(self._retry(_do))
 
     def finish_run(self, run_id: int, status: str) -> None:
+        """Set a run's final status (one of RUN_STATUSES) and its end time."""
         if status not in RUN_STATUSES:
             raise errors.InvalidRequestError("status", f"{status!r} not in {sorted(RUN_STATUSES)}")
         stmt = (
@@ -277,6 +284,7 @@ class PerfStore:
         return dict(self._retry(_do))
 
     def delete_run(self, run_id: int) -> None:
+        """Delete a run and all of its measurements."""
         def _do() -> None:
             with self.engine.begin() as conn:
                 conn.execute(delete(Measurement).where(Measurement.run_id == run_id))
@@ -312,6 +320,7 @@ class PerfStore:
         self._retry(_do)
 
     def devices(self) -> pd.DataFrame:
+        """The devices table as a frame, ordered by key."""
         stmt = select(Device.__table__).order_by(Device.key)
 
         def _do() -> pd.DataFrame:
@@ -325,6 +334,7 @@ class PerfStore:
     def record_model_version(
         self, *, data_digest: str, metrics: Mapping[str, Any], bundle_path: str
     ) -> int:
+        """Record a fitted bundle with its data digest and metrics; returns its id."""
         row = {
             "created_at": self.clock(),
             "data_digest": data_digest,
@@ -334,6 +344,7 @@ class PerfStore:
         return self._insert(ModelVersion, row)
 
     def model_versions(self) -> pd.DataFrame:
+        """The model_versions table as a frame, oldest first."""
         return self._frame(select(ModelVersion.__table__).order_by(ModelVersion.id))
 
     def record_job_outcome(
@@ -346,9 +357,12 @@ class PerfStore:
         actual_seconds: float,
         model_digest: str = "",
     ) -> int:
-        """One finished job. `estimated_seconds` is the model's UNcalibrated estimate (the
-        service divides the plan's calibrated one by the factor the plan used), so the
-        calibration fitted from these rows never corrects its own earlier corrections."""
+        """Record one finished job's estimated and actual seconds; returns the row id.
+
+        `estimated_seconds` is the model's UNcalibrated estimate (the service divides the
+        plan's calibrated one by the factor the plan used), so the calibration fitted from
+        these rows never corrects its own earlier corrections.
+        """
         if gpu_count < 1:
             raise errors.InvalidRequestError("gpu_count", f"must be >= 1, got {gpu_count}")
         if estimated_seconds <= 0 or actual_seconds <= 0:

@@ -47,8 +47,10 @@ class CalibrationSettings:
 
 @dataclass(frozen=True)
 class Correction:
-    """Multiply a prediction by `factor`; `log_sd` is the residual spread; `level` says where
-    the factor came from ("device+mode", "mode", "global" or "none")."""
+    """Multiply a prediction by `factor`; `log_sd` is the residual spread.
+
+    `level` says where the factor came from ("device+mode", "mode", "global" or "none").
+    """
 
     factor: float
     log_sd: float
@@ -131,6 +133,7 @@ def fit(outcomes: Iterable[Outcome], settings: CalibrationSettings | None = None
 
 @dataclass(frozen=True)
 class Calibrated:
+    """A calibrated prediction: median and p10/p90 in ms, and the correction applied."""
     median_ms: float
     p10_ms: float
     p90_ms: float

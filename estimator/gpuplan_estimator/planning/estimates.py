@@ -36,6 +36,7 @@ _PHASE_CODE = {Phase.FORWARD: 0, Phase.BACKWARD: 1, Phase.OPTIMIZER: 2}
 
 @dataclass(frozen=True)
 class LayerEstimate:
+    """One layer's predicted forward and backward time (ms), interval and predictor."""
     name: str
     op_type: str
     family: str
@@ -47,11 +48,13 @@ class LayerEstimate:
 
     @property
     def total_ms(self) -> float:
+        """Forward plus backward time of the layer in ms."""
         return self.forward_ms + self.backward_ms
 
 
 @dataclass(frozen=True)
 class DeviceEstimate:
+    """Predicted step time split, epoch/total time and memory fit of a model on one device."""
     device: str  # canonical catalog key
     forward_ms: float
     backward_ms: float  # 0 for inference

@@ -31,6 +31,7 @@ class StepPoint:
 
     @property
     def step_time_ms(self) -> float:
+        """Forward + backward + optimizer time of one step in ms."""
         return self.forward_ms + self.backward_ms + self.optimizer_ms
 
 
@@ -54,6 +55,7 @@ class StepProfile:
     """The correction already applied to `points`; `evaluate` applies it to the all-reduce."""
 
     def at(self, per_gpu_batch: int) -> StepPoint:
+        """The step at `per_gpu_batch`: a stored point, else inter-/extrapolated."""
         pts = sorted(self.points, key=lambda p: p.per_gpu_batch)
         exact = [p for p in pts if p.per_gpu_batch == per_gpu_batch]
         if exact:
@@ -109,6 +111,7 @@ class GpuPool:
 
 @dataclass(frozen=True)
 class Objective:
+    """What to optimise (one of OBJECTIVES) under a GPU cap, deadline (s) and budget (USD)."""
     prefer: str = "cheapest"  # one of OBJECTIVES
     max_gpus: int = 8
     deadline_seconds: float | None = None
@@ -117,17 +120,20 @@ class Objective:
 
 @dataclass(frozen=True)
 class TrainingShape:
+    """The job's size: global batch, steps per epoch and epochs."""
     global_batch: int
     steps_per_epoch: int
     epochs: int
 
     @property
     def total_steps(self) -> int:
+        """Steps over all epochs."""
         return self.steps_per_epoch * self.epochs
 
 
 @dataclass(frozen=True)
 class Candidate:
+    """One feasible GPU type x count: per-GPU batch, step split (ms), time (s), memory, cost."""
     gpu_type: str
     device_key: str
     gpu_count: int
@@ -147,6 +153,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Rejection:
+    """A GPU type x count that was ruled out, with the reason."""
     gpu_type: str
     gpu_count: int
     reason: str
@@ -154,6 +161,7 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Plan:
+    """The planner's answer: the chosen candidate, feasible ones best first, and rejections."""
     chosen: Candidate | None
     candidates: tuple[Candidate, ...]  # feasible, best first
     rejected: tuple[Rejection, ...]
@@ -178,6 +186,7 @@ def evaluate(
     gpu_count: int,
     scaling: ScalingModel,
 ) -> Candidate | Rejection:
+    """Price `gpu_count` GPUs of `pool` for the job, or reject it when memory does not fit."""
     per_gpu_batch = math.ceil(shape.global_batch / gpu_count)
     point = profile.at(per_gpu_batch)
     if point.memory_bytes > profile.memory_capacity_bytes:
@@ -235,6 +244,7 @@ def _objective_violation(c: Candidate, obj: Objective) -> str:
 
 
 def rank_key(c: Candidate, prefer: str) -> tuple[float, ...]:
+    """Sort key of a candidate under `prefer`: lower is better, GPU count breaks the last tie."""
     if prefer == "fastest":
         return (c.estimated_seconds, c.cost_usd, c.gpu_count)
     if prefer == "balanced":

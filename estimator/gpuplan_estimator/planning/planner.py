@@ -26,6 +26,7 @@ class NoFeasiblePlanError(GpuplanError):
 
 @dataclass(frozen=True)
 class PlannerContext:
+    """What every plan and estimate request needs: catalog, predictor, scaling, calibration."""
     catalog: devices.Catalog
     predictor: LatencyPredictor
     predictor_source: str  # e.g. "bundle:/path (shipped)" or "roofline"
@@ -35,6 +36,7 @@ class PlannerContext:
     """Fitted from job outcomes by the service; identity (factor 1) when there are none."""
 
     def describe(self) -> dict[str, Any]:
+        """Predictor name and source, bundle manifest and catalog keys, as JSON-ready data."""
         return {
             "predictor": self.predictor.name,
             "source": self.predictor_source,
@@ -44,6 +46,7 @@ class PlannerContext:
 
 
 def training_settings(t: requests.TrainingRequest, batch: int) -> TrainingSettings:
+    """The request's mode, optimizer and precision at batch size `batch`."""
     return TrainingSettings(mode=t.mode, optimizer=t.optimizer, precision=t.precision,
                             batch_size=batch)
 
@@ -86,8 +89,8 @@ def _calibrated(e: estimates.DeviceEstimate, cal: calibrating.Calibration, mode:
     return calibrating.calibrate(cal, e.device, mode, e.step_time_ms, p10, p90)
 
 
-def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec], ctx: PlannerContext
-                  ) -> dict[str, placement.StepProfile]:
+def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec],
+                  ctx: PlannerContext) -> dict[str, placement.StepProfile]:
     """Estimate at the largest and smallest per-GPU batch the plan can use; interpolate between.
 
     A model exported with a fixed batch is estimated at that batch only and scaled per sample.
@@ -117,7 +120,9 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
     return profiles
 
 
-def _pools(req: requests.PlanRequest, ctx: PlannerContext) -> tuple[list[placement.GpuPool], list[str]]:
+def _pools(
+    req: requests.PlanRequest, ctx: PlannerContext
+) -> tuple[list[placement.GpuPool], list[str]]:
     allowed = {ctx.catalog.resolve(n).key for n in req.gpu_types} if req.gpu_types else None
     pools, notes = [], []
     for entry in req.inventory:
@@ -134,6 +139,7 @@ def _pools(req: requests.PlanRequest, ctx: PlannerContext) -> tuple[list[placeme
 
 
 def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> dict[str, Any]:
+    """Plan JSON for a request, with notes; NoFeasiblePlanError listing why none fits."""
     pools, notes = _pools(req, ctx)
     if not pools:
         raise NoFeasiblePlanError("no usable GPU type in the inventory", notes)
@@ -151,6 +157,7 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> dict[str, An
 
 
 def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> dict[str, Any]:
+    """Estimate JSON of the request's model on the requested (or all) catalog devices."""
     specs = ([ctx.catalog.resolve(n) for n in req.devices] if req.devices
              else list(ctx.catalog.devices))
     t = req.training

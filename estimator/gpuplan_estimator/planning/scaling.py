@@ -20,6 +20,7 @@ DEFAULT_INTER_NODE_GBPS = 25.0  # one 200 Gb/s NIC per node
 
 @dataclass(frozen=True)
 class ScalingModel:
+    """Data-parallel step time from ring all-reduce cost and its overlap with backward."""
     overlap: float = 0.5  # fraction of backward time that can hide all-reduce
     bandwidth_efficiency: float = 0.7  # achieved / nominal bus bandwidth (NCCL busbw)
     hop_latency_us: float = 10.0
@@ -28,6 +29,7 @@ class ScalingModel:
     def allreduce_ms(
         self, *, gradient_bytes: int, gpu_count: int, gpus_per_node: int, intra_node_gbps: float
     ) -> float:
+        """Ring all-reduce time of the gradients over `gpu_count` GPUs in ms (0 for one)."""
         if gpu_count <= 1 or gradient_bytes <= 0:
             return 0.0
         link_gbps = intra_node_gbps if intra_node_gbps > 0 else 16.0  # PCIe 3 x16 when unknown
@@ -42,6 +44,7 @@ class ScalingModel:
     def step_time_ms(
         self, *, compute_ms: float, backward_ms: float, optimizer_ms: float, allreduce_ms: float
     ) -> float:
+        """Step time in ms: compute + optimizer + the all-reduce backward does not hide."""
         exposed = max(0.0, allreduce_ms - self.overlap * backward_ms)
         return compute_ms + optimizer_ms + exposed
 

@@ -106,6 +106,7 @@ def kernel_cost(kernel: str, dims: Mapping[str, int], width: int) -> tuple[int, 
 
 
 def conv_output_hw(dims: Mapping[str, int]) -> tuple[int, int]:
+    """Output (height, width) of a 2-D convolution from canonical dims, each at least 1."""
     def out(size: int, k: int, s: int, p: int, d: int) -> int:
         return max(1, (size + 2 * p - d * (k - 1) - 1) // s + 1)
 

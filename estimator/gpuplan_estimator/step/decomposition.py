@@ -128,18 +128,22 @@ class TrainingSettings:
 
     @property
     def training(self) -> bool:
+        """Whether the step has a backward pass and an optimizer step."""
         return self.mode == "train"
 
     @property
     def mixed_precision(self) -> bool:
+        """fp16/bf16: half-precision compute with fp32 master weights (torch.amp)."""
         return self.precision in ("fp16", "bf16")
 
     @property
     def compute_dtype(self) -> str:
+        """The ONNX dtype kernels compute in under this precision."""
         return {"fp16": "float16", "bf16": "bfloat16"}.get(self.precision, "float32")
 
     @property
     def activation_bytes(self) -> int:
+        """Bytes per activation element in the compute dtype."""
         return DTYPE_BYTES[self.compute_dtype]
 
 
@@ -158,6 +162,7 @@ class StepWork:
 
     @property
     def items(self) -> tuple[WorkItem, ...]:
+        """Forward, backward and optimizer items, in that order."""
         return self.forward + self.backward + self.optimizer
 
 

@@ -39,9 +39,11 @@ MAX_LAYOUT_CREDIT = 0.5
 
 def credits_for(graph: ModelGraph, framework: str,
                 unit_overrides: Mapping[str, object | None]) -> Mapping[str, int]:
-    """Conv layer -> elements whose NCHWc reorders its benchmark rows include but `framework`
-    does not run in this graph (onnxruntime only; empty otherwise). `unit_overrides` are
-    `frameworks.overrides(graph, framework)`; a None override is a layer folded away."""
+    """Conv layer -> elements of NCHWc reorders its rows include but this graph does not run.
+
+    Only for onnxruntime; empty for any other `framework`. `unit_overrides` are
+    `frameworks.overrides(graph, framework)`; a None override is a layer folded away.
+    """
     if framework != ONNXRUNTIME:
         return {}
     consumers: dict[str, list[Layer]] = {}
@@ -127,7 +129,9 @@ def copy_item(elements: int) -> WorkItem:
 
 def take_off(values: npt.NDArray[np.float64], at: Sequence[int],
              copy_ms: npt.NDArray[np.float64]) -> None:
-    """Subtract, in place, each credited item's reorder price, keeping at least
-    ``1 - MAX_LAYOUT_CREDIT`` of its own time."""
+    """Subtract, in place, each credited item's reorder price from its time in `values`.
+
+    Each item keeps at least ``1 - MAX_LAYOUT_CREDIT`` of its own time.
+    """
     where = np.asarray(at, dtype=np.intp)
     values[where] = np.maximum(values[where] - copy_ms, (1.0 - MAX_LAYOUT_CREDIT) * values[where])

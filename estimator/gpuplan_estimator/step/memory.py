@@ -57,6 +57,7 @@ _SAVES_OUTPUT = frozenset({"Relu", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
+    """Bytes one GPU needs for a training step, by part, at its per-GPU batch."""
     parameters_bytes: int
     gradients_bytes: int
     optimizer_state_bytes: int
@@ -68,15 +69,18 @@ class MemoryBreakdown:
 
     @property
     def total_bytes(self) -> int:
+        """Sum of all parts in bytes."""
         return (
             self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes
             + self.activations_bytes + self.workspace_bytes + self.framework_overhead_bytes
         )
 
     def fits(self, device: DeviceSpec) -> bool:
+        """Whether the total fits in the device's memory."""
         return self.total_bytes <= device.memory_bytes
 
     def as_dict(self) -> dict[str, int]:
+        """Every part and the total, in bytes, keyed as in the estimate JSON."""
         return {
             "parameters_bytes": self.parameters_bytes,
             "gradients_bytes": self.gradients_bytes,

@@ -2,8 +2,8 @@
 
 `train_bundle` fits one `LayerLatencyModel` per kernel on all rows and validates it with a
 held-out random split and leave-one-device-out refits; only held-out rows produce the metrics
-written to the manifest. ``python -m gpuplan_estimator.training.fitting --report`` prints the tables and
-writes ``docs/latency-models.md``.
+written to the manifest. ``python -m gpuplan_estimator.training.fitting --report`` prints the
+tables and writes ``docs/latency-models.md``.
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ def kernel_data(
 
 
 def error_metrics(actual_ms: FloatArray, predicted_ms: FloatArray) -> dict[str, float]:
+    """Row count, MAPE and P90 APE (percent) and log-space RMSE of predictions vs actual."""
     ape = np.abs(predicted_ms - actual_ms) / actual_ms
     return {
         "rows": float(len(actual_ms)),
@@ -119,8 +120,11 @@ def error_metrics(actual_ms: FloatArray, predicted_ms: FloatArray) -> dict[str, 
 
 
 def validate_kernel(kernel: str, data: KernelData, settings: TrainSettings) -> dict[str, Any]:
-    """Held-out metrics: random split (overall and per device) with the full model, and
-    leave-one-device-out with the transfer model (the one unseen devices get)."""
+    """Held-out error metrics of one kernel's models.
+
+    A random split (overall and per device) with the full model, and leave-one-device-out
+    with the transfer model (the one unseen devices get).
+    """
     rng = np.random.default_rng(settings.seed)
     order = rng.permutation(len(data.y))
     n_test = max(1, int(len(order) * settings.test_fraction))
@@ -178,8 +182,11 @@ MAX_PROBE_SLOPE = 0.2  # a handful of rows cannot support more; unbounded fits d
 
 def probe_correction(actual_ms: FloatArray, predicted_ms: FloatArray, base_ms: FloatArray
                      ) -> ProbeCorrection:
-    """Least-squares slope (clipped to ±`MAX_PROBE_SLOPE`), then the median residual as the
-    offset, which resists the odd algorithm switch among a few rows."""
+    """Fit a `ProbeCorrection` to probe rows' measured vs predicted times (ms).
+
+    Least-squares slope (clipped to ±`MAX_PROBE_SLOPE`), then the median residual as the
+    offset, which resists the odd algorithm switch among a few rows.
+    """
     log_ratio = np.log(actual_ms / predicted_ms)
     log_base = np.log(base_ms)
     slope = 0.0
@@ -258,8 +265,11 @@ def train_bundle(
 
 def with_probes(fitted: Bundle, probe_frame: pd.DataFrame,
                 resolve: DeviceResolver | None = None) -> Bundle:
-    """`fitted` plus a `ProbeCorrection` of its transfer model per (GPU, kernel) of the probe
-    rows (`split_probe_rows`; rows of kernels without a transfer model are ignored)."""
+    """`fitted` plus a `ProbeCorrection` of its transfer model per (GPU, kernel) of the probes.
+
+    Probe rows come from `split_probe_rows`; rows of kernels without a transfer model are
+    ignored.
+    """
     resolve = resolve if resolve is not None else devices.resolve_device
     manifest = fitted.manifest
     # A probed GPU has no backend of its own in the manifest: it is priced with the GPU
@@ -285,8 +295,11 @@ def with_probes(fitted: Bundle, probe_frame: pd.DataFrame,
 def split_probe_rows(
     frame: pd.DataFrame, kinds: Mapping[str, str], settings: TrainSettings
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(rows to fit, probe rows): a GPU's rows of a kernel are probe rows when it has fewer
-    than `probe_max_rows` of them while the GPUs with more have enough to fit the kernel."""
+    """Split `frame` into (rows to fit, probe rows).
+
+    A GPU's rows of a kernel are probe rows when it has fewer than `probe_max_rows` of them
+    while the GPUs with more have enough to fit the kernel.
+    """
     gpu = frame["device"].map(kinds) == "gpu"
     counts = frame[gpu].groupby(["kernel", "device"]).size()
     small = counts < settings.probe_max_rows
@@ -356,7 +369,8 @@ def _check_frame(frame: pd.DataFrame) -> None:
 
 
 def metrics_json(bundle: Bundle) -> str:
+    """The bundle manifest's held-out metrics as indented, key-sorted JSON."""
     return json.dumps(bundle.manifest.get("metrics", {}), indent=2, sort_keys=True)
 
 
-# --- report: `python -m gpuplan_estimator.training.fitting --report` -------------------------------------
+# --- report: `python -m gpuplan_estimator.training.fitting --report` ------------------------------

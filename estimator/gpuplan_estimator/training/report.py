@@ -1,4 +1,4 @@
-"""The accuracy report of a bundle's latency models (`docs/latency-models.md`), from its manifest."""
+"""The accuracy report of a bundle's latency models (`docs/latency-models.md`) from its manifest."""
 
 from __future__ import annotations
 

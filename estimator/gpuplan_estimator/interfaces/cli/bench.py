@@ -82,6 +82,7 @@ def _command(argv: Sequence[str] | None) -> str:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
+    """`gpuplan bench`: measure the plan into the db; 0 when done, 3 when interrupted."""
     settings = runner.BenchSettings(
         device=args.device,
         families=args.families,
@@ -125,6 +126,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 
 def run_import_command(args: argparse.Namespace) -> int:
+    """`gpuplan import`: load gpu-ops parquet/CSV files into the db; returns 0."""
     from gpuplan_estimator.perfdb import importing
 
     with PerfStore.open(args.db) as store:
@@ -135,6 +137,7 @@ def run_import_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run `bench` or `import` standalone; 2 on a gpuplan error, 130 on Ctrl-C."""
     parser = argparse.ArgumentParser(prog="gpuplan")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)

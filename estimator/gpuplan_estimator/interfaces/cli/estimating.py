@@ -35,15 +35,16 @@ def _register_estimate(sub: Any) -> None:
     p.add_argument("--mode", choices=options.MODES, default=options.DEFAULT_MODE)
     p.add_argument("--batch", type=arguments.positive_int, default=None,
                    help="global batch; binds the model's symbolic batch dim")
-    p.add_argument("--dim", action="append", type=arguments.dim_binding, default=[], metavar="NAME=V",
-                   help="bind a symbolic dim, e.g. sequence=1024 (repeatable)")
+    p.add_argument("--dim", action="append", type=arguments.dim_binding, default=[],
+                   metavar="NAME=V", help="bind a symbolic dim, e.g. sequence=1024 (repeatable)")
     p.add_argument("--optimizer", choices=options.OPTIMIZERS, default=options.DEFAULT_OPTIMIZER)
     p.add_argument("--precision", choices=options.PRECISIONS, default=options.DEFAULT_PRECISION)
     p.add_argument("--framework", choices=options.FRAMEWORKS,
                    default=options.DEFAULT_FRAMEWORK,
                    help="onnxruntime: inference with its graph fusions (BN folded, ...)")
     p.add_argument("--epochs", type=arguments.positive_int, default=None)
-    p.add_argument("--dataset-size", type=arguments.positive_int, default=None, help="samples per epoch")
+    p.add_argument("--dataset-size", type=arguments.positive_int, default=None,
+                   help="samples per epoch")
     p.add_argument("--layers", action="store_true", help="list every layer, not the top five")
     p.add_argument("--explain", action="store_true",
                    help="every layer with its P10-P90 interval, predictor and share of the step")
@@ -68,6 +69,7 @@ def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
+    """`gpuplan estimate`: price the model on each device and print a table or JSON."""
     specs = resolve_devices(args.device)
     g = graph.load_model(args.model, batch=args.batch, dim_bindings=dict(args.dim))
     settings = TrainingSettings(batch_size=_model_batch(g, args.batch), mode=args.mode,
@@ -117,6 +119,7 @@ def _register_strip(sub: Any) -> None:
 
 
 def run_strip(args: argparse.Namespace) -> int:
+    """`gpuplan strip`: write a weight-free copy of the model and print both sizes."""
     in_bytes, out_bytes = graph.strip_weights(args.source, args.dest, compress=args.compress)
     print(f"{args.source}: {in_bytes} bytes -> {args.dest}: {out_bytes} bytes "
           f"({out_bytes / in_bytes:.1%})" if in_bytes else f"{args.dest}: {out_bytes} bytes")
@@ -130,6 +133,7 @@ def _register_devices(sub: Any) -> None:
 
 
 def run_devices(args: argparse.Namespace) -> int:
+    """`gpuplan devices`: print the device catalog as a table or JSON."""
     catalog = devices.load_catalog()
     if args.json:
         print(json.dumps([_device_json(d) for d in catalog.devices], indent=2))

@@ -37,6 +37,7 @@ PROBED = "lightgbm+probe"
 
 
 def register(subparsers: Any) -> None:
+    """Add the ``eval`` subcommand to an argparse subparsers object."""
     p = subparsers.add_parser("eval", help="whole-model accuracy -> docs/accuracy.{md,json,png}")
     p.add_argument("--labels", type=Path, help="labels.csv (default: shared model-labels)")
     p.add_argument("--bundle", type=Path, help="latency model bundle (default: as `estimate`)")
@@ -74,6 +75,7 @@ def _say(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`gpuplan eval`: price and measure every loop, write docs/accuracy.*; returns 0."""
     shared = recipe.shared_data_dir()
     labels_path = args.labels or shared / "model-labels" / "labels.csv"
     rows = gpu_labels.read_labels(labels_path)
@@ -134,8 +136,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def latency_bundle(explicit: Path | None, gpu_ops: Path) -> tuple[bundles.Bundle, str]:
-    """The bundle `estimate` would use; if it cannot load (e.g. a stale feature schema while
-    the shipped one awaits `make models`), a fresh in-memory fit from the shared op data."""
+    """The bundle `estimate` would use, else a fresh in-memory fit, with a description.
+
+    The fit from the shared op data is used when the bundle cannot load (e.g. a stale feature
+    schema while the shipped one awaits `make models`).
+    """
     try:
         fitted = bundles.load_default(explicit)
         return fitted, f"{fitted.origin} bundle {fitted.path} ({fitted.manifest.get('command')})"
@@ -151,8 +156,11 @@ def latency_bundle(explicit: Path | None, gpu_ops: Path) -> tuple[bundles.Bundle
 
 def host_cpu_models(fitted: bundles.Bundle, backend: str, minutes: float, samples: int,
                     args: argparse.Namespace) -> tuple[LatencyPredictor, str]:
-    """The models that price a CPU loop on `backend`: fitted on this host's bench rows, or
-    (with 0 minutes) the bundle's, whose rows may come from another host."""
+    """The models that price a CPU loop on `backend`, with a description of their rows.
+
+    Fitted on this host's bench rows, or (with 0 minutes) the bundle's, whose rows may come
+    from another host.
+    """
     if minutes <= 0:
         try:
             name = selection.cpu_backend_name(fitted.manifest, backend)
@@ -193,8 +201,11 @@ def leave_one_gpu_out(
     rows: Sequence[gpu_labels.LabelRow], gpu_ops: Path, max_rows: int, catalog: devices.Catalog,
     build: gpu_labels.GraphBuilder,
 ) -> tuple[RowResult, ...]:
-    """For each labelled GPU: refit the latency models without its op rows, predict its rows;
-    and again with a probe of it (`probe_sample`: what a short bench on a new GPU type gives)."""
+    """Price each labelled GPU's rows with latency models refitted without its op rows.
+
+    Each GPU is priced twice: unseen, and with a probe of it (`probe_sample`: what a short bench
+    on a new GPU type gives).
+    """
     frame = training.load_sources([str(gpu_ops)])
     settings = fitting.TrainSettings(max_rows_per_kernel=max_rows)
     out: list[RowResult] = []
@@ -222,6 +233,7 @@ def probe_sample(rows: pd.DataFrame, per_kernel: int, seed: int) -> pd.DataFrame
 
 
 def notes(fitted: bundles.Bundle) -> tuple[str, ...]:
+    """The report's fixed notes on method and splits, plus whether the bundle has CPU models."""
     has_cpu = any(str(b).startswith(("onnxruntime", "ort")) or "cpu" in str(b)
                   for b in fitted.manifest.get("backends", []))
     return (
@@ -266,8 +278,11 @@ def notes(fitted: bundles.Bundle) -> tuple[str, ...]:
 
 
 def cpu_data_notes(directory: Path) -> tuple[str, ...]:
-    """The recorded conditions of the CPU op measurements the bundle learned from: the closed
-    loop compares against them, and a host measured under load prices every op slower."""
+    """Report notes on the recorded conditions of the CPU op measurements the bundle learned from.
+
+    The closed loop compares against them, and a host measured under load prices every op
+    slower.
+    """
     out = []
     for meta in sorted(directory.glob("*.json")):
         try:
@@ -281,6 +296,7 @@ def cpu_data_notes(directory: Path) -> tuple[str, ...]:
 
 
 def command_line(args: argparse.Namespace) -> str:
+    """The `gpuplan eval` command line that reproduces this run, shell-quoted."""
     parts = ["gpuplan", "eval"]
     for flag in ("labels", "bundle"):
         if getattr(args, flag) is not None:

@@ -1,9 +1,9 @@
 """The `gpuplan` command line: estimate, strip, devices, demo, plus plugged-in subcommands.
 
-The built-in commands live in `estimating` and `demo`; other modules add subcommands by defining ``register(subparsers)`` (each parser sets
-``func``: args → exit code) and being listed in `COMMAND_MODULES`. Every `GpuplanError` and
-usage error becomes one ``gpuplan: error: ...`` line on stderr and exit code 2; ``--debug``
-shows the traceback instead.
+The built-in commands live in `estimating` and `demo`; other modules add subcommands by
+defining ``register(subparsers)`` (each parser sets ``func``: args → exit code) and being listed
+in `COMMAND_MODULES`. Every `GpuplanError` and usage error becomes one ``gpuplan: error: ...``
+line on stderr and exit code 2; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations

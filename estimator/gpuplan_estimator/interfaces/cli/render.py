@@ -12,6 +12,7 @@ GIB = 1024**3
 
 
 def gib(n_bytes: int) -> str:
+    """Bytes as GiB with one decimal, e.g. ``12.3 GiB``."""
     return f"{n_bytes / GIB:.1f} GiB"
 
 
@@ -28,6 +29,7 @@ def duration(seconds: float | None) -> str:
 
 
 def header(graph: ModelGraph, settings: TrainingSettings, predictor_source: str) -> str:
+    """Two lines naming the model (layers, parameters, dims), the settings and predictor."""
     bindings = ", ".join(f"{k}={v}" for k, v in sorted(graph.dim_bindings.items()))
     return (
         f"model {graph.name}: {len(graph.layers)} layers, "
@@ -55,6 +57,7 @@ def table(results: Sequence[DeviceEstimate]) -> str:
 
 
 def device_detail(r: DeviceEstimate, *, all_layers: bool = False) -> str:
+    """One device's step split, epoch/total time, memory breakdown and top layers."""
     m = r.memory
     shares = ", ".join(f"{name} {share:.0%}" for name, share in sorted(r.predictor.items()))
     lines = [
@@ -79,5 +82,6 @@ def device_detail(r: DeviceEstimate, *, all_layers: bool = False) -> str:
 
 
 def layer_line(layer: LayerEstimate) -> str:
+    """One layer's name, op type, forward and backward ms and predictor, column-aligned."""
     return (f"{layer.name[:40]:<40} {layer.op_type:<20} fwd {layer.forward_ms:9.3f} ms  "
             f"bwd {layer.backward_ms:9.3f} ms  [{layer.predictor}]")

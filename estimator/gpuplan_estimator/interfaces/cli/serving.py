@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 
 def load_context(bundle_dir: str | None) -> planner.PlannerContext:
+    """Planner context: the device catalog and the predictor from `bundle_dir` or default."""
     predictor, source = selection.select_predictor(bundle_dir)
     manifest = getattr(getattr(predictor, "bundle", None), "manifest", {}) or {}
     return planner.PlannerContext(
@@ -32,6 +33,7 @@ def load_context(bundle_dir: str | None) -> planner.PlannerContext:
 
 
 def register(sub: Any) -> None:
+    """Add the ``serve`` and ``plan`` subcommands to an argparse subparsers object."""
     s = sub.add_parser("serve", help="run the estimator HTTP service")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=arguments.positive_int, default=8080)
@@ -126,6 +128,7 @@ def perfdb_coverage_source(db_url: str | None) -> service.CoverageSource:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    """`gpuplan serve`: run the estimator HTTP service until stopped; returns 0."""
     from aiohttp import web
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -158,6 +161,7 @@ def _pools(specs: list[str]) -> list[dict[str, Any]]:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    """`gpuplan plan`: choose GPU type and count for a model offline; print table or JSON."""
     body = {
         "model_onnx_b64": base64.b64encode(Path(args.model).read_bytes()).decode(),
         "training": {"batch_size": args.batch, "dataset_size": args.dataset_size,

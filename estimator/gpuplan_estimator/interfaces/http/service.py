@@ -40,6 +40,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @dataclass(frozen=True)
 class ServiceSettings:
+    """Listen address, limits and polling interval of the estimator HTTP service."""
     host: str = "0.0.0.0"
     port: int = 8080
     max_body_bytes: int = 64 * 2**20
@@ -52,6 +53,7 @@ class ServiceSettings:
 
 
 class Metrics:
+    """Prometheus request counter and latency histogram of the service, in `registry`."""
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.requests = Counter(
@@ -67,8 +69,11 @@ class Metrics:
 
 
 class ServiceState:
-    """What handlers share: the current engine context, swapped whole on a new bundle, and the
-    calibration fitted from job outcomes, swapped whole on a new outcome."""
+    """What handlers share: the current planner context and the outcome calibration.
+
+    The context is swapped whole on a new bundle, the calibration fitted from job outcomes
+    swapped whole on a new outcome.
+    """
 
     def __init__(self, context_loader: Callable[[], planner.PlannerContext]) -> None:
         self._loader = context_loader

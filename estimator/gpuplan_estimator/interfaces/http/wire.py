@@ -95,6 +95,7 @@ def _mapping(body: Mapping[str, Any], key: str, errs: _Errors) -> Mapping[str, A
 
 def parse_training(obj: Mapping[str, Any], errs: _Errors, path: str = "training"
                    ) -> TrainingRequest:
+    """The ``training`` object as a TrainingRequest; problems are added to `errs`."""
     dims_raw = obj.get("dims", {}) or {}
     dims: dict[str, int] = {}
     if not isinstance(dims_raw, Mapping):
@@ -116,6 +117,7 @@ def parse_training(obj: Mapping[str, Any], errs: _Errors, path: str = "training"
 
 
 def decode_model(body: Mapping[str, Any], errs: _Errors) -> bytes:
+    """The ONNX bytes decoded from ``model_onnx_b64``; empty, with an error in `errs`, if bad."""
     text = body.get("model_onnx_b64")
     if not isinstance(text, str) or not text:
         errs.add("model_onnx_b64", "is required (base64 of the ONNX graph)")
@@ -128,6 +130,7 @@ def decode_model(body: Mapping[str, Any], errs: _Errors) -> bytes:
 
 
 def parse_plan_request(body: Any) -> PlanRequest:
+    """Validate a plan request body; InvalidRequestError lists every bad field."""
     if not isinstance(body, Mapping):
         raise InvalidRequestError("body", "must be a JSON object")
     errs = _Errors()
@@ -170,6 +173,7 @@ def _parse_inventory(raw: Any, errs: _Errors) -> tuple[InventoryEntry, ...]:
 
 
 def error_json(reason: str, message: str, details: list[str] | None = None) -> dict[str, Any]:
+    """The JSON error body: reason, message and per-field details."""
     return {"error": {"reason": reason, "message": message, "details": details or []}}
 
 
@@ -187,6 +191,7 @@ class OutcomeRequest:
 
 
 def parse_outcome_request(body: Any) -> OutcomeRequest:
+    """Validate a job outcome body; InvalidRequestError lists every bad field."""
     if not isinstance(body, Mapping):
         raise InvalidRequestError("body", "must be a JSON object")
     errs = _Errors()

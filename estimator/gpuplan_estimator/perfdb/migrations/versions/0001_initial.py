@@ -18,6 +18,7 @@ _TS = sa.DateTime(timezone=True)
 
 
 def upgrade() -> None:
+    """Create the five tables and their indexes."""
     op.create_table(
         "devices",
         sa.Column("key", sa.String(128), primary_key=True),
@@ -101,6 +102,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Drop the five tables, dependents first."""
     op.drop_table("job_outcomes")
     op.drop_table("model_versions")
     op.drop_table("measurements")

@@ -16,10 +16,12 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
+    """Add the nullable ``measurements.sm_clock_mhz`` column."""
     with op.batch_alter_table("measurements") as batch:
         batch.add_column(sa.Column("sm_clock_mhz", sa.Float, nullable=True))
 
 
 def downgrade() -> None:
+    """Drop ``measurements.sm_clock_mhz``."""
     with op.batch_alter_table("measurements") as batch:
         batch.drop_column("sm_clock_mhz")

@@ -16,10 +16,12 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
+    """Add the nullable ``measurements.fwd_bwd_latency_ms`` column."""
     with op.batch_alter_table("measurements") as batch:
         batch.add_column(sa.Column("fwd_bwd_latency_ms", sa.Float, nullable=True))
 
 
 def downgrade() -> None:
+    """Drop ``measurements.fwd_bwd_latency_ms``."""
     with op.batch_alter_table("measurements") as batch:
         batch.drop_column("fwd_bwd_latency_ms")

@@ -10,7 +10,8 @@ from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.planning import calibrating
 
 
-def _o(device: str, mode: str, predicted: float, measured: float, model: str = "m") -> calibrating.Outcome:
+def _o(device: str, mode: str, predicted: float, measured: float, model: str = "m"
+       ) -> calibrating.Outcome:
     return calibrating.Outcome(device, mode, predicted, measured, model=model)
 
 
@@ -83,7 +84,8 @@ def test_outcomes_excluding_model_and_device() -> None:
             _o("t4", "train", 1, 1, "b")]
     assert [o.model for o in calibrating.outcomes_excluding(outs, model="a")] == ["b"]
     assert calibrating.outcomes_excluding(outs, model="b", device="t4") == (outs[1],)
-    assert set(calibrating.summary(calibrating.fit(outs))) == {"t4/train", "v100/train", "*/train", "*/*"}
+    assert set(calibrating.summary(calibrating.fit(outs))) == {
+        "t4/train", "v100/train", "*/train", "*/*"}
 
 
 def test_calibrate_without_outcomes_leaves_the_prediction_as_it_was() -> None:
@@ -104,4 +106,5 @@ def test_calibrate_with_outcomes_is_apply_and_tolerates_rounding_in_the_interval
 
 
 def test_calibration_mode_of_a_request() -> None:
-    assert (calibrating.mode_of("train"), calibrating.mode_of("inference")) == ("train", "inference")
+    modes = (calibrating.mode_of("train"), calibrating.mode_of("inference"))
+    assert modes == ("train", "inference")

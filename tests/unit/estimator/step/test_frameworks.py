@@ -203,7 +203,8 @@ def test_onnxruntime_credits_the_nchwc_reorders_a_conv_chain_skips() -> None:
     assert credits(g, "pytorch-eager") == {}
     by_layer = {i.layer: i for i in build_step(g, ort()).forward}
     assert by_layer["conv1"].attributes[layout_credits.LAYOUT_CREDIT] == 2 * 32 * 8 * 8
-    assert all(layout_credits.LAYOUT_CREDIT not in i.attributes for i in build_step(g, eager()).forward)
+    eager_items = build_step(g, eager()).forward
+    assert all(layout_credits.LAYOUT_CREDIT not in i.attributes for i in eager_items)
 
 
 def test_grouped_conv_with_unaligned_channels_per_group_is_not_blocked() -> None:

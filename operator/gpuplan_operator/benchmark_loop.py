@@ -12,8 +12,6 @@ import datetime
 import logging
 from collections.abc import Callable
 
-from kubernetes.client.exceptions import ApiException
-
 from gpuplan_operator import benchmarks, errors, estimator_client, inventory, kube, metrics
 from gpuplan_operator import settings as operator_settings
 
@@ -67,7 +65,7 @@ async def run_forever(ctx: LoopContext) -> None:
     while True:
         try:
             await refresh(ctx)
-        except (errors.OperatorError, ApiException) as exc:
+        except (errors.OperatorError, *kube.API_ERRORS) as exc:
             LOG.warning("benchmark coverage pass failed: %s", exc)
         except Exception:  # the loop must outlive any one bad pass
             LOG.exception("benchmark coverage pass failed")

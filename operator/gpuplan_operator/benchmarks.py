@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuplan_estimator import devices
-from gpuplan_estimator import errors as estimator_errors
-from gpuplan_operator import resources
+from gpuplan_estimator.core import errors
+from gpuplan_operator import gpu_accounting
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "benchmark"
@@ -67,7 +67,7 @@ def catalog_resolver(catalog: devices.Catalog) -> Resolver:
     def resolve(gpu_type: str) -> str | None:
         try:
             return catalog.resolve(gpu_type).key
-        except estimator_errors.GpuplanError:
+        except errors.GpuplanError:
             return None
     return resolve
 
@@ -141,7 +141,7 @@ def build_job(
                  "--sweep", "/sweeps"],
         "env": [{"name": "GPUPLAN_DB_URL",
                  "valueFrom": {"secretKeyRef": {"name": db_secret, "key": "url"}}}],
-        "resources": {"limits": {resources.GPU_RESOURCE: 1}},
+        "resources": {"limits": {gpu_accounting.GPU_RESOURCE: 1}},
     }
     return {
         "apiVersion": "batch/v1",
@@ -156,7 +156,7 @@ def build_job(
                 "metadata": {"labels": dict(labels)},
                 "spec": {
                     "restartPolicy": "Never",
-                    "nodeSelector": {resources.GPU_PRODUCT_LABEL: gpu_type},
+                    "nodeSelector": {gpu_accounting.GPU_PRODUCT_LABEL: gpu_type},
                     "containers": [container],
                 },
             },

@@ -6,28 +6,21 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuplan_operator import resources
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+from gpuplan_operator import gpu_accounting
 
 
 @dataclasses.dataclass(frozen=True)
 class GpuPool:
+    """GPUs of one type in the cluster: per node, nodes, and free now."""
+
     gpu_type: str
     gpus_per_node: int
     nodes: int
     free_gpus: int
 
     def to_request(self) -> dict[str, Any]:
+        """The estimator's `inventory` entry."""
         return dataclasses.asdict(self)
-
-
-def gpu_quantity(value: object) -> int:
-    """nvidia.com/gpu is an integer extended resource ("8"); anything else counts as 0."""
-    try:
-        return max(int(str(value)), 0)
-    except ValueError:
-        return 0
 
 
 def _ready(node: Mapping[str, Any]) -> bool:
@@ -39,15 +32,14 @@ def gpu_requests_by_node(pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """GPUs requested by bound, non-terminal pods, per node name."""
     used: dict[str, int] = {}
     for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        node = gpu_accounting.holds_gpus_on(pod)
+        if node is None:
             continue
-        for c in (pod.get("spec") or {}).get("containers") or []:
-            res = c.get("resources") or {}
-            want = (res.get("requests") or {}).get(resources.GPU_RESOURCE)
-            if want is None:
-                want = (res.get("limits") or {}).get(resources.GPU_RESOURCE, 0)
-            used[node] = used.get(node, 0) + gpu_quantity(want)
+        try:
+            gpus = gpu_accounting.pod_gpu_request(pod)
+        except gpu_accounting.QuantityError:
+            continue  # cannot have passed apiserver validation; counted as none
+        used[node] = used.get(node, 0) + gpus
     return used
 
 
@@ -59,9 +51,8 @@ def build_inventory(
     per_type: dict[str, list[tuple[int, int]]] = {}
     for node in nodes:
         meta, spec = node.get("metadata") or {}, node.get("spec") or {}
-        gpu_type = (meta.get("labels") or {}).get(resources.GPU_PRODUCT_LABEL)
-        alloc = gpu_quantity(((node.get("status") or {}).get("allocatable") or {})
-                             .get(resources.GPU_RESOURCE, 0))
+        gpu_type = gpu_accounting.node_product(node)
+        alloc = gpu_accounting.node_allocatable_gpus(node) or 0
         if not gpu_type or alloc == 0 or spec.get("unschedulable") or not _ready(node):
             continue
         free = max(alloc - used.get(meta.get("name", ""), 0), 0)

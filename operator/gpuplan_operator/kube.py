@@ -11,7 +11,10 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from gpuplan_operator import resources
+from gpuplan_operator import gpu_accounting, resources
+
+API_ERRORS: tuple[type[Exception], ...] = (ApiException,)
+"""What the Kubernetes client raises for a failed call; callers catch these, not the client."""
 
 REQUEST_TIMEOUT = (5.0, 30.0)  # (connect, read) seconds on every call
 
@@ -32,7 +35,7 @@ class Kube:
         return await _call_or_none(self._core.read_namespaced_config_map, name, namespace)
 
     async def list_gpu_nodes(self) -> list[dict[str, Any]]:
-        out = await _call(self._core.list_node, label_selector=resources.GPU_PRODUCT_LABEL)
+        out = await _call(self._core.list_node, label_selector=gpu_accounting.GPU_PRODUCT_LABEL)
         return list(out.get("items", []))
 
     async def list_active_pods(self) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuplan_operator import annotations as plan_keys
-from gpuplan_operator import resources
+from gpuplan_operator import gpu_accounting, resources
 
 # Pods of an Indexed Job are named <job>-<index>-<5 random> and use <job>-<index> as hostname
 # (a 63-char DNS label), so the Job name leaves room for both.
@@ -133,10 +133,10 @@ def _with_gpu_affinity(affinity: Mapping[str, Any], gpu_type: str) -> dict[str, 
     node = out.setdefault("nodeAffinity", {})
     required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.get("nodeSelectorTerms") or [{}]
-    requirement = {"key": resources.GPU_PRODUCT_LABEL, "operator": "In", "values": [gpu_type]}
+    requirement = {"key": gpu_accounting.GPU_PRODUCT_LABEL, "operator": "In", "values": [gpu_type]}
     for term in terms:
         exprs = [e for e in term.get("matchExpressions", [])
-                 if e.get("key") != resources.GPU_PRODUCT_LABEL]
+                 if e.get("key") != gpu_accounting.GPU_PRODUCT_LABEL]
         term["matchExpressions"] = [*exprs, requirement]
     required["nodeSelectorTerms"] = terms
     return out
@@ -144,10 +144,10 @@ def _with_gpu_affinity(affinity: Mapping[str, Any], gpu_type: str) -> dict[str, 
 
 def _set_gpu_limit(container: dict[str, Any], gpus: int) -> None:
     res = container.setdefault("resources", {})
-    res.setdefault("limits", {})[resources.GPU_RESOURCE] = str(gpus)
-    if resources.GPU_RESOURCE in res.get("requests", {}):
+    res.setdefault("limits", {})[gpu_accounting.GPU_RESOURCE] = str(gpus)
+    if gpu_accounting.GPU_RESOURCE in res.get("requests", {}):
         # Extended resources must have requests == limits.
-        res["requests"][resources.GPU_RESOURCE] = str(gpus)
+        res["requests"][gpu_accounting.GPU_RESOURCE] = str(gpus)
 
 
 def _plan_env(plan: resources.Plan) -> list[dict[str, Any]]:

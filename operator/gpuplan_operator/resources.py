@@ -11,8 +11,6 @@ GROUP = "gpuplan.io"
 VERSION = "v1alpha1"
 PLURAL = "trainingjobs"
 KIND = "TrainingJob"
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 OWNER_LABEL = "gpuplan.io/trainingjob"
 
 

@@ -83,7 +83,7 @@ def extender(testbed: Testbed, core_v1: Any) -> Iterator[RunningExtender]:
             failure.append(exc)
 
     async def serve_with(event: asyncio.Event) -> None:
-        await cli.serve(settings, cli.core_v1_api(settings.kubeconfig), registry, event)
+        await cli.serve(settings, watcher.core_v1_api(settings.kubeconfig), registry, event)
 
     thread = threading.Thread(target=run, name="gpuplan-extender-test", daemon=True)
     thread.start()

@@ -76,15 +76,6 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     )
 
 
-def core_v1_api(kubeconfig: str | None) -> Any:
-    from kubernetes import client, config
-
-    if kubeconfig:
-        return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
-    config.load_incluster_config()
-    return client.CoreV1Api()
-
-
 async def serve(
     settings: ServeSettings,
     api: Any,
@@ -118,7 +109,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args)
-    asyncio.run(serve(settings, core_v1_api(settings.kubeconfig)))
+    asyncio.run(serve(settings, watcher.core_v1_api(settings.kubeconfig)))
     return 0
 
 

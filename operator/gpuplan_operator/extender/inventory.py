@@ -11,13 +11,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-class QuantityError(ValueError):
-    """A GPU quantity is not a non-negative integer (extended resources cannot be fractional)."""
+from gpuplan_operator import gpu_accounting
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,67 +80,15 @@ def make_snapshot(nodes: Mapping[str, NodeGpus], fresh_at_s: float) -> Snapshot:
     return Snapshot(nodes=frozen, fresh_at_s=fresh_at_s, index=index_nodes(frozen))
 
 
-def parse_gpu_quantity(raw: object) -> int:
-    """An extended-resource quantity: "8", 8, or "8000m" are 8; anything fractional is an error."""
-    if isinstance(raw, bool):
-        raise QuantityError(f"not a GPU quantity: {raw!r}")
-    if isinstance(raw, int):
-        value = raw
-    elif isinstance(raw, str) and raw.isdigit():
-        value = int(raw)
-    elif isinstance(raw, str) and raw.endswith("m") and raw[:-1].isdigit():
-        milli = int(raw[:-1])
-        if milli % 1000:
-            raise QuantityError(f"fractional GPU quantity: {raw!r}")
-        value = milli // 1000
-    else:
-        raise QuantityError(f"not a GPU quantity: {raw!r}")
-    if value < 0:
-        raise QuantityError(f"negative GPU quantity: {raw!r}")
-    return value
-
-
 def node_gpus(node: Mapping[str, Any], used_gpus: int = 0) -> NodeGpus:
     """Read GPU type and allocatable GPUs from a v1.Node dict; never raises on bad data."""
     meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    product = labels.get(GPU_PRODUCT_LABEL)
-    allocatable = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
-    try:
-        alloc = parse_gpu_quantity(allocatable) if allocatable is not None else None
-    except QuantityError:
-        alloc = None
     return NodeGpus(
         name=str(meta.get("name", "")),
-        product=product if isinstance(product, str) and product else None,
-        allocatable_gpus=alloc,
+        product=gpu_accounting.node_product(node),
+        allocatable_gpus=gpu_accounting.node_allocatable_gpus(node),
         used_gpus=used_gpus,
     )
-
-
-def _container_gpus(container: Mapping[str, Any]) -> int:
-    resources = container.get("resources") or {}
-    requests = resources.get("requests") or {}
-    limits = resources.get("limits") or {}
-    # Requests default to limits for extended resources, and the two must be equal if both set.
-    raw = requests.get(GPU_RESOURCE, limits.get(GPU_RESOURCE))
-    return 0 if raw is None else parse_gpu_quantity(raw)
-
-
-def pod_gpu_request(pod: Mapping[str, Any]) -> int:
-    """Effective GPU request of a pod, as the scheduler computes it: the larger of the app
-    containers (plus restartable sidecar init containers) and the largest plain init container.
-    Raises QuantityError on a malformed quantity."""
-    spec = pod.get("spec") or {}
-    app = sum(_container_gpus(c) for c in spec.get("containers") or ())
-    sidecars = 0
-    init_peak = 0
-    for c in spec.get("initContainers") or ():
-        if c.get("restartPolicy") == "Always":
-            sidecars += _container_gpus(c)
-        else:
-            init_peak = max(init_peak, sidecars + _container_gpus(c))
-    return max(app + sidecars, init_peak)
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
@@ -158,15 +100,14 @@ def pod_usage(pod: Mapping[str, Any]) -> PodUsage | None:
     """The GPUs a pod holds, or None if it holds none (unbound, terminal, no GPUs, malformed).
 
     A malformed quantity cannot have passed apiserver validation, so it is counted as zero."""
-    node_name = (pod.get("spec") or {}).get("nodeName")
-    phase = (pod.get("status") or {}).get("phase")
-    if not node_name or phase in TERMINAL_PHASES:
+    node_name = gpu_accounting.holds_gpus_on(pod)
+    if node_name is None:
         return None
     try:
-        gpus = pod_gpu_request(pod)
-    except QuantityError:
+        gpus = gpu_accounting.pod_gpu_request(pod)
+    except gpu_accounting.QuantityError:
         return None
-    return PodUsage(node_name=str(node_name), gpus=gpus) if gpus > 0 else None
+    return PodUsage(node_name=node_name, gpus=gpus) if gpus > 0 else None
 
 
 def used_by_node(usages: Iterable[PodUsage]) -> dict[str, int]:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplan_estimator import devices
-from gpuplan_estimator.errors import UnknownDeviceError
+from gpuplan_estimator.core.errors import UnknownDeviceError
 from gpuplan_operator import annotations as plan_keys
-from gpuplan_operator.extender import inventory
+from gpuplan_operator import gpu_accounting
 
 TypeResolver = Callable[[str], frozenset[str]]
 """Planned type as written → the accepted `nvidia.com/gpu.product` values, casefolded."""
@@ -74,9 +74,10 @@ def plan_for_pod(pod: Mapping[str, Any], resolve: TypeResolver) -> PodPlan | Non
         return None
     planned_type = _planned_type(raw_type)
     try:
-        requested = inventory.pod_gpu_request(pod)
-    except inventory.QuantityError as exc:
-        raise PlanError(f"spec.containers[].resources[{inventory.GPU_RESOURCE}]", str(exc)) from exc
+        requested = gpu_accounting.pod_gpu_request(pod)
+    except gpu_accounting.QuantityError as exc:
+        raise PlanError(
+            f"spec.containers[].resources[{gpu_accounting.GPU_RESOURCE}]", str(exc)) from exc
     annotated = _planned_count(raw_count)
     gpus = requested if requested > 0 else (annotated or 0)
     return PodPlan(

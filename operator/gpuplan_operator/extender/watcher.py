@@ -221,3 +221,13 @@ def kube_watcher(
 ) -> Watcher:
     return Watcher([KubeListWatch(api, kind, settings) for kind in (NODES, PODS)],
                    store, settings, clock)
+
+
+def core_v1_api(kubeconfig: str | None) -> Any:
+    """The CoreV1 API client: from `kubeconfig`, else the pod's service account."""
+    from kubernetes import client, config
+
+    if kubeconfig:
+        return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+    config.load_incluster_config()
+    return client.CoreV1Api()

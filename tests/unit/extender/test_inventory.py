@@ -4,23 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplan_operator.extender import builders, inventory
+from gpuplan_operator.extender import inventory
 from gpuplan_operator.extender.store import NODES, PODS, InventoryStore
+from gpuplan_testing import extender_builders as builders
 
 L4 = "NVIDIA-L4"
-
-
-@pytest.mark.parametrize(
-    ("raw", "value"), [("8", 8), (8, 8), ("0", 0), ("4000m", 4)],
-)
-def test_parse_gpu_quantity(raw: object, value: int) -> None:
-    assert inventory.parse_gpu_quantity(raw) == value
-
-
-@pytest.mark.parametrize("raw", ["1.5", "1500m", "-1", -1, "x", True, None, "1Ki"])
-def test_parse_gpu_quantity_rejects(raw: object) -> None:
-    with pytest.raises(inventory.QuantityError):
-        inventory.parse_gpu_quantity(raw)
 
 
 def test_node_gpus_reads_label_and_allocatable() -> None:
@@ -35,22 +23,6 @@ def test_node_gpus_tolerates_garbage_allocatable() -> None:
     node = builders.make_node("n", L4, 4)
     node["status"]["allocatable"]["nvidia.com/gpu"] = "lots"
     assert inventory.node_gpus(node).allocatable_gpus is None
-
-
-def test_pod_gpu_request_requests_limits_and_init_containers() -> None:
-    assert inventory.pod_gpu_request(builders.make_pod("p", gpus=2)) == 2
-    assert inventory.pod_gpu_request(builders.make_pod("p", gpus=2, use_limits=False)) == 2
-    pod = builders.make_pod("p", gpus=2)
-    pod["spec"]["containers"].append(
-        {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}})
-    pod["spec"]["initContainers"] = [
-        {"name": "warm", "resources": {"limits": {"nvidia.com/gpu": "4"}}},
-    ]
-    assert inventory.pod_gpu_request(pod) == 4  # the init container's peak exceeds 2 + 1
-    pod["spec"]["initContainers"].insert(
-        0, {"name": "side", "restartPolicy": "Always",
-            "resources": {"limits": {"nvidia.com/gpu": "1"}}})
-    assert inventory.pod_gpu_request(pod) == 5  # the sidecar runs beside the init container
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuplan_estimator import devices
-from gpuplan_operator.extender import builders, plans
+from gpuplan_operator.extender import plans
+from gpuplan_testing import extender_builders as builders
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 

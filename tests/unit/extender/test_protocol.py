@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpuplan_operator.extender import builders, protocol
+from gpuplan_operator.extender import protocol
+from gpuplan_testing import extender_builders as builders
 
 
 def test_parse_cache_capable_args() -> None:

@@ -6,9 +6,9 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from gpuplan_operator.extender import builders
 from gpuplan_operator.extender.store import NODES, PODS, InventoryStore
 from gpuplan_operator.extender.watcher import WatchExpired, WatchSettings, run_kind
+from gpuplan_testing import extender_builders as builders
 
 L4 = "NVIDIA-L4"
 FAST = WatchSettings(backoff_initial_s=0.001, backoff_max_s=0.002, stale_after_s=50.0,

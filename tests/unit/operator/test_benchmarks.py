@@ -15,8 +15,12 @@ import pytest
 import yaml
 from operator_builders import LocalServer
 
-from gpuplan_estimator import devices, engine, roofline, serve_cli, service
+from gpuplan_estimator import devices
+from gpuplan_estimator.cost import roofline
+from gpuplan_estimator.interfaces.cli import serving
+from gpuplan_estimator.interfaces.http import service
 from gpuplan_estimator.perfdb import PerfStore
+from gpuplan_estimator.planning import planner
 from gpuplan_operator import benchmark_loop, benchmarks, errors, estimator_client, metrics
 from gpuplan_operator import settings as operator_settings
 
@@ -212,12 +216,12 @@ def test_refresh_against_the_real_service_and_sqlite(tmp_path: pathlib.Path) -> 
         run = store.add_run(device="t4", backend="b")
         store.add_measurements(run, _frame("t4"))
         store.finish_run(run, "done")
-    context = engine.EngineContext(catalog=devices.load_catalog(),
+    context = planner.PlannerContext(catalog=devices.load_catalog(),
                                    predictor=roofline.RooflinePredictor(),
                                    predictor_source="roofline")
     app = service.make_app(service.ServiceState(lambda: context),
                            service.ServiceSettings(bundle_poll_s=3600),
-                           coverage_source=serve_cli.perfdb_coverage_source(url))
+                           coverage_source=serving.perfdb_coverage_source(url))
     kube = FakeKube([_node("l4-0", "NVIDIA-L4"), _node("t4-0", "Tesla-T4"),
                      _node("h-0", "NVIDIA-H100-80GB-HBM3")], [_job("NVIDIA-H100-80GB-HBM3")])
     registry = prometheus_client.CollectorRegistry()

@@ -33,9 +33,11 @@ def test_inventory_groups_by_product_and_subtracts_active_requests() -> None:
     ]
 
 
-def test_gpu_quantity_rejects_non_integers() -> None:
-    assert inventory.gpu_quantity("8") == 8
-    assert inventory.gpu_quantity("1k") == 0
+def test_a_node_with_a_malformed_gpu_count_is_left_out() -> None:
+    nodes = [{"metadata": {"name": "n", "labels": {"nvidia.com/gpu.product": "L4"}},
+              "status": {"allocatable": {"nvidia.com/gpu": "1k"},
+                         "conditions": [{"type": "Ready", "status": "True"}]}}]
+    assert inventory.build_inventory(nodes, []) == []
 
 
 def job(conditions: list[dict[str, Any]], **status: Any) -> dict[str, Any]:

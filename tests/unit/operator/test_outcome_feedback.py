@@ -10,8 +10,12 @@ import onnx
 import pytest
 from operator_builders import LocalServer
 
-from gpuplan_estimator import devices, engine, roofline, serve_cli, service
+from gpuplan_estimator import devices
+from gpuplan_estimator.cost import roofline
+from gpuplan_estimator.interfaces.cli import serving
+from gpuplan_estimator.interfaces.http import service
 from gpuplan_estimator.perfdb import PerfStore
+from gpuplan_estimator.planning import planner
 from gpuplan_operator import errors, estimator_client, resources
 
 PLAN = resources.Plan(
@@ -54,13 +58,13 @@ def test_calibrated_plans_feed_back_the_models_own_estimate(tmp_path: pathlib.Pa
         for i in range(3):
             store.record_job_outcome(job_uid=f"old{i}", device="l4", gpu_count=1,
                                      estimated_seconds=100.0, actual_seconds=150.0)
-    context = engine.EngineContext(catalog=devices.load_catalog(),
+    context = planner.PlannerContext(catalog=devices.load_catalog(),
                                    predictor=roofline.RooflinePredictor(),
                                    predictor_source="roofline")
     app = service.make_app(service.ServiceState(lambda: context),
                            service.ServiceSettings(bundle_poll_s=3600),
-                           outcome_sink=serve_cli.perfdb_outcome_sink(url),
-                           outcome_history=serve_cli.perfdb_outcome_history(url))
+                           outcome_sink=serving.perfdb_outcome_sink(url),
+                           outcome_history=serving.perfdb_outcome_history(url))
     body = {"model_onnx_b64": base64.b64encode(RESNET50.read_bytes()).decode(),
             "training": {"batch_size": 1, "dataset_size": 1000, "epochs": 1,
                          "optimizer": "sgd", "dims": {}},

@@ -1,6 +1,6 @@
 """Load benchmark of the extender: filter + prioritize over a synthetic 5,000-node inventory.
 
-    python -m gpuplan_operator.extender.bench [--nodes 5000] [--candidates 5000 500]
+    python hack/bench_extender.py [--nodes 5000] [--candidates 5000 500]
         [--seconds 10] [--concurrency 1 8] [--server-cpu 0] [--client-cpu 1]
 
 Starts the real aiohttp app in a subprocess (one event loop = one core, pinned to `--server-cpu`
@@ -24,15 +24,19 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gpuplan_operator.extender import builders, plans, protocol, scoring
+from gpuplan_operator.extender import plans, protocol, scoring
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # a script, not a test
 from gpuplan_operator.extender.app import make_app
 from gpuplan_operator.extender.inventory import Snapshot, build_snapshot
+from gpuplan_testing import extender_builders as builders
 
 POOLS = (("NVIDIA-H100-80GB-HBM3", 8, 0.4), ("NVIDIA-A100-SXM4-80GB", 8, 0.3),
          ("NVIDIA-L4", 4, 0.3))
@@ -170,7 +174,7 @@ async def _wait_ready(base_url: str, timeout_s: float = 60.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuplan_operator.extender.bench")
+    parser = argparse.ArgumentParser(prog="python hack/bench_extender.py")
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--candidates", type=int, nargs="+", default=[5000, 500])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.nodes <= 100_000 or max(args.candidates) > args.nodes:
         parser.error("--nodes must be 1..100000 and every --candidates at most --nodes")
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "gpuplan_operator.extender.bench",
+    server = subprocess.Popen([sys.executable, __file__,
                                "--serve", str(port), "--nodes", str(args.nodes),
                                "--random-state", str(args.random_state),
                                "--server-cpu", str(args.server_cpu)])

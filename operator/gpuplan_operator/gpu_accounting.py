@@ -1,0 +1,93 @@
+"""Pure GPU accounting of pods and nodes, shared by the operator and the scheduler extender.
+
+A pod's GPUs are counted as the scheduler and the kubelet count them (KEP-753 sidecars): the
+larger of the app containers plus the restartable ("sidecar") init containers, and of each plain
+init container plus the sidecars started before it; the pod's `overhead` is added on top.
+Extended resources cannot be overcommitted, so a request defaults to the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+"""Pod phases whose containers no longer hold their resources."""
+
+
+class QuantityError(ValueError):
+    """A GPU quantity is not a non-negative integer (extended resources cannot be fractional)."""
+
+
+def parse_gpu_quantity(raw: object) -> int:
+    """An extended-resource quantity: "8", 8, or "8000m" are 8; anything fractional is an error."""
+    if isinstance(raw, bool):
+        raise QuantityError(f"not a GPU quantity: {raw!r}")
+    if isinstance(raw, int):
+        value = raw
+    elif isinstance(raw, str) and raw.isdigit():
+        value = int(raw)
+    elif isinstance(raw, str) and raw.endswith("m") and raw[:-1].isdigit():
+        milli = int(raw[:-1])
+        if milli % 1000:
+            raise QuantityError(f"fractional GPU quantity: {raw!r}")
+        value = milli // 1000
+    else:
+        raise QuantityError(f"not a GPU quantity: {raw!r}")
+    if value < 0:
+        raise QuantityError(f"negative GPU quantity: {raw!r}")
+    return value
+
+
+def container_gpus(container: Mapping[str, Any]) -> int:
+    """GPUs one container asks for: its request, else its limit (they must be equal if both)."""
+    resources = container.get("resources") or {}
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+    raw = requests.get(GPU_RESOURCE, limits.get(GPU_RESOURCE))
+    return 0 if raw is None else parse_gpu_quantity(raw)
+
+
+def pod_gpu_request(pod: Mapping[str, Any]) -> int:
+    """Effective GPU request of a pod (see the module docstring); raises QuantityError."""
+    spec = pod.get("spec") or {}
+    app = sum(container_gpus(c) for c in spec.get("containers") or ())
+    sidecars = 0
+    init_peak = 0
+    for c in spec.get("initContainers") or ():
+        if c.get("restartPolicy") == "Always":
+            sidecars += container_gpus(c)
+        else:
+            init_peak = max(init_peak, sidecars + container_gpus(c))
+    overhead = (spec.get("overhead") or {}).get(GPU_RESOURCE)
+    extra = 0 if overhead is None else parse_gpu_quantity(overhead)
+    return max(app + sidecars, init_peak) + extra
+
+
+def holds_gpus_on(pod: Mapping[str, Any]) -> str | None:
+    """The node a pod is bound to while it still holds its resources (not terminal), else None."""
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    phase = (pod.get("status") or {}).get("phase")
+    if not node_name or phase in TERMINAL_PHASES:
+        return None
+    return str(node_name)
+
+
+def node_allocatable_gpus(node: Mapping[str, Any]) -> int | None:
+    """A node's allocatable GPUs; None when absent or malformed."""
+    raw = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
+    if raw is None:
+        return None
+    try:
+        return parse_gpu_quantity(raw)
+    except QuantityError:
+        return None
+
+
+def node_product(node: Mapping[str, Any]) -> str | None:
+    """A node's GPU type (the GPU Feature Discovery product label), None when unlabelled."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    product = labels.get(GPU_PRODUCT_LABEL)
+    return product if isinstance(product, str) and product else None

@@ -3,9 +3,10 @@
     .venv/bin/python hack/bench_operator_apply.py [--jobs 50]
 
 Uses the local testbed (reuses a running one, else starts it and stops it afterwards), the real
-operator under KopfRunner and the real estimator service (tests/integration/estimator_server.py). Times
-are wall-clock on this machine, measured client-side: from the create call returning to the
-first observation of `Estimated=True` (and `Launched=True` for the total).
+operator under KopfRunner and the real estimator service
+(tests/gpuplan_testing/estimator_server.py). Times are wall-clock on this machine, measured
+client-side: from the create call returning to the first observation of `Estimated=True`
+(and `Launched=True` for the total).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ import uuid
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "testbed"), str(ROOT / "tests" / "integration")]
+sys.path[:0] = [str(ROOT / "testbed"), str(ROOT / "tests")]  # a script: the test helpers
 
 import gpuplan_testbed as runner  # noqa: E402
-import operator_harness as h  # noqa: E402
 import pytest  # noqa: E402
 from kubernetes import client, config  # noqa: E402
-from estimator_server import EstimatorServer  # noqa: E402
 from testbed_pytest import Kubectl  # noqa: E402
+
+from gpuplan_testing import operator_harness as h  # noqa: E402
+from gpuplan_testing.estimator_server import EstimatorServer  # noqa: E402
 
 
 def _status_flags(tj: dict[str, Any]) -> tuple[bool, bool]:

@@ -1,7 +1,7 @@
 """Shared types of the local testbed: the error type, the port set and the state-dir layout.
 
 The testbed modules live in `testbed/` (not an installed package): `gpuplan_testbed.py` puts this
-directory on `sys.path` when run as a script, and `tests/conftest.py` does the same.
+directory on `sys.path` when run as a script, and pytest's `pythonpath` does the same.
 """
 
 from __future__ import annotations

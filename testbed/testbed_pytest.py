@@ -2,7 +2,8 @@
 
     from testbed_pytest import Kubectl, Testbed, wait_for
 
-`tests/conftest.py` puts `testbed/` on `sys.path`, so test modules can import this directly.
+pytest's `pythonpath` (pyproject.toml) puts `testbed/` on `sys.path`, so test modules can
+import this directly.
 """
 
 from __future__ import annotations

@@ -23,14 +23,12 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "testbed"))
 
 import testbed_pytest  # noqa: E402
 from testbed_common import Layout  # noqa: E402

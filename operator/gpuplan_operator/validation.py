@@ -6,11 +6,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpuplan_estimator.core import options
 from gpuplan_operator import errors, resources
 
-OPTIMIZERS = frozenset({"sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop"})
-PRECISIONS = frozenset({"fp32", "tf32", "fp16", "bf16"})
-PREFERENCES = frozenset({"cheapest", "fastest", "balanced"})
+OPTIMIZERS = frozenset(options.OPTIMIZERS)
+PRECISIONS = frozenset(options.PRECISIONS)
+PREFERENCES = frozenset(options.OBJECTIVES)
 FORMATS = frozenset({"auto", "raw", "gzip", "xz", "zstd"})
 _DURATION = re.compile(r"^(?:[0-9]+[dhms])+$")
 _DURATION_PART = re.compile(r"([0-9]+)([dhms])")
@@ -52,16 +53,17 @@ def parse_spec(spec: Mapping[str, Any]) -> resources.TrainingJobSpec:
         ),
         training=resources.Training(
             batch_size=int(training["batchSize"]), dataset_size=int(training["datasetSize"]),
-            epochs=int(training["epochs"]), optimizer=training.get("optimizer", "adamw"),
-            precision=training.get("precision", "fp32"),
+            epochs=int(training["epochs"]),
+            optimizer=training.get("optimizer", options.DEFAULT_OPTIMIZER),
+            precision=training.get("precision", options.DEFAULT_PRECISION),
             sequence_length=training.get("sequenceLength"),
             dims={str(k): int(v) for k, v in (training.get("dims") or {}).items()},
         ),
         objective=resources.Objective(
-            prefer=objective.get("prefer", "cheapest"),
+            prefer=objective.get("prefer", options.DEFAULT_OBJECTIVE),
             deadline_seconds=float(parse_duration_seconds(deadline)) if deadline else None,
             budget_usd=float(objective["budget"]) if "budget" in objective else None,
-            max_gpus=int(objective.get("maxGpus", 8)),
+            max_gpus=int(objective.get("maxGpus", options.DEFAULT_MAX_GPUS)),
         ),
         gpu_types=tuple(spec.get("gpuTypes") or ()),
         template=spec["template"],
@@ -141,7 +143,7 @@ def _check_objective(objective: object, out: list[str]) -> None:
         out.append(f"{path}: must be an object")
         return
     _check_enum(objective, "prefer", path, PREFERENCES, out)
-    _check_int(objective, "maxGpus", path, 1, 4096, out, required=False)
+    _check_int(objective, "maxGpus", path, 1, options.MAX_GPUS_CAP, out, required=False)
     if "deadline" in objective:
         d = objective["deadline"]
         if not isinstance(d, str) or not _DURATION.match(d):

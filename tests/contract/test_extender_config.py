@@ -34,7 +34,7 @@ def test_template_choices(tmp_path: pathlib.Path) -> None:
 
 
 def kube_scheduler() -> pathlib.Path:
-    import gpuplan_testbed  # on sys.path via tests/conftest.py
+    import gpuplan_testbed  # on sys.path via pytest's `pythonpath`
 
     binary = pathlib.Path(gpuplan_testbed.default_bin_dir()) / "kube-scheduler"
     if not binary.exists():

@@ -8,17 +8,15 @@ The cluster fixtures (`testbed`, `namespace`, `kubectl`, `api_client`, `core_v1`
 from __future__ import annotations
 
 import pathlib
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from gpuplan_testing import operator_harness as h
+from gpuplan_testing.estimator_server import EstimatorServer
 
-import operator_harness as h  # noqa: E402
-from estimator_server import EstimatorServer  # noqa: E402
+HERE = pathlib.Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -3,18 +3,14 @@ operator create one benchmark Job per GPU type of the kwok nodes and export zero
 
 from __future__ import annotations
 
-import pathlib
-import sys
 import time
 import urllib.request
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-import operator_harness as h
-from estimator_server import EstimatorServer
+from gpuplan_testing import operator_harness as h
+from gpuplan_testing.estimator_server import EstimatorServer
 
 pytestmark = pytest.mark.slow
 # testbed/nodes.yaml: the GPU pools of the kwok nodes.

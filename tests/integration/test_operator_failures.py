@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import base64
 import pathlib
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-import operator_harness as h
-from estimator_server import EstimatorServer
+from gpuplan_testing import operator_harness as h
+from gpuplan_testing.estimator_server import EstimatorServer
 
 EXAMPLES = sorted((h.ROOT / "docs" / "examples").glob("*.yaml"))
 

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import pathlib
-import sys
 import urllib.request
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-import operator_harness as h
-from estimator_server import EstimatorServer
+from gpuplan_testing import operator_harness as h
+from gpuplan_testing.estimator_server import EstimatorServer
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from gpuplan_estimator import errors
+from gpuplan_estimator.core import errors
 from gpuplan_estimator.perfdb.store import PerfStore
 
 pytestmark = pytest.mark.postgres

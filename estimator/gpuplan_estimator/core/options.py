@@ -17,9 +17,17 @@ FRAMEWORKS: tuple[str, ...] = (PYTORCH_EAGER, ONNXRUNTIME, PYTORCH_COMPILED)
 INFERENCE_ONLY_FRAMEWORKS = frozenset({ONNXRUNTIME, PYTORCH_COMPILED})
 """Frameworks priced for inference only: their folded kernels have no backward here."""
 
+OBJECTIVES: tuple[str, ...] = ("cheapest", "fastest", "balanced")
+"""What a plan optimises: cost meeting the deadline, time within the budget, or both."""
+
 DEFAULT_MODE = "train"
 DEFAULT_OPTIMIZER = "adamw"
 """AdamW: what transformer and most CNN recipes train with today (and the CRD's default)."""
 DEFAULT_PRECISION = "fp32"
 DEFAULT_FRAMEWORK = PYTORCH_EAGER
 """One kernel per node, as the GPU rows were measured."""
+DEFAULT_OBJECTIVE = "cheapest"
+DEFAULT_MAX_GPUS = 8
+MAX_GPUS_CAP = 4096
+"""Largest GPU cap a request may give (the CRD's `maxGpus` maximum)."""
+"""GPU cap of a plan when the request names none."""

@@ -10,10 +10,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuplan_estimator.core import options
 from gpuplan_estimator.planning import calibrating
 from gpuplan_estimator.planning.scaling import ScalingModel
 
-OBJECTIVES = ("cheapest", "fastest", "balanced")
+OBJECTIVES = options.OBJECTIVES
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class GpuPool:
 @dataclass(frozen=True)
 class Objective:
     """What to optimise (one of OBJECTIVES) under a GPU cap, deadline (s) and budget (USD)."""
-    prefer: str = "cheapest"  # one of OBJECTIVES
+    prefer: str = options.DEFAULT_OBJECTIVE  # one of OBJECTIVES
     max_gpus: int = 8
     deadline_seconds: float | None = None
     budget_usd: float | None = None

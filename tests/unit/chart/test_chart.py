@@ -1,13 +1,10 @@
 """The Helm chart renders, validates its values, and carries the CRDs of crds/ unchanged."""
 
-import pathlib
-import sys
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from helm_render import CHART, ROOT, render
+from gpuplan_testing.helm_render import CHART, ROOT, render
 
 
 def test_default_render_has_every_component() -> None:

@@ -3,16 +3,11 @@ them, and enables benchmark Jobs only when they have a database to write to."""
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import pytest
 import yaml
 
 from gpuplan_operator import settings
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from helm_render import render
+from gpuplan_testing.helm_render import render
 
 
 def _operator_env(*sets: str) -> dict[str, str]:

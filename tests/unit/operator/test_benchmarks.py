@@ -13,7 +13,6 @@ import pandas as pd
 import prometheus_client
 import pytest
 import yaml
-from operator_builders import LocalServer
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.cost import roofline
@@ -23,6 +22,7 @@ from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import planner
 from gpuplan_operator import benchmark_loop, benchmarks, errors, estimator_client, metrics
 from gpuplan_operator import settings as operator_settings
+from gpuplan_testing.operator_builders import LocalServer
 
 NOW = dt.datetime(2026, 6, 15, 8, 30, tzinfo=dt.UTC)
 DAY = 86400.0

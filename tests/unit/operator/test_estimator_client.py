@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from operator_builders import LocalServer, SpecBuilder
 
 from gpuplan_operator import errors, estimator_client, inventory, resources, validation
+from gpuplan_testing.operator_builders import LocalServer, SpecBuilder
 
 PLAN = {"plan": {"gpu_type": "NVIDIA-L4", "device": "l4", "gpu_count": 8, "gpus_per_node": 4,
                  "nodes": 2, "estimated_seconds": 7200.0, "step_time_ms": 250.0,

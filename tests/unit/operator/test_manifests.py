@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from operator_builders import SpecBuilder, make_plan
 
 from gpuplan_operator import annotations, manifests, resources
+from gpuplan_testing.operator_builders import SpecBuilder, make_plan
 
 OWNER = manifests.Owner(name="resnet", uid="uid-1")
 TEMPLATE = SpecBuilder().obj()["template"]

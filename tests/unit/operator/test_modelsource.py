@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from operator_builders import LocalServer
 
 from gpuplan_operator import errors, modelsource
+from gpuplan_testing.operator_builders import LocalServer
 
 GUARD = modelsource.UrlGuard()
 LOOPBACK_OK = modelsource.UrlGuard.from_cidrs(block_private=True, cidrs=("127.0.0.0/8",))

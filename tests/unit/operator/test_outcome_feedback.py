@@ -8,7 +8,6 @@ import socket
 
 import onnx
 import pytest
-from operator_builders import LocalServer
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.cost import roofline
@@ -17,6 +16,7 @@ from gpuplan_estimator.interfaces.http import service
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import planner
 from gpuplan_operator import errors, estimator_client, resources
+from gpuplan_testing.operator_builders import LocalServer
 
 PLAN = resources.Plan(
     gpu_type="NVIDIA-L4", device="l4", gpu_count=2, gpus_per_node=2, nodes=1,

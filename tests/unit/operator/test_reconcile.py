@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from operator_builders import LocalServer, SpecBuilder, make_plan
 from prometheus_client import CollectorRegistry
 
 from gpuplan_operator import errors, metrics, modelsource, reconcile, settings
+from gpuplan_testing.operator_builders import LocalServer, SpecBuilder, make_plan
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 PLAN = {"plan": {"gpu_type": "NVIDIA-L4", "device": "l4", "gpu_count": 2, "gpus_per_node": 2,

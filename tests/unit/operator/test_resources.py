@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
-from operator_builders import make_plan
-
 from gpuplan_operator import resources
+from gpuplan_testing.operator_builders import make_plan
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(minutes=5)

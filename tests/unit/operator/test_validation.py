@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from operator_builders import SpecBuilder
 
 from gpuplan_operator import errors, validation
+from gpuplan_testing.operator_builders import SpecBuilder
 
 
 def test_valid_spec_parses_to_typed_view() -> None:

@@ -54,8 +54,8 @@ def register(sub: Any) -> None:
     p.add_argument("--dim", type=arguments.dim_binding, action="append", default=[])
     p.add_argument("--optimizer", default=options.DEFAULT_OPTIMIZER, choices=options.OPTIMIZERS)
     p.add_argument("--precision", default=options.DEFAULT_PRECISION, choices=options.PRECISIONS)
-    p.add_argument("--prefer", default="cheapest", choices=("cheapest", "fastest", "balanced"))
-    p.add_argument("--max-gpus", type=arguments.positive_int, default=8)
+    p.add_argument("--prefer", default=options.DEFAULT_OBJECTIVE, choices=options.OBJECTIVES)
+    p.add_argument("--max-gpus", type=arguments.positive_int, default=options.DEFAULT_MAX_GPUS)
     p.add_argument("--deadline", type=float, metavar="SECONDS")
     p.add_argument("--budget", type=float, metavar="USD")
     p.add_argument("--pool", action="append", default=[], metavar="TYPE=NODESxGPUS",

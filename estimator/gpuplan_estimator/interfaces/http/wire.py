@@ -25,15 +25,13 @@ from typing import Any
 
 from gpuplan_estimator.core import options
 from gpuplan_estimator.core.errors import InvalidRequestError
-from gpuplan_estimator.planning.placement import OBJECTIVES, Objective
+from gpuplan_estimator.planning.placement import Objective
 from gpuplan_estimator.planning.requests import (
     EstimateRequest,
     InventoryEntry,
     PlanRequest,
     TrainingRequest,
 )
-
-MAX_GPUS_CAP = 4096
 
 
 class _Errors:
@@ -138,8 +136,10 @@ def parse_plan_request(body: Any) -> PlanRequest:
     training = parse_training(_mapping(body, "training", errs), errs)
     obj = _mapping(body, "objective", errs)
     objective = Objective(
-        prefer=_choice(obj, "prefer", "objective", errs, OBJECTIVES, "cheapest"),
-        max_gpus=_int(obj, "max_gpus", "objective", errs, default=8, maximum=MAX_GPUS_CAP),
+        prefer=_choice(obj, "prefer", "objective", errs, options.OBJECTIVES,
+                       options.DEFAULT_OBJECTIVE),
+        max_gpus=_int(obj, "max_gpus", "objective", errs, default=options.DEFAULT_MAX_GPUS,
+                       maximum=options.MAX_GPUS_CAP),
         deadline_seconds=_positive_float(obj, "deadline_seconds", "objective", errs),
         budget_usd=_positive_float(obj, "budget_usd", "objective", errs),
     )

@@ -1,4 +1,4 @@
-"""The real estimator service (`gpuplan_estimator.service`) on 127.0.0.1 in a background thread.
+"""The real estimator service (`interfaces.http.service`) on 127.0.0.1 in a background thread.
 
 Integration tests of the operator talk to it over HTTP exactly as in a cluster; the service runs
 the real graph parser, estimator and planner with the shipped model bundle, and stores job
@@ -18,7 +18,8 @@ from typing import Any
 import pandas as pd
 from aiohttp import web
 
-from gpuplan_estimator import serve_cli, service
+from gpuplan_estimator.interfaces.cli import serving
+from gpuplan_estimator.interfaces.http import service
 from gpuplan_estimator.perfdb import PerfStore
 
 Handler = Any
@@ -48,11 +49,11 @@ class EstimatorServer:
         return response
 
     async def _start(self) -> None:
-        state = service.ServiceState(lambda: serve_cli.load_context(None))
+        state = service.ServiceState(lambda: serving.load_context(None))
         app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600),
-                               outcome_sink=serve_cli.perfdb_outcome_sink(self.db_url),
-                               coverage_source=serve_cli.perfdb_coverage_source(self.db_url),
-                               outcome_history=serve_cli.perfdb_outcome_history(self.db_url))
+                               outcome_sink=serving.perfdb_outcome_sink(self.db_url),
+                               coverage_source=serving.perfdb_coverage_source(self.db_url),
+                               outcome_history=serving.perfdb_outcome_history(self.db_url))
         app.middlewares.insert(0, self._record)
         self._runner = web.AppRunner(app)
         await self._runner.setup()

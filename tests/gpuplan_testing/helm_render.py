@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpuplan"
 
 

@@ -1,0 +1,46 @@
+"""The CRD's enums and defaults are copies of `gpuplan_estimator.core.options`: test they agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuplan_estimator.core import options
+from gpuplan_operator import validation
+from gpuplan_testing.paths import REPO_ROOT
+
+CRD = REPO_ROOT / "crds" / "trainingjobs.gpuplan.io.yaml"
+
+
+def spec_properties() -> dict[str, Any]:
+    doc = yaml.safe_load(CRD.read_text(encoding="utf-8"))
+    (version,) = [v for v in doc["spec"]["versions"] if v["name"] == "v1alpha1"]
+    props: dict[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"]
+    return props
+
+
+@pytest.mark.parametrize(("section", "field", "choices", "default"), [
+    ("training", "optimizer", options.OPTIMIZERS, options.DEFAULT_OPTIMIZER),
+    ("training", "precision", options.PRECISIONS, options.DEFAULT_PRECISION),
+    ("objective", "prefer", options.OBJECTIVES, options.DEFAULT_OBJECTIVE),
+])
+def test_crd_enums_and_defaults_are_the_options(section: str, field: str,
+                                                choices: tuple[str, ...], default: str) -> None:
+    schema = spec_properties()[section]["properties"][field]
+    assert tuple(schema["enum"]) == choices
+    assert schema["default"] == default
+
+
+def test_crd_gpu_cap_is_the_options_cap() -> None:
+    schema = spec_properties()["objective"]["properties"]["maxGpus"]
+    assert schema["maximum"] == options.MAX_GPUS_CAP
+    assert schema["default"] == options.DEFAULT_MAX_GPUS
+
+
+def test_operator_validation_uses_the_options() -> None:
+    assert frozenset(options.OPTIMIZERS) == validation.OPTIMIZERS
+    assert frozenset(options.PRECISIONS) == validation.PRECISIONS
+    assert frozenset(options.OBJECTIVES) == validation.PREFERENCES

@@ -11,39 +11,24 @@ binaries exist, but failed under CI=true.
 from __future__ import annotations
 
 import glob
-import importlib.util
 import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.perfdb.store import PerfStore
+from gpuplan_testing import perfdb_contract as contract
 
 pytestmark = pytest.mark.postgres
 
-CONTRACT_PATH = Path(__file__).resolve().parents[1] / "unit" / "estimator" / "perfdb_contract.py"
 CMD_TIMEOUT_S = 60
 UNPRIVILEGED_USER = "nobody"
-
-
-def _load_contract() -> Any:
-    spec = importlib.util.spec_from_file_location("perfdb_contract", CONTRACT_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("perfdb_contract", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-contract = _load_contract()
 
 
 def _find_bindir() -> Path | None:
@@ -123,10 +108,20 @@ def test_store_contract_on_postgres(pg_store: PerfStore, name: str) -> None:
 def test_migrations_applied_once(pg_store: PerfStore) -> None:
     from sqlalchemy import text
 
-    with pg_store.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0003"
+    def versions(store: PerfStore) -> list[str]:
+        with store.engine.connect() as conn:
+            return [row[0] for row in conn.execute(text("select version_num from alembic_version"))]
+
+    assert versions(pg_store) == ["0003"]
+    run = pg_store.add_run(device="t4", backend="onnxruntime-1.23.2-cpu")
+    assert pg_store.add_measurements(run, contract.frame(2)) == 2
     again = PerfStore.open(pg_store.engine.url.render_as_string(hide_password=False))
-    again.close()
+    try:  # a second open neither re-runs the migrations nor loses what is stored
+        assert versions(again) == ["0003"]
+        assert [r.id for r in again.runs()] == [run]
+        assert len(again.measurements(run_id=run)) == 2
+    finally:
+        again.close()
 
 
 def test_missing_database_is_a_clear_error(pg_server: str) -> None:

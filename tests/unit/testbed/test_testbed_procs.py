@@ -53,6 +53,7 @@ def test_start_records_and_stop_kills_the_whole_group(layout: Layout) -> None:
 def test_recycled_pid_is_not_treated_as_ours(layout: Layout) -> None:
     record = procs.start(layout, "sleeper", ["/bin/sleep", "30"])
     try:
+        assert procs.is_alive(record)  # ours, alive: only the start time tells it apart
         assert not procs.is_alive(dict(record, start_ticks=record["start_ticks"] - 1))
     finally:
         procs.stop(layout, "sleeper", grace_s=5)

@@ -65,7 +65,7 @@ async def run_forever(ctx: LoopContext) -> None:
     while True:
         try:
             await refresh(ctx)
-        except (errors.OperatorError, *kube.API_ERRORS) as exc:
+        except (errors.OperatorError, kube.ApiError) as exc:
             LOG.warning("benchmark coverage pass failed: %s", exc)
         except Exception:  # the loop must outlive any one bad pass
             LOG.exception("benchmark coverage pass failed")

@@ -13,8 +13,8 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuplan_operator import gpu_accounting, resources
 
-API_ERRORS: tuple[type[Exception], ...] = (ApiException,)
-"""What the Kubernetes client raises for a failed call; callers catch these, not the client."""
+ApiError = ApiException
+"""What the Kubernetes client raises for a failed call; callers catch this, not the client."""
 
 REQUEST_TIMEOUT = (5.0, 30.0)  # (connect, read) seconds on every call
 

@@ -18,6 +18,8 @@ _EXPORTS: dict[str, str] = {
     "load_model": "gpuplan_estimator.graph.loading",
     "read_model_bytes": "gpuplan_estimator.graph.loading",
     "strip_weights": "gpuplan_estimator.graph.loading",
+    "graph_batch": "gpuplan_estimator.graph.batching",
+    "load_at_batch": "gpuplan_estimator.graph.batching",
     "model_batch": "gpuplan_estimator.graph.batching",
     "symbolic_batch": "gpuplan_estimator.graph.batching",
 }
@@ -25,6 +27,8 @@ __all__ = [
     "COMPRESSIONS",
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
     "compression_of",
+    "graph_batch",
+    "load_at_batch",
     "load_model",
     "model_batch",
     "read_model_bytes",
@@ -33,7 +37,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from gpuplan_estimator.graph.batching import model_batch, symbolic_batch
+    from gpuplan_estimator.graph.batching import (
+        graph_batch,
+        load_at_batch,
+        model_batch,
+        symbolic_batch,
+    )
     from gpuplan_estimator.graph.loading import (
         COMPRESSIONS,
         DEFAULT_MAX_DECOMPRESSED_BYTES,

@@ -2,42 +2,87 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from gpuplan_estimator.core.errors import InvalidModelError, InvalidRequestError
+from gpuplan_estimator.core.errors import GpuplanError, InvalidModelError, InvalidRequestError
 from gpuplan_estimator.core.layers import FLOAT_DTYPES, ModelGraph, OpFamily
 from gpuplan_estimator.graph import loading
+
+DATA_DTYPES = FLOAT_DTYPES | {"int64", "int32"}
+"""Dtypes of tensors a model is fed (token ids, images, features), not masks of bool."""
 
 
 def model_batch(g: ModelGraph, requested: int | None) -> int:
     """The batch the graph was built at: `requested` when it bound a dim, else the graph's own.
 
-    A model with a fixed batch is not re-batched here (`symbolic_batch` does that); saying so
+    A model with a fixed batch is not re-batched here (`load_at_batch` does that); saying so
     beats estimating a different batch than the one asked for.
     """
-    first = _first_data_dim(g)
+    own = graph_batch(g)
     if requested is None:
-        if first is None:
+        if own is None:
             raise InvalidRequestError("batch", "cannot tell the model's batch; give the batch size")
-        return first
-    if first is not None and first != requested:
+        return own
+    if own is not None and own != requested:
         raise InvalidRequestError(
-            "batch", f"the model has a fixed batch of {first}; it cannot run at {requested}")
+            "batch", f"the model has a fixed batch of {own}; it cannot run at {requested}")
     return requested
 
 
-def _first_data_dim(g: ModelGraph) -> int | None:
+def graph_batch(g: ModelGraph) -> int | None:
+    """The graph's own batch: the leading dim its data inputs share.
+
+    Data inputs are the integer and float tensors the graph is fed (not parameters). When
+    they disagree, the batch is that of the first one a compute layer reads (a mask or a
+    position table may lead with another dim). None for a graph without data inputs.
+    """
     produced = {t.name for layer in g.layers for t in layer.outputs}
     params = {name for layer in g.layers for name in layer.parameter_inputs}
+    leading: dict[str, int] = {}
+    first_computed: int | None = None
     for layer in g.layers:
         for t in layer.inputs:
-            if (t.name not in produced and t.name not in params and t.shape
-                    and t.dtype in FLOAT_DTYPES | {"int64", "int32"}
-                    and layer.family is not OpFamily.SHAPE_ONLY):
-                return t.shape[0]
-    return None
+            if (t.name in produced or t.name in params or not t.shape
+                    or t.dtype not in DATA_DTYPES):
+                continue
+            leading.setdefault(t.name, t.shape[0])
+            if first_computed is None and layer.family is not OpFamily.SHAPE_ONLY:
+                first_computed = t.shape[0]
+    common = set(leading.values())
+    if len(common) == 1:
+        return common.pop()
+    return first_computed
+
+
+def load_at_batch(source: loading.Source, batch: int | None, dims: Mapping[str, int],
+                  *, name: str | None = None) -> ModelGraph:
+    """The model at `batch`, re-batching a fixed-batch export the way the planner does.
+
+    The rule: the leading dim of every data input (and of outputs and constant Reshape
+    targets that repeat the exported batch) is the batch (`symbolic_batch`). A model whose
+    batch cannot be freed that way is refused with the batch it was exported at.
+    """
+    g = loading.load_model(source, batch=batch, dim_bindings=dims, name=name)
+    own = graph_batch(g)
+    if batch is None or own is None or own == batch:
+        return g
+    data = loading.read_model_bytes(source)
+    try:
+        freed = loading.load_model(symbolic_batch(data), batch=batch, dim_bindings=dims,
+                                   name=name or g.name)
+    except GpuplanError as exc:
+        raise InvalidRequestError(
+            "batch", f"the model has a fixed batch of {own} and re-batching it to {batch} "
+            f"failed: {exc}") from exc
+    if graph_batch(freed) != batch:
+        raise InvalidRequestError(
+            "batch", f"the model has a fixed batch of {own} that its constants keep; it "
+            f"cannot run at {batch}")
+    return freed
 
 
 def symbolic_batch(data: bytes) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import io
 import lzma
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -25,6 +26,9 @@ from gpuplan_estimator.graph import fusion, records
 
 DEFAULT_MAX_DECOMPRESSED_BYTES = 512 * 2**20
 MIN_OPSET = 7
+MAX_TENSOR_ELEMENTS = 2**44
+"""Largest tensor accepted (~1.8e13 elements, 70 TB in fp32: hundreds of the largest GPUs).
+Beyond it a shape is corrupt or hostile, and its products would overflow int64 kernel dims."""
 # Protobuf cannot serialise a message past 2 GiB; above this, infer via a file (infer_shapes_path).
 _INFER_IN_MEMORY_LIMIT_BYTES = 2**31 - 2**24
 _BATCH_DIM_NAMES = frozenset({"batch", "batch_size", "batchsize", "n", "bs"})
@@ -228,6 +232,10 @@ def _value_info(value: onnx.ValueInfoProto) -> TensorInfo | None:
     dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
     if any(d < 0 for d in dims):
         return None
+    if math.prod(dims) > MAX_TENSOR_ELEMENTS:
+        raise errors.InvalidModelError(
+            f"tensor {value.name!r} has shape {list(dims)}: more than {MAX_TENSOR_ELEMENTS:.1e} "
+            "elements, beyond any real model (a corrupt or hostile graph)")
     return TensorInfo(value.name, dims, dtype)
 
 

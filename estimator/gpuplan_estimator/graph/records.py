@@ -125,6 +125,7 @@ def _layer(node: NodeRecord, index: int, record: GraphRecord, state: _State,
     name = _unique_name(node, index, state)
     inputs = _inputs(node, name, record, state, label)
     outputs = _outputs(node, name, inputs, record, state, label)
+    _check_view(node, name, inputs, outputs, label)
     present = [t for t in node.inputs if t]
     inputs_static = all(t in state.static for t in present)
     weight_inputs = _weight_inputs(node, record, state)
@@ -143,6 +144,23 @@ def _layer(node: NodeRecord, index: int, record: GraphRecord, state: _State,
     return Layer(name=name, op_type=node.op_type, family=family, inputs=tuple(inputs),
                  outputs=tuple(outputs), flops=flops, bytes_read=read, bytes_written=written,
                  parameter_count=count, parameter_inputs=roots, attributes=attrs)
+
+
+ELEMENT_PRESERVING_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+"""Ops that only relabel a tensor's shape: their output holds as many elements as their input."""
+
+
+def _check_view(node: NodeRecord, name: str, inputs: Sequence[TensorInfo],
+                outputs: Sequence[TensorInfo], label: str) -> None:
+    """A view that changes the element count is a shape contradiction (e.g. a constant that
+    keeps an exported batch): refuse it rather than price tensors that cannot exist."""
+    if node.op_type not in ELEMENT_PRESERVING_VIEWS or not inputs or not outputs:
+        return
+    if inputs[0].elements != outputs[0].elements:
+        raise errors.InvalidModelError(
+            f"{label}: node {name!r} ({node.op_type}) turns {list(inputs[0].shape)} "
+            f"({inputs[0].elements} elements) into {list(outputs[0].shape)} "
+            f"({outputs[0].elements}): the shapes contradict each other")
 
 
 def _outputs(node: NodeRecord, name: str, inputs: Sequence[TensorInfo], record: GraphRecord,

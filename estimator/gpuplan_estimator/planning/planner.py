@@ -57,15 +57,11 @@ def _estimates_at(model: bytes, t: requests.TrainingRequest, batch: int,
     """Estimates at `batch`. A model exported with a fixed batch is re-batched (its leading
     dim made symbolic); when that does not parse, it is estimated at its own batch and the
     planner scales per sample."""
-    g = graph.load_model(model, batch=batch, dim_bindings=dict(t.dims))
+    try:
+        g = graph.load_at_batch(model, batch, dict(t.dims))
+    except InvalidRequestError:
+        g = graph.load_model(model, batch=batch, dim_bindings=dict(t.dims))
     actual = graph.model_batch(g, None)
-    if actual != batch:
-        try:
-            g = graph.load_model(graph.symbolic_batch(model), batch=batch,
-                                 dim_bindings=dict(t.dims))
-            actual = graph.model_batch(g, None)
-        except GpuplanError:
-            g = graph.load_model(model, batch=batch, dim_bindings=dict(t.dims))
     settings = training_settings(t, actual)
     return actual, estimates.estimate(g, specs, settings, predictor=ctx.predictor)
 
@@ -161,10 +157,11 @@ def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> dict
     specs = ([ctx.catalog.resolve(n) for n in req.devices] if req.devices
              else list(ctx.catalog.devices))
     t = req.training
-    g = graph.load_model(req.model_onnx, batch=t.batch_size, dim_bindings=dict(t.dims))
-    try:
-        graph.model_batch(g, t.batch_size)  # a fixed-batch model cannot run at another batch
+    try:  # a fixed-batch export is re-batched as the planner does
+        g = graph.load_at_batch(req.model_onnx, t.batch_size, dict(t.dims))
     except InvalidRequestError as exc:
+        if exc.field != "batch":
+            raise
         raise InvalidRequestError("training.batch_size", exc.message) from exc
     results = estimates.estimate(g, specs, training_settings(t, t.batch_size),
                                     predictor=ctx.predictor, epochs=t.epochs,

@@ -10,7 +10,6 @@ from typing import Any
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core import options
 from gpuplan_estimator.core.errors import InvalidRequestError
-from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.interfaces.cli import arguments, render
 from gpuplan_estimator.models import selection
 from gpuplan_estimator.planning import estimates
@@ -71,8 +70,14 @@ def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:
 def run_estimate(args: argparse.Namespace) -> int:
     """`gpuplan estimate`: price the model on each device and print a table or JSON."""
     specs = resolve_devices(args.device)
-    g = graph.load_model(args.model, batch=args.batch, dim_bindings=dict(args.dim))
-    settings = TrainingSettings(batch_size=_model_batch(g, args.batch), mode=args.mode,
+    try:  # a fixed-batch export is re-batched to --batch, as `gpuplan plan` does
+        g = graph.load_at_batch(args.model, args.batch, dict(args.dim))
+        batch = graph.model_batch(g, args.batch)
+    except InvalidRequestError as exc:
+        if exc.field != "batch":
+            raise
+        raise InvalidRequestError("--batch", exc.message) from exc
+    settings = TrainingSettings(batch_size=batch, mode=args.mode,
                                 optimizer=args.optimizer, precision=args.precision,
                                 framework=args.framework)
     try:
@@ -158,13 +163,3 @@ def _device_json(d: devices.DeviceSpec) -> dict[str, Any]:
         "interconnect_gbps": d.interconnect_gbps, "nvml_names": list(d.nvml_names),
         "gfd_products": list(d.gfd_products),
     }
-
-
-
-
-def _model_batch(g: ModelGraph, requested: int | None) -> int:
-    """The graph's batch, with errors that name the flag the user can change."""
-    try:
-        return graph.model_batch(g, requested)
-    except InvalidRequestError as exc:
-        raise InvalidRequestError("--batch", exc.message) from exc

@@ -60,3 +60,14 @@ def test_model_batch_names_the_field_not_a_flag() -> None:
     assert graph.model_batch(g, 1) == 1
     with pytest.raises(InvalidRequestError, match=r"^batch: the model has a fixed batch of 1"):
         graph.model_batch(g, 32)
+
+
+def test_a_graph_with_an_impossible_tensor_is_a_clear_error() -> None:
+    """Dims whose product overflows int64 used to end in an OverflowError traceback."""
+    huge = 2**31
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [huge, huge, huge])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "huge", [x],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    with pytest.raises(InvalidModelError, match=r"'x' has shape .*beyond any real model"):
+        graph.load_model(model.SerializeToString())

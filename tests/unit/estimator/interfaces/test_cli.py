@@ -15,6 +15,7 @@ from gpuplan_estimator.graph import examples
 from gpuplan_estimator.interfaces.cli import main
 from gpuplan_estimator.models import bundles
 from gpuplan_estimator.planning import estimates
+from gpuplan_testing import onnx_models
 
 assert bundles.MANIFEST  # imported here so collection, not the first test, pays for LightGBM
 
@@ -110,7 +111,6 @@ def test_onnxruntime_framework_folds_resnet_batchnorms(
     [
         (["estimate", str(RESNET), "--device", "h100-sxm-81gb"], "did you mean"),
         (["estimate", str(RESNET), "--batch", "0"], "must be positive"),
-        (["estimate", str(RESNET), "--batch", "32"], "fixed batch of 1"),
         (["estimate", str(RESNET), "--epochs", "3", "--device", "t4"], "dataset_size"),
         (["estimate", str(RESNET), "--dim", "sequence"], "NAME=VALUE"),
         (["estimate", "/nonexistent/model.onnx"], "/nonexistent/model.onnx"),
@@ -126,6 +126,29 @@ def test_bad_input_is_one_line_and_exit_2(
     code, out, err = run(argv, capsys)
     assert code == 2 and out == ""
     assert needle in one_error_line(err)
+
+
+def test_fixed_batch_model_is_rebatched_to_the_requested_batch(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["estimate", str(RESNET), "--batch", "32", "--device", "t4", "--json",
+                          "--layers"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["settings"]["batch_size"] == 32
+    code, out, err = run(["estimate", str(RESNET), "--device", "t4", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["settings"]["batch_size"] == 1  # without --batch: the graph's own
+
+
+def test_a_model_whose_constants_keep_its_batch_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "folded.onnx"
+    onnx.save(onnx_models.batch_folded_model(), path)
+    code, out, err = run(["estimate", str(path), "--batch", "4", "--device", "t4"], capsys)
+    assert code == 2 and out == ""
+    assert "--batch: the model has a fixed batch of 1" in one_error_line(err)
 
 
 def test_bad_model_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,6 +16,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.interfaces.http import service
 from gpuplan_estimator.planning import planner
+from gpuplan_testing import onnx_models
 
 LIGHT = pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 RESNET50_B64 = base64.b64encode((LIGHT / "light_resnet50.onnx").read_bytes()).decode()
@@ -150,7 +151,14 @@ def test_estimate_endpoint_returns_the_cli_schema() -> None:
         doc = await resp.json()
         assert [d["device"] for d in doc["devices"]] == ["t4", "h100-sxm-80gb"]
         assert doc["devices"][0]["step_time_ms"] > doc["devices"][1]["step_time_ms"]
-        body["training"] = {"batch_size": 2}  # the light ResNet-50 has a fixed batch of 1
+        body["training"] = {"batch_size": 2}  # the light ResNet-50, fixed batch 1, re-batched
+        resp = await client.post("/v1/estimate", json=body)
+        assert resp.status == 200, await resp.text()
+        doubled = await resp.json()
+        assert doubled["settings"]["batch_size"] == 2
+        assert doubled["devices"][0]["step_time_ms"] > doc["devices"][0]["step_time_ms"]
+        folded = base64.b64encode(onnx_models.batch_folded_model().SerializeToString()).decode()
+        body = {"model_onnx_b64": folded, "training": {"batch_size": 2}, "devices": ["t4"]}
         resp = await client.post("/v1/estimate", json=body)
         assert resp.status == 422
         assert "training.batch_size" in (await resp.json())["error"]["message"]

@@ -232,11 +232,17 @@ def _value_info(value: onnx.ValueInfoProto) -> TensorInfo | None:
     dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
     if any(d < 0 for d in dims):
         return None
-    if math.prod(dims) > MAX_TENSOR_ELEMENTS:
+    return _checked(TensorInfo(value.name, dims, dtype))
+
+
+def _checked(info: TensorInfo) -> TensorInfo:
+    """`info`, unless its shape is negative or holds more elements than any real model."""
+    if any(d < 0 for d in info.shape) or math.prod(info.shape) > MAX_TENSOR_ELEMENTS:
         raise errors.InvalidModelError(
-            f"tensor {value.name!r} has shape {list(dims)}: more than {MAX_TENSOR_ELEMENTS:.1e} "
-            "elements, beyond any real model (a corrupt or hostile graph)")
-    return TensorInfo(value.name, dims, dtype)
+            f"tensor {info.name!r} has shape {list(info.shape)}: negative or more than "
+            f"{MAX_TENSOR_ELEMENTS:.1e} elements, beyond any real model (a corrupt or "
+            "hostile graph)")
+    return info
 
 
 def _attributes(node: onnx.NodeProto) -> dict[str, object]:
@@ -277,7 +283,7 @@ def extract_graph(
     for tensor in g.initializer:
         dtype = _DTYPES.get(tensor.data_type)
         if dtype is not None:
-            tensors[tensor.name] = TensorInfo(tensor.name, tuple(tensor.dims), dtype)
+            tensors[tensor.name] = _checked(TensorInfo(tensor.name, tuple(tensor.dims), dtype))
     initializers = frozenset(t.name for t in g.initializer)
     nodes = tuple(
         records.NodeRecord(name=n.name, op_type=n.op_type, inputs=tuple(n.input),

@@ -28,6 +28,6 @@ DEFAULT_FRAMEWORK = PYTORCH_EAGER
 """One kernel per node, as the GPU rows were measured."""
 DEFAULT_OBJECTIVE = "cheapest"
 DEFAULT_MAX_GPUS = 8
+"""GPU cap of a plan when the request names none."""
 MAX_GPUS_CAP = 4096
 """Largest GPU cap a request may give (the CRD's `maxGpus` maximum)."""
-"""GPU cap of a plan when the request names none."""

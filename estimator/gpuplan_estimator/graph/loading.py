@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import onnx
 import zstandard
 from google.protobuf.message import DecodeError
-from onnx import ModelProto, TensorProto, helper, shape_inference
+from onnx import ModelProto, TensorProto, helper, numpy_helper, shape_inference
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import DTYPE_BYTES, ModelGraph, TensorInfo
@@ -295,9 +295,29 @@ def extract_graph(
     )
     data_inputs = frozenset(v.name for v in g.input if v.name not in initializers)
     return records.GraphRecord(nodes=nodes, tensors=tensors, initializers=initializers,
-                                    data_inputs=data_inputs,
-                                    graph_outputs=frozenset(v.name for v in g.output),
-                                    symbolic_inputs=symbolic)
+                               data_inputs=data_inputs,
+                               graph_outputs=frozenset(v.name for v in g.output),
+                               symbolic_inputs=symbolic, int_constants=_int_constants(g))
+
+
+MAX_CONSTANT_ELEMENTS = 64
+"""Integer constants kept as values: split sizes, positions, axes (not index tables)."""
+
+
+def _int_constants(g: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    """Values of the graph's small integer initializers and Constant node outputs."""
+    tensors = [(t.name, t) for t in g.initializer]
+    for node in g.node:
+        if node.op_type == "Constant" and node.output:
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                    tensors.append((node.output[0], attr.t))
+    out: dict[str, tuple[int, ...]] = {}
+    for name, tensor in tensors:
+        if (tensor.data_type in (TensorProto.INT64, TensorProto.INT32)
+                and math.prod(tensor.dims) <= MAX_CONSTANT_ELEMENTS):
+            out[name] = tuple(int(v) for v in numpy_helper.to_array(tensor).reshape(-1))
+    return out
 
 
 def strip_weights(

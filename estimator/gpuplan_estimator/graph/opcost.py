@@ -56,12 +56,14 @@ _FAMILY_BY_OP: Mapping[str, OpFamily] = {
         ["Transpose", "Concat", "Split", "Slice", "Pad", "Tile", "Expand", "Resize",
          "Upsample", "DepthToSpace", "SpaceToDepth", "GatherElements", "GatherND", "ScatterND",
          "ScatterElements", "Scatter", "Trilu", "Identity", "Compress", "ReverseSequence",
-         "OneHot", "Col2Im", "CenterCropPad", "NonZero", "Range"],
+         "OneHot", "Col2Im", "CenterCropPad", "NonZero", "Range", "SplitToSequence",
+         "ConcatFromSequence"],
         _F.DATA_MOVEMENT,
     ),
     **dict.fromkeys(
         ["Shape", "Size", "Constant", "ConstantOfShape", "Reshape", "Flatten", "Squeeze",
-         "Unsqueeze", "EyeLike"],
+         "Unsqueeze", "EyeLike", "SequenceAt", "SequenceConstruct", "SequenceLength",
+         "SequenceInsert", "SequenceEmpty"],
         _F.SHAPE_ONLY,
     ),
 }
@@ -317,7 +319,7 @@ def kernel_dims(layer: Layer) -> tuple[str, dict[str, int]]:
     if family is _F.ELEMENTWISE:
         out = layer.outputs[0]
         return "elementwise", _elementwise_dims(out, full_size_operands(layer.inputs, out))
-    if layer.op_type == "Concat" and layer.outputs:
+    if layer.op_type in ("Concat", "ConcatFromSequence") and layer.outputs:
         # Concat copies each input once into its slice of the output, in contiguous runs
         # (torch.cat and onnxruntime alike): one read and one write per element, like a Relu,
         # not the transpose-shaped memcpy benchmark, 3x slower for the same bytes (SqueezeNet

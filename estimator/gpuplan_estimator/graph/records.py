@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import FLOAT_DTYPES, Layer, OpFamily, TensorInfo
-from gpuplan_estimator.graph import opcost
+from gpuplan_estimator.graph import opcost, sequences
 
 # Fallback shape rules when ONNX inference leaves an output unknown.
 _SAME_SHAPE_OPS = frozenset({
@@ -58,6 +58,8 @@ class GraphRecord:
     data_inputs: frozenset[str]  # graph inputs without an initializer
     graph_outputs: frozenset[str]
     symbolic_inputs: frozenset[str] = frozenset()  # inputs declared with a symbolic dim
+    int_constants: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Values of small integer initializers and Constant outputs (split sizes, positions)."""
 
 
 @dataclass
@@ -68,6 +70,7 @@ class _State:
     counted: set[str] = field(default_factory=set)
     consumed: set[str] = field(default_factory=set)
     names: set[str] = field(default_factory=set)
+    sequences: dict[str, tuple[TensorInfo, ...]] = field(default_factory=dict)
 
 
 def build_layers(
@@ -123,8 +126,11 @@ def _inputs(node: NodeRecord, name: str, record: GraphRecord, state: _State,
 def _layer(node: NodeRecord, index: int, record: GraphRecord, state: _State,
            literals: set[str], opset: int, label: str) -> Layer:
     name = _unique_name(node, index, state)
-    inputs = _inputs(node, name, record, state, label)
-    outputs = _outputs(node, name, inputs, record, state, label)
+    if node.op_type in sequences.SEQUENCE_OPS:
+        inputs, outputs = _sequence_tensors(node, name, record, state, label)
+    else:
+        inputs = _inputs(node, name, record, state, label)
+        outputs = _outputs(node, name, inputs, record, state, label)
     _check_view(node, name, inputs, outputs, label)
     present = [t for t in node.inputs if t]
     inputs_static = all(t in state.static for t in present)
@@ -181,6 +187,68 @@ def _outputs(node: NodeRecord, name: str, inputs: Sequence[TensorInfo], record: 
         state.tensors[tensor] = info
         outputs.append(info)
     return outputs
+
+
+def _sequence_tensors(node: NodeRecord, name: str, record: GraphRecord, state: _State,
+                      label: str) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """Inputs and outputs of a sequence op as tensors: a sequence stands for its elements."""
+    where = f"{label}: node {name!r} ({node.op_type})"
+    present = [t for t in node.inputs if t]
+
+    def elements(tensor: str) -> tuple[TensorInfo, ...]:
+        if tensor not in state.sequences:
+            raise errors.InvalidModelError(f"{where}: sequence {tensor!r} has unknown elements")
+        return state.sequences[tensor]
+
+    def tensor_of(tensor: str) -> TensorInfo:
+        info = state.tensors.get(tensor)
+        if info is None:
+            raise errors.InvalidModelError(f"{where}: input {tensor!r} has no known shape")
+        return info
+
+    out = node.outputs[0]
+    attrs = node.attributes
+    if node.op_type == "SplitToSequence":
+        x = tensor_of(present[0])
+        sizes = (sequences.constant_int(record.int_constants, node.inputs[1], where, "split")
+                 if len(node.inputs) > 1 and node.inputs[1] else None)
+        pieces = sequences.split(x, out, sizes, int(attrs.get("axis", 0)),
+                                 bool(attrs.get("keepdims", 1)), where)
+        state.sequences[out] = pieces
+        return [x], list(pieces)
+    if node.op_type == "SequenceConstruct":
+        items = tuple(tensor_of(t) for t in present)
+        state.sequences[out] = tuple(TensorInfo(n, t.shape, t.dtype) for n, t in zip(
+            sequences.element_names(out, len(items)), items, strict=True))
+        return list(items), list(state.sequences[out])
+    if node.op_type == "SequenceEmpty":
+        state.sequences[out] = ()
+        return [], []
+    if node.op_type == "SequenceInsert":
+        grown = list(elements(present[0]))
+        value = tensor_of(present[1])
+        position = (sequences.constant_int(record.int_constants, present[2], where,
+                                           "position")[0] if len(present) > 2 else len(grown))
+        grown.insert(position if position >= 0 else len(grown) + position + 1, value)
+        state.sequences[out] = tuple(TensorInfo(n, t.shape, t.dtype) for n, t in zip(
+            sequences.element_names(out, len(grown)), grown, strict=True))
+        return [value], list(state.sequences[out])
+    seq = elements(present[0])
+    if node.op_type == "SequenceAt":
+        (position,) = sequences.constant_int(record.int_constants, present[1], where,
+                                             "position")[:1]
+        result = state.tensors.get(out) or sequences.at(seq, position, out, where)
+        chosen = seq[position]
+    elif node.op_type == "ConcatFromSequence":
+        result = state.tensors.get(out) or sequences.concat(
+            seq, out, int(attrs.get("axis", 0)), bool(attrs.get("new_axis", 0)), where)
+        state.tensors[out] = result
+        return list(seq), [result]
+    else:  # SequenceLength
+        result = TensorInfo(out, (), "int64")
+        chosen = None
+    state.tensors[out] = result
+    return ([chosen] if chosen is not None else []), [result]
 
 
 def _propagate(node: NodeRecord, tensor: str, inputs: Sequence[TensorInfo]) -> TensorInfo | None:

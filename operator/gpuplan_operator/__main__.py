@@ -17,6 +17,7 @@ def kopf_argv(extra: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of `gpuplan-operator`: `kopf run` over the handlers module."""
     from kopf import cli  # imported late: `--help` of a broken install still prints usage
 
     args = list(sys.argv[1:] if argv is None else argv)

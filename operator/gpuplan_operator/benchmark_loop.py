@@ -21,6 +21,8 @@ SECONDS_PER_DAY = 86400
 
 @dataclasses.dataclass(frozen=True)
 class LoopContext:
+    """What the benchmark loop needs: cluster, settings, metrics, clock and GPU-type resolver."""
+
     kube: kube.Kube
     settings: operator_settings.Settings
     metrics: metrics.OperatorMetrics

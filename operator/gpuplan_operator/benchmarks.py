@@ -31,6 +31,8 @@ Resolver = Callable[[str], "str | None"]
 
 
 class Action:
+    """What a GPU type's benchmark data calls for; the values are shown in logs."""
+
     OK = "Fresh"
     MISSING = "NoData"
     STALE = "Stale"
@@ -49,6 +51,8 @@ class DeviceCoverage:
 
 @dataclasses.dataclass(frozen=True)
 class GpuTypeCoverage:
+    """Benchmark coverage of one cluster GPU type and the action it calls for."""
+
     gpu_type: str
     """The GFD label value (`nvidia.com/gpu.product`), the gauges' `gpu_type`."""
     device: str | None
@@ -60,10 +64,12 @@ class GpuTypeCoverage:
 
     @property
     def needs_benchmark(self) -> bool:
+        """Whether a benchmark Job should start for this type (no data, or stale data)."""
         return self.action in {Action.MISSING, Action.STALE}
 
 
 def catalog_resolver(catalog: devices.Catalog) -> Resolver:
+    """A Resolver from GFD label to catalog key; labels the catalog does not know give None."""
     def resolve(gpu_type: str) -> str | None:
         try:
             return catalog.resolve(gpu_type).key
@@ -132,6 +138,7 @@ def build_job(
     gpu_type: str, *, now: datetime.datetime, namespace: str, image: str, db_secret: str,
     budget_minutes: int,
 ) -> dict[str, Any]:
+    """batch/v1 Job benchmarking one GPU type on one GPU, named per type and day."""
     labels = {"app.kubernetes.io/name": "gpuplan", COMPONENT_LABEL: COMPONENT,
               "app.kubernetes.io/managed-by": "gpuplan-operator", PRODUCT_LABEL: gpu_type}
     container = {

@@ -89,6 +89,7 @@ def _alternative(c: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def rejection(r: Mapping[str, Any]) -> resources.Rejection:
+    """One `rejected` entry of the estimator's answer as a Rejection."""
     count = r.get("gpu_count")
     return resources.Rejection(str(r.get("gpu_type", "")),
                                int(count) if count is not None else None, str(r.get("reason", "")))

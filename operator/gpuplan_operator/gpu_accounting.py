@@ -15,6 +15,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 """Pod phases whose containers no longer hold their resources."""
+ACTIVE_PODS_FIELD_SELECTOR = ",".join(f"status.phase!={phase}" for phase in sorted(TERMINAL_PHASES))
+"""Field selector of the pods that may hold GPUs: what the operator and the extender list."""
 
 
 class QuantityError(ValueError):

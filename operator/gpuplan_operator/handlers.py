@@ -41,6 +41,7 @@ def _now() -> datetime.datetime:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Configure kopf; build the reconcile context; start metrics and the benchmark loop."""
     # Progress lives in annotations: status belongs to the CRD's schema, which prunes status.kopf.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpuplan.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="gpuplan.io")
@@ -77,6 +78,7 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the benchmark loop and the metrics server."""
     task = memo.get("benchmark_task")
     if task is not None:
         task.cancel()
@@ -100,6 +102,7 @@ def _emitter(body: Mapping[str, Any]) -> reconcile.EventSink:
 @kopf.on.update(G, V, P, field="spec")
 async def plan_and_launch(body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status,
                           retry: int, memo: kopf.Memo, **_: Any) -> None:
+    """Plan a TrainingJob and launch its Job; domain errors become kopf's retry semantics."""
     ctx: reconcile.Context = memo.ctx
     tj = reconcile.TrainingJobRef(
         namespace=str(meta["namespace"]), name=str(meta["name"]), uid=str(meta["uid"]),
@@ -114,4 +117,5 @@ async def plan_and_launch(body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, sta
 
 @kopf.on.event("batch", "v1", "jobs", labels={resources.OWNER_LABEL: kopf.PRESENT})
 async def job_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Copy the outcome of a Job the operator launched into its TrainingJob."""
     await reconcile.record_job(memo.ctx, dict(body), _emitter)

@@ -29,40 +29,49 @@ class Kube:
 
     @classmethod
     def from_environment(cls) -> Kube:
+        """A client configured by `load_configuration` (in-cluster, else kubeconfig)."""
         return cls(kubernetes.client.ApiClient(load_configuration()))
 
     async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ConfigMap, or None when it does not exist."""
         return await _call_or_none(self._core.read_namespaced_config_map, name, namespace)
 
     async def list_gpu_nodes(self) -> list[dict[str, Any]]:
+        """Nodes carrying the GPU product label of GPU Feature Discovery."""
         out = await _call(self._core.list_node, label_selector=gpu_accounting.GPU_PRODUCT_LABEL)
         return list(out.get("items", []))
 
     async def list_active_pods(self) -> list[dict[str, Any]]:
+        """Pods of all namespaces that may still hold resources (not Succeeded or Failed)."""
         out = await _call(self._core.list_pod_for_all_namespaces,
-                          field_selector="status.phase!=Succeeded,status.phase!=Failed")
+                          field_selector=gpu_accounting.ACTIVE_PODS_FIELD_SELECTOR)
         return list(out.get("items", []))
 
     async def get_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The TrainingJob, or None when it does not exist."""
         return await _call_or_none(self._custom.get_namespaced_custom_object, resources.GROUP,
                                    resources.VERSION, namespace, resources.PLURAL, name)
 
     async def patch_trainingjob_status(self, namespace: str, name: str,
                                        status: Mapping[str, Any]) -> dict[str, Any]:
+        """Patch the TrainingJob's status subresource with `status`."""
         return await _call(self._custom.patch_namespaced_custom_object_status, resources.GROUP,
                            resources.VERSION, namespace, resources.PLURAL, name,
                            {"status": dict(status)})
 
     async def patch_trainingjob_annotations(self, namespace: str, name: str,
                                             annotations: Mapping[str, str]) -> dict[str, Any]:
+        """Patch `annotations` onto the TrainingJob; other annotations stay."""
         return await _call(self._custom.patch_namespaced_custom_object, resources.GROUP,
                            resources.VERSION, namespace, resources.PLURAL, name,
                            {"metadata": {"annotations": dict(annotations)}})
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Job, or None when it does not exist."""
         return await _call_or_none(self._batch.read_namespaced_job, name, namespace)
 
     async def list_jobs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """Jobs of `namespace` matching `label_selector`."""
         out = await _call(self._batch.list_namespaced_job, namespace,
                           label_selector=label_selector)
         return list(out.get("items", []))
@@ -75,6 +84,7 @@ class Kube:
 
     async def create_service(self, namespace: str,
                              body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Create, or return the existing object of that name; the bool says whether it is new."""
         return await _create(self._core.create_namespaced_service,
                              self._core.read_namespaced_service, namespace, body)
 

@@ -55,6 +55,7 @@ def plan_annotations(plan: resources.Plan, *, per_pod: bool = False) -> dict[str
 
 
 def owner_references(owner: Owner) -> list[dict[str, Any]]:
+    """ownerReferences that make `owner` the controller, so the object is deleted with it."""
     return [{
         "apiVersion": owner.api_version, "kind": owner.kind, "name": owner.name,
         "uid": owner.uid, "controller": True, "blockOwnerDeletion": True,

@@ -15,6 +15,8 @@ DRIFT_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 
 
 class OperatorMetrics:
+    """The operator's Prometheus collectors, registered on `registry`."""
+
     def __init__(self, registry: CollectorRegistry = prometheus_client.REGISTRY) -> None:
         self.registry = registry
         self.estimate_seconds = Gauge(
@@ -49,15 +51,18 @@ class OperatorMetrics:
                 self.benchmark_age_seconds.labels(c.gpu_type).set(c.age_seconds)
 
     def observe_plan(self, namespace: str, name: str, gpu_type: str, seconds: float) -> None:
+        """Record the estimated seconds of a new plan."""
         self.estimate_seconds.labels(namespace, name, gpu_type).set(seconds)
 
     def observe_finished(self, namespace: str, name: str, gpu_type: str, actual_seconds: float,
                          drift: float | None) -> None:
+        """Record a finished job's measured seconds and, when known, its drift ratio."""
         self.actual_seconds.labels(namespace, name, gpu_type).set(actual_seconds)
         if drift is not None:
             self.drift_ratio.labels(gpu_type).observe(drift)
 
     def count_request(self, outcome: str) -> None:
+        """Count one plan request to the estimator by its outcome."""
         self.estimator_requests.labels(outcome).inc()
 
 

@@ -35,11 +35,14 @@ METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
 
 @dataclasses.dataclass(frozen=True)
 class UrlGuard:
+    """Which addresses a model URL may resolve to (SSRF guard); allowed networks win."""
+
     block_private: bool = True
     allowed_networks: tuple[IpNetwork, ...] = ()
 
     @classmethod
     def from_cidrs(cls, *, block_private: bool, cidrs: tuple[str, ...]) -> UrlGuard:
+        """A guard from CIDR strings, as settings give them; host bits are ignored."""
         return cls(block_private, tuple(ipaddress.ip_network(c, strict=False) for c in cidrs))
 
     def blocked_reason(self, ip: IpAddress) -> str | None:
@@ -61,6 +64,7 @@ class UrlGuard:
         return None
 
     def check(self, host: str, ip: IpAddress) -> None:
+        """Raise BlockedUrlError when `ip`, an address of `host`, may not be fetched from."""
         reason = self.blocked_reason(ip)
         if reason:
             raise errors.BlockedUrlError(
@@ -76,12 +80,14 @@ class GuardedResolver(AbstractResolver):
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        """The host's addresses; BlockedUrlError if any of them is blocked."""
         results = await self._inner.resolve(host, port, family)
         for r in results:
             self._guard.check(host, ipaddress.ip_address(r["host"]))
         return results
 
     async def close(self) -> None:
+        """Close the system resolver underneath."""
         await self._inner.close()
 
 

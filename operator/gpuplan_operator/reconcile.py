@@ -30,11 +30,16 @@ C, R = resources.ConditionType, resources.Reason
 
 
 class EventSink(Protocol):
-    def __call__(self, *, warning: bool, reason: str, message: str) -> None: ...
+    """Emits a Kubernetes Event about the object being reconciled."""
+
+    def __call__(self, *, warning: bool, reason: str, message: str) -> None:
+        """Emit one Event: type Warning when `warning`, else Normal."""
 
 
 @dataclasses.dataclass
 class Context:
+    """What a reconcile pass needs: cluster, settings, metrics, clock and model URL guard."""
+
     kube: kube.Kube
     settings: settings.Settings
     metrics: metrics.OperatorMetrics
@@ -55,6 +60,7 @@ class TrainingJobRef:
 
     @property
     def conditions(self) -> list[dict[str, Any]]:
+        """The conditions written so far (a copy)."""
         return list(self.status.get("conditions") or [])
 
 

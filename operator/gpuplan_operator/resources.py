@@ -15,6 +15,8 @@ OWNER_LABEL = "gpuplan.io/trainingjob"
 
 
 class ConditionType:
+    """Types of the conditions in a TrainingJob's `status.conditions`."""
+
     ESTIMATED = "Estimated"
     LAUNCHED = "Launched"
     SUCCEEDED = "Succeeded"
@@ -40,6 +42,8 @@ class Reason:
 
 @dataclasses.dataclass(frozen=True)
 class ModelRef:
+    """`spec.model`: a ConfigMap key or a URL holding the ONNX model, and its compression."""
+
     config_map_name: str | None
     config_map_key: str | None
     url: str | None
@@ -48,6 +52,8 @@ class ModelRef:
 
 @dataclasses.dataclass(frozen=True)
 class Training:
+    """`spec.training`: batch, dataset, epochs, optimizer, precision and symbolic dims."""
+
     batch_size: int
     dataset_size: int
     epochs: int
@@ -59,6 +65,8 @@ class Training:
 
 @dataclasses.dataclass(frozen=True)
 class Objective:
+    """`spec.objective`: what the plan optimises, within deadline, budget and GPU cap."""
+
     prefer: str
     deadline_seconds: float | None
     budget_usd: float | None
@@ -67,6 +75,8 @@ class Objective:
 
 @dataclasses.dataclass(frozen=True)
 class TrainingJobSpec:
+    """A validated TrainingJob spec."""
+
     model: ModelRef
     training: Training
     objective: Objective
@@ -76,6 +86,8 @@ class TrainingJobSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Rejection:
+    """A (GPU type, count) candidate the estimator rejected, and why."""
+
     gpu_type: str
     gpu_count: int | None
     reason: str
@@ -104,9 +116,11 @@ class Plan:
 
     @property
     def multi_node(self) -> bool:
+        """Whether the plan spans more than one node."""
         return self.nodes > 1
 
     def to_status(self) -> dict[str, Any]:
+        """The plan as `status.plan`: camelCase keys, lists capped to bound the object's size."""
         out: dict[str, Any] = {
             "gpuType": self.gpu_type, "device": self.device, "gpuCount": self.gpu_count,
             "gpusPerNode": self.gpus_per_node, "nodes": self.nodes,
@@ -143,14 +157,18 @@ class Plan:
 
 @dataclasses.dataclass(frozen=True)
 class Actual:
+    """When a finished Job ran: its start and completion times."""
+
     start_time: datetime.datetime
     completion_time: datetime.datetime
 
     @property
     def seconds(self) -> float:
+        """Wall-clock seconds from start to completion."""
         return (self.completion_time - self.start_time).total_seconds()
 
     def to_status(self) -> dict[str, Any]:
+        """The run as `status.actual`."""
         return {"startTime": format_time(self.start_time),
                 "completionTime": format_time(self.completion_time), "seconds": self.seconds}
 
@@ -163,10 +181,12 @@ def drift_ratio(actual_seconds: float, estimated_seconds: float) -> float | None
 
 
 def format_time(t: datetime.datetime) -> str:
+    """RFC 3339 in UTC with whole seconds, as Kubernetes writes times."""
     return t.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(s: str) -> datetime.datetime:
+    """Parse an RFC 3339 time as Kubernetes writes it (trailing `Z`)."""
     return datetime.datetime.fromisoformat(s.replace("Z", "+00:00"))
 
 
@@ -197,6 +217,7 @@ def set_condition(
 def find_condition(
     conditions: Sequence[Mapping[str, Any]], type_: str
 ) -> Mapping[str, Any] | None:
+    """The condition of type `type_`, or None."""
     for c in conditions:
         if c.get("type") == type_:
             return c
@@ -204,5 +225,6 @@ def find_condition(
 
 
 def is_true(conditions: Sequence[Mapping[str, Any]], type_: str) -> bool:
+    """Whether the condition of type `type_` is present and True."""
     c = find_condition(conditions, type_)
     return c is not None and c.get("status") == "True"

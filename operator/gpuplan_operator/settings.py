@@ -18,6 +18,8 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
+    """Operator settings: defaults here, `from_env()` reads GPUPLAN_*, `validate()` checks."""
+
     estimator_url: str = ""
     """Base URL of the estimator service, e.g. http://gpuplan-estimator:8080 (required)."""
 

@@ -11,6 +11,8 @@ from gpuplan_operator import resources
 
 @dataclasses.dataclass(frozen=True)
 class JobOutcome:
+    """How a finished Job ended: succeeded or not, when it ran, and a message."""
+
     succeeded: bool
     actual: resources.Actual
     message: str

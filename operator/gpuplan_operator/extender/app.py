@@ -36,9 +36,11 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1
 class SnapshotSource(Protocol):
     """Where handlers get the inventory; `InventoryStore` is the production implementation."""
 
-    def snapshot(self) -> Snapshot | None: ...
+    def snapshot(self) -> Snapshot | None:
+        """The inventory to decide on; None before the first full sync."""
 
-    def age_seconds(self) -> float | None: ...
+    def age_seconds(self) -> float | None:
+        """Seconds since the inventory was last known current; None before the first sync."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Command line of the extender: `python -m gpuplan_operator.extender` or `gpuplan extender`."""
+"""Command line of the extender: `gpuplan-extender`, or `python -m gpuplan_operator.extender`."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class ServeSettings:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the extender's flags to `parser`."""
     parser.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster config)")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8888, help="listen port (default 8888)")
@@ -49,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the `extender` subcommand to a parent CLI; its handler is in `func`."""
+    """Add an `extender` subcommand to a parent argparse CLI (no shipped CLI has one); `func`
+    holds its handler."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "extender", help="run the gpuplan-scheduler HTTP extender")
     add_arguments(parser)
@@ -58,6 +60,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
+    """ServeSettings from parsed flags; a bad flag exits with a message naming it."""
     if not 0 < args.port < 65536:
         raise SystemExit(f"--port: {args.port} is not a TCP port")
     for name in ("stale_after_seconds", "resync_seconds", "watch_timeout_seconds",
@@ -106,6 +109,7 @@ async def serve(
 
 
 def main_from_args(args: argparse.Namespace) -> int:
+    """Serve with parsed flags against the configured cluster; returns the exit code."""
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args)
@@ -114,6 +118,7 @@ def main_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of `gpuplan-extender` and `python -m gpuplan_operator.extender`."""
     parser = argparse.ArgumentParser(prog="python -m gpuplan_operator.extender",
                                      description="gpuplan-scheduler HTTP extender")
     add_arguments(parser)

@@ -25,6 +25,7 @@ class NodeGpus:
 
     @property
     def free_gpus(self) -> int | None:
+        """Allocatable minus used GPUs, never negative; None when allocatable is unknown."""
         if self.allocatable_gpus is None:
             return None
         return max(self.allocatable_gpus - self.used_gpus, 0)
@@ -61,6 +62,7 @@ class Snapshot:
 
 
 def index_nodes(nodes: Mapping[str, NodeGpus]) -> NodeIndex:
+    """Group nodes into classes of equal (type, allocatable, used GPUs)."""
     ids: dict[tuple[str | None, int | None, int], int] = {}
     classes: list[NodeGpus] = []
     class_of: dict[str, int] = {}
@@ -76,6 +78,7 @@ def index_nodes(nodes: Mapping[str, NodeGpus]) -> NodeIndex:
 
 
 def make_snapshot(nodes: Mapping[str, NodeGpus], fresh_at_s: float) -> Snapshot:
+    """A read-only Snapshot of `nodes` with its class index."""
     frozen = nodes if isinstance(nodes, MappingProxyType) else MappingProxyType(dict(nodes))
     return Snapshot(nodes=frozen, fresh_at_s=fresh_at_s, index=index_nodes(frozen))
 
@@ -92,6 +95,7 @@ def node_gpus(node: Mapping[str, Any], used_gpus: int = 0) -> NodeGpus:
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
+    """A pod's key in the inventory: its uid, else namespace/name."""
     meta = pod.get("metadata") or {}
     return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
 
@@ -111,6 +115,7 @@ def pod_usage(pod: Mapping[str, Any]) -> PodUsage | None:
 
 
 def used_by_node(usages: Iterable[PodUsage]) -> dict[str, int]:
+    """GPUs held per node name, summed over the pods' usages."""
     used: dict[str, int] = {}
     for usage in usages:
         used[usage.node_name] = used.get(usage.node_name, 0) + usage.gpus

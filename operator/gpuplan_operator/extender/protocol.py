@@ -39,6 +39,7 @@ class ExtenderArgs:
 
     @property
     def pod_key(self) -> str:
+        """`namespace/name` of the pod, for logs."""
         meta = self.pod.get("metadata") or {}
         return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 

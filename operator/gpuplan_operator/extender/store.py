@@ -110,6 +110,7 @@ class InventoryStore:
             return max(self._clock() - min(self._fresh_at_s.values()), 0.0)
 
     def snapshot(self) -> inventory.Snapshot | None:
+        """The inventory as an immutable Snapshot (cached until it changes); None before sync."""
         with self._lock:
             if len(self._fresh_at_s) < len(KINDS):
                 return None

@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpuplan_operator import gpu_accounting
 from gpuplan_operator.extender.store import NODES, PODS, InventoryStore
 
 log = logging.getLogger(__name__)
 
 HTTP_GONE = 410
 # Terminal pods hold no GPUs; the apiserver sends DELETED when a pod leaves this selector.
-ACTIVE_PODS_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+ACTIVE_PODS_SELECTOR = gpu_accounting.ACTIVE_PODS_FIELD_SELECTOR
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class KubeListWatch:
         self._settings = settings
 
     def list(self) -> tuple[list[Mapping[str, Any]], str]:
+        """Every object of the kind, page by page, and the list's resourceVersion."""
         items: list[Mapping[str, Any]] = []
         token: str | None = None
         while True:
@@ -164,6 +166,7 @@ class KubeListWatch:
                 return items, str(meta.get("resourceVersion", ""))
 
     def watch(self, resource_version: str) -> Iterator[Mapping[str, Any]]:
+        """Raw watch events from `resource_version`; a 410 Gone raises WatchExpired."""
         from kubernetes import client, watch  # the only client import, kept at the edge
 
         s = self._settings
@@ -202,6 +205,7 @@ class Watcher:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
+        """Start one list/watch daemon thread per source."""
         for lw in self._sources:
             thread = threading.Thread(
                 target=run_kind, name=f"gpuplan-watch-{lw.kind}", daemon=True,
@@ -211,6 +215,7 @@ class Watcher:
             self._threads.append(thread)
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Tell the loops to stop and wait up to `timeout_s` for each thread."""
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout_s)
@@ -219,6 +224,7 @@ class Watcher:
 def kube_watcher(
     api: Any, store: InventoryStore, settings: WatchSettings, clock: Callable[[], float]
 ) -> Watcher:
+    """A Watcher over Nodes and active Pods through a CoreV1Api client."""
     return Watcher([KubeListWatch(api, kind, settings) for kind in (NODES, PODS)],
                    store, settings, clock)
 

@@ -79,6 +79,16 @@ def test_only_bound_live_pods_hold_gpus(node: str | None, phase: str, holds: str
     assert gpu_accounting.holds_gpus_on(pod([container("a", 1)], node=node, phase=phase)) == holds
 
 
+@pytest.mark.parametrize("phase", ["Pending", "Running", "Succeeded", "Failed", "Unknown"])
+def test_listed_pods_are_those_that_hold_gpus(phase: str) -> None:
+    # What kube and the watcher list (the field selector) and what the accounting counts agree.
+    terms = gpu_accounting.ACTIVE_PODS_FIELD_SELECTOR.split(",")
+    assert terms and all(t.startswith("status.phase!=") for t in terms)
+    listed = all(t.removeprefix("status.phase!=") != phase for t in terms)
+    holds = gpu_accounting.holds_gpus_on(pod([container("a", 1)], phase=phase)) is not None
+    assert listed == holds
+
+
 def test_node_fields_tolerate_missing_and_malformed_data() -> None:
     node = {"metadata": {"name": "n", "labels": {"nvidia.com/gpu.product": "NVIDIA-L4"}},
             "status": {"allocatable": {"nvidia.com/gpu": "4"}}}

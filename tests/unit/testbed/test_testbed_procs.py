@@ -7,6 +7,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import testbed_procs as procs
@@ -21,13 +22,15 @@ def layout(tmp_path: pathlib.Path) -> Layout:
 
 
 def group_members(pgid: int) -> list[int]:
+    """Live processes of the group; zombies are dead, just not yet reaped (by init, here)."""
     members = []
     for entry in pathlib.Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.getpgid(int(entry.name)) == pgid:
+                state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+                if os.getpgid(int(entry.name)) == pgid and state != "Z":
                     members.append(int(entry.name))
-            except ProcessLookupError:
+            except (ProcessLookupError, FileNotFoundError):
                 pass
     return members
 
@@ -43,6 +46,11 @@ def test_start_records_and_stop_kills_the_whole_group(layout: Layout) -> None:
     record = procs.start(layout, "sleeper", [sys.executable, "-c", script])
     assert procs.read_record(layout, "sleeper") == record
     assert procs.is_alive(record) and procs.rss_bytes(record) > 0
+    # Both must exist before the stop, or "no member left" below would hold trivially.
+    deadline_s = time.monotonic() + 10
+    while len(group_members(record["pid"])) < 2 and time.monotonic() < deadline_s:
+        time.sleep(0.05)
+    assert len(group_members(record["pid"])) == 2
     assert procs.stop(layout, "sleeper", grace_s=5) is True
     assert not procs.is_alive(record)
     assert procs.read_record(layout, "sleeper") is None

@@ -29,7 +29,7 @@ from gpuplan_operator import (
 from gpuplan_operator import settings as operator_settings
 
 LOG = logging.getLogger(__name__)
-G, V, P = resources.GROUP, resources.VERSION, resources.PLURAL
+TRAINING_JOBS = (resources.GROUP, resources.VERSION, resources.PLURAL)
 # Domain errors worth retrying: the world may change (estimator back, ConfigMap created).
 TEMPORARY = (errors.EstimatorUnavailableError, errors.ModelSourceUnavailableError,
              errors.JobNameConflictError)
@@ -97,9 +97,9 @@ def _emitter(body: Mapping[str, Any]) -> reconcile.EventSink:
     return emit
 
 
-@kopf.on.resume(G, V, P)
-@kopf.on.create(G, V, P)
-@kopf.on.update(G, V, P, field="spec")
+@kopf.on.resume(*TRAINING_JOBS)
+@kopf.on.create(*TRAINING_JOBS)
+@kopf.on.update(*TRAINING_JOBS, field="spec")
 async def plan_and_launch(body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status,
                           retry: int, memo: kopf.Memo, **_: Any) -> None:
     """Plan a TrainingJob and launch its Job; domain errors become kopf's retry semantics."""

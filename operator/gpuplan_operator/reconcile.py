@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gpuplan_operator import (
+from gpuplan_operator.resources import ConditionType, Reason
     errors,
     estimator_client,
     inventory,
@@ -26,7 +27,6 @@ from gpuplan_operator import (
     validation,
 )
 
-C, R = resources.ConditionType, resources.Reason
 
 
 class EventSink(Protocol):
@@ -90,7 +90,7 @@ async def reconcile(ctx: Context, tj: TrainingJobRef, spec: Mapping[str, Any]) -
 
 def _current_plan(tj: TrainingJobRef) -> resources.Plan | None:
     stored = tj.status.get("plan")
-    if not stored or not resources.is_true(tj.conditions, C.ESTIMATED):
+    if not stored or not resources.is_true(tj.conditions, ConditionType.ESTIMATED):
         return None
     plan = resources.Plan.from_status(stored)
     return plan if plan.observed_generation == tj.generation else None
@@ -100,7 +100,7 @@ async def _fail_estimate(ctx: Context, tj: TrainingJobRef, exc: errors.OperatorE
     message = str(exc)
     if isinstance(exc, errors.EstimatorRejectedError) and exc.details:
         message = f"{message}: {estimator_client.describe_rejections(exc.details)}"
-    await _set(ctx, tj, type_=C.ESTIMATED, ok=False, reason=exc.reason, message=message)
+    await _set(ctx, tj, type_=ConditionType.ESTIMATED, ok=False, reason=exc.reason, message=message)
     tj.emit(warning=True, reason=exc.reason, message=message)
 
 
@@ -137,12 +137,12 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
     ctx.metrics.count_request("ok")
     message = (f"{plan.gpu_count}x {plan.gpu_type} ({plan.nodes} node(s)), "
                f"estimated {plan.estimated_seconds:.0f}s, predictor {plan.predictor}")
-    await _set(ctx, tj, type_=C.ESTIMATED, ok=True, reason=R.PLANNED, message=message,
+    await _set(ctx, tj, type_=ConditionType.ESTIMATED, ok=True, reason=Reason.PLANNED, message=message,
                extra={"plan": plan.to_status()})
     await ctx.kube.patch_trainingjob_annotations(tj.namespace, tj.name,
                                                  manifests.plan_annotations(plan))
     ctx.metrics.observe_plan(tj.namespace, tj.name, plan.gpu_type, plan.estimated_seconds)
-    tj.emit(warning=False, reason=R.PLANNED, message=message)
+    tj.emit(warning=False, reason=Reason.PLANNED, message=message)
     return plan
 
 
@@ -162,28 +162,28 @@ async def _launch(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobS
     name = job["metadata"]["name"]
     if tj.uid not in owners:
         exc = errors.JobNameConflictError(f"job {name} exists and is not owned by this TrainingJob")
-        await _set(ctx, tj, type_=C.LAUNCHED, ok=False, reason=exc.reason, message=str(exc))
+        await _set(ctx, tj, type_=ConditionType.LAUNCHED, ok=False, reason=exc.reason, message=str(exc))
         raise exc
     message = f"Job {name}: {plan.gpu_count}x {plan.gpu_type}"
-    await _set(ctx, tj, type_=C.LAUNCHED, ok=True, reason=R.JOB_CREATED, message=message,
+    await _set(ctx, tj, type_=ConditionType.LAUNCHED, ok=True, reason=Reason.JOB_CREATED, message=message,
                extra={"jobName": name})
     if created:
-        tj.emit(warning=False, reason=R.JOB_CREATED, message=message)
+        tj.emit(warning=False, reason=Reason.JOB_CREATED, message=message)
 
 
 async def _record_late_change(ctx: Context, tj: TrainingJobRef) -> None:
     plan = tj.status.get("plan") or {}
     if plan.get("observedGeneration") == tj.generation:
         return  # a resume of an already launched job: nothing to do
-    if (resources.find_condition(tj.conditions, C.SPEC_CHANGED) or {}).get(
+    if (resources.find_condition(tj.conditions, ConditionType.SPEC_CHANGED) or {}).get(
             "observedGeneration") == tj.generation:
         return
     message = (f"spec changed (generation {tj.generation}) after Job {tj.status['jobName']} "
                f"was launched from generation {plan.get('observedGeneration')}; the running Job "
                "is kept, re-create the TrainingJob to re-plan")
-    await _set(ctx, tj, type_=C.SPEC_CHANGED, ok=True, reason=R.SPEC_CHANGE_IGNORED,
+    await _set(ctx, tj, type_=ConditionType.SPEC_CHANGED, ok=True, reason=Reason.SPEC_CHANGE_IGNORED,
                message=message)
-    tj.emit(warning=True, reason=R.SPEC_CHANGE_IGNORED, message=message)
+    tj.emit(warning=True, reason=Reason.SPEC_CHANGE_IGNORED, message=message)
 
 
 async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
@@ -209,8 +209,8 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     extra: dict[str, Any] = {"actual": outcome.actual.to_status()}
     if drift is not None:
         extra["drift"] = round(drift, 6)
-    type_, reason = ((C.SUCCEEDED, R.JOB_COMPLETED) if outcome.succeeded
-                     else (C.FAILED, R.JOB_FAILED))
+    type_, reason = ((ConditionType.SUCCEEDED, Reason.JOB_COMPLETED) if outcome.succeeded
+                     else (ConditionType.FAILED, Reason.JOB_FAILED))
     message = f"{outcome.message}; {outcome.actual.seconds:.0f}s actual, drift {drift}"
     await _set(ctx, tj, type_=type_, ok=True, reason=reason, message=message, extra=extra)
     ctx.metrics.observe_finished(tj.namespace, tj.name, plan.gpu_type, outcome.actual.seconds,

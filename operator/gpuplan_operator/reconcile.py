@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gpuplan_operator import (
-from gpuplan_operator.resources import ConditionType, Reason
     errors,
     estimator_client,
     inventory,
@@ -26,7 +25,8 @@ from gpuplan_operator.resources import ConditionType, Reason
     tracking,
     validation,
 )
-
+from gpuplan_operator.resources import ConditionType as Condition
+from gpuplan_operator.resources import Reason
 
 
 class EventSink(Protocol):
@@ -90,7 +90,7 @@ async def reconcile(ctx: Context, tj: TrainingJobRef, spec: Mapping[str, Any]) -
 
 def _current_plan(tj: TrainingJobRef) -> resources.Plan | None:
     stored = tj.status.get("plan")
-    if not stored or not resources.is_true(tj.conditions, ConditionType.ESTIMATED):
+    if not stored or not resources.is_true(tj.conditions, Condition.ESTIMATED):
         return None
     plan = resources.Plan.from_status(stored)
     return plan if plan.observed_generation == tj.generation else None
@@ -100,7 +100,7 @@ async def _fail_estimate(ctx: Context, tj: TrainingJobRef, exc: errors.OperatorE
     message = str(exc)
     if isinstance(exc, errors.EstimatorRejectedError) and exc.details:
         message = f"{message}: {estimator_client.describe_rejections(exc.details)}"
-    await _set(ctx, tj, type_=ConditionType.ESTIMATED, ok=False, reason=exc.reason, message=message)
+    await _set(ctx, tj, type_=Condition.ESTIMATED, ok=False, reason=exc.reason, message=message)
     tj.emit(warning=True, reason=exc.reason, message=message)
 
 
@@ -137,7 +137,7 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
     ctx.metrics.count_request("ok")
     message = (f"{plan.gpu_count}x {plan.gpu_type} ({plan.nodes} node(s)), "
                f"estimated {plan.estimated_seconds:.0f}s, predictor {plan.predictor}")
-    await _set(ctx, tj, type_=ConditionType.ESTIMATED, ok=True, reason=Reason.PLANNED, message=message,
+    await _set(ctx, tj, type_=Condition.ESTIMATED, ok=True, reason=Reason.PLANNED, message=message,
                extra={"plan": plan.to_status()})
     await ctx.kube.patch_trainingjob_annotations(tj.namespace, tj.name,
                                                  manifests.plan_annotations(plan))
@@ -162,11 +162,11 @@ async def _launch(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobS
     name = job["metadata"]["name"]
     if tj.uid not in owners:
         exc = errors.JobNameConflictError(f"job {name} exists and is not owned by this TrainingJob")
-        await _set(ctx, tj, type_=ConditionType.LAUNCHED, ok=False, reason=exc.reason, message=str(exc))
+        await _set(ctx, tj, type_=Condition.LAUNCHED, ok=False, reason=exc.reason, message=str(exc))
         raise exc
     message = f"Job {name}: {plan.gpu_count}x {plan.gpu_type}"
-    await _set(ctx, tj, type_=ConditionType.LAUNCHED, ok=True, reason=Reason.JOB_CREATED, message=message,
-               extra={"jobName": name})
+    await _set(ctx, tj, type_=Condition.LAUNCHED, ok=True, reason=Reason.JOB_CREATED,
+               message=message, extra={"jobName": name})
     if created:
         tj.emit(warning=False, reason=Reason.JOB_CREATED, message=message)
 
@@ -175,13 +175,13 @@ async def _record_late_change(ctx: Context, tj: TrainingJobRef) -> None:
     plan = tj.status.get("plan") or {}
     if plan.get("observedGeneration") == tj.generation:
         return  # a resume of an already launched job: nothing to do
-    if (resources.find_condition(tj.conditions, ConditionType.SPEC_CHANGED) or {}).get(
+    if (resources.find_condition(tj.conditions, Condition.SPEC_CHANGED) or {}).get(
             "observedGeneration") == tj.generation:
         return
     message = (f"spec changed (generation {tj.generation}) after Job {tj.status['jobName']} "
                f"was launched from generation {plan.get('observedGeneration')}; the running Job "
                "is kept, re-create the TrainingJob to re-plan")
-    await _set(ctx, tj, type_=ConditionType.SPEC_CHANGED, ok=True, reason=Reason.SPEC_CHANGE_IGNORED,
+    await _set(ctx, tj, type_=Condition.SPEC_CHANGED, ok=True, reason=Reason.SPEC_CHANGE_IGNORED,
                message=message)
     tj.emit(warning=True, reason=Reason.SPEC_CHANGE_IGNORED, message=message)
 
@@ -209,8 +209,8 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     extra: dict[str, Any] = {"actual": outcome.actual.to_status()}
     if drift is not None:
         extra["drift"] = round(drift, 6)
-    type_, reason = ((ConditionType.SUCCEEDED, Reason.JOB_COMPLETED) if outcome.succeeded
-                     else (ConditionType.FAILED, Reason.JOB_FAILED))
+    type_, reason = ((Condition.SUCCEEDED, Reason.JOB_COMPLETED) if outcome.succeeded
+                     else (Condition.FAILED, Reason.JOB_FAILED))
     message = f"{outcome.message}; {outcome.actual.seconds:.0f}s actual, drift {drift}"
     await _set(ctx, tj, type_=type_, ok=True, reason=reason, message=message, extra=extra)
     ctx.metrics.observe_finished(tj.namespace, tj.name, plan.gpu_type, outcome.actual.seconds,

@@ -65,7 +65,10 @@ class SettingsError(OperatorError):
 
 
 class JobNameConflictError(OperatorError):
-    """A Job with the deterministic name exists but belongs to something else (retry later:
-    it may be the garbage-collected Job of a deleted TrainingJob of the same name)."""
+    """A Job with the TrainingJob's deterministic name exists but is not owned by it.
+
+    Retry later: it may be the Job of a deleted TrainingJob of the same name, not yet
+    garbage-collected.
+    """
 
     reason = "JobNameConflict"

@@ -44,8 +44,11 @@ def job_name(tj_name: str) -> str:
 
 
 def plan_annotations(plan: resources.Plan, *, per_pod: bool = False) -> dict[str, str]:
-    """The plan as annotations. On the TrainingJob and Job the count is the total; on pods it is
-    the pod's own share (the extender's contract, `annotations.GPU_COUNT`)."""
+    """The plan as annotations: GPU type, GPU count and estimated seconds.
+
+    On the TrainingJob and Job the count is the total; on pods (`per_pod`) it is the pod's own
+    share (the extender's contract, `annotations.GPU_COUNT`).
+    """
     count = plan.gpus_per_node if per_pod else plan.gpu_count
     return {
         plan_keys.GPU_TYPE: plan.gpu_type,

@@ -75,7 +75,7 @@ class Objective:
 
 @dataclasses.dataclass(frozen=True)
 class TrainingJobSpec:
-    """A validated TrainingJob spec."""
+    """A TrainingJob's `spec` after validation: model, training, objective, GPU types, template."""
 
     model: ModelRef
     training: Training
@@ -111,8 +111,10 @@ class Plan:
     alternatives: tuple[Mapping[str, Any], ...] = ()
     rejected: tuple[Rejection, ...] = ()
     calibration_factor: float = 1.0
-    """The estimator's job-outcome correction already in `estimated_seconds`; reported back
-    with the outcome so the estimator can store its model's own estimate."""
+    """Job-outcome correction factor the estimator already multiplied into `estimated_seconds`.
+
+    Reported back with the outcome so the estimator can store its model's own estimate.
+    """
 
     @property
     def multi_node(self) -> bool:

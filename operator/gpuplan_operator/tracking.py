@@ -26,8 +26,10 @@ def _condition(job: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
 
 
 def job_outcome(job: Mapping[str, Any]) -> JobOutcome | None:
-    """None while the Job runs; else its outcome. Failed Jobs have no completionTime, so their
-    end is the Failed condition's transition time."""
+    """The finished Job's outcome, or None while it runs.
+
+    Failed Jobs have no completionTime, so their end is the Failed condition's transition time.
+    """
     status = job.get("status") or {}
     complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
     if complete is None and failed is None:

@@ -50,8 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add an `extender` subcommand to a parent argparse CLI (no shipped CLI has one); `func`
-    holds its handler."""
+    """Add an `extender` subcommand to an argparse subparsers object; `func` holds its handler.
+
+    A hook for embedding CLIs: no shipped command has this subcommand. The extender runs as the
+    `gpuplan-extender` console script or `python -m gpuplan_operator.extender`.
+    """
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "extender", help="run the gpuplan-scheduler HTTP extender")
     add_arguments(parser)

@@ -53,8 +53,11 @@ class NodeIndex:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Immutable inventory one request decides on; `fresh_at_s` is the clock of the last
-    moment both watches were known to be current. Build it with `make_snapshot`."""
+    """Immutable inventory of GPU nodes that one request decides on; build it with `make_snapshot`.
+
+    `fresh_at_s` is the clock reading (seconds) of the last moment both watches were known to be
+    current.
+    """
 
     nodes: Mapping[str, NodeGpus]
     fresh_at_s: float

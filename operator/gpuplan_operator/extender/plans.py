@@ -49,9 +49,12 @@ _SHARED_SUFFIX = "-shared"
 
 
 def catalog_resolver(catalog: devices.Catalog) -> TypeResolver:
-    """Accept any name the device catalog resolves (key, NVML name, GFD label, alias): the node
+    """A TypeResolver mapping a planned GPU type to the GFD products a node may carry for it.
+
+    Any name the device catalog resolves (key, NVML name, GFD label, alias) is accepted: the node
     passes with any of that device's GFD products (plus their `-SHARED` forms). A name the
-    catalog does not know must equal the node's label."""
+    catalog does not know must equal the node's label.
+    """
 
     @functools.lru_cache(maxsize=256)  # bounded: the planned type is user input
     def resolve(planned: str) -> frozenset[str]:

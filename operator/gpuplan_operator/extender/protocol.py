@@ -174,8 +174,11 @@ def _dumps_reasons(reasons: Mapping[str, str]) -> str:
 
 
 def dumps_filter_result(result: FilterResult, args: ExtenderArgs) -> bytes:
-    """`encode_filter_result` serialised; about 5× faster than json.dumps for plain names,
-    which matters at thousands of candidate nodes per request."""
+    """`encode_filter_result` serialised to JSON bytes, written by hand for plain node names.
+
+    About 5× faster than json.dumps for plain names, which matters at thousands of candidate
+    nodes per request; `Nodes` items and other names go through json.dumps.
+    """
     if args.node_items is not None or not _all_plain(args.node_names):
         return _dumps(encode_filter_result(result, args))
     names = '"' + '","'.join(result.passed) + '"' if result.passed else ""

@@ -338,6 +338,8 @@ def _build_opt(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
 _BUILDERS: Mapping[str, Callable[[Mapping[str, Any], str], onnx.ModelProto]] = {
     "gpt2": _build_gpt2, "bert": _build_bert, "opt": _build_opt,
 }
+MODEL_TYPES: tuple[str, ...] = tuple(_BUILDERS)
+"""The HF `model_type`s `build_transformer` writes."""
 
 
 def build_transformer(config: Mapping[str, Any], *, name: str) -> onnx.ModelProto:

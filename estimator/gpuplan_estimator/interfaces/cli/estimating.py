@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core import options
 from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.graph import zoo
 from gpuplan_estimator.interfaces.cli import arguments, render
 from gpuplan_estimator.models import selection
 from gpuplan_estimator.planning import estimates
@@ -25,7 +27,12 @@ def register(sub: Any) -> None:
 
 def _register_estimate(sub: Any) -> None:
     p = sub.add_parser("estimate", help="predict step time, epoch time and memory per GPU type")
-    p.add_argument("model", help="ONNX file (plain, gzip, xz or zstd; weights optional)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="ONNX file (plain, gzip, xz or zstd; weights optional)")
+    p.add_argument("--hf-config", default=None, metavar="CONFIG_JSON",
+                   help="instead of an ONNX file: a Hugging Face config.json, built into a "
+                   "structure-only graph without torch or weights (model_type: "
+                   f"{', '.join(zoo.MODEL_TYPES)}); bind the sequence with --dim sequence=N")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--device", action="append", default=[], metavar="D",
                        help="catalog key, NVML name, GFD label or 'cpu' (repeatable)")
@@ -55,6 +62,19 @@ def _register_estimate(sub: Any) -> None:
     p.set_defaults(func=run_estimate)
 
 
+def model_source(model: str | None, hf_config: str | None) -> str | bytes:
+    """The model to estimate: the ONNX file named, or the graph a HF config describes."""
+    if (model is None) == (hf_config is None):
+        raise InvalidRequestError("model", "give an ONNX file or --hf-config CONFIG_JSON "
+                                  "(exactly one)")
+    if hf_config is None:
+        assert model is not None
+        return model
+    config = zoo.load_hf_config(hf_config)
+    name = os.path.splitext(os.path.basename(hf_config))[0]
+    return zoo.build_transformer(config, name=name).SerializeToString()
+
+
 def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:
     """Named devices (deduplicated by canonical key), or every catalog GPU when none given."""
     catalog = devices.load_catalog()
@@ -70,8 +90,9 @@ def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:
 def run_estimate(args: argparse.Namespace) -> int:
     """`gpuplan estimate`: price the model on each device and print a table or JSON."""
     specs = resolve_devices(args.device)
+    source = model_source(args.model, args.hf_config)
     try:  # a fixed-batch export is re-batched to --batch, as `gpuplan plan` does
-        g = graph.load_at_batch(args.model, args.batch, dict(args.dim))
+        g = graph.load_at_batch(source, args.batch, dict(args.dim))
         batch = graph.model_batch(g, args.batch)
     except InvalidRequestError as exc:
         if exc.field != "batch":

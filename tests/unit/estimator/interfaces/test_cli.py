@@ -214,3 +214,27 @@ def test_subprocess_exit_code_and_single_line(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+
+
+def test_estimate_from_a_hf_config_needs_no_onnx_file(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    config = str(examples.GPT2_CONFIG)
+    code, out, err = run(["estimate", "--hf-config", config, "--batch", "2", "--dim",
+                          "sequence=128", "--device", "t4", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["model"]["name"] == "gpt2_med" and doc["settings"]["batch_size"] == 2
+    assert doc["model"]["dim_bindings"]["sequence"] == 128
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["estimate", "--device", "t4"], "give an ONNX file or --hf-config"),
+    (["estimate", str(RESNET), "--hf-config", "c.json"], "exactly one"),
+    (["estimate", "--hf-config", "/nonexistent/config.json"], "/nonexistent/config.json"),
+    (["estimate", "--hf-config", str(examples.GPT2_CONFIG), "--batch", "2"], "sequence"),
+])
+def test_hf_config_errors_are_one_line(argv: list[str], needle: str,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert needle in one_error_line(err)

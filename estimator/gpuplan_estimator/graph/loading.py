@@ -26,6 +26,9 @@ from gpuplan_estimator.graph import fusion, records
 
 DEFAULT_MAX_DECOMPRESSED_BYTES = 512 * 2**20
 MIN_OPSET = 7
+MAX_NODES = 200_000
+"""Largest graph accepted: 40x a stripped GPT-3 XL; bigger ones are hostile or broken, and
+would hold the estimator for minutes."""
 MAX_TENSOR_ELEMENTS = 2**44
 """Largest tensor accepted (~1.8e13 elements, 70 TB in fp32: hundreds of the largest GPUs).
 Beyond it a shape is corrupt or hostile, and its products would overflow int64 kernel dims."""
@@ -105,6 +108,10 @@ def parse_model(data: bytes, label: str) -> ModelProto:
         raise errors.InvalidModelError(f"{label}: not a valid ONNX model: {exc}") from exc
     if model.ir_version <= 0 or not model.graph.node:
         raise errors.InvalidModelError(f"{label}: not a valid ONNX model (no IR version or nodes)")
+    if len(model.graph.node) > MAX_NODES:
+        raise errors.InvalidModelError(
+            f"{label}: {len(model.graph.node)} nodes, more than the {MAX_NODES} any exported "
+            "training model has (a structure-only GPT-3 XL has ~5k)")
     return model
 
 
@@ -134,7 +141,8 @@ def bind_input_dims(
         for pos, dim in enumerate(value.type.tensor_type.shape.dim):
             if dim.HasField("dim_value"):
                 continue
-            key = dim.dim_param or f"{value.name}[{pos}]"
+            param = dim.dim_param  # bytes when a hostile file holds invalid UTF-8
+            key = (param if isinstance(param, str) else repr(param)) or f"{value.name}[{pos}]"
             bound = _binding_for(key, pos, batch, dim_bindings)
             if bound is None:
                 unbound.append(key)
@@ -165,6 +173,58 @@ def _binding_for(
     return None
 
 
+POSITIVE_INT_ATTRIBUTES = frozenset({"strides", "dilations", "kernel_shape", "blocksize",
+                                     "group", "num_outputs", "size"})
+"""Attributes onnx's C++ shape inference divides by: zero there kills the process (SIGFPE)."""
+NON_NEGATIVE_INT_ATTRIBUTES = frozenset({"pads", "output_padding"})
+
+
+WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool",
+                        "AveragePool", "LpPool"})
+WINDOW_ATTRIBUTES = {"kernel_shape": 1, "strides": 1, "dilations": 1, "pads": 2,
+                     "output_padding": 1}
+"""Window attributes and their length per spatial dim."""
+
+
+def check_attributes(model: ModelProto, label: str) -> None:
+    """Refuse attribute values that crash shape inference itself, naming the node."""
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in (*model.graph.input, *model.graph.value_info)
+             if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+    ranks.update({t.name: len(t.dims) for t in model.graph.initializer})
+    for index, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}_{index}"
+        if node.op_type in WINDOW_OPS:
+            _check_window_lengths(node, name, ranks.get(node.input[0]) if node.input else None,
+                                  label)
+        for attr in node.attribute:
+            minimum = (1 if attr.name in POSITIVE_INT_ATTRIBUTES
+                       else 0 if attr.name in NON_NEGATIVE_INT_ATTRIBUTES else None)
+            if minimum is None:
+                continue
+            values = ([attr.i] if attr.type == onnx.AttributeProto.INT
+                      else list(attr.ints) if attr.type == onnx.AttributeProto.INTS else [])
+            if any(v < minimum for v in values):
+                raise errors.InvalidModelError(
+                    f"{label}: node {name!r} ({node.op_type}) attribute {attr.name} = "
+                    f"{values}: must be >= {minimum}")
+
+
+def _check_window_lengths(node: onnx.NodeProto, name: str, rank: int | None,
+                          label: str) -> None:
+    """One window entry per spatial dim (two for pads): onnx's C++ inference reads past the
+    end of a shorter list (SIGSEGV)."""
+    spatial = {len(a.ints) // WINDOW_ATTRIBUTES[a.name] for a in node.attribute
+               if a.name in WINDOW_ATTRIBUTES and a.type == onnx.AttributeProto.INTS}
+    if rank is not None:
+        spatial.add(rank - 2)
+    pads = [len(a.ints) for a in node.attribute if a.name == "pads"]
+    if len(spatial) > 1 or min(spatial, default=1) < 1 or any(p % 2 for p in pads):
+        raise errors.InvalidModelError(
+            f"{label}: node {name!r} ({node.op_type}): window attributes and input rank "
+            f"disagree on the number of spatial dims ({sorted(spatial)})")
+
+
 def _infer(model: ModelProto, label: str) -> ModelProto:
     try:
         if model.ByteSize() < _INFER_IN_MEMORY_LIMIT_BYTES:
@@ -174,7 +234,9 @@ def _infer(model: ModelProto, label: str) -> ModelProto:
             onnx.save(model, src, save_as_external_data=True, location="in.data")
             shape_inference.infer_shapes_path(src, dst, strict_mode=False, data_prop=True)
             return onnx.load(dst, load_external_data=False)
-    except (shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+    except (shape_inference.InferenceError, onnx.checker.ValidationError, ValueError,
+            RuntimeError, OverflowError, MemoryError) as exc:
+        # onnx's C++ inference turns a hostile graph's failures into any of these
         raise errors.InvalidModelError(f"{label}: shape inference failed: {exc}") from exc
 
 
@@ -197,6 +259,7 @@ def load_model(
         read_model_bytes(source, max_decompressed_bytes=max_decompressed_bytes), label
     )
     opset = model_opset(model, label)
+    check_attributes(model, label)
     symbolic = symbolic_inputs(model)
     used = bind_input_dims(model, batch, dict(dim_bindings or {}), label)
     inferred = _infer(model, label)
@@ -257,7 +320,8 @@ def _attributes(node: onnx.NodeProto) -> dict[str, object]:
             value = value.decode("utf-8", "replace")
         elif isinstance(value, list):
             value = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
-        out[attr.name] = value
+        if value is not None:  # an attribute without a value reads as absent (its default)
+            out[attr.name] = value
     return out
 
 
@@ -315,8 +379,13 @@ def _int_constants(g: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
     for name, tensor in tensors:
         if (tensor.data_type in (TensorProto.INT64, TensorProto.INT32)
+                and all(d >= 0 for d in tensor.dims)
                 and math.prod(tensor.dims) <= MAX_CONSTANT_ELEMENTS):
-            out[name] = tuple(int(v) for v in numpy_helper.to_array(tensor).reshape(-1))
+            try:
+                values = numpy_helper.to_array(tensor).reshape(-1)
+            except ValueError:  # data that does not fill its dims: not a usable constant
+                continue
+            out[name] = tuple(int(v) for v in values)
     return out
 
 

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import Layer, OpFamily, TensorInfo
 
 _F = OpFamily
@@ -68,6 +69,8 @@ _FAMILY_BY_OP: Mapping[str, OpFamily] = {
     ),
 }
 
+MAX_WINDOW = 2**31 - 1
+"""Largest kernel, stride, dilation or pad accepted (int32, as every runtime stores them)."""
 _WINDOWED_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "MaxPool", "AveragePool",
                            "LpPool"})
 
@@ -257,20 +260,50 @@ def normalize_attributes(
         attrs.setdefault("strides", [1] * spatial)
         attrs.setdefault("dilations", [1] * spatial)
         attrs.setdefault("group", 1)
+        _check_window(op_type, attrs, spatial)
         if "pads" not in attrs or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
             attrs["pads"] = _implied_pads(op_type, inputs, outputs, attrs, spatial)
+        _check_ints(op_type, attrs, "pads", 2 * spatial, minimum=0)
     if op_type in ("Softmax", "LogSoftmax", "Hardmax"):
         rank = len(inputs[0].shape)
-        axis = int(attrs.get("axis", -1 if opset >= 13 else 1))
+        axis = _int_attribute(op_type, attrs, "axis", -1 if opset >= 13 else 1)
         attrs["axis"] = axis % rank if rank else 0
         attrs["coerced_2d"] = opset < 13  # before opset 13 softmax flattens to 2-D at axis
     if op_type in ("LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"):
         rank = len(inputs[0].shape)
-        attrs["axis"] = int(attrs.get("axis", -1)) % rank if rank else 0
+        attrs["axis"] = _int_attribute(op_type, attrs, "axis", -1) % rank if rank else 0
     if op_type == "Gemm":
         attrs.setdefault("transA", 0)
         attrs.setdefault("transB", 0)
     return attrs
+
+
+def _int_attribute(op_type: str, attrs: Mapping[str, Any], key: str, default: int) -> int:
+    value = attrs.get(key, default)
+    if not isinstance(value, int):
+        raise errors.InvalidModelError(f"{op_type} attribute {key}: {value!r} is not an int")
+    return value
+
+
+def _check_window(op_type: str, attrs: Mapping[str, Any], spatial: int) -> None:
+    """Window attributes a conv or pool can run with: one positive int per spatial dim."""
+    if spatial < 1:
+        raise errors.InvalidModelError(f"{op_type}: input of rank {spatial + 2}, needs >= 3")
+    for key in ("kernel_shape", "strides", "dilations"):
+        _check_ints(op_type, attrs, key, spatial, minimum=1)
+    group = attrs.get("group")
+    if not isinstance(group, int) or group < 1:
+        raise errors.InvalidModelError(f"{op_type} attribute group: {group!r} is not >= 1")
+
+
+def _check_ints(op_type: str, attrs: Mapping[str, Any], key: str, length: int, *,
+                minimum: int) -> None:
+    value = attrs.get(key)
+    if (not isinstance(value, list) or len(value) != length
+            or not all(isinstance(v, int) and minimum <= v <= MAX_WINDOW for v in value)):
+        raise errors.InvalidModelError(
+            f"{op_type} attribute {key}: {value!r} is not {length} ints in "
+            f"[{minimum}, {MAX_WINDOW}]")
 
 
 def _implied_pads(

@@ -139,6 +139,10 @@ def _layer(node: NodeRecord, index: int, record: GraphRecord, state: _State,
                              gathers_parameter=0 in weight_inputs)
     if node.has_subgraph:
         family = OpFamily.OTHER
+    if not outputs and family not in (OpFamily.SHAPE_ONLY, OpFamily.OTHER):
+        raise errors.InvalidModelError(
+            f"{label}: node {name!r} ({node.op_type}) output "
+            f"{next(iter(node.outputs), '')!r} has no concrete shape after shape inference")
     _mark_outputs(node, family, outputs, weight_inputs, inputs_static, literals, state)
     is_view = _is_weight_view(node, weight_inputs, state)
     if is_view:
@@ -206,6 +210,12 @@ def _sequence_tensors(node: NodeRecord, name: str, record: GraphRecord, state: _
             raise errors.InvalidModelError(f"{where}: input {tensor!r} has no known shape")
         return info
 
+    arity = {"SplitToSequence": 1, "SequenceAt": 2, "ConcatFromSequence": 1,
+             "SequenceLength": 1, "SequenceInsert": 2}.get(node.op_type, 0)
+    if len(present) < arity or not node.outputs:
+        raise errors.InvalidModelError(
+            f"{where}: needs {arity} input(s) and an output, has {len(present)} and "
+            f"{len(node.outputs)}")
     out = node.outputs[0]
     attrs = node.attributes
     if node.op_type == "SplitToSequence":
@@ -237,7 +247,8 @@ def _sequence_tensors(node: NodeRecord, name: str, record: GraphRecord, state: _
     if node.op_type == "SequenceAt":
         (position,) = sequences.constant_int(record.int_constants, present[1], where,
                                              "position")[:1]
-        result = state.tensors.get(out) or sequences.at(seq, position, out, where)
+        picked = sequences.at(seq, position, out, where)  # checks the position
+        result = state.tensors.get(out) or picked
         chosen = seq[position]
     elif node.op_type == "ConcatFromSequence":
         result = state.tensors.get(out) or sequences.concat(

@@ -18,6 +18,9 @@ SEQUENCE_OPS = frozenset({"SplitToSequence", "SequenceConstruct", "SequenceAt",
                           "ConcatFromSequence", "SequenceLength", "SequenceInsert",
                           "SequenceEmpty"})
 
+MAX_ELEMENTS = 4096
+"""Longest sequence accepted (a split into per-token or per-head pieces stays far below)."""
+
 Constants = Mapping[str, tuple[int, ...]]
 Sequences = Mapping[str, tuple[TensorInfo, ...]]
 
@@ -34,12 +37,17 @@ def split(x: TensorInfo, out: str, split_sizes: tuple[int, ...] | None, axis: in
     `keepdims`)."""
     axis = _axis(axis, len(x.shape), where)
     length = x.shape[axis]
+    pieces_asked = length if split_sizes is None else len(split_sizes)
+    if pieces_asked > MAX_ELEMENTS:
+        raise errors.InvalidModelError(f"{where}: more than {MAX_ELEMENTS} sequence elements")
     if split_sizes is None:
         sizes, squeeze = [1] * length, not keepdims
     elif len(split_sizes) == 1:  # a scalar: chunks of that size, the last one smaller
         step = split_sizes[0]
-        if step <= 0:
-            raise errors.InvalidModelError(f"{where}: split size must be positive, got {step}")
+        if step <= 0 or length // step > MAX_ELEMENTS:
+            raise errors.InvalidModelError(
+                f"{where}: split size {step} of a dim of {length}: not positive, or more "
+                f"than {MAX_ELEMENTS} pieces")
         sizes, squeeze = [min(step, length - start) for start in range(0, length, step)], False
     else:
         sizes, squeeze = list(split_sizes), False

@@ -266,19 +266,20 @@ def normalize_attributes(
         _check_ints(op_type, attrs, "pads", 2 * spatial, minimum=0)
     if op_type in ("Softmax", "LogSoftmax", "Hardmax"):
         rank = len(inputs[0].shape)
-        axis = _int_attribute(op_type, attrs, "axis", -1 if opset >= 13 else 1)
+        axis = int_attribute(op_type, attrs, "axis", -1 if opset >= 13 else 1)
         attrs["axis"] = axis % rank if rank else 0
         attrs["coerced_2d"] = opset < 13  # before opset 13 softmax flattens to 2-D at axis
     if op_type in ("LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"):
         rank = len(inputs[0].shape)
-        attrs["axis"] = _int_attribute(op_type, attrs, "axis", -1) % rank if rank else 0
+        attrs["axis"] = int_attribute(op_type, attrs, "axis", -1) % rank if rank else 0
     if op_type == "Gemm":
         attrs.setdefault("transA", 0)
         attrs.setdefault("transB", 0)
     return attrs
 
 
-def _int_attribute(op_type: str, attrs: Mapping[str, Any], key: str, default: int) -> int:
+def int_attribute(op_type: str, attrs: Mapping[str, Any], key: str, default: int) -> int:
+    """An int attribute (or its default); InvalidModelError when it holds another type."""
     value = attrs.get(key, default)
     if not isinstance(value, int):
         raise errors.InvalidModelError(f"{op_type} attribute {key}: {value!r} is not an int")

@@ -218,12 +218,16 @@ def _sequence_tensors(node: NodeRecord, name: str, record: GraphRecord, state: _
             f"{len(node.outputs)}")
     out = node.outputs[0]
     attrs = node.attributes
+
+    def int_attr(key: str, default: int) -> int:
+        return opcost.int_attribute(node.op_type, attrs, key, default)
+
     if node.op_type == "SplitToSequence":
         x = tensor_of(present[0])
         sizes = (sequences.constant_int(record.int_constants, node.inputs[1], where, "split")
                  if len(node.inputs) > 1 and node.inputs[1] else None)
-        pieces = sequences.split(x, out, sizes, int(attrs.get("axis", 0)),
-                                 bool(attrs.get("keepdims", 1)), where)
+        pieces = sequences.split(x, out, sizes, int_attr("axis", 0),
+                                 bool(int_attr("keepdims", 1)), where)
         state.sequences[out] = pieces
         return [x], list(pieces)
     if node.op_type == "SequenceConstruct":
@@ -252,7 +256,7 @@ def _sequence_tensors(node: NodeRecord, name: str, record: GraphRecord, state: _
         chosen = seq[position]
     elif node.op_type == "ConcatFromSequence":
         result = state.tensors.get(out) or sequences.concat(
-            seq, out, int(attrs.get("axis", 0)), bool(attrs.get("new_axis", 0)), where)
+            seq, out, int_attr("axis", 0), bool(int_attr("new_axis", 0)), where)
         state.tensors[out] = result
         return list(seq), [result]
     else:  # SequenceLength

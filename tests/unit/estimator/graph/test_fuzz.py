@@ -55,6 +55,10 @@ FOUND = {
         [helper.make_node("SplitToSequence", ["big"], ["s"], axis=1),
          helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=1)],
         [helper.make_tensor_value_info("big", TensorProto.FLOAT, [1, 2**40])]),
+    # an axis attribute that holds a list (TypeError in int())
+    "list-valued axis": _model(
+        [helper.make_node("SplitToSequence", ["x"], ["s"], axis=[1, 2]),
+         helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=1)], [X]),
     "SequenceAt without a position": _model(
         [helper.make_node("SplitToSequence", ["x"], ["s"], axis=1),
          helper.make_node("SequenceAt", ["s"], ["y"])], [X]),

@@ -17,8 +17,9 @@ by `lint-imports`, see `.importlinter`): `core` → `devices` → `graph` → `s
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpuplan_estimator.core.lazy_exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "estimate": "gpuplan_estimator.planning.estimates",
@@ -86,12 +87,4 @@ if TYPE_CHECKING:
     from gpuplan_estimator.step.memory import MemoryBreakdown, training_memory
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gpuplan_estimator' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: list(globals()))

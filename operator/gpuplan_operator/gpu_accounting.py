@@ -77,6 +77,19 @@ def holds_gpus_on(pod: Mapping[str, Any]) -> str | None:
     return str(node_name)
 
 
+def held_gpus(pod: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(node, GPUs) a bound, live pod holds; None when it holds none or its quantity is
+    malformed (which cannot have passed apiserver validation, so it counts as zero)."""
+    node_name = holds_gpus_on(pod)
+    if node_name is None:
+        return None
+    try:
+        gpus = pod_gpu_request(pod)
+    except QuantityError:
+        return None
+    return (node_name, gpus) if gpus > 0 else None
+
+
 def node_allocatable_gpus(node: Mapping[str, Any]) -> int | None:
     """A node's allocatable GPUs; None when absent or malformed."""
     raw = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)

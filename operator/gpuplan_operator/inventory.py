@@ -31,14 +31,8 @@ def _ready(node: Mapping[str, Any]) -> bool:
 def gpu_requests_by_node(pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """GPUs requested by bound, non-terminal pods, per node name."""
     used: dict[str, int] = {}
-    for pod in pods:
-        node = gpu_accounting.holds_gpus_on(pod)
-        if node is None:
-            continue
-        try:
-            gpus = gpu_accounting.pod_gpu_request(pod)
-        except gpu_accounting.QuantityError:
-            continue  # cannot have passed apiserver validation; counted as none
+    for held in filter(None, map(gpu_accounting.held_gpus, pods)):
+        node, gpus = held
         used[node] = used.get(node, 0) + gpus
     return used
 

@@ -8,8 +8,9 @@ re-batches fixed-batch exports; `zoo` and `examples` build models. The facade be
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpuplan_estimator.core.lazy_exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "COMPRESSIONS": "gpuplan_estimator.graph.loading",
@@ -53,12 +54,4 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gpuplan_estimator.graph' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: list(globals()))

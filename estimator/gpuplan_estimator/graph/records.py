@@ -241,16 +241,16 @@ def _sequence_tensors(node: NodeRecord, name: str, record: GraphRecord, state: _
     if node.op_type == "SequenceInsert":
         grown = list(elements(present[0]))
         value = tensor_of(present[1])
-        position = (sequences.constant_int(record.int_constants, present[2], where,
-                                           "position")[0] if len(present) > 2 else len(grown))
+        position = (sequences.constant_scalar(record.int_constants, present[2], where,
+                                              "position") if len(present) > 2 else len(grown))
         grown.insert(position if position >= 0 else len(grown) + position + 1, value)
         state.sequences[out] = tuple(TensorInfo(n, t.shape, t.dtype) for n, t in zip(
             sequences.element_names(out, len(grown)), grown, strict=True))
         return [value], list(state.sequences[out])
     seq = elements(present[0])
     if node.op_type == "SequenceAt":
-        (position,) = sequences.constant_int(record.int_constants, present[1], where,
-                                             "position")[:1]
+        position = sequences.constant_scalar(record.int_constants, present[1], where,
+                                             "position")
         picked = sequences.at(seq, position, out, where)  # checks the position
         result = state.tensors.get(out) or picked
         chosen = seq[position]

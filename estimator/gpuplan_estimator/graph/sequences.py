@@ -100,6 +100,14 @@ def constant_int(constants: Constants, tensor: str, where: str, what: str) -> tu
     return constants[tensor]
 
 
+def constant_scalar(constants: Constants, tensor: str, where: str, what: str) -> int:
+    """A one-value integer constant (a position), or an error naming the node and input."""
+    values = constant_int(constants, tensor, where, what)
+    if len(values) != 1:
+        raise errors.InvalidModelError(f"{where}: {what} {tensor!r} holds {len(values)} values")
+    return values[0]
+
+
 def _axis(axis: int, rank: int, where: str) -> int:
     if not -rank <= axis < rank:
         raise errors.InvalidModelError(f"{where}: axis {axis} outside rank {rank}")

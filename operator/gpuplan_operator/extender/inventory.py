@@ -107,14 +107,8 @@ def pod_usage(pod: Mapping[str, Any]) -> PodUsage | None:
     """The GPUs a pod holds, or None if it holds none (unbound, terminal, no GPUs, malformed).
 
     A malformed quantity cannot have passed apiserver validation, so it is counted as zero."""
-    node_name = gpu_accounting.holds_gpus_on(pod)
-    if node_name is None:
-        return None
-    try:
-        gpus = gpu_accounting.pod_gpu_request(pod)
-    except gpu_accounting.QuantityError:
-        return None
-    return PodUsage(node_name=node_name, gpus=gpus) if gpus > 0 else None
+    held = gpu_accounting.held_gpus(pod)
+    return None if held is None else PodUsage(node_name=held[0], gpus=held[1])
 
 
 def used_by_node(usages: Iterable[PodUsage]) -> dict[str, int]:

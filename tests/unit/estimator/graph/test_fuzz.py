@@ -59,6 +59,11 @@ FOUND = {
     "list-valued axis": _model(
         [helper.make_node("SplitToSequence", ["x"], ["s"], axis=[1, 2]),
          helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=1)], [X]),
+    # a position constant with no value (an unpacking ValueError)
+    "empty position": _model(
+        [helper.make_node("SplitToSequence", ["x"], ["s"], axis=1),
+         helper.make_node("SequenceAt", ["s", "p"], ["y"])], [X],
+        [numpy_helper.from_array(np.zeros((0,), np.int64), "p")]),
     "SequenceAt without a position": _model(
         [helper.make_node("SplitToSequence", ["x"], ["s"], axis=1),
          helper.make_node("SequenceAt", ["s"], ["y"])], [X]),

@@ -22,7 +22,7 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper, shape_inference
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import DTYPE_BYTES, ModelGraph, TensorInfo
-from gpuplan_estimator.graph import fusion, records
+from gpuplan_estimator.graph import folding, fusion, records
 
 DEFAULT_MAX_DECOMPRESSED_BYTES = 512 * 2**20
 MIN_OPSET = 7
@@ -262,9 +262,9 @@ def load_model(
     check_attributes(model, label)
     symbolic = symbolic_inputs(model)
     used = bind_input_dims(model, batch, dict(dim_bindings or {}), label)
-    inferred = _infer(model, label)
+    inferred, folded = folding.fold_shape_values(model, lambda m: _infer(m, label))
     model_name = name or inferred.graph.name or os.path.basename(label)
-    record = extract_graph(inferred, symbolic)
+    record = extract_graph(inferred, symbolic, folded)
     layers, unknown = records.build_layers(record, opset=opset, label=label)
     fused, units = fusion.fuse(layers)
     return ModelGraph(name=model_name, layers=fused, units=units, dim_bindings=used,
@@ -335,7 +335,8 @@ def symbolic_inputs(model: ModelProto) -> frozenset[str]:
 
 
 def extract_graph(
-    model: ModelProto, symbolic: frozenset[str] = frozenset()
+    model: ModelProto, symbolic: frozenset[str] = frozenset(),
+    folded: frozenset[str] = frozenset(),
 ) -> records.GraphRecord:
     """Plain-data view of a shape-inferred graph (no onnx types leave this module)."""
     g = model.graph
@@ -361,7 +362,8 @@ def extract_graph(
     return records.GraphRecord(nodes=nodes, tensors=tensors, initializers=initializers,
                                data_inputs=data_inputs,
                                graph_outputs=frozenset(v.name for v in g.output),
-                               symbolic_inputs=symbolic, int_constants=_int_constants(g))
+                               symbolic_inputs=symbolic, int_constants=_int_constants(g),
+                               folded=folded)
 
 
 MAX_CONSTANT_ELEMENTS = 64
@@ -370,23 +372,13 @@ MAX_CONSTANT_ELEMENTS = 64
 
 def _int_constants(g: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     """Values of the graph's small integer initializers and Constant node outputs."""
-    tensors = [(t.name, t) for t in g.initializer]
-    for node in g.node:
-        if node.op_type == "Constant" and node.output:
-            for attr in node.attribute:
-                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
-                    tensors.append((node.output[0], attr.t))
-    out: dict[str, tuple[int, ...]] = {}
-    for name, tensor in tensors:
-        if (tensor.data_type in (TensorProto.INT64, TensorProto.INT32)
-                and all(d >= 0 for d in tensor.dims)
-                and math.prod(tensor.dims) <= MAX_CONSTANT_ELEMENTS):
-            try:
-                values = numpy_helper.to_array(tensor).reshape(-1)
-            except ValueError:  # data that does not fill its dims: not a usable constant
-                continue
-            out[name] = tuple(int(v) for v in values)
-    return out
+    values = [(t.name, folding.small_array(t)) for t in g.initializer
+              if t.data_type in (TensorProto.INT64, TensorProto.INT32)]
+    values += [(n.output[0], folding.constant_value(n)) for n in g.node
+               if n.op_type == "Constant" and n.output]
+    return {name: tuple(int(v) for v in value.reshape(-1)) for name, value in values
+            if value is not None and value.dtype.kind in "iu"
+            and value.size <= MAX_CONSTANT_ELEMENTS}
 
 
 def strip_weights(

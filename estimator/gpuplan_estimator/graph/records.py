@@ -60,6 +60,9 @@ class GraphRecord:
     symbolic_inputs: frozenset[str] = frozenset()  # inputs declared with a symbolic dim
     int_constants: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     """Values of small integer initializers and Constant outputs (split sizes, positions)."""
+    folded: frozenset[str] = frozenset()
+    """Constants the loader computed from shapes (not literals of the file): a
+    `ConstantOfShape` of one is data, such as a causal mask, never a stripped weight."""
 
 
 @dataclass
@@ -88,7 +91,7 @@ def build_layers(
     for node in record.nodes:
         state.consumed.update(node.inputs)
         if node.op_type == "Constant":
-            literals.update(node.outputs)
+            literals.update(o for o in node.outputs if o not in record.folded)
     layers: list[Layer] = []
     unknown: set[str] = set()
     for index, node in enumerate(record.nodes):

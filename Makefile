@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test unit integration lint verify crds chart fuzz bench eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
+.PHONY: help install demo test unit integration lint verify crds chart fuzz corpus bench eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -37,6 +37,9 @@ lint: $(STAMP) ## ruff, mypy and the import contracts (.importlinter)
 	$(BIN)/ruff check estimator operator tests hack testbed
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+corpus: $(STAMP) ## full-size real-model corpus: torchvision + HF models x exporters -> table (~15 min)
+	PYTHONPATH=tests $(PYTHON) -m gpuplan_testing.corpus --size full --workdir corpus-exports
 
 fuzz: $(STAMP) ## 10^5 mutated ONNX graphs through load + estimate: no crash, < 20 s, < 4 GiB each
 	PYTHONPATH=tests $(PYTHON) -m gpuplan_testing.fuzz_graphs --inputs 100000 --crash-dir fuzz-crashers

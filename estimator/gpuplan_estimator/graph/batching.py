@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import onnx
@@ -45,6 +45,8 @@ def graph_batch(g: ModelGraph) -> int | None:
     leading: dict[str, int] = {}
     first_computed: int | None = None
     for layer in g.layers:
+        if layer.op_type == "ConstantOfShape":
+            continue  # its input is a shape (a stripped weight's), never data
         for t in layer.inputs:
             if (t.name in produced or t.name in params or not t.shape
                     or t.dtype not in DATA_DTYPES):
@@ -58,31 +60,90 @@ def graph_batch(g: ModelGraph) -> int | None:
     return first_computed
 
 
+SEQUENCE_DIM = "sequence"
+"""The dim name that re-sequences a fixed-sequence graph: axis 1 of its integer inputs."""
+
+
 def load_at_batch(source: loading.Source, batch: int | None, dims: Mapping[str, int],
                   *, name: str | None = None) -> ModelGraph:
-    """The model at `batch`, re-batching a fixed-batch export the way the planner does.
+    """The model at `batch` and `dims`, re-batching and re-sequencing a fixed export.
 
-    The rule: the leading dim of every data input (and of outputs and constant Reshape
-    targets that repeat the exported batch) is the batch (`symbolic_batch`). A model whose
-    batch cannot be freed that way is refused with the batch it was exported at.
+    The rules: the leading dim of every data input (and of outputs and of constant Reshape
+    and Expand targets that repeat the exported batch) is the batch; axis 1 of every integer
+    input (token ids), and entry 1 of constant Reshape and Expand targets that repeat the
+    exported length, is the sequence, bound by ``dims["sequence"]`` when the graph has no
+    symbolic dim of that name. A model whose constants keep the exported size is refused,
+    naming it.
     """
+    label = loading.source_label(source)
     g = loading.load_model(source, batch=batch, dim_bindings=dims, name=name)
+    unused = sorted(set(dims) - set(g.dim_bindings))
+    for key in unused:
+        if key != SEQUENCE_DIM:
+            raise InvalidRequestError(
+                f"dim_bindings.{key}", f"the model has no symbolic dim {key!r} (its symbolic "
+                f"dims: {sorted(g.dim_bindings) or 'none'}; the batch is set by the batch size)")
     own = graph_batch(g)
-    if batch is None or own is None or own == batch:
+    rebatch = batch is not None and own is not None and own != batch
+    if not rebatch and not unused:
         return g
-    data = loading.read_model_bytes(source)
+    model = loading.parse_model(loading.read_model_bytes(source), label)
+    if rebatch:
+        _set_batch(model, batch)
+    exported_sequence = _set_sequence(model, dims[SEQUENCE_DIM]) if unused else None
     try:
-        freed = loading.load_model(symbolic_batch(data), batch=batch, dim_bindings=dims,
-                                   name=name or g.name)
+        freed = loading.load_model(model.SerializeToString(), batch=batch, dim_bindings=dims,
+                                   name=name or g.name, label=label)
     except GpuplanError as exc:
-        raise InvalidRequestError(
-            "batch", f"the model has a fixed batch of {own} and re-batching it to {batch} "
-            f"failed: {exc}") from exc
-    if graph_batch(freed) != batch:
-        raise InvalidRequestError(
-            "batch", f"the model has a fixed batch of {own} that its constants keep; it "
-            f"cannot run at {batch}")
+        raise _refusal(own, batch, rebatch, exported_sequence, dims, str(exc)) from exc
+    if rebatch and graph_batch(freed) != batch:
+        raise _refusal(own, batch, rebatch, exported_sequence, dims, "its constants keep it")
     return freed
+
+
+def _refusal(own: int | None, batch: int | None, rebatch: bool, exported_sequence: int | None,
+             dims: Mapping[str, int], why: str) -> InvalidRequestError:
+    if not rebatch:
+        return InvalidRequestError(
+            f"dim_bindings.{SEQUENCE_DIM}",
+            f"the model has a fixed sequence of {exported_sequence} and re-sequencing it to "
+            f"{dims[SEQUENCE_DIM]} failed: {why}; export it with a dynamic sequence dim")
+    also = (f" (and re-sequencing from {exported_sequence} to {dims[SEQUENCE_DIM]})"
+            if exported_sequence is not None else "")
+    return InvalidRequestError(
+        "batch", f"the model has a fixed batch of {own} and re-batching it to {batch}{also} "
+        f"failed: {why}")
+
+
+def _set_sequence(model: onnx.ModelProto, length: int) -> int:
+    """Set axis 1 of the integer inputs, and entry 1 of constant Reshape and Expand targets
+    at the exported length, to `length`; return the exported length."""
+    lengths: set[int] = set()
+    for value in _free_inputs(model):
+        tt = value.type.tensor_type
+        if tt.elem_type not in _TOKEN_TYPES or len(tt.shape.dim) < 2:
+            continue
+        dim = tt.shape.dim[1]
+        if dim.HasField("dim_value"):
+            lengths.add(dim.dim_value)
+            dim.dim_value = length
+    if len(lengths) != 1:
+        raise InvalidRequestError(
+            f"dim_bindings.{SEQUENCE_DIM}",
+            "the model has no integer input of fixed length to re-sequence" if not lengths
+            else f"its integer inputs disagree on the sequence ({sorted(lengths)})")
+    (exported,) = lengths
+    del model.graph.value_info[:]
+    for value in model.graph.output:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) > 1 and dims[1].HasField("dim_value") and dims[1].dim_value == exported:
+            dims[1].dim_value = length
+    _edit_shape_targets(model, 1, lambda entry: length if entry == exported else None,
+                        _SHAPE_TARGET_OPS)
+    return exported
+
+
+_TOKEN_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
 
 
 def symbolic_batch(data: bytes) -> bytes:
@@ -126,8 +187,9 @@ def _set_leading(dim: onnx.TensorShapeProto.Dimension, batch: int | None) -> Non
 
 
 def _set_batch(model: onnx.ModelProto, batch: int | None) -> None:
-    """Leading dim of the free inputs (and of outputs and Reshape targets at the exported
-    batch) set to `batch`, or made symbolic when `batch` is None; in place."""
+    """Leading dim of the free inputs (and of outputs and of Reshape and Expand targets at
+    the exported batch) set to `batch`, or made symbolic when `batch` is None (Reshape
+    targets then get 0); in place."""
     exported: set[int] = set()
     for value in _free_inputs(model):
         dims = value.type.tensor_type.shape.dim
@@ -143,12 +205,57 @@ def _set_batch(model: onnx.ModelProto, batch: int | None) -> None:
         dims = value.type.tensor_type.shape.dim
         if dims and dims[0].HasField("dim_value") and dims[0].dim_value in exported:
             _set_leading(dims[0], batch)
+    new = 0 if batch is None else batch
+    # 0 is "copy from the input" for Reshape only: a symbolic batch leaves Expand alone.
+    ops = _SHAPE_TARGET_OPS if batch is not None else frozenset({"Reshape"})
+    _edit_shape_targets(model, 0, lambda entry: new if entry in exported else None, ops)
+
+
+_SHAPE_TARGET_OPS = frozenset({"Reshape", "Expand"})
+"""Ops whose second input is the output shape: where exporters write the batch and length."""
+
+
+def _edit_shape_targets(model: onnx.ModelProto, index: int,
+                        rewrite: Callable[[int], int | None], ops: frozenset[str]) -> None:
+    """Rewrite entry `index` of each constant shape target of `ops`: an initializer, a
+    Constant node's `value` or `value_ints`, or one such piece of a Concat (as dynamo exports
+    build them). `rewrite` gets the entry and returns its new value, or None to keep it."""
     initializers = {t.name: t for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
     for node in model.graph.node:
-        target = initializers.get(node.input[1]) if node.op_type == "Reshape" else None
-        if target is None:
+        if node.op_type not in ops or len(node.input) < 2:
             continue
-        shape = numpy_helper.to_array(target).copy()
-        if shape.size and int(shape[0]) in exported:
-            shape[0] = 0 if batch is None else batch
-            target.CopyFrom(numpy_helper.from_array(shape.astype(np.int64), target.name))
+        target = producers.get(node.input[1])
+        pieces = (list(target.input) if target is not None and target.op_type == "Concat"
+                  else [node.input[1]])
+        offset = 0
+        for piece in pieces:
+            size = _edit_piece(piece, index - offset, rewrite, initializers, producers)
+            if size is None:
+                break  # a computed piece: later entries' positions are unknown
+            offset += size
+
+
+def _edit_piece(name: str, position: int, rewrite: Callable[[int], int | None],
+                initializers: Mapping[str, onnx.TensorProto],
+                producers: Mapping[str, onnx.NodeProto]) -> int | None:
+    """Rewrite entry `position` of a constant 1-D piece; its length (None if not constant)."""
+    tensors = [initializers[name]] if name in initializers else []
+    node = producers.get(name)
+    if node is not None and node.op_type == "Constant":
+        for attr in node.attribute:
+            if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                tensors.append(attr.t)
+            elif attr.name == "value_ints" and attr.type == onnx.AttributeProto.INTS:
+                new = rewrite(attr.ints[position]) if 0 <= position < len(attr.ints) else None
+                if new is not None:
+                    attr.ints[position] = new
+                return len(attr.ints)
+    if not tensors:
+        return None
+    values = numpy_helper.to_array(tensors[0]).astype(np.int64).reshape(-1)
+    new = rewrite(int(values[position])) if 0 <= position < values.size else None
+    if new is not None:
+        values[position] = new
+        tensors[0].CopyFrom(numpy_helper.from_array(values, tensors[0].name))
+    return int(values.size)

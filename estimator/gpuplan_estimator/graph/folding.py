@@ -27,6 +27,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.ops import load_op
 
+from gpuplan_estimator.core import errors
+from gpuplan_estimator.graph import contrib
+
 MAX_FOLD_ELEMENTS = 1 << 16
 """Largest value folded: positions of a 64 Ki-token sequence; a shape never comes near it."""
 MAX_ROUNDS = 6
@@ -58,27 +61,57 @@ FOLDABLE_OPS = _ELEMENTWISE | _NO_GROWTH | _GROWING
 
 
 def fold_shape_values(
-    model: onnx.ModelProto, infer: Callable[[onnx.ModelProto], onnx.ModelProto]
+    model: onnx.ModelProto, infer: Callable[[onnx.ModelProto], onnx.ModelProto], label: str
 ) -> tuple[onnx.ModelProto, frozenset[str]]:
-    """`infer(model)` with every computable shape value folded and inferred again, and the
-    names of the tensors folded (computed values, not literals the file wrote)."""
+    """`infer(model)` with every computable shape value folded, the outputs of the
+    com.microsoft ops `contrib` knows declared, and inferred again; and the names of the
+    tensors folded (computed values, not literals the file wrote)."""
     inferred = infer(model)
     folded: set[str] = set()
     for _ in range(MAX_ROUNDS):
-        if not _fold_once(inferred, folded):
+        if not _fold_once(inferred, folded, label):
             break
-        del inferred.graph.value_info[:]  # shapes are re-derived from the folded graph
         inferred = infer(inferred)
     return inferred, frozenset(folded)
 
 
-def _fold_once(model: onnx.ModelProto, folded: set[str]) -> bool:
+MAX_RANGE_ELEMENTS = 1 << 24
+"""Longest `Range` of constants accepted: onnx's data propagation materialises it during
+inference (a Range of 2^40 asks for 8 TB), and no shape computation comes near it."""
+
+
+def check_ranges(model: onnx.ModelProto, label: str) -> None:
+    """Refuse, before shape inference runs, a `Range` whose inputs are computable from the
+    graph's constants and input dims and whose length is beyond any shape computation."""
+    graph = model.graph
+    opset = _default_opset(model)
+    values = _known_values(graph)
+    shapes = _known_shapes(graph)
+    for index, node in enumerate(graph.node):
+        if node.domain not in ("", "ai.onnx") or not node.output or not _text_names(node):
+            continue
+        args = [values.get(name) for name in node.input[:3]]
+        if node.op_type == "Range" and len(args) == 3 and all(a is not None for a in args):
+            length = _output_bound("Range", [a for a in args if a is not None])
+            if length is None or length > MAX_RANGE_ELEMENTS:
+                raise errors.InvalidModelError(
+                    f"{label}: node {node.name or f'Range_{index}'!r} (Range) would hold "
+                    f"{'an unbounded number of' if length is None else length} elements "
+                    f"(at most {MAX_RANGE_ELEMENTS} in a shape computation)")
+        outputs = (_shape_of(node, shapes) if node.op_type in ("Shape", "Size")
+                   else _evaluate(node, values, opset) if node.op_type in FOLDABLE_OPS
+                   else None)
+        for name, value in zip(node.output, outputs or (), strict=False):
+            values[name] = value
+
+
+def _fold_once(model: onnx.ModelProto, folded: set[str], label: str) -> bool:
     """Fold what is computable now, in place, adding to `folded`; whether anything changed."""
     graph = model.graph
     opset = _default_opset(model)
     values = _known_values(graph)
     shapes = _known_shapes(graph)
-    changed = False
+    changed = _declare_contrib_outputs(graph, shapes, label)
     rewritten: list[onnx.NodeProto] = []
     for node in graph.node:
         replacement = _fold_node(node, values, shapes, opset)
@@ -115,6 +148,33 @@ def _fold_node(node: onnx.NodeProto, values: dict[str, np.ndarray],
             values[name] = value
     return [_constant(node, name, value)
             for name, value in zip(node.output, outputs, strict=False) if name]
+
+
+def _declare_contrib_outputs(graph: onnx.GraphProto, shapes: dict[str, tuple[int, ...]],
+                             label: str) -> bool:
+    """Declare the shapes of com.microsoft outputs that inference left open (it has no schema
+    for them), so that the nodes after them are inferred; whether any was declared."""
+    dtypes = {v.name: v.type.tensor_type.elem_type for v in _value_infos(graph)
+              if v.type.HasField("tensor_type")}
+    dtypes.update({t.name: t.data_type for t in graph.initializer})
+    declared = False
+    for index, node in enumerate(graph.node):
+        if (node.domain != "com.microsoft" or node.op_type not in contrib.KNOWN_OPS
+                or not _text_names(node) or all(o in shapes for o in node.output if o)):
+            continue
+        where = f"{label}: node {node.name or f'{node.op_type}_{index}'!r} ({node.op_type})"
+        inputs = [shapes.get(name) if name else None for name in node.input]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
+                 if a.type in (onnx.AttributeProto.INT, onnx.AttributeProto.INTS)}
+        for name, shape in zip(node.output, contrib.output_shapes(
+                node.op_type, inputs, attrs, len(node.output), where), strict=True):
+            if not name or shape is None or name in shapes or not node.input:
+                continue
+            dtype = dtypes.get(node.input[0], TensorProto.FLOAT)
+            graph.value_info.append(helper.make_tensor_value_info(name, dtype, list(shape)))
+            shapes[name] = shape
+            declared = True
+    return declared
 
 
 def _text_names(node: onnx.NodeProto) -> bool:
@@ -154,7 +214,7 @@ def _evaluate(node: onnx.NodeProto, values: Mapping[str, np.ndarray],
         with np.errstate(all="ignore"):
             op = load_op("", node.op_type, opset)(node, _RUN_PARAMS | {"opsets": {"": opset}})
             outputs = op.run(*args)
-    except Exception:  # noqa: BLE001 — a node the reference cannot run is simply not folded
+    except Exception:
         return None
     results = [np.asarray(o) for o in outputs]
     if not all(_is_shape_value(r) for r in results):

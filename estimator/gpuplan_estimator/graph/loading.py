@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import onnx
 import zstandard
 from google.protobuf.message import DecodeError
-from onnx import ModelProto, TensorProto, helper, numpy_helper, shape_inference
+from onnx import ModelProto, TensorProto, helper, shape_inference
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import DTYPE_BYTES, ModelGraph, TensorInfo
@@ -41,6 +41,11 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
 COMPRESSIONS = ("gzip", "xz", "zstd")
 
 Source = str | os.PathLike[str] | bytes
+
+
+def source_label(source: Source) -> str:
+    """How errors name `source`: its path, or ``<bytes>``."""
+    return _label(source)
 
 
 def _label(source: Source) -> str:
@@ -247,14 +252,16 @@ def load_model(
     dim_bindings: Mapping[str, int] | None = None,
     name: str | None = None,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    label: str | None = None,
 ) -> ModelGraph:
     """Parse an ONNX model (plain or gzip/xz/zstd) into layers with concrete shapes.
 
     `batch` binds the first dim of every graph input whose first dim is symbolic (and dims
     named batch/batch_size/N); `dim_bindings` binds dims by name. Raises `UnboundDimError`
-    naming every dim left symbolic, `InvalidModelError` naming the file for bad input.
+    naming every dim left symbolic, `InvalidModelError` naming the file (or `label`, for a
+    rewritten copy of one) for bad input.
     """
-    label = _label(source)
+    label = label or _label(source)
     model = parse_model(
         read_model_bytes(source, max_decompressed_bytes=max_decompressed_bytes), label
     )
@@ -262,7 +269,8 @@ def load_model(
     check_attributes(model, label)
     symbolic = symbolic_inputs(model)
     used = bind_input_dims(model, batch, dict(dim_bindings or {}), label)
-    inferred, folded = folding.fold_shape_values(model, lambda m: _infer(m, label))
+    folding.check_ranges(model, label)
+    inferred, folded = folding.fold_shape_values(model, lambda m: _infer(m, label), label)
     model_name = name or inferred.graph.name or os.path.basename(label)
     record = extract_graph(inferred, symbolic, folded)
     layers, unknown = records.build_layers(record, opset=opset, label=label)

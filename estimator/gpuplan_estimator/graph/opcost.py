@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import Layer, OpFamily, TensorInfo
+from gpuplan_estimator.graph.contrib import ATTENTION_OPS
 
 _F = OpFamily
 
@@ -44,7 +45,8 @@ _FAMILY_BY_OP: Mapping[str, OpFamily] = {
          "GreaterOrEqual", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos",
          "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Mish",
          "Mod", "BitShift", "IsNaN", "IsInf", "Shrink", "QuantizeLinear", "DequantizeLinear",
-         "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "Swish"],
+         "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "Swish", "QuickGelu",
+         "BiasAdd", "RotaryEmbedding"],
         _F.ELEMENTWISE,
     ),
     **dict.fromkeys(
@@ -90,6 +92,8 @@ _ELEMENTWISE_FLOPS: Mapping[str, int] = {
     "BiasGelu": 9, "Mish": 12, "Swish": 7, "HardSigmoid": 3, "HardSwish": 4,
     "Sin": 6, "Cos": 6, "Tan": 8, "Asin": 8, "Acos": 8, "Atan": 8, "Sinh": 8, "Cosh": 8,
     "Asinh": 8, "Acosh": 8, "Atanh": 8, "Dropout": 2,  # training dropout: mask draw + scale
+    "QuickGelu": 7, "BiasAdd": 2,
+    "RotaryEmbedding": 3,  # x·cos + rotate_half(x)·sin: two multiplies and an add
 }
 
 # Normalisation FLOPs per element: mean (1 add) + variance (sub, square, add = 3) + normalise
@@ -111,6 +115,9 @@ PARAMETER_SLOTS: Mapping[str, frozenset[int]] = {
     "InstanceNormalization": frozenset({1, 2}), "SimplifiedLayerNormalization": frozenset({1}),
     "RMSNormalization": frozenset({1}), "PRelu": frozenset({1}), "Gather": frozenset({0}),
     "SkipLayerNormalization": frozenset({2, 3, 4}),
+    "SkipSimplifiedLayerNormalization": frozenset({2, 3}),
+    "Attention": frozenset({1, 2}), "BiasGelu": frozenset({1}), "FastGelu": frozenset({1}),
+    "BiasAdd": frozenset({1}),
 }
 NON_PARAMETER_SLOTS: Mapping[str, frozenset[int]] = {
     "BatchNormalization": frozenset({3, 4}),
@@ -120,7 +127,8 @@ NON_PARAMETER_SLOTS: Mapping[str, frozenset[int]] = {
 
 def is_known_op(op_type: str) -> bool:
     """Whether `op_type` has an op family (anything else is classified OTHER)."""
-    return op_type in _FAMILY_BY_OP or op_type in ("Gather", "Einsum")
+    return (op_type in _FAMILY_BY_OP or op_type in ("Gather", "Einsum")
+            or op_type in ATTENTION_OPS)
 
 
 def classify(
@@ -139,6 +147,8 @@ def classify(
         return _F.EMBEDDING if gathers_parameter else _F.DATA_MOVEMENT
     if op_type == "Einsum":
         return _einsum_family(str(attributes.get("equation", "")))
+    if op_type in ATTENTION_OPS:  # `records` prices it as its GEMMs and softmax
+        return _F.MATMUL
     return _FAMILY_BY_OP[op_type]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import FLOAT_DTYPES, Layer, OpFamily, TensorInfo
-from gpuplan_estimator.graph import opcost, sequences
+from gpuplan_estimator.graph import contrib, opcost, sequences
 
 # Fallback shape rules when ONNX inference leaves an output unknown.
 _SAME_SHAPE_OPS = frozenset({
@@ -98,8 +98,54 @@ def build_layers(
         layer = _layer(node, index, record, state, literals, opset, label)
         if layer.family is OpFamily.OTHER:
             unknown.add(node.op_type)
-        layers.append(layer)
+        if node.op_type in contrib.ATTENTION_OPS and layer.family is not OpFamily.SHAPE_ONLY:
+            layers.extend(_attention_layers(node, layer, opset, label))
+        else:
+            layers.append(layer)
     return tuple(layers), tuple(sorted(unknown))
+
+
+def _attention_layers(node: NodeRecord, fused: Layer, opset: int,
+                      label: str) -> list[Layer]:
+    """A fused com.microsoft attention as the kernels it runs: the packed QKV projection
+    (`Attention` only, carrying its weights), Q·Kᵀ per head, softmax, probs·V."""
+    where = f"{label}: node {fused.name!r} ({node.op_type})"
+    by_name = {t.name: t.shape for t in fused.inputs}
+    shapes = [by_name.get(t) if t else None for t in node.inputs]
+    parts = contrib.attention_parts(node.op_type, shapes, node.attributes, where)
+    dtype = fused.outputs[0].dtype if fused.outputs else fused.inputs[0].dtype
+    b, n, s, kv = parts.batch, parts.heads, parts.query_length, parts.key_length
+
+    def tensor(suffix: str, shape: tuple[int, ...]) -> TensorInfo:
+        return TensorInfo(f"{fused.name}/{suffix}", shape, dtype)
+
+    q = tensor("q", (b, n, s, parts.qk_head_size))
+    k = tensor("k", (b, n, parts.qk_head_size, kv))
+    v = tensor("v", (b, n, kv, parts.v_head_size))
+    scores, probs = tensor("scores", (b, n, s, kv)), tensor("probs", (b, n, s, kv))
+    out_name = fused.outputs[0].name if fused.outputs else f"{fused.name}/out"
+    context = TensorInfo(out_name, (b, n, s, parts.v_head_size), dtype)
+    pieces: list[tuple[str, str, list[TensorInfo], TensorInfo]] = []
+    if parts.projection is not None:
+        x, w = fused.inputs[0], fused.inputs[1]
+        pieces.append(("qkv", "MatMul", [x, w], tensor("qkv", (*x.shape[:-1], w.shape[1]))))
+    pieces += [("scores", "MatMul", [q, k], scores), ("softmax", "Softmax", [scores], probs),
+               ("context", "MatMul", [probs, v], context)]
+    layers = []
+    for index, (suffix, op_type, inputs, output) in enumerate(pieces):
+        family = OpFamily.SOFTMAX if op_type == "Softmax" else OpFamily.MATMUL
+        attrs = opcost.normalize_attributes(op_type, inputs, [output], {}, opset)
+        read, written = opcost.node_bytes(op_type, family, inputs, [output])
+        carries_weights = index == 0 and parts.projection is not None
+        layers.append(Layer(
+            name=f"{fused.name}/{suffix}", op_type=op_type, family=family,
+            inputs=tuple(inputs), outputs=(output,),
+            flops=opcost.node_flops(op_type, family, inputs, [output], attrs),
+            bytes_read=read, bytes_written=written,
+            parameter_count=fused.parameter_count if carries_weights else 0,
+            parameter_inputs=fused.parameter_inputs if carries_weights else (),
+            attributes=attrs))
+    return layers
 
 
 def _unique_name(node: NodeRecord, index: int, state: _State) -> str:

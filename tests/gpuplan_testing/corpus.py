@@ -15,19 +15,16 @@ over a CPU forward where that is cheap, else the closed-form count for decoder t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import io
 import sys
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+
+from gpuplan_estimator.graph import exporting
 
 SIZES = ("small", "full")
 
@@ -171,15 +168,6 @@ CASES_BY_NAME = {c.name: c for c in CASES}
 # Exporters
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """torch.onnx prints progress and warnings on every export; the corpus reports its own."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            yield
-
-
 def _meta_module(case: Case, size: str) -> Any:
     torch = _torch()
     torch.manual_seed(0)
@@ -188,21 +176,16 @@ def _meta_module(case: Case, size: str) -> Any:
 
 
 def _export_dynamo(case: Case, size: str, dest: Path, optimize: bool) -> None:
-    """On the meta device. `optimize` runs the same onnxscript optimizer that
-    `torch.onnx.export(optimize=True)` runs, after the weights are stripped: its constant
-    folding cannot run on meta tensors."""
-    torch = _torch()
+    """On the meta device, as `gpuplan estimate --hf-config` does. `optimize` runs the
+    onnxscript optimizer that `torch.onnx.export(optimize=True)` runs, after the weights are
+    stripped: its constant folding cannot run on meta tensors."""
     model = _meta_module(case, size)
     args = tuple(a.to("meta") if a is not None else None for a in case.example(size))
-    with _quiet():
-        program = torch.onnx.export(model, args, dynamo=True, optimize=False)
-        program.save(str(dest), include_initializers=False, keep_initializers_as_inputs=True)
-    proto = onnx.load(str(dest), load_external_data=False)
-    weights_to_constant_of_shape(proto, data_inputs=len(program.model.graph.inputs))
+    proto = onnx.load_from_string(exporting.export_module(model, args, label=case.name))
     if optimize:
         import onnxscript
 
-        with _quiet():
+        with exporting.quiet_exporter():
             proto = onnxscript.optimizer.optimize(proto)
     onnx.save(proto, str(dest))
 
@@ -212,7 +195,7 @@ def _export_torchscript(case: Case, size: str, dest: Path) -> None:
     torch.manual_seed(0)
     model = case.build(size).eval()
     raw = dest.with_suffix(".full.onnx")
-    with _quiet():
+    with exporting.quiet_exporter():
         torch.onnx.export(model, case.example(size), str(raw), dynamo=False, opset_version=17)
     from gpuplan_estimator import graph
 
@@ -232,7 +215,7 @@ def _export_ort_fused(case: Case, size: str, dest: Path) -> None:
     except Exception:
         _export_dynamo(case, size, dest, optimize=False)
     model_type = {"gpt2": "gpt2", "vit": "vit"}.get(case.name, "bert")
-    with _quiet():
+    with exporting.quiet_exporter():
         fused = optimizer.optimize_model(str(dest), model_type=model_type, opt_level=1,
                                          use_gpu=False, only_onnxruntime=False)
     fused.save_model_to_file(str(dest))
@@ -251,29 +234,6 @@ FUSED_CASES = frozenset({"gpt2", "bert", "vit"})
 def exporters_for(case: Case) -> tuple[str, ...]:
     """Every exporter that applies to `case` (ORT fusion only where it has patterns)."""
     return tuple(e for e in EXPORTERS if e != "ort-fused" or case.name in FUSED_CASES)
-
-
-def weights_to_constant_of_shape(model: onnx.ModelProto, data_inputs: int) -> None:
-    """Graph inputs after the first `data_inputs` are weights: replace each by a
-    `ConstantOfShape` of its declared shape (a structure-only graph)."""
-    graph = model.graph
-    weights = list(graph.input)[data_inputs:]
-    nodes, shapes = [], []
-    # Each weight gets its own fill value: identical ConstantOfShape zeros would let an
-    # optimizer's common-subexpression pass merge two projections of the same shape.
-    for index, value in enumerate(weights):
-        tt = value.type.tensor_type
-        dims = [d.dim_value for d in tt.shape.dim]
-        shape_name = f"{value.name}__SHAPE"
-        shapes.append(numpy_helper.from_array(np.array(dims, np.int64), shape_name))
-        nodes.append(helper.make_node(
-            "ConstantOfShape", [shape_name], [value.name], name=f"{value.name}__CONST",
-            value=helper.make_tensor("value", tt.elem_type, [1], [index + 1])))
-    del graph.input[data_inputs:]
-    graph.initializer.extend(shapes)
-    body = list(graph.node)
-    del graph.node[:]
-    graph.node.extend([*nodes, *body])
 
 
 def export(case: Case, exporter: str, size: str, dest: Path) -> float:

@@ -28,7 +28,6 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.ops import load_op
 
 from gpuplan_estimator.core import errors
-from gpuplan_estimator.graph import contrib
 
 MAX_FOLD_ELEMENTS = 1 << 16
 """Largest value folded: positions of a 64 Ki-token sequence; a shape never comes near it."""
@@ -63,9 +62,8 @@ FOLDABLE_OPS = _ELEMENTWISE | _NO_GROWTH | _GROWING
 def fold_shape_values(
     model: onnx.ModelProto, infer: Callable[[onnx.ModelProto], onnx.ModelProto], label: str
 ) -> tuple[onnx.ModelProto, frozenset[str]]:
-    """`infer(model)` with every computable shape value folded, the outputs of the
-    com.microsoft ops `contrib` knows declared, and inferred again; and the names of the
-    tensors folded (computed values, not literals the file wrote)."""
+    """`infer(model)` with every computable shape value folded and inferred again; and the
+    names of the tensors folded (computed values, not literals the file wrote)."""
     inferred = infer(model)
     folded: set[str] = set()
     for _ in range(MAX_ROUNDS):
@@ -111,7 +109,7 @@ def _fold_once(model: onnx.ModelProto, folded: set[str], label: str) -> bool:
     opset = _default_opset(model)
     values = _known_values(graph)
     shapes = _known_shapes(graph)
-    changed = _declare_contrib_outputs(graph, shapes, label)
+    changed = False
     rewritten: list[onnx.NodeProto] = []
     for node in graph.node:
         replacement = _fold_node(node, values, shapes, opset)
@@ -148,33 +146,6 @@ def _fold_node(node: onnx.NodeProto, values: dict[str, np.ndarray],
             values[name] = value
     return [_constant(node, name, value)
             for name, value in zip(node.output, outputs, strict=False) if name]
-
-
-def _declare_contrib_outputs(graph: onnx.GraphProto, shapes: dict[str, tuple[int, ...]],
-                             label: str) -> bool:
-    """Declare the shapes of com.microsoft outputs that inference left open (it has no schema
-    for them), so that the nodes after them are inferred; whether any was declared."""
-    dtypes = {v.name: v.type.tensor_type.elem_type for v in _value_infos(graph)
-              if v.type.HasField("tensor_type")}
-    dtypes.update({t.name: t.data_type for t in graph.initializer})
-    declared = False
-    for index, node in enumerate(graph.node):
-        if (node.domain != "com.microsoft" or node.op_type not in contrib.KNOWN_OPS
-                or not _text_names(node) or all(o in shapes for o in node.output if o)):
-            continue
-        where = f"{label}: node {node.name or f'{node.op_type}_{index}'!r} ({node.op_type})"
-        inputs = [shapes.get(name) if name else None for name in node.input]
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
-                 if a.type in (onnx.AttributeProto.INT, onnx.AttributeProto.INTS)}
-        for name, shape in zip(node.output, contrib.output_shapes(
-                node.op_type, inputs, attrs, len(node.output), where), strict=True):
-            if not name or shape is None or name in shapes or not node.input:
-                continue
-            dtype = dtypes.get(node.input[0], TensorProto.FLOAT)
-            graph.value_info.append(helper.make_tensor_value_info(name, dtype, list(shape)))
-            shapes[name] = shape
-            declared = True
-    return declared
 
 
 def _text_names(node: onnx.NodeProto) -> bool:
@@ -347,12 +318,18 @@ def _array(tensor: onnx.TensorProto) -> np.ndarray | None:
         return None
 
 
+def small_array_candidate(tensor: onnx.TensorProto) -> bool:
+    """Whether an initializer can hold a shape value: integer or boolean up to the fold
+    limit, or a scalar of any type. Everything else is a weight, read only for its dims."""
+    elements = math.prod(tensor.dims)
+    return elements <= 1 or (tensor.data_type in _INT_TYPES and elements <= MAX_FOLD_ELEMENTS)
+
+
 def small_array(tensor: onnx.TensorProto) -> np.ndarray | None:
     """An initializer's value when it is a shape value (integer or boolean up to the fold
     limit, or a float scalar); None for weights and unreadable data."""
-    elements = math.prod(tensor.dims)
-    small = (elements <= MAX_FOLD_ELEMENTS if tensor.data_type in _INT_TYPES
-             else tensor.data_type in _FLOAT_TYPES and elements <= 1)
+    small = small_array_candidate(tensor) and (
+        tensor.data_type in _INT_TYPES or tensor.data_type in _FLOAT_TYPES)
     return _array(tensor) if small else None
 
 

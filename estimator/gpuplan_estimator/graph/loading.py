@@ -22,7 +22,7 @@ from onnx import ModelProto, TensorProto, helper, shape_inference
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import DTYPE_BYTES, ModelGraph, TensorInfo
-from gpuplan_estimator.graph import folding, fusion, records
+from gpuplan_estimator.graph import contrib_schemas, folding, fusion, records
 
 DEFAULT_MAX_DECOMPRESSED_BYTES = 512 * 2**20
 MIN_OPSET = 7
@@ -41,6 +41,8 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
 COMPRESSIONS = ("gzip", "xz", "zstd")
 
 Source = str | os.PathLike[str] | bytes
+
+contrib_schemas.register()  # onnx's inference then carries shapes through com.microsoft ops
 
 
 def source_label(source: Source) -> str:
@@ -178,6 +180,25 @@ def _binding_for(
     return None
 
 
+_DATA_FIELDS = ("raw_data", "float_data", "double_data", "int32_data", "int64_data",
+                "uint64_data", "string_data", "external_data")
+
+
+def drop_weight_data(model: ModelProto) -> None:
+    """Keep only the dims and type of every initializer that is not a shape value, in place.
+
+    Nothing here reads a weight's values, and shape inference needs only its dims: a model
+    exported with its weights (or with them in an external-data file, which is never opened)
+    costs what a structure-only one does in every inference round.
+    """
+    for tensor in model.graph.initializer:
+        if folding.small_array_candidate(tensor):
+            continue
+        for data_field in _DATA_FIELDS:
+            tensor.ClearField(data_field)
+        tensor.data_location = TensorProto.DEFAULT
+
+
 POSITIVE_INT_ATTRIBUTES = frozenset({"strides", "dilations", "kernel_shape", "blocksize",
                                      "group", "num_outputs", "size"})
 """Attributes onnx's C++ shape inference divides by: zero there kills the process (SIGFPE)."""
@@ -266,6 +287,7 @@ def load_model(
         read_model_bytes(source, max_decompressed_bytes=max_decompressed_bytes), label
     )
     opset = model_opset(model, label)
+    drop_weight_data(model)
     check_attributes(model, label)
     symbolic = symbolic_inputs(model)
     used = bind_input_dims(model, batch, dict(dim_bindings or {}), label)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core import options
 from gpuplan_estimator.core.errors import InvalidRequestError
-from gpuplan_estimator.graph import zoo
+from gpuplan_estimator.graph import batching, exporting, zoo
 from gpuplan_estimator.interfaces.cli import arguments, render
 from gpuplan_estimator.models import selection
 from gpuplan_estimator.planning import estimates
@@ -30,9 +31,14 @@ def _register_estimate(sub: Any) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="ONNX file (plain, gzip, xz or zstd; weights optional)")
     p.add_argument("--hf-config", default=None, metavar="CONFIG_JSON",
-                   help="instead of an ONNX file: a Hugging Face config.json, built into a "
-                   "structure-only graph without torch or weights (model_type: "
-                   f"{', '.join(zoo.MODEL_TYPES)}); bind the sequence with --dim sequence=N")
+                   help="instead of an ONNX file: a Hugging Face config.json. model_type "
+                   f"{', '.join(zoo.MODEL_TYPES)} are built without torch; any other "
+                   "architecture transformers knows is built on the meta device and exported "
+                   "(needs gpuplan[torch] and transformers). Text models need --batch and "
+                   "--dim sequence=N")
+    p.add_argument("--torch", default=None, metavar="MODULE:FACTORY",
+                   help="instead of an ONNX file: a function returning (nn.Module, example "
+                   "args), built on the meta device and exported (needs gpuplan[torch])")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--device", action="append", default=[], metavar="D",
                        help="catalog key, NVML name, GFD label or 'cpu' (repeatable)")
@@ -62,17 +68,44 @@ def _register_estimate(sub: Any) -> None:
     p.set_defaults(func=run_estimate)
 
 
-def model_source(model: str | None, hf_config: str | None) -> str | bytes:
-    """The model to estimate: the ONNX file named, or the graph a HF config describes."""
-    if (model is None) == (hf_config is None):
-        raise InvalidRequestError("model", "give an ONNX file or --hf-config CONFIG_JSON "
-                                  "(exactly one)")
-    if hf_config is None:
-        assert model is not None
-        return model
-    config = zoo.load_hf_config(hf_config)
-    name = os.path.splitext(os.path.basename(hf_config))[0]
-    return zoo.build_transformer(config, name=name).SerializeToString()
+def model_source(args: argparse.Namespace) -> str | bytes:
+    """The model to estimate: the ONNX file named, or the graph built from --hf-config or
+    --torch (exactly one of the three)."""
+    given = [name for name, value in (("model", args.model), ("--hf-config", args.hf_config),
+                                      ("--torch", args.torch)) if value is not None]
+    if len(given) != 1:
+        raise InvalidRequestError("model", "give an ONNX file, --hf-config CONFIG_JSON or "
+                                  f"--torch MODULE:FACTORY (exactly one; got {given or 'none'})")
+    if args.model is not None:
+        return str(args.model)
+    if args.torch is not None:
+        factory = exporting.resolve_factory(args.torch)
+        _progress(f"building {args.torch} on the meta device and exporting it")
+        return exporting.from_torch_factory(factory)
+    config = zoo.load_hf_config(args.hf_config)
+    if config.get("model_type") in zoo.MODEL_TYPES:
+        name = os.path.splitext(os.path.basename(args.hf_config))[0]
+        return zoo.build_transformer(config, name=name).SerializeToString()
+    if args.batch is None:
+        raise InvalidRequestError("--batch", "needed to export a model from --hf-config")
+    _progress(f"building {config.get('model_type')!s} from {args.hf_config} on the meta "
+              "device and exporting it")
+    return exporting.from_hf_config(config, batch=args.batch,
+                                    sequence=dict(args.dim).get(batching.SEQUENCE_DIM),
+                                    label=args.hf_config)
+
+
+def _model_name(args: argparse.Namespace) -> str | None:
+    """A built model's name: the config file's stem, or the factory; None for an ONNX file
+    (its graph names it)."""
+    if args.hf_config is not None:
+        return os.path.splitext(os.path.basename(args.hf_config))[0]
+    return args.torch
+
+
+def _progress(message: str) -> None:
+    """One line on stderr before work that takes seconds, so the wait has a reason."""
+    print(f"gpuplan: {message} ...", file=sys.stderr, flush=True)
 
 
 def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:
@@ -90,9 +123,9 @@ def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:
 def run_estimate(args: argparse.Namespace) -> int:
     """`gpuplan estimate`: price the model on each device and print a table or JSON."""
     specs = resolve_devices(args.device)
-    source = model_source(args.model, args.hf_config)
+    source = model_source(args)
     try:  # a fixed-batch export is re-batched to --batch, as `gpuplan plan` does
-        g = graph.load_at_batch(source, args.batch, dict(args.dim))
+        g = graph.load_at_batch(source, args.batch, dict(args.dim), name=_model_name(args))
         batch = graph.model_batch(g, args.batch)
     except InvalidRequestError as exc:
         if exc.field != "batch":

@@ -227,8 +227,59 @@ def test_estimate_from_a_hf_config_needs_no_onnx_file(capsys: pytest.CaptureFixt
     assert doc["model"]["dim_bindings"]["sequence"] == 128
 
 
+def test_estimate_exports_an_architecture_the_zoo_lacks(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """A Llama config is built on the meta device by transformers and exported in-process."""
+    config = tmp_path / "tiny-llama.json"
+    config.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "intermediate_size": 160, "vocab_size": 128}))
+    code, out, err = run(["estimate", "--hf-config", str(config), "--batch", "2", "--dim",
+                          "sequence=16", "--device", "t4", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["model"]["name"] == "tiny-llama"
+    # 2 layers of (4 + 2·2/4) q/k/v/o 64x64-equivalents and 3 MLP 64x160, norms, embedding
+    per_layer = 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 160 + 2 * 64
+    assert doc["model"]["parameters"] == 2 * per_layer + 64 + 2 * 128 * 64
+
+
+FACTORY = """
+import torch
+
+
+def build():
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    return model, (torch.zeros(4, 32),)
+
+
+def not_a_pair():
+    return torch.nn.Linear(2, 2)
+"""
+
+
+def test_estimate_exports_a_torch_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "my_factory.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(["estimate", "--torch", "my_factory:build", "--device", "t4",
+                          "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["model"]["parameters"] == 32 * 64 + 64 + 64 * 8 + 8
+    assert doc["settings"]["batch_size"] == 4
+    for spec, needle in [("my_factory", "expected package.module:factory"),
+                         ("my_factory:missing", "has no attribute 'missing'")]:
+        code, out, err = run(["estimate", "--torch", spec, "--device", "t4"], capsys)
+        assert code == 2 and needle in one_error_line(err)
+    code, out, err = run(["estimate", "--torch", "my_factory:not_a_pair"], capsys)
+    assert code == 2 and "must return (nn.Module, example_args" in err.splitlines()[-1]
+
+
 @pytest.mark.parametrize(("argv", "needle"), [
-    (["estimate", "--device", "t4"], "give an ONNX file or --hf-config"),
+    (["estimate", "--device", "t4"], "give an ONNX file, --hf-config CONFIG_JSON or --torch"),
     (["estimate", str(RESNET), "--hf-config", "c.json"], "exactly one"),
     (["estimate", "--hf-config", "/nonexistent/config.json"], "/nonexistent/config.json"),
     (["estimate", "--hf-config", str(examples.GPT2_CONFIG), "--batch", "2"], "sequence"),

@@ -37,8 +37,11 @@ def build_request(
         "batch_size": t.batch_size, "dataset_size": t.dataset_size, "epochs": t.epochs,
         "optimizer": t.optimizer, "precision": t.precision, "dims": dims,
     }
+    model: dict[str, Any] = (
+        {"model_hf_config": json.loads(model_bytes)} if spec.model.hf_config
+        else {"model_onnx_b64": base64.b64encode(model_bytes).decode()})
     return {
-        "model_onnx_b64": base64.b64encode(model_bytes).decode(),
+        **model,
         "training": training,
         "objective": objective,
         "inventory": [p.to_request() for p in pools],

@@ -12,6 +12,7 @@ import base64
 import binascii
 import dataclasses
 import ipaddress
+import json
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -162,6 +163,18 @@ def from_config_map(config_map: Mapping[str, Any], key: str, max_bytes: int) -> 
     if not data:
         raise errors.InvalidModelError(f"configmap {name}/{key}: empty")
     return data
+
+
+def check_hf_config(data: bytes, where: str) -> None:
+    """A Hugging Face config.json: a JSON object with a `model_type`; InvalidModelError
+    naming `where` otherwise (the estimator builds the graph from it)."""
+    try:
+        config = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise errors.InvalidModelError(f"{where}: not JSON: {exc}") from exc
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise errors.InvalidModelError(
+            f"{where}: not a Hugging Face config.json (a JSON object with a model_type)")
 
 
 def check_format(data: bytes, fmt: str) -> None:

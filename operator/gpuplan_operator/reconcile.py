@@ -117,7 +117,10 @@ async def _load_model(ctx: Context, tj: TrainingJobRef, ref: resources.ModelRef)
             raise errors.ModelSourceUnavailableError(
                 f"configmap {tj.namespace}/{ref.config_map_name} not found")
         data = modelsource.from_config_map(cm, ref.config_map_key, s.model_max_bytes)
-    modelsource.check_format(data, ref.format)
+    if ref.hf_config:
+        modelsource.check_hf_config(data, f"configmap {ref.config_map_name}/{ref.config_map_key}")
+    else:
+        modelsource.check_format(data, ref.format)
     return data
 
 

@@ -42,12 +42,14 @@ class Reason:
 
 @dataclasses.dataclass(frozen=True)
 class ModelRef:
-    """`spec.model`: a ConfigMap key or a URL holding the ONNX model, and its compression."""
+    """`spec.model`: a ConfigMap key or a URL holding the ONNX model and its compression, or
+    (`hf_config`) a ConfigMap key holding a Hugging Face config.json."""
 
     config_map_name: str | None
     config_map_key: str | None
     url: str | None
     format: str  # auto | raw | gzip | xz | zstd
+    hf_config: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,14 +42,16 @@ def parse_spec(spec: Mapping[str, Any]) -> resources.TrainingJobSpec:
     problems = validate_spec(spec)
     if problems:
         raise errors.InvalidSpecError(problems)
-    model, onnx = spec["model"], spec["model"]["onnx"]
-    ref = onnx.get("configMapKeyRef") or {}
+    model = spec["model"]
+    onnx = model.get("onnx") or {}
+    ref = (onnx or model.get("hfConfig") or {}).get("configMapKeyRef") or {}
     training, objective = spec["training"], spec.get("objective", {})
     deadline = objective.get("deadline")
     return resources.TrainingJobSpec(
         model=resources.ModelRef(
             config_map_name=ref.get("name"), config_map_key=ref.get("key"),
             url=onnx.get("url"), format=model.get("format", "auto"),
+            hf_config="hfConfig" in model,
         ),
         training=resources.Training(
             batch_size=int(training["batchSize"]), dataset_size=int(training["datasetSize"]),
@@ -98,7 +100,17 @@ def _check_model(model: object, out: list[str]) -> None:
         out.append("spec.model: required object")
         return
     _check_enum(model, "format", "spec.model", FORMATS, out)
-    onnx = model.get("onnx")
+    if ("onnx" in model) == ("hfConfig" in model):
+        out.append("spec.model: set exactly one of onnx and hfConfig")
+        return
+    if "hfConfig" in model:
+        config = model["hfConfig"]
+        if not isinstance(config, Mapping) or "configMapKeyRef" not in config:
+            out.append("spec.model.hfConfig.configMapKeyRef: required object")
+            return
+        _check_config_map_ref(config["configMapKeyRef"], "spec.model.hfConfig", out)
+        return
+    onnx = model["onnx"]
     if not isinstance(onnx, Mapping):
         out.append("spec.model.onnx: required object")
         return
@@ -106,14 +118,17 @@ def _check_model(model: object, out: list[str]) -> None:
     if has_ref == has_url:
         out.append("spec.model.onnx: set exactly one of configMapKeyRef and url")
     if has_ref:
-        ref = onnx["configMapKeyRef"]
-        for key in ("name", "key"):
-            if not isinstance(ref, Mapping) or not isinstance(ref.get(key), str) or not ref[key]:
-                out.append(f"spec.model.onnx.configMapKeyRef.{key}: required non-empty string")
+        _check_config_map_ref(onnx["configMapKeyRef"], "spec.model.onnx", out)
     if has_url:
         url = onnx["url"]
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             out.append(f"spec.model.onnx.url: must be an http:// or https:// URL, got {url!r}")
+
+
+def _check_config_map_ref(ref: object, path: str, out: list[str]) -> None:
+    for key in ("name", "key"):
+        if not isinstance(ref, Mapping) or not isinstance(ref.get(key), str) or not ref[key]:
+            out.append(f"{path}.configMapKeyRef.{key}: required non-empty string")
 
 
 def _check_training(training: object, out: list[str]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gpuplan_estimator.graph import examples
 from gpuplan_testing import operator_harness as h
 from gpuplan_testing.estimator_server import EstimatorServer
 
@@ -77,6 +78,9 @@ def test_examples_apply_server_side(example: pathlib.Path, tjs: h.TrainingJobs, 
 @pytest.mark.parametrize(("patch", "message"), [
     ({"model": {"onnx": {"configMapKeyRef": {"name": "a", "key": "b"}, "url": "https://x/y"}}},
      "exactly one of model.onnx.configMapKeyRef and model.onnx.url"),
+    ({"model": {"onnx": {"url": "https://x/y"},
+                "hfConfig": {"configMapKeyRef": {"name": "a", "key": "b"}}}},
+     "exactly one of model.onnx and model.hfConfig"),
     ({"objective": {"deadline": "4 hours"}}, "objective.deadline must be a duration"),
     ({"objective": {"budget": 0}}, "objective.budget must be greater than 0"),
     ({"objective": {"maxGpus": 0}}, "spec.objective.maxGpus"),
@@ -132,3 +136,25 @@ def test_model_url_guard_blocks_loopback_unless_allowed(
         wait_for(lambda: tjs.condition("allowed", "Launched"), 60, "launch from a URL model")
     sent = estimator.requests[-1]["model_onnx_b64"]
     assert sent == base64.b64encode(h.RESNET50.read_bytes()).decode()
+
+
+@pytest.mark.slow
+def test_a_hf_config_in_a_configmap_is_planned_and_launched(
+        monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
+        estimator: EstimatorServer, wait_for: Any) -> None:
+    """spec.model.hfConfig: the operator sends the config.json and the estimator builds the
+    graph (GPT-2 medium, without torch)."""
+    core_v1.create_namespaced_config_map(namespace, {
+        "metadata": {"name": "gpt2-config"},
+        "data": {"config.json": examples.GPT2_CONFIG.read_text()}}, _request_timeout=30)
+    body = h.trainingjob("from-config")
+    body["spec"]["model"] = {"hfConfig": {"configMapKeyRef": {"name": "gpt2-config",
+                                                              "key": "config.json"}}}
+    body["spec"]["training"] = {"batchSize": 64, "datasetSize": 6400, "epochs": 1,
+                                "sequenceLength": 128}
+    with h.run_operator(monkeypatch, namespace, estimator.url):
+        tjs.create(body)
+        wait_for(lambda: tjs.condition("from-config", "Launched"), 90, "launch from a HF config")
+    sent = estimator.requests[-1]
+    assert sent["model_hf_config"]["model_type"] == "gpt2" and "model_onnx_b64" not in sent
+    assert sent["training"]["dims"] == {"sequence": 128}

@@ -26,6 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.graph import zoo
 
 
 def _require(module: str, extra: str) -> Any:
@@ -35,6 +36,16 @@ def _require(module: str, extra: str) -> Any:
         raise errors.InvalidRequestError(
             "model", f"building a model in-process needs {module} (pip install "
             f"'gpuplan[{extra}]'): {exc}") from exc
+
+
+def hf_config_graph(config: Mapping[str, Any], *, batch: int, sequence: int | None,
+                    label: str, name: str | None = None) -> bytes:
+    """The ONNX graph of a Hugging Face config: `zoo` writes GPT-2, BERT and OPT directly
+    (symbolic batch and sequence, no torch); any other architecture is exported by
+    `from_hf_config` at `batch` and `sequence`."""
+    if config.get("model_type") in zoo.MODEL_TYPES:
+        return zoo.build_transformer(config, name=name or label).SerializeToString()
+    return from_hf_config(config, batch=batch, sequence=sequence, label=label)
 
 
 def from_hf_config(config: Mapping[str, Any], *, batch: int, sequence: int | None,

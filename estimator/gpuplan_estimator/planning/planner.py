@@ -3,14 +3,16 @@ beyond parsing the model bytes it is handed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError, UnknownDeviceError
 from gpuplan_estimator.cost.predictors import LatencyPredictor
+from gpuplan_estimator.graph import batching, exporting
 from gpuplan_estimator.planning import calibrating, estimates, placement, requests
 from gpuplan_estimator.planning.scaling import ScalingModel
 from gpuplan_estimator.step.decomposition import TrainingSettings
@@ -134,8 +136,24 @@ def _pools(
     return pools, notes
 
 
+_Request = TypeVar("_Request", requests.PlanRequest, requests.EstimateRequest)
+
+
+def with_graph(req: _Request) -> _Request:
+    """`req` with its model as ONNX bytes: a Hugging Face config becomes its graph
+    (`graph.exporting`), built at the request's batch and `sequence` dim."""
+    if req.model_hf_config is None:
+        return req
+    t = req.training
+    model = exporting.hf_config_graph(req.model_hf_config, batch=t.batch_size,
+                                      sequence=t.dims.get(batching.SEQUENCE_DIM),
+                                      label="model_hf_config")
+    return dataclasses.replace(req, model_onnx=model, model_hf_config=None)
+
+
 def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> dict[str, Any]:
     """Plan JSON for a request, with notes; NoFeasiblePlanError listing why none fits."""
+    req = with_graph(req)
     pools, notes = _pools(req, ctx)
     if not pools:
         raise NoFeasiblePlanError("no usable GPU type in the inventory", notes)
@@ -154,6 +172,7 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> dict[str, An
 
 def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> dict[str, Any]:
     """Estimate JSON of the request's model on the requested (or all) catalog devices."""
+    req = with_graph(req)
     specs = ([ctx.catalog.resolve(n) for n in req.devices] if req.devices
              else list(ctx.catalog.devices))
     t = req.training

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuplan_estimator.core import options
 from gpuplan_estimator.planning.placement import GpuPool, Objective
@@ -42,20 +43,22 @@ class InventoryEntry:
 class PlanRequest:
     """A plan request: the model, what to train, the objective and the cluster's GPUs."""
 
-    model_onnx: bytes
+    model_onnx: bytes  # empty when the model comes as a Hugging Face config
     training: TrainingRequest
     objective: Objective
     inventory: tuple[InventoryEntry, ...]
     gpu_types: tuple[str, ...]
+    model_hf_config: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class EstimateRequest:
     """An estimate request: the model, what to train and which devices (empty: all)."""
 
-    model_onnx: bytes
+    model_onnx: bytes  # empty when the model comes as a Hugging Face config
     training: TrainingRequest
     devices: tuple[str, ...]  # empty = every catalog device
+    model_hf_config: Mapping[str, Any] | None = None
 
 
 def to_pool(entry: InventoryEntry, device_key: str) -> GpuPool:

@@ -122,3 +122,11 @@ def test_request_body_follows_the_contract() -> None:
     assert body["inventory"] == [{"gpu_type": "NVIDIA-L4", "gpus_per_node": 4, "nodes": 8,
                                   "free_gpus": 30}]
     assert body["gpu_types"] == ["NVIDIA-L4"]
+
+
+def test_a_hf_config_model_is_sent_as_its_json() -> None:
+    ref = {"configMapKeyRef": {"name": "llama", "key": "config.json"}}
+    spec = validation.parse_spec(SpecBuilder().set("model", {"hfConfig": ref}).obj())
+    body = estimator_client.build_request(spec, b'{"model_type": "llama"}', [])
+    assert body["model_hf_config"] == {"model_type": "llama"}
+    assert "model_onnx_b64" not in body

@@ -140,3 +140,12 @@ def test_format_check(data: bytes, fmt: str, ok: bool) -> None:
     else:
         with pytest.raises(errors.InvalidModelError, match=r"spec\.model\.format"):
             modelsource.check_format(data, fmt)
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    (b"{not json", "not JSON"), (b"[1, 2]", "not a Hugging Face config.json"),
+    (b'{"n_layer": 2}', "not a Hugging Face config.json"), (b"\xff\xfe", "not JSON")])
+def test_a_hf_config_must_be_a_config_json(data: bytes, needle: str) -> None:
+    with pytest.raises(errors.InvalidModelError, match=f"configmap c/k: {needle}"):
+        modelsource.check_hf_config(data, "configmap c/k")
+    modelsource.check_hf_config(b'{"model_type": "llama"}', "configmap c/k")

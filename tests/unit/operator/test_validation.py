@@ -17,12 +17,24 @@ def test_valid_spec_parses_to_typed_view() -> None:
     assert spec.objective.budget_usd == 250.0
 
 
+def test_a_hf_config_model_parses_to_its_config_map_key() -> None:
+    ref = {"configMapKeyRef": {"name": "llama", "key": "config.json"}}
+    spec = validation.parse_spec(SpecBuilder().set("model", {"hfConfig": ref}).obj())
+    assert spec.model.hf_config
+    assert (spec.model.config_map_name, spec.model.config_map_key) == ("llama", "config.json")
+
+
 @pytest.mark.parametrize(("builder", "field"), [
     (SpecBuilder().drop("model"), "spec.model: required"),
     (SpecBuilder().set("model.onnx.url", "https://x/m.onnx"), "spec.model.onnx: set exactly one"),
     (SpecBuilder().set("model.onnx", {}), "spec.model.onnx: set exactly one"),
     (SpecBuilder().set("model.onnx", {"url": "file:///etc/passwd"}), "spec.model.onnx.url"),
     (SpecBuilder().set("model.format", "bzip2"), "spec.model.format"),
+    (SpecBuilder().set("model.hfConfig", {"configMapKeyRef": {"name": "c", "key": "k"}}),
+     "spec.model: set exactly one of onnx and hfConfig"),
+    (SpecBuilder().set("model", {"hfConfig": {"configMapKeyRef": {"name": "c"}}}),
+     "spec.model.hfConfig.configMapKeyRef.key"),
+    (SpecBuilder().set("model", {"hfConfig": {}}), "spec.model.hfConfig.configMapKeyRef"),
     (SpecBuilder().set("training.batchSize", 0), "spec.training.batchSize: must be in"),
     (SpecBuilder().set("training.batchSize", "32"), "spec.training.batchSize: must be an integer"),
     (SpecBuilder().drop("training.epochs"), "spec.training.epochs: required"),

@@ -83,16 +83,14 @@ def model_source(args: argparse.Namespace) -> str | bytes:
         _progress(f"building {args.torch} on the meta device and exporting it")
         return exporting.from_torch_factory(factory)
     config = zoo.load_hf_config(args.hf_config)
-    if config.get("model_type") in zoo.MODEL_TYPES:
-        name = os.path.splitext(os.path.basename(args.hf_config))[0]
-        return zoo.build_transformer(config, name=name).SerializeToString()
-    if args.batch is None:
-        raise InvalidRequestError("--batch", "needed to export a model from --hf-config")
-    _progress(f"building {config.get('model_type')!s} from {args.hf_config} on the meta "
-              "device and exporting it")
-    return exporting.from_hf_config(config, batch=args.batch,
-                                    sequence=dict(args.dim).get(batching.SEQUENCE_DIM),
-                                    label=args.hf_config)
+    if config.get("model_type") not in zoo.MODEL_TYPES:
+        if args.batch is None:
+            raise InvalidRequestError("--batch", "needed to export a model from --hf-config")
+        _progress(f"building {config.get('model_type')!s} from {args.hf_config} on the meta "
+                  "device and exporting it")
+    return exporting.hf_config_graph(config, batch=args.batch or 1,
+                                     sequence=dict(args.dim).get(batching.SEQUENCE_DIM),
+                                     label=args.hf_config, name=_model_name(args))
 
 
 def _model_name(args: argparse.Namespace) -> str | None:

@@ -11,6 +11,10 @@
                     "free_gpus": 32}],
      "gpu_types": []}
 
+Instead of ``model_onnx_b64`` a request may carry ``model_hf_config``: a Hugging Face
+config.json object, built into its graph by `graph.exporting` (GPT-2, BERT and OPT without
+torch; other architectures need torch and transformers in the estimator's image).
+
 Errors are every invalid field at once, each with its JSON path.
 """
 
@@ -115,8 +119,15 @@ def parse_training(obj: Mapping[str, Any], errs: _Errors, path: str = "training"
 
 
 def decode_model(body: Mapping[str, Any], errs: _Errors) -> bytes:
-    """The ONNX bytes decoded from ``model_onnx_b64``; empty, with an error in `errs`, if bad."""
+    """The ONNX bytes decoded from ``model_onnx_b64``; empty, with an error in `errs`, if bad
+    (or when the model comes as ``model_hf_config``, see `hf_config`)."""
     text = body.get("model_onnx_b64")
+    if ("model_hf_config" in body) == (text is not None):
+        errs.add("model_onnx_b64", "give exactly one of model_onnx_b64 (base64 of the ONNX "
+                 "graph) and model_hf_config (a Hugging Face config.json object)")
+        return b""
+    if text is None:
+        return b""
     if not isinstance(text, str) or not text:
         errs.add("model_onnx_b64", "is required (base64 of the ONNX graph)")
         return b""
@@ -127,12 +138,25 @@ def decode_model(body: Mapping[str, Any], errs: _Errors) -> bytes:
         return b""
 
 
+def hf_config(body: Mapping[str, Any], errs: _Errors) -> Mapping[str, Any] | None:
+    """``model_hf_config``: a JSON object naming its ``model_type``, or None when absent."""
+    config = body.get("model_hf_config")
+    if config is None:
+        return None
+    if not isinstance(config, Mapping) or not isinstance(config.get("model_type"), str):
+        errs.add("model_hf_config", "must be a Hugging Face config.json object with a "
+                 "model_type")
+        return None
+    return config
+
+
 def parse_plan_request(body: Any) -> PlanRequest:
     """Validate a plan request body; InvalidRequestError lists every bad field."""
     if not isinstance(body, Mapping):
         raise InvalidRequestError("body", "must be a JSON object")
     errs = _Errors()
     model = decode_model(body, errs)
+    config = hf_config(body, errs)
     training = parse_training(_mapping(body, "training", errs), errs)
     obj = _mapping(body, "objective", errs)
     objective = Objective(
@@ -149,7 +173,8 @@ def parse_plan_request(body: Any) -> PlanRequest:
         errs.add("gpu_types", "must be a list of GPU type names")
         gpu_types = []
     errs.raise_if_any()
-    return PlanRequest(model, training, objective, inventory, tuple(gpu_types))
+    return PlanRequest(model, training, objective, inventory, tuple(gpu_types),
+                       model_hf_config=config)
 
 
 def _parse_inventory(raw: Any, errs: _Errors) -> tuple[InventoryEntry, ...]:
@@ -233,5 +258,6 @@ def parse_estimate_request(body: Any) -> EstimateRequest:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         errs.add("devices", "must be a list of device names")
         names = []
+    config = hf_config(body, errs)
     errs.raise_if_any()
-    return EstimateRequest(model, training, tuple(names))
+    return EstimateRequest(model, training, tuple(names), model_hf_config=config)

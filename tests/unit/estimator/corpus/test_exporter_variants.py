@@ -43,7 +43,8 @@ def test_weights_in_an_external_data_file_are_never_read(tmp_path: Path) -> None
     assert _matmul_conv_flops(g) == _matmul_conv_flops(reference)
 
 
-@pytest.mark.parametrize(("name", "opset"), [("resnet50", 11), ("convnext_tiny", 13), ("bert", 14), ("t5", 14)])
+@pytest.mark.parametrize(("name", "opset"),
+                         [("resnet50", 11), ("convnext_tiny", 13), ("bert", 14), ("t5", 14)])
 def test_torchscript_exports_from_opset_11_estimate(name: str, opset: int,
                                                     tmp_path: Path) -> None:
     g = graph.load_model(_torchscript(name, tmp_path / f"{name}-{opset}.onnx", opset))

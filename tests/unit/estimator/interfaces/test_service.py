@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import pathlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.cost import roofline
+from gpuplan_estimator.graph import examples
 from gpuplan_estimator.interfaces.http import service
 from gpuplan_estimator.planning import planner
 from gpuplan_testing import onnx_models
@@ -115,6 +117,39 @@ def test_invalid_fields_are_named(body: dict[str, Any], field: str) -> None:
         err = (await resp.json())["error"]
         assert err["reason"] == "InvalidRequest"
         assert field in err["message"]
+
+    run(check)
+
+
+def test_a_hf_config_instead_of_onnx_is_planned_and_estimated() -> None:
+    """`model_hf_config` (what a TrainingJob's spec.model.hfConfig ConfigMap holds) is built
+    into its graph: GPT-2 by the zoo, Llama exported on the meta device."""
+    gpt2 = json.loads(examples.GPT2_CONFIG.read_text())
+    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+             "intermediate_size": 160, "vocab_size": 128}
+
+    async def check(client: TestClient) -> None:
+        training = {"batch_size": 8, "dataset_size": 1000, "epochs": 1,
+                    "dims": {"sequence": 128}}
+        body = plan_body(training=training, model_hf_config=gpt2)
+        del body["model_onnx_b64"]
+        resp = await client.post("/v1/plans", json=body)
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["plan"]["step_time_ms"] > 0
+        estimate_body = {"model_hf_config": llama, "devices": ["t4"],
+                         "training": {"batch_size": 2, "dims": {"sequence": 16}}}
+        resp = await client.post("/v1/estimate", json=estimate_body)
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["model"]["parameters"] > 0
+        both = plan_body(training=training, model_hf_config=gpt2)
+        resp = await client.post("/v1/plans", json=both)
+        assert resp.status == 422
+        assert "exactly one of model_onnx_b64" in (await resp.json())["error"]["message"]
+        resp = await client.post("/v1/estimate", json={**estimate_body,
+                                                       "model_hf_config": {"n_layer": 2}})
+        assert resp.status == 422
+        assert "model_hf_config" in (await resp.json())["error"]["message"]
 
     run(check)
 

@@ -60,14 +60,14 @@ FOLDABLE_OPS = _ELEMENTWISE | _NO_GROWTH | _GROWING
 
 
 def fold_shape_values(
-    model: onnx.ModelProto, infer: Callable[[onnx.ModelProto], onnx.ModelProto], label: str
+    model: onnx.ModelProto, infer: Callable[[onnx.ModelProto], onnx.ModelProto]
 ) -> tuple[onnx.ModelProto, frozenset[str]]:
     """`infer(model)` with every computable shape value folded and inferred again; and the
     names of the tensors folded (computed values, not literals the file wrote)."""
     inferred = infer(model)
     folded: set[str] = set()
     for _ in range(MAX_ROUNDS):
-        if not _fold_once(inferred, folded, label):
+        if not _fold_once(inferred, folded):
             break
         inferred = infer(inferred)
     return inferred, frozenset(folded)
@@ -103,7 +103,7 @@ def check_ranges(model: onnx.ModelProto, label: str) -> None:
             values[name] = value
 
 
-def _fold_once(model: onnx.ModelProto, folded: set[str], label: str) -> bool:
+def _fold_once(model: onnx.ModelProto, folded: set[str]) -> bool:
     """Fold what is computable now, in place, adding to `folded`; whether anything changed."""
     graph = model.graph
     opset = _default_opset(model)

@@ -292,7 +292,7 @@ def load_model(
     symbolic = symbolic_inputs(model)
     used = bind_input_dims(model, batch, dict(dim_bindings or {}), label)
     folding.check_ranges(model, label)
-    inferred, folded = folding.fold_shape_values(model, lambda m: _infer(m, label), label)
+    inferred, folded = folding.fold_shape_values(model, lambda m: _infer(m, label))
     model_name = name or inferred.graph.name or os.path.basename(label)
     record = extract_graph(inferred, symbolic, folded)
     layers, unknown = records.build_layers(record, opset=opset, label=label)

@@ -56,9 +56,9 @@ def training_settings(t: requests.TrainingRequest, batch: int) -> TrainingSettin
 def _estimates_at(model: bytes, t: requests.TrainingRequest, batch: int,
                   specs: Sequence[devices.DeviceSpec], ctx: PlannerContext
                   ) -> tuple[int, Sequence[estimates.DeviceEstimate]]:
-    """Estimates at `batch`. A model exported with a fixed batch is re-batched (its leading
-    dim made symbolic); when that does not parse, it is estimated at its own batch and the
-    planner scales per sample."""
+    """Estimates at `batch`. A model exported with a fixed batch is re-batched
+    (`graph.load_at_batch`); when its constants keep the batch, it is estimated at its own
+    batch and the planner scales per sample."""
     try:
         g = graph.load_at_batch(model, batch, dict(t.dims))
     except InvalidRequestError:

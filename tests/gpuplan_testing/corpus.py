@@ -205,7 +205,9 @@ def _export_torchscript(case: Case, size: str, dest: Path) -> None:
 
 def _export_ort_fused(case: Case, size: str, dest: Path) -> None:
     """The TorchScript export through onnxruntime's transformer optimizer, which is what
-    Optimum's ORTOptimizer runs: Attention, SkipLayerNormalization, FastGelu, ... fused."""
+    Optimum's ORTOptimizer runs: Attention, SkipLayerNormalization, FastGelu, ... fused.
+    opt_level 0: the fusions only, no onnxruntime session (whose constant folding would
+    materialise every stripped weight)."""
     from onnxruntime.transformers import optimizer
 
     try:
@@ -216,7 +218,7 @@ def _export_ort_fused(case: Case, size: str, dest: Path) -> None:
         _export_dynamo(case, size, dest, optimize=False)
     model_type = {"gpt2": "gpt2", "vit": "vit"}.get(case.name, "bert")
     with exporting.quiet_exporter():
-        fused = optimizer.optimize_model(str(dest), model_type=model_type, opt_level=1,
+        fused = optimizer.optimize_model(str(dest), model_type=model_type, opt_level=0,
                                          use_gpu=False, only_onnxruntime=False)
     fused.save_model_to_file(str(dest))
 

@@ -266,6 +266,31 @@ def _infer(model: ModelProto, label: str) -> ModelProto:
         raise errors.InvalidModelError(f"{label}: shape inference failed: {exc}") from exc
 
 
+def drop_inferable_annotations(model: ModelProto) -> None:
+    """Drop the exporter's shape annotations (value_info) of initializers and of tensors an
+    op with a schema produces, in place: inference derives those from the graph, and a stale annotation (an
+    optimizer pass that did not update it) would otherwise win or contradict. Annotations of
+    custom ops' outputs stay: they are the only source of those shapes."""
+    known: dict[tuple[str, str], bool] = {}
+    inferable = {t.name for t in model.graph.initializer}  # their dims say it already
+    for node in model.graph.node:
+        key = (node.op_type, node.domain)
+        if key not in known:
+            known[key] = _has_schema(*key)
+        if known[key]:
+            inferable.update(node.output)
+    kept = [v for v in model.graph.value_info if v.name not in inferable]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+
+
+def _has_schema(op_type: str, domain: str) -> bool:
+    try:
+        return bool(onnx.defs.has(op_type, domain if domain != "ai.onnx" else ""))
+    except (TypeError, UnicodeDecodeError):  # names a hostile file wrote as invalid text
+        return False
+
+
 def load_model(
     source: Source,
     *,
@@ -288,6 +313,7 @@ def load_model(
     )
     opset = model_opset(model, label)
     drop_weight_data(model)
+    drop_inferable_annotations(model)
     check_attributes(model, label)
     symbolic = symbolic_inputs(model)
     used = bind_input_dims(model, batch, dict(dim_bindings or {}), label)

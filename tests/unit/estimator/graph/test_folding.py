@@ -123,3 +123,17 @@ def test_a_huge_computed_range_is_not_materialised() -> None:
                   [limit, zero, one])
     with pytest.raises(InvalidModelError, match=r"\(Range\) would hold 1099511627776 elements"):
         graph.load_model(data)
+
+
+def test_an_annotation_the_graph_contradicts_is_dropped_not_fatal() -> None:
+    """An optimizer pass that left a stale value_info (here: a [4] tensor annotated as a
+    scalar) would make onnx's inference fail; the graph alone decides."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
+    g = helper.make_graph(nodes, "stale", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                        [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          value_info=[helper.make_tensor_value_info("r", TensorProto.FLOAT, [])])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)],
+                             ir_version=9).SerializeToString()
+    loaded = graph.load_model(data)
+    assert [t.shape for layer in loaded.layers for t in layer.outputs] == [(4,), (4,)]

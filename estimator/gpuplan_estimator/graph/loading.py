@@ -268,9 +268,9 @@ def _infer(model: ModelProto, label: str) -> ModelProto:
 
 def drop_inferable_annotations(model: ModelProto) -> None:
     """Drop the exporter's shape annotations (value_info) of initializers and of tensors an
-    op with a schema produces, in place: inference derives those from the graph, and a stale annotation (an
-    optimizer pass that did not update it) would otherwise win or contradict. Annotations of
-    custom ops' outputs stay: they are the only source of those shapes."""
+    op with a schema produces, in place: inference derives those from the graph, and a stale
+    annotation (an optimizer pass that did not update it) would otherwise win or contradict.
+    Annotations of custom ops' outputs stay: they are the only source of those shapes."""
     known: dict[tuple[str, str], bool] = {}
     inferable = {t.name for t in model.graph.initializer}  # their dims say it already
     for node in model.graph.node:

@@ -12,7 +12,8 @@ Only *shape values* are folded: integer and boolean tensors and float scalars up
 `MAX_FOLD_ELEMENTS`, whose size is known before they are computed. Float tensors of more than
 one element are never materialised (they would read as weights), and nothing here guesses:
 a node that cannot be evaluated is left as it was. `If` with a constant condition is replaced
-by the branch it takes.
+by the branch it takes, and a `Loop` with a static trip count by its unrolled body
+(`unrolling`).
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.ops import load_op
 
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.graph import unrolling
 
 MAX_FOLD_ELEMENTS = 1 << 16
 """Largest value folded: positions of a 64 Ki-token sequence; a shape never comes near it."""
 MAX_ROUNDS = 6
 """Fold and re-infer at most this often: each round resolves one more layer of
 shape-of-a-computed-shape, and real exports need two."""
-MAX_BRANCH_NODES = 10_000
-"""Largest `If` branch inlined; a bigger one is left for the caller to list as uncovered."""
 
 _INT_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32, TensorProto.INT16,
                         TensorProto.INT8, TensorProto.UINT8, TensorProto.BOOL})
@@ -86,7 +86,7 @@ def check_ranges(model: onnx.ModelProto, label: str) -> None:
     values = _known_values(graph)
     shapes = _known_shapes(graph)
     for index, node in enumerate(graph.node):
-        if node.domain not in ("", "ai.onnx") or not node.output or not _text_names(node):
+        if node.domain not in ("", "ai.onnx") or not node.output or not unrolling.text_names(node):
             continue
         args = [values.get(name) for name in node.input[:3]]
         if node.op_type == "Range" and len(args) == 3 and all(a is not None for a in args):
@@ -129,10 +129,12 @@ def _fold_node(node: onnx.NodeProto, values: dict[str, np.ndarray],
                shapes: Mapping[str, tuple[int, ...]],
                opset: int) -> list[onnx.NodeProto] | None:
     """Nodes to put in `node`'s place (Constants, or an inlined branch), or None to keep it."""
-    if node.domain not in ("", "ai.onnx") or not node.output or not _text_names(node):
+    if node.domain not in ("", "ai.onnx") or not node.output or not unrolling.text_names(node):
         return None
     if node.op_type == "If":
-        return _inline_constant_if(node, values)
+        return unrolling.inline_constant_if(node, values)
+    if node.op_type == "Loop":
+        return unrolling.unroll_static_loop(node, values, opset)
     if node.op_type in ("Shape", "Size"):
         outputs = _shape_of(node, shapes)
     elif node.op_type in FOLDABLE_OPS:
@@ -146,12 +148,6 @@ def _fold_node(node: onnx.NodeProto, values: dict[str, np.ndarray],
             values[name] = value
     return [_constant(node, name, value)
             for name, value in zip(node.output, outputs, strict=False) if name]
-
-
-def _text_names(node: onnx.NodeProto) -> bool:
-    """Whether every name of `node` decoded as text: protobuf hands a hostile file's invalid
-    UTF-8 back as bytes, which no rewritten node may carry."""
-    return all(isinstance(n, str) for n in (node.name, *node.input, *node.output))
 
 
 def _shape_of(node: onnx.NodeProto, shapes: Mapping[str, tuple[int, ...]]
@@ -236,41 +232,6 @@ def _constant(node: onnx.NodeProto, output: str, value: np.ndarray) -> onnx.Node
     name = node.name if len(node.output) == 1 else f"{node.name}:{output}"
     return helper.make_node("Constant", [], [output], name=name,
                             value=numpy_helper.from_array(value, output))
-
-
-def _inline_constant_if(node: onnx.NodeProto,
-                        values: Mapping[str, np.ndarray]) -> list[onnx.NodeProto] | None:
-    """The branch an `If` with a known condition takes, its outputs renamed to the If's."""
-    condition = values.get(node.input[0]) if node.input else None
-    if condition is None or condition.size != 1:
-        return None
-    branch_name = "then_branch" if bool(condition.reshape(-1)[0]) else "else_branch"
-    branch = next((a.g for a in node.attribute if a.name == branch_name), None)
-    if (branch is None or len(branch.output) != len(node.output) or branch.initializer
-            or len(branch.node) > MAX_BRANCH_NODES):
-        return None
-    prefix = f"{node.name or 'If'}/{branch_name}/"
-    local = {o for n in branch.node for o in n.output if o}
-    renamed = {name: prefix + name for name in local}
-    for inner, outer in zip(branch.output, node.output, strict=True):
-        renamed[inner.name] = outer
-    if not (all(_text_names(inner) for inner in branch.node)
-            and all(isinstance(v.name, str) for v in branch.output)):
-        return None
-    nodes = []
-    for inner in branch.node:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(inner)
-        copy.name = prefix + (inner.name or inner.op_type)
-        copy.input[:] = [renamed.get(i, i) for i in inner.input]
-        copy.output[:] = [renamed.get(o, o) for o in inner.output]
-        nodes.append(copy)
-    # A branch output that is an outer-scope name (not produced inside) needs a copy.
-    for inner, outer in zip(branch.output, node.output, strict=True):
-        if inner.name not in local:
-            nodes.append(helper.make_node("Identity", [inner.name], [outer],
-                                          name=prefix + f"Identity:{outer}"))
-    return nodes
 
 
 def _default_opset(model: onnx.ModelProto) -> int:

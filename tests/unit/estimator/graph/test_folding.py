@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -137,3 +138,58 @@ def test_an_annotation_the_graph_contradicts_is_dropped_not_fatal() -> None:
                              ir_version=9).SerializeToString()
     loaded = graph.load_model(data)
     assert [t.shape for layer in loaded.layers for t in layer.outputs] == [(4,), (4,)]
+
+
+def loop_model(trips: int, *, condition: str = "pass") -> bytes:
+    """x[2, 4] → Loop(trips): y = x·W, x ← Relu(y), scan out y: a recurrent cell unrolled
+    by TorchScript-style exports. `condition`: the body passes the condition through
+    ("pass"), or computes it from data ("data")."""
+    body_nodes = [helper.make_node("MatMul", ["x_in", "w"], ["y"]),
+                  helper.make_node("Relu", ["y"], ["x_out"])]
+    if condition == "data":
+        body_nodes += [helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0),
+                       helper.make_node("Constant", [], ["zero"], value_float=0.0),
+                       helper.make_node("Greater", ["total", "zero"], ["cond_out"])]
+    else:
+        body_nodes.append(helper.make_node("Identity", ["cond_in"], ["cond_out"]))
+    body = helper.make_graph(
+        body_nodes, "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    shape, weight = _weight("w", [4, 4])
+    trip = numpy_helper.from_array(np.array(trips, np.int64), "trips")
+    cond = numpy_helper.from_array(np.array(True), "cond")
+    nodes = [weight, helper.make_node("Loop", ["trips", "cond", "x"], ["final", "y"],
+                                      body=body, name="cell"),
+             helper.make_node("Add", ["x", "x"] if condition == "data" else ["final", "final"],
+                              ["z"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                  [helper.make_tensor_value_info("z", TensorProto.FLOAT, None),
+                   helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                  [shape, trip, cond])
+
+
+def test_a_loop_of_static_trip_count_is_its_body_once_per_iteration() -> None:
+    data = loop_model(3)
+    g = graph.load_model(data)
+    matmuls = [layer for layer in g.layers if layer.op_type == "MatMul"]
+    assert [layer.name for layer in matmuls] == [f"cell/iter{i}/MatMul" for i in range(3)]
+    assert sum(layer.flops for layer in matmuls) == 3 * 2 * 2 * 4 * 4
+    assert g.parameter_count == 16  # the outer weight, read by every iteration, counted once
+    assert g.unknown_op_types == ()
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    z, y = session.run(["z", "y"], {"x": np.ones((2, 4), np.float32)})
+    shapes = {t.name: t.shape for layer in g.layers for t in layer.outputs}
+    assert (shapes["z"], shapes["y"]) == (z.shape, y.shape) == ((2, 4), (3, 2, 4))
+
+
+def test_a_loop_that_can_end_early_stays_listed() -> None:
+    """Its trip count is not static: it stays one uncovered node (onnx gives its outputs no
+    shape, so only a graph that does not compute on them estimates)."""
+    g = graph.load_model(loop_model(3, condition="data"))
+    assert g.unknown_op_types == ("Loop",)
+    assert not any(layer.op_type == "MatMul" for layer in g.layers)

@@ -253,7 +253,10 @@ def _edit_piece(name: str, position: int, rewrite: Callable[[int], int | None],
                 return len(attr.ints)
     if not tensors:
         return None
-    values = numpy_helper.to_array(tensors[0]).astype(np.int64).reshape(-1)
+    try:
+        values = numpy_helper.to_array(tensors[0]).astype(np.int64).reshape(-1)
+    except (ValueError, TypeError):  # data that does not fill its dims: not a usable target
+        return None
     new = rewrite(int(values[position])) if 0 <= position < values.size else None
     if new is not None:
         values[position] = new

@@ -172,6 +172,15 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
     raise InputTimeout
 
 
+def _rebatch(data: bytes) -> None:
+    """Re-batching and re-sequencing rewrite the graph's constants: a graph that loads must
+    also re-batch, or fail with a clear error."""
+    try:
+        graph.load_at_batch(data, 3, {"sequence": 5})
+    except GpuplanError:
+        pass
+
+
 def run_one(data: bytes, per_input_s: int) -> Outcome:
     """Load and estimate one input under a time budget; classify the result."""
     device = load_catalog().resolve("t4")
@@ -181,6 +190,7 @@ def run_one(data: bytes, per_input_s: int) -> Outcome:
     try:
         g = graph.load_model(data, batch=2, dim_bindings={"sequence": 8})
         estimate(g, [device], TrainingSettings(batch_size=2), predictor=RooflinePredictor())
+        _rebatch(data)
         kind, detail = "ok", ""
     except GpuplanError as exc:
         kind, detail = "error", str(exc).splitlines()[0][:200] if str(exc) else ""

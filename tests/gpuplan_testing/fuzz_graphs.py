@@ -17,6 +17,7 @@ seeds built in memory (a CNN head, a transformer from `zoo`, sequence ops):
 
 from __future__ import annotations
 
+import contextlib
 import argparse
 import dataclasses
 import json
@@ -175,10 +176,8 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
 def _rebatch(data: bytes) -> None:
     """Re-batching and re-sequencing rewrite the graph's constants: a graph that loads must
     also re-batch, or fail with a clear error."""
-    try:
+    with contextlib.suppress(GpuplanError):
         graph.load_at_batch(data, 3, {"sequence": 5})
-    except GpuplanError:
-        pass
 
 
 def run_one(data: bytes, per_input_s: int) -> Outcome:

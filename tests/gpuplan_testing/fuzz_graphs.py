@@ -17,8 +17,8 @@ seeds built in memory (a CNN head, a transformer from `zoo`, sequence ops):
 
 from __future__ import annotations
 
-import contextlib
 import argparse
+import contextlib
 import dataclasses
 import json
 import multiprocessing

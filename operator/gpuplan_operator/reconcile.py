@@ -98,7 +98,10 @@ def _current_plan(tj: TrainingJobRef) -> resources.Plan | None:
 
 async def _fail_estimate(ctx: Context, tj: TrainingJobRef, exc: errors.OperatorError) -> None:
     message = str(exc)
-    if isinstance(exc, errors.EstimatorRejectedError) and exc.details:
+    # NoFeasiblePlan's details are the rejections, one per GPU type; a field error's details
+    # repeat its message.
+    if (isinstance(exc, errors.EstimatorRejectedError) and exc.details
+            and exc.reason == "NoFeasiblePlan"):
         message = f"{message}: {estimator_client.describe_rejections(exc.details)}"
     await _set(ctx, tj, type_=Condition.ESTIMATED, ok=False, reason=exc.reason, message=message)
     tj.emit(warning=True, reason=exc.reason, message=message)

@@ -40,11 +40,13 @@ class UnknownDeviceError(GpuplanError):
 
 
 class InvalidRequestError(GpuplanError):
-    """A request field is out of range or malformed; `field` names it."""
+    """A request field is out of range or malformed; `field` names it, and `details` holds
+    one "path: problem" line per field when several are wrong."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, details: tuple[str, ...] = ()) -> None:
         self.field = field
         self.message = message
+        self.details = details
         super().__init__(f"{field}: {message}")
 
 

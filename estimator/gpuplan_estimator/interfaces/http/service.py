@@ -191,7 +191,7 @@ def make_app(
         except InvalidModelError as exc:
             return _json_error(422, "InvalidModel", str(exc))
         except InvalidRequestError as exc:
-            return _json_error(422, "InvalidRequest", str(exc))
+            return _json_error(422, "InvalidRequest", str(exc), list(exc.details))
         except planner.NoFeasiblePlanError as exc:
             return _json_error(422, "NoFeasiblePlan", str(exc), list(exc.details))
         except GpuplanError as exc:
@@ -205,14 +205,14 @@ def make_app(
         try:
             req = wire.parse_plan_request(await read_json(request))
         except InvalidRequestError as exc:
-            return _json_error(422, "InvalidRequest", str(exc))
+            return _json_error(422, "InvalidRequest", str(exc), list(exc.details))
         return await guarded(lambda ctx: planner.plan_request(req, ctx))
 
     async def estimate(request: web.Request) -> web.Response:
         try:
             req = wire.parse_estimate_request(await read_json(request))
         except InvalidRequestError as exc:
-            return _json_error(422, "InvalidRequest", str(exc))
+            return _json_error(422, "InvalidRequest", str(exc), list(exc.details))
         return await guarded(lambda ctx: planner.estimate_request(req, ctx))
 
     async def outcomes(request: web.Request) -> web.Response:
@@ -223,6 +223,8 @@ def make_app(
             req = wire.parse_outcome_request(await read_json(request))
             device = context.catalog.resolve(req.gpu_type).key
             row = await run_pure(lambda: outcome_sink(req, device))
+        except InvalidRequestError as exc:
+            return _json_error(422, "InvalidRequest", str(exc), list(exc.details))
         except GpuplanError as exc:
             return _json_error(422, "InvalidRequest", str(exc))
         # Before answering, so the plan the operator asks for next already learned from it.

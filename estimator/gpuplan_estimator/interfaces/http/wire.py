@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,19 +36,38 @@ from gpuplan_estimator.planning.requests import (
     TrainingRequest,
 )
 
+MAX_REPORTED_ERRORS = 20
+"""Field errors kept per request: enough to fix a request, bounded for a hostile one (a
+million bad inventory entries must not make a million-line answer)."""
+MAX_INVENTORY_POOLS = 1000
+"""GPU pools a plan request may list: one per GPU type and node shape; no cluster has more."""
+MAX_DEADLINE_SECONDS = 10 * 365 * 86400.0
+"""Longest deadline or job duration accepted (ten years); anything longer is a typo or hostile."""
+MAX_BUDGET_USD = 1e12
+MAX_CALIBRATION_FACTOR = 1e3
+"""Largest calibration factor an outcome may carry (the planner clips factors to x4 anyway)."""
+
 
 class _Errors:
+    """Field errors of one request: the first `MAX_REPORTED_ERRORS` kept, the rest counted."""
+
     def __init__(self) -> None:
         self.items: list[tuple[str, str]] = []
+        self.dropped = 0
 
     def add(self, path: str, message: str) -> None:
-        self.items.append((path, message))
+        if len(self.items) < MAX_REPORTED_ERRORS:
+            self.items.append((path, message))
+        else:
+            self.dropped += 1
 
     def raise_if_any(self) -> None:
-        if self.items:
-            raise InvalidRequestError(
-                ", ".join(p for p, _ in self.items), "; ".join(f"{p}: {m}" for p, m in self.items)
-            )
+        if not self.items:
+            return
+        details = tuple(f"{p}: {m}" for p, m in self.items)
+        more = f"; and {self.dropped} more" if self.dropped else ""
+        raise InvalidRequestError(", ".join(p for p, _ in self.items),
+                                  "; ".join(details) + more, details)
 
 
 def _int(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, *, minimum: int = 1,
@@ -77,12 +95,14 @@ def _choice(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, choices:
     return str(value)
 
 
-def _positive_float(obj: Mapping[str, Any], key: str, path: str, errs: _Errors) -> float | None:
+def _positive_float(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, *,
+                    maximum: float) -> float | None:
     value = obj.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        errs.add(f"{path}.{key}", f"must be a positive number, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 0 < value <= maximum):  # NaN and Infinity fail this too
+        errs.add(f"{path}.{key}", f"must be a number in (0, {maximum:g}], got {value!r:.40}")
         return None
     return float(value)
 
@@ -164,8 +184,10 @@ def parse_plan_request(body: Any) -> PlanRequest:
                        options.DEFAULT_OBJECTIVE),
         max_gpus=_int(obj, "max_gpus", "objective", errs, default=options.DEFAULT_MAX_GPUS,
                        maximum=options.MAX_GPUS_CAP),
-        deadline_seconds=_positive_float(obj, "deadline_seconds", "objective", errs),
-        budget_usd=_positive_float(obj, "budget_usd", "objective", errs),
+        deadline_seconds=_positive_float(obj, "deadline_seconds", "objective", errs,
+                                         maximum=MAX_DEADLINE_SECONDS),
+        budget_usd=_positive_float(obj, "budget_usd", "objective", errs,
+                                   maximum=MAX_BUDGET_USD),
     )
     inventory = _parse_inventory(body.get("inventory"), errs)
     gpu_types = body.get("gpu_types") or []
@@ -180,6 +202,9 @@ def parse_plan_request(body: Any) -> PlanRequest:
 def _parse_inventory(raw: Any, errs: _Errors) -> tuple[InventoryEntry, ...]:
     if not isinstance(raw, list) or not raw:
         errs.add("inventory", "must be a non-empty list of GPU pools")
+        return ()
+    if len(raw) > MAX_INVENTORY_POOLS:
+        errs.add("inventory", f"at most {MAX_INVENTORY_POOLS} GPU pools, got {len(raw)}")
         return ()
     out = []
     for i, entry in enumerate(raw):
@@ -230,14 +255,14 @@ def parse_outcome_request(body: Any) -> OutcomeRequest:
     for key in ("estimated_seconds", "actual_seconds"):
         if body.get(key) is None:
             errs.add(f"outcome.{key}", "is required")
-        seconds[key] = _positive_float(body, key, "outcome", errs)
+        seconds[key] = _positive_float(body, key, "outcome", errs,
+                                       maximum=MAX_DEADLINE_SECONDS)
     digest = body.get("model_digest", "")
-    factor = _positive_float(body, "calibration_factor", "outcome", errs)
-    if factor is not None and not math.isfinite(factor):
-        errs.add("outcome.calibration_factor", f"must be a finite number, got {factor!r}")
+    factor = _positive_float(body, "calibration_factor", "outcome", errs,
+                             maximum=MAX_CALIBRATION_FACTOR)
     outcome = OutcomeRequest(
         job_uid=texts["job_uid"], gpu_type=texts["gpu_type"],
-        gpu_count=_int(body, "gpu_count", "outcome", errs),
+        gpu_count=_int(body, "gpu_count", "outcome", errs, maximum=options.MAX_GPUS_CAP),
         estimated_seconds=seconds["estimated_seconds"] or 0.0,
         actual_seconds=seconds["actual_seconds"] or 0.0,
         model_digest=digest if isinstance(digest, str) else "",

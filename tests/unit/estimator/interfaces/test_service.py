@@ -154,6 +154,28 @@ def test_a_hf_config_instead_of_onnx_is_planned_and_estimated() -> None:
     run(check)
 
 
+def test_a_flood_of_bad_fields_is_answered_briefly_with_per_field_details() -> None:
+    """Issue #21: 64 MB of `{}` inventory entries made one error per entry (11.5 GB RSS). Now
+    the pool count is capped, at most 20 field errors are kept, and each is a detail."""
+    async def check(client: TestClient) -> None:
+        resp = await client.post("/v1/plans", json=plan_body(inventory=[{}] * 200_000))
+        assert resp.status == 422
+        err = (await resp.json())["error"]
+        assert err["details"] == ["inventory: at most 1000 GPU pools, got 200000"]
+        resp = await client.post("/v1/plans", json=plan_body(inventory=[{}] * 500))
+        err = (await resp.json())["error"]
+        assert len(err["details"]) == 20 and err["message"].endswith("; and 480 more")
+        assert err["details"][0] == "inventory[0].gpu_type: is required"
+        assert len(await resp.read()) < 4096
+        bad = plan_body(training={"batch_size": 0, "dataset_size": 10},
+                        objective={"deadline_seconds": 1e306, "budget_usd": -1})
+        err = (await (await client.post("/v1/plans", json=bad)).json())["error"]
+        assert [d.split(":")[0] for d in err["details"]] == [
+            "training.batch_size", "objective.deadline_seconds", "objective.budget_usd"]
+
+    run(check, settings=service.ServiceSettings(max_body_bytes=2**24, bundle_poll_s=3600))
+
+
 def test_broken_onnx_is_invalid_model() -> None:
     async def check(client: TestClient) -> None:
         garbage = base64.b64encode(b"\x08\x07this is not a model").decode()
@@ -254,6 +276,14 @@ def test_job_outcomes_are_stored_with_the_canonical_device() -> None:
             assert "gpu_type" in message and "actual_seconds" in message
             unknown = await client.post("/v1/outcomes", json={**body, "gpu_type": "TPU-v5"})
             assert unknown.status == 422
+            # Issue #21: 1e306 seconds, an infinite factor or 10^20 GPUs poisoned calibration.
+            hostile = await client.post("/v1/outcomes", json={
+                **body, "actual_seconds": 1e306, "calibration_factor": 1e300,
+                "gpu_count": 10**20})
+            assert hostile.status == 422
+            details = (await hostile.json())["error"]["details"]
+            assert [d.split(":")[0] for d in details] == [
+                "outcome.actual_seconds", "outcome.calibration_factor", "outcome.gpu_count"]
 
     asyncio.run(main())
     assert [(r.job_uid, r.gpu_count, d) for r, d in stored] == [("u1", 2, "l4")]

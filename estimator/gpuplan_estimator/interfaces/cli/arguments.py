@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 
+MAX_COUNT = 10**12
+"""Largest count any flag takes (the CRD's dataset-size bound); beyond it, a batch or a dim
+would overflow the int64 of an ONNX shape."""
+
 
 def positive_int(text: str) -> int:
-    """A positive integer from the command line (argparse `type=`)."""
+    """A positive integer up to `MAX_COUNT` from the command line (argparse `type=`)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    if not 0 < value <= MAX_COUNT:
+        shown = text if len(text) < 30 else text[:27] + "..."
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_COUNT}, got {shown}")
     return value
 
 

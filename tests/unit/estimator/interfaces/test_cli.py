@@ -110,7 +110,7 @@ def test_onnxruntime_framework_folds_resnet_batchnorms(
     ("argv", "needle"),
     [
         (["estimate", str(RESNET), "--device", "h100-sxm-81gb"], "did you mean"),
-        (["estimate", str(RESNET), "--batch", "0"], "must be positive"),
+        (["estimate", str(RESNET), "--batch", "0"], "must be between 1 and"),
         (["estimate", str(RESNET), "--epochs", "3", "--device", "t4"], "dataset_size"),
         (["estimate", str(RESNET), "--dim", "sequence"], "NAME=VALUE"),
         (["estimate", "/nonexistent/model.onnx"], "/nonexistent/model.onnx"),
@@ -258,6 +258,16 @@ def build():
 def not_a_pair():
     return torch.nn.Linear(2, 2)
 """
+
+
+@pytest.mark.parametrize("argv", [
+    ["--batch", "9223372036854775808"], ["--batch", "2", "--dim", "sequence=" + "9" * 23]])
+def test_counts_beyond_any_model_are_one_line_errors(argv: list[str],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #21: these printed an OverflowError traceback (exit 1)."""
+    code, out, err = run(["estimate", str(RESNET), "--device", "t4", *argv], capsys)
+    assert code == 2 and out == ""
+    assert "must be between 1 and 1000000000000" in one_error_line(err)
 
 
 def test_estimate_exports_a_torch_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -38,12 +38,18 @@ def _require(module: str, extra: str) -> Any:
             f"'gpuplan[{extra}]'): {exc}") from exc
 
 
+def needs_export(config: Mapping[str, Any]) -> bool:
+    """Whether a Hugging Face config is built by torch (seconds, `gpuplan[torch]`) rather
+    than written by `zoo` (GPT-2, BERT, OPT)."""
+    return config.get("model_type") not in zoo.MODEL_TYPES
+
+
 def hf_config_graph(config: Mapping[str, Any], *, batch: int, sequence: int | None,
                     label: str, name: str | None = None) -> bytes:
     """The ONNX graph of a Hugging Face config: `zoo` writes GPT-2, BERT and OPT directly
     (symbolic batch and sequence, no torch); any other architecture is exported by
     `from_hf_config` at `batch` and `sequence`."""
-    if config.get("model_type") in zoo.MODEL_TYPES:
+    if not needs_export(config):
         return zoo.build_transformer(config, name=name or label).SerializeToString()
     return from_hf_config(config, batch=batch, sequence=sequence, label=label)
 

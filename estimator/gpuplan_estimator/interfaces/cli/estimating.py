@@ -83,7 +83,7 @@ def model_source(args: argparse.Namespace) -> str | bytes:
         _progress(f"building {args.torch} on the meta device and exporting it")
         return exporting.from_torch_factory(factory)
     config = zoo.load_hf_config(args.hf_config)
-    if config.get("model_type") not in zoo.MODEL_TYPES:
+    if exporting.needs_export(config):
         if args.batch is None:
             raise InvalidRequestError("--batch", "needed to export a model from --hf-config")
         _progress(f"building {config.get('model_type')!s} from {args.hf_config} on the meta "

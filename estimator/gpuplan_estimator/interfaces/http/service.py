@@ -96,6 +96,11 @@ def _json_error(status: int, reason: str, message: str, details: list[str] | Non
     return web.json_response(wire.error_json(reason, message, details), status=status)
 
 
+def _invalid_request(exc: InvalidRequestError) -> web.Response:
+    """422 naming the bad fields, one detail each."""
+    return _json_error(422, "InvalidRequest", str(exc), list(exc.details))
+
+
 OutcomeSink = Callable[[wire.OutcomeRequest, str], int]
 """Stores a finished job's outcome (with the canonical device key); returns the row id."""
 
@@ -191,7 +196,7 @@ def make_app(
         except InvalidModelError as exc:
             return _json_error(422, "InvalidModel", str(exc))
         except InvalidRequestError as exc:
-            return _json_error(422, "InvalidRequest", str(exc), list(exc.details))
+            return _invalid_request(exc)
         except planner.NoFeasiblePlanError as exc:
             return _json_error(422, "NoFeasiblePlan", str(exc), list(exc.details))
         except GpuplanError as exc:
@@ -205,14 +210,14 @@ def make_app(
         try:
             req = wire.parse_plan_request(await read_json(request))
         except InvalidRequestError as exc:
-            return _json_error(422, "InvalidRequest", str(exc), list(exc.details))
+            return _invalid_request(exc)
         return await guarded(lambda ctx: planner.plan_request(req, ctx))
 
     async def estimate(request: web.Request) -> web.Response:
         try:
             req = wire.parse_estimate_request(await read_json(request))
         except InvalidRequestError as exc:
-            return _json_error(422, "InvalidRequest", str(exc), list(exc.details))
+            return _invalid_request(exc)
         return await guarded(lambda ctx: planner.estimate_request(req, ctx))
 
     async def outcomes(request: web.Request) -> web.Response:
@@ -224,7 +229,7 @@ def make_app(
             device = context.catalog.resolve(req.gpu_type).key
             row = await run_pure(lambda: outcome_sink(req, device))
         except InvalidRequestError as exc:
-            return _json_error(422, "InvalidRequest", str(exc), list(exc.details))
+            return _invalid_request(exc)
         except GpuplanError as exc:
             return _json_error(422, "InvalidRequest", str(exc))
         # Before answering, so the plan the operator asks for next already learned from it.

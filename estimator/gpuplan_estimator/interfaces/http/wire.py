@@ -138,36 +138,28 @@ def parse_training(obj: Mapping[str, Any], errs: _Errors, path: str = "training"
     )
 
 
-def decode_model(body: Mapping[str, Any], errs: _Errors) -> bytes:
-    """The ONNX bytes decoded from ``model_onnx_b64``; empty, with an error in `errs`, if bad
-    (or when the model comes as ``model_hf_config``, see `hf_config`)."""
-    text = body.get("model_onnx_b64")
-    if ("model_hf_config" in body) == (text is not None):
+def parse_model(body: Mapping[str, Any], errs: _Errors) -> tuple[bytes, Mapping[str, Any] | None]:
+    """The model of a request: ONNX bytes from ``model_onnx_b64``, or a Hugging Face config
+    object from ``model_hf_config`` (exactly one; bytes empty then). Problems go to `errs`."""
+    text, config = body.get("model_onnx_b64"), body.get("model_hf_config")
+    if (config is None) == (text is None):
         errs.add("model_onnx_b64", "give exactly one of model_onnx_b64 (base64 of the ONNX "
                  "graph) and model_hf_config (a Hugging Face config.json object)")
-        return b""
-    if text is None:
-        return b""
+        return b"", None
+    if config is not None:
+        if not isinstance(config, Mapping) or not isinstance(config.get("model_type"), str):
+            errs.add("model_hf_config", "must be a Hugging Face config.json object with a "
+                     "model_type")
+            return b"", None
+        return b"", config
     if not isinstance(text, str) or not text:
         errs.add("model_onnx_b64", "is required (base64 of the ONNX graph)")
-        return b""
+        return b"", None
     try:
-        return base64.b64decode(text, validate=True)
+        return base64.b64decode(text, validate=True), None
     except (binascii.Error, ValueError):
         errs.add("model_onnx_b64", "is not valid base64")
-        return b""
-
-
-def hf_config(body: Mapping[str, Any], errs: _Errors) -> Mapping[str, Any] | None:
-    """``model_hf_config``: a JSON object naming its ``model_type``, or None when absent."""
-    config = body.get("model_hf_config")
-    if config is None:
-        return None
-    if not isinstance(config, Mapping) or not isinstance(config.get("model_type"), str):
-        errs.add("model_hf_config", "must be a Hugging Face config.json object with a "
-                 "model_type")
-        return None
-    return config
+        return b"", None
 
 
 def parse_plan_request(body: Any) -> PlanRequest:
@@ -175,8 +167,7 @@ def parse_plan_request(body: Any) -> PlanRequest:
     if not isinstance(body, Mapping):
         raise InvalidRequestError("body", "must be a JSON object")
     errs = _Errors()
-    model = decode_model(body, errs)
-    config = hf_config(body, errs)
+    model, config = parse_model(body, errs)
     training = parse_training(_mapping(body, "training", errs), errs)
     obj = _mapping(body, "objective", errs)
     objective = Objective(
@@ -277,12 +268,11 @@ def parse_estimate_request(body: Any) -> EstimateRequest:
     if not isinstance(body, Mapping):
         raise InvalidRequestError("body", "must be a JSON object")
     errs = _Errors()
-    model = decode_model(body, errs)
+    model, config = parse_model(body, errs)
     training = parse_training(_mapping(body, "training", errs), errs)
     names = body.get("devices") or []
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         errs.add("devices", "must be a list of device names")
         names = []
-    config = hf_config(body, errs)
     errs.raise_if_any()
     return EstimateRequest(model, training, tuple(names), model_hf_config=config)

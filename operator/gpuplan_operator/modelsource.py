@@ -8,12 +8,14 @@ is checked again.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import dataclasses
 import ipaddress
 import json
 import socket
+import zlib
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -26,6 +28,8 @@ from gpuplan_operator import errors
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 MAX_REDIRECTS = 3
+# HTTP Content-Encodings the fetch accepts, as zlib window bits (gzip header / zlib header).
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _MAGIC = {"gzip": b"\x1f\x8b", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
 # Metadata endpoints of the big clouds (AWS/GCP/Azure/OCI share 169.254.169.254, which is
 # link-local anyway); listed so they stay blocked even when private ranges are allowed.
@@ -94,35 +98,78 @@ class GuardedResolver(AbstractResolver):
 
 def check_url(url: str, guard: UrlGuard) -> None:
     """Scheme and literal-IP checks (aiohttp skips the resolver for literal IPs)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket: `http://[::1/m`
+        raise errors.InvalidModelError(f"model URL {url!r} is malformed: {exc}") from exc
     if parts.scheme not in {"http", "https"}:
         raise errors.BlockedUrlError(f"model URL scheme {parts.scheme!r} refused: use http(s)")
-    if not parts.hostname:
+    if not host:
         raise errors.BlockedUrlError(f"model URL {url!r} has no host")
     try:
-        ip = ipaddress.ip_address(parts.hostname)
+        ip = ipaddress.ip_address(host)
     except ValueError:
         return
-    guard.check(parts.hostname, ip)
+    guard.check(host, ip)
 
 
 async def fetch_url(url: str, *, guard: UrlGuard, max_bytes: int, timeout_seconds: float) -> bytes:
-    """GET `url` with the guard, a total timeout and a size cap; redirects are re-checked."""
-    timeout = aiohttp.ClientTimeout(total=timeout_seconds)
-    connector = aiohttp.TCPConnector(resolver=GuardedResolver(guard), force_close=True)
+    """GET `url` with the guard, a size cap and one deadline; redirects are re-checked.
+
+    `timeout_seconds` is a total deadline over every redirect hop and the body, so a chain of
+    slow hops cannot take a multiple of it. Every failure is a domain error, so the TrainingJob
+    always gets a condition: ModelSourceUnavailableError when a retry may help (timeouts,
+    refused connections, truncated bodies), InvalidModelError when it will not.
+    """
+    first_url = url
     try:
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-            for _ in range(MAX_REDIRECTS + 1):
-                check_url(url, guard)
-                async with session.get(url, allow_redirects=False) as resp:
-                    if resp.status in {301, 302, 303, 307, 308} and "Location" in resp.headers:
-                        url = urljoin(url, resp.headers["Location"])
-                        continue
-                    return await _read_body(resp, url, max_bytes)
-            raise errors.InvalidModelError(f"model URL: more than {MAX_REDIRECTS} redirects")
-    except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+        async with asyncio.timeout(timeout_seconds):
+            return await _fetch_following_redirects(url, guard, max_bytes)
+    except errors.OperatorError:
+        raise
+    except TimeoutError as exc:
         raise errors.ModelSourceUnavailableError(
-            f"model URL {url!r} unreachable: {type(exc).__name__}: {exc}") from exc
+            f"model URL {first_url!r}: no complete answer within {timeout_seconds:g}s "
+            "(all redirect hops together)") from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise errors.ModelSourceUnavailableError(
+            f"model URL {first_url!r}: body cut short: {exc}") from exc
+    except aiohttp.InvalidURL as exc:  # e.g. `127.1` or `0177.0.0.1`: not canonical IPv4
+        raise errors.InvalidModelError(f"model URL {first_url!r} is invalid: {exc}") from exc
+    except aiohttp.ClientConnectionError as exc:
+        raise errors.ModelSourceUnavailableError(
+            f"model URL {first_url!r} unreachable: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        # Anything else (a malformed response, an unexpected client error) repeats on retry:
+        # say so in a condition rather than let the framework retry it blindly forever.
+        raise errors.InvalidModelError(
+            f"model URL {first_url!r} could not be fetched: {type(exc).__name__}: {exc}") from exc
+
+
+async def _fetch_following_redirects(url: str, guard: UrlGuard, max_bytes: int) -> bytes:
+    connector = aiohttp.TCPConnector(resolver=GuardedResolver(guard), force_close=True)
+    # No per-request timeout: the caller's deadline covers the whole chain. Content-Encoding is
+    # decoded here, not by aiohttp, which returns a truncated gzip stream's prefix as if whole.
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                     timeout=aiohttp.ClientTimeout(total=None)) as session:
+        for _ in range(MAX_REDIRECTS + 1):
+            check_url(url, guard)
+            async with session.get(url, allow_redirects=False,
+                                   headers={"Accept-Encoding": ", ".join(_WBITS)}) as resp:
+                if resp.status in {301, 302, 303, 307, 308} and "Location" in resp.headers:
+                    url = _redirect_target(url, resp.headers["Location"])
+                    continue
+                return await _read_body(resp, url, max_bytes)
+    raise errors.InvalidModelError(f"model URL: more than {MAX_REDIRECTS} redirects")
+
+
+def _redirect_target(url: str, location: str) -> str:
+    try:
+        return urljoin(url, location)
+    except ValueError as exc:
+        raise errors.InvalidModelError(
+            f"model URL {url!r} redirects to a malformed Location {location!r}: {exc}") from exc
 
 
 async def _read_body(resp: aiohttp.ClientResponse, url: str, max_bytes: int) -> bytes:
@@ -138,7 +185,31 @@ async def _read_body(resp: aiohttp.ClientResponse, url: str, max_bytes: int) -> 
         body += chunk
         if len(body) > max_bytes:
             raise errors.InvalidModelError(f"model URL {url!r}: larger than the cap of {max_bytes}")
-    return bytes(body)
+    return _decode(bytes(body), resp.headers.get("Content-Encoding", ""), url, max_bytes)
+
+
+def _decode(body: bytes, encoding: str, url: str, max_bytes: int) -> bytes:
+    """Undo the HTTP Content-Encoding; the cap applies to the decoded bytes too."""
+    name = encoding.strip().lower()
+    if name in {"", "identity"}:
+        return body
+    if name not in _WBITS:
+        raise errors.InvalidModelError(
+            f"model URL {url!r}: unsupported Content-Encoding {encoding!r} "
+            f"(asked for {', '.join(_WBITS)})")
+    decoder = zlib.decompressobj(_WBITS[name])
+    try:
+        out = decoder.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise errors.InvalidModelError(
+            f"model URL {url!r}: body does not match its Content-Encoding {name}: {exc}") from exc
+    if len(out) > max_bytes:
+        raise errors.InvalidModelError(
+            f"model URL {url!r}: larger than the cap of {max_bytes} once {name}-decoded")
+    if not decoder.eof:
+        raise errors.InvalidModelError(
+            f"model URL {url!r}: {name} Content-Encoding stream is truncated")
+    return out
 
 
 def from_config_map(config_map: Mapping[str, Any], key: str, max_bytes: int) -> bytes:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import ipaddress
+import zlib
 from typing import Any
 
 import pytest
@@ -60,26 +62,54 @@ def _app() -> web.Application:
         return resp
 
     async def redirect(request: web.Request) -> web.Response:
-        raise web.HTTPFound(request.query["to"])
+        # Raw header: aiohttp's HTTPFound would refuse a malformed target itself.
+        return web.Response(status=302, headers={"Location": request.query["to"]})
 
     async def status(request: web.Request) -> web.Response:
         return web.Response(status=int(request.match_info["code"]))
+
+    async def encoded(request: web.Request) -> web.Response:
+        whole = gzip.compress(b"\x08\x07" * 500)
+        body = {"gzip": whole, "garbage": b"\x1f\x8b\x08\x00" + b"\xff" * 64,
+                "truncated": whole[:len(whole) // 2], "deflate": zlib.compress(b"\x08\x07" * 500),
+                "br": b"\x0b\x02\x80"}[request.match_info["kind"]]
+        encoding = {"garbage": "gzip", "truncated": "gzip"}.get(request.match_info["kind"],
+                                                                request.match_info["kind"])
+        return web.Response(body=body, headers={"Content-Encoding": encoding})
+
+    async def slow_hops(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.4)
+        left = int(request.query["left"])
+        if left == 0:
+            return web.Response(body=b"\x08\x07")
+        raise web.HTTPFound(f"/slow?left={left - 1}")
+
+    async def cut_short(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Length": "1000"})
+        await resp.prepare(request)
+        await resp.write(b"x" * 10)
+        assert request.transport is not None
+        request.transport.close()  # the peer hangs up after 10 of 1000 bytes
+        return resp
 
     app = web.Application()
     app.router.add_get("/m.onnx", model)
     app.router.add_get("/big", big)
     app.router.add_get("/redirect", redirect)
     app.router.add_get("/status/{code}", status)
+    app.router.add_get("/encoded/{kind}", encoded)
+    app.router.add_get("/slow", slow_hops)
+    app.router.add_get("/cut", cut_short)
     return app
 
 
 def _fetch(path: str, guard: modelsource.UrlGuard, *, max_bytes: int = 4096,
-           host: str = "127.0.0.1") -> Any:
+           host: str = "127.0.0.1", timeout_seconds: float = 5) -> Any:
     async def run() -> bytes:
         async with LocalServer(_app()) as srv:
             url = srv.url.replace("127.0.0.1", host) + path
             return await modelsource.fetch_url(url, guard=guard, max_bytes=max_bytes,
-                                               timeout_seconds=5)
+                                               timeout_seconds=timeout_seconds)
     return asyncio.run(run())
 
 
@@ -117,6 +147,60 @@ def test_unreachable_is_temporary() -> None:
                                            max_bytes=10, timeout_seconds=2)
     with pytest.raises(errors.ModelSourceUnavailableError):
         asyncio.run(run())
+
+
+@pytest.mark.parametrize("guard", [GUARD, LOOPBACK_OK], ids=["default", "loopback-allowed"])
+@pytest.mark.parametrize(("host", "needle"), [
+    ("127.1", "not a canonical IPv4"), ("0177.0.0.1", "not a canonical IPv4"),
+    ("2130706433", "not a canonical IPv4")])
+def test_non_canonical_ipv4_hosts_are_invalid_models(guard: modelsource.UrlGuard, host: str,
+                                                     needle: str) -> None:
+    """aiohttp refuses these forms itself; they used to escape as its own InvalidURL."""
+    with pytest.raises(errors.InvalidModelError, match=needle):
+        _fetch("/m.onnx", guard, host=host)
+
+
+def test_unclosed_ipv6_bracket_is_an_invalid_model() -> None:
+    async def run() -> bytes:
+        return await modelsource.fetch_url("http://[::1/m", guard=LOOPBACK_OK, max_bytes=10,
+                                           timeout_seconds=2)
+    with pytest.raises(errors.InvalidModelError, match="malformed"):
+        asyncio.run(run())
+
+
+def test_redirect_to_a_malformed_location_is_an_invalid_model() -> None:
+    with pytest.raises(errors.InvalidModelError, match="malformed Location"):
+        _fetch("/redirect?to=http://[::1/m", LOOPBACK_OK)
+
+
+@pytest.mark.parametrize("kind", ["gzip", "deflate"])
+def test_content_encoding_is_decoded(kind: str) -> None:
+    assert _fetch(f"/encoded/{kind}", LOOPBACK_OK, max_bytes=1000) == b"\x08\x07" * 500
+
+
+@pytest.mark.parametrize(("kind", "needle"), [
+    ("garbage", "does not match its Content-Encoding"), ("truncated", "truncated"),
+    ("br", "unsupported Content-Encoding")])
+def test_broken_content_encoding_is_an_invalid_model(kind: str, needle: str) -> None:
+    with pytest.raises(errors.InvalidModelError, match=needle):
+        _fetch(f"/encoded/{kind}", LOOPBACK_OK)
+
+
+def test_size_cap_applies_to_the_decoded_body() -> None:
+    with pytest.raises(errors.InvalidModelError, match="once gzip-decoded"):
+        _fetch("/encoded/gzip", LOOPBACK_OK, max_bytes=999)
+
+
+def test_body_cut_short_is_temporary() -> None:
+    with pytest.raises(errors.ModelSourceUnavailableError, match=r"cut short|unreachable"):
+        _fetch("/cut", LOOPBACK_OK)
+
+
+def test_timeout_is_one_deadline_over_all_redirect_hops() -> None:
+    """Four hops of 0.4 s each: every hop is within 1 s, the chain is not."""
+    assert _fetch("/slow?left=3", LOOPBACK_OK, timeout_seconds=5) == b"\x08\x07"
+    with pytest.raises(errors.ModelSourceUnavailableError, match="all redirect hops"):
+        _fetch("/slow?left=3", LOOPBACK_OK, timeout_seconds=1.0)
 
 
 def test_config_map_binary_data_then_data() -> None:

@@ -3,10 +3,16 @@
 The sampled plan and its digest are stored with the run; a later invocation with the same
 sweep specs, seed, sample count, device and backend finds the unfinished run and measures only
 the rows that are still missing.
+
+Stopping early keeps what was measured: `run_bench` checks `stop_requested` before each row
+(the CLI sets it on SIGTERM/SIGINT), writes the buffered rows and marks the run
+``interrupted``; an exception out of a measurement still writes the buffer, and marks the run
+``interrupted`` (KeyboardInterrupt) or ``failed`` before it propagates.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import socket
@@ -32,6 +38,12 @@ BACKENDS = ("onnxruntime", "torch")
 FLUSH_EVERY_ROWS = 10
 FLUSH_EVERY_S = 5.0
 Clock = Callable[[], float]
+StopRequested = Callable[[], bool]
+"""Asked before each row; True ends the run after the row being measured (graceful stop)."""
+
+
+def _never() -> bool:
+    return False
 
 
 @dataclass(frozen=True)
@@ -193,8 +205,13 @@ def run_bench(
     target: Target | None = None,
     clock: Clock = time.monotonic,
     progress: bool = True,
+    stop_requested: StopRequested = _never,
 ) -> BenchReport:
-    """Measure the plan of `settings` (resuming an unfinished identical run) into `store`."""
+    """Measure the plan of `settings` (resuming an unfinished identical run) into `store`.
+
+    The run ends ``done`` when every planned row is stored, else ``interrupted`` (budget spent
+    or `stop_requested`); either way the measured rows are in the database.
+    """
     tgt = target or resolve_target(settings.device)
     backend = backend_name(settings.backend, tgt.kind)
     specs = sweep.load_specs(settings.sweep_paths)
@@ -222,8 +239,17 @@ def run_bench(
     )
     todo = [it for it in plan if it.key() not in done]
     started = clock()
-    added = _measure_all(store, run_id, todo, tgt, backend, settings, started, clock, progress,
-                         already=len(plan) - len(todo), planned=len(plan))
+    try:
+        added = _measure_all(store, run_id, todo, tgt, backend, settings, started, clock,
+                             progress, stop_requested, already=len(plan) - len(todo),
+                             planned=len(plan))
+    except BaseException as exc:
+        # The rows are flushed (see _measure_all); a run left "running" would look alive to
+        # anyone reading the table. Best effort: the database may be what failed.
+        status = "failed" if isinstance(exc, Exception) else "interrupted"
+        with contextlib.suppress(errors.GpuplanError):
+            store.finish_run(run_id, status)
+        raise
     # Count from the database: a concurrent run of the same plan may have stored rows too.
     remaining = len(plan) - len(_measured_keys(store, run_id))
     final = "done" if remaining == 0 else "interrupted"
@@ -260,8 +286,8 @@ def _start_run(
 
 def _measure_all(
     store: PerfStore, run_id: int, todo: Sequence[sweep.PlanItem], tgt: Target, backend: str,
-    settings: BenchSettings, started: float, clock: Clock, progress: bool, *, already: int,
-    planned: int,
+    settings: BenchSettings, started: float, clock: Clock, progress: bool,
+    stop_requested: StopRequested, *, already: int, planned: int,
 ) -> int:
     deadline = started + settings.budget_minutes * 60.0
     buffer: list[dict[str, Any]] = []
@@ -271,7 +297,7 @@ def _measure_all(
                desc=f"bench {tgt.key}", mininterval=1.0)
     try:
         for item in todo:
-            if clock() >= deadline:
+            if stop_requested() or clock() >= deadline:
                 break
             row = measure_item(item, tgt, settings.timing, settings.seed, settings.backend)
             buffer.append({**row, "device": tgt.key, "backend": backend,
@@ -281,7 +307,8 @@ def _measure_all(
                 added += store.add_measurements(run_id, pd.DataFrame(buffer))
                 buffer, last_flush = [], clock()
     finally:
-        # Also on Ctrl-C: what was measured is kept, and the next run resumes after it.
+        # Also on a stop request or an exception: what was measured is kept, and the next run
+        # resumes after it.
         if buffer:
             added += store.add_measurements(run_id, pd.DataFrame(buffer))
         bar.close()

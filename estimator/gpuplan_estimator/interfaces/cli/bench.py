@@ -2,6 +2,13 @@
 
 The main CLI calls `register(subparsers)`; each subcommand sets ``func`` (args → exit code).
 `main(argv)` runs them standalone (``python -m gpuplan_estimator.bench``).
+
+`gpuplan bench` exits 0 when the plan is measured, `EXIT_BUDGET_SPENT` (3) when the budget ran
+out, and 128 + the signal number (130 for SIGINT, 143 for SIGTERM, the shell's convention) when
+a signal stopped it. The first SIGTERM or SIGINT lets the row being timed finish, writes the
+buffered rows and marks the run ``interrupted``; a second one abandons that row at once.
+Kubernetes sends SIGTERM and waits ``terminationGracePeriodSeconds`` (30 s by default) before
+SIGKILL, which is longer than one row takes.
 """
 
 from __future__ import annotations
@@ -10,14 +17,58 @@ import argparse
 import datetime as dt
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from gpuplan_estimator.bench import runner, timing
 from gpuplan_estimator.core import errors, provenance
 from gpuplan_estimator.perfdb.store import PerfStore
+
+
+EXIT_DONE = 0
+EXIT_BUDGET_SPENT = 3
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """The shell's code for a process ended by signal `signum`: 128 + its number."""
+    return 128 + signum
+
+
+class StopOnSignals:
+    """Installs SIGTERM and SIGINT handlers that ask the benchmark to stop after the current row.
+
+    Callable as the runner's `stop_requested`. The first signal only records its number (the
+    handler does no I/O: it may run in the middle of a write to the same stream); a second one
+    raises KeyboardInterrupt, for a user who does not want to wait for the row. Handlers are
+    restored on exit. Only usable in the main thread (a limit of `signal.signal`).
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __call__(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self) -> StopOnSignals:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
 
 
 def register(subparsers: Any) -> None:
@@ -82,7 +133,8 @@ def _command(argv: Sequence[str] | None) -> str:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    """`gpuplan bench`: measure the plan into the db; 0 when done, 3 when interrupted."""
+    """`gpuplan bench`: measure the plan into the db; 0 when done, 3 when the budget ran out,
+    128 + N when signal N stopped it (the rows measured are stored either way)."""
     settings = runner.BenchSettings(
         device=args.device,
         families=args.families,
@@ -95,8 +147,16 @@ def run_bench_command(args: argparse.Namespace) -> int:
                                      sessions=args.sessions),
         command=getattr(args, "command_line", "") or _command(None),
     )
-    with PerfStore.open(args.db) as store:
-        report = runner.run_bench(settings, store, progress=not args.no_progress)
+    # Installed before the database opens: a SIGTERM during start-up then also ends cleanly.
+    with StopOnSignals() as stop, PerfStore.open(args.db) as store:
+        try:
+            report = runner.run_bench(settings, store, progress=not args.no_progress,
+                                      stop_requested=stop)
+        except KeyboardInterrupt:  # a second signal: the run is marked interrupted already
+            signum = stop.signum if stop.signum is not None else signal.SIGINT
+            print(f"gpuplan: bench stopped by {signal.Signals(signum).name} (twice); run the "
+                  f"same command again to resume", file=sys.stderr)
+            return exit_code_for_signal(signum)
         print(
             f"run {report.run_id} on {report.device} ({report.backend}, "
             f"{report.intra_op_threads} threads): {report.status}, "
@@ -122,7 +182,13 @@ def run_bench_command(args: argparse.Namespace) -> int:
             }
             n = runner.export_run(store, report.run_id, args.export, sidecar)
             print(f"wrote {n} rows to {args.export}")
-    return 0 if report.status == "done" else 3
+    if report.status == "done":  # a signal after the last row changes nothing
+        return EXIT_DONE
+    if stop.signum is not None:
+        print(f"gpuplan: bench stopped by {signal.Signals(stop.signum).name}; run the same "
+              f"command again to resume", file=sys.stderr)
+        return exit_code_for_signal(stop.signum)
+    return EXIT_BUDGET_SPENT
 
 
 def run_import_command(args: argparse.Namespace) -> int:

@@ -67,11 +67,52 @@ def test_crash_keeps_measured_rows_and_resume_skips_them(
     with pytest.raises(KeyboardInterrupt):
         runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False)
     assert len(store.measurements()) == 3
+    assert store.runs()[0].status == "interrupted"  # not left "running"
     monkeypatch.setattr(runner, "measure_item", real)
     rest = runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False)
     assert (rest.rows_added, rest.status) == (5, "done")
     dims = store.measurements()["dims"].tolist()
     assert dims[:3] == done and len(set(dims)) == 8
+
+
+def test_an_error_in_a_row_keeps_the_rows_and_marks_the_run_failed(
+    sweep_dir: Path, store: PerfStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = runner.measure_item
+    calls: list[int] = []
+
+    def failing(item: sweep.PlanItem, *a: Any, **k: Any) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("onnxruntime fell over")
+        return real(item, *a, **k)
+
+    monkeypatch.setattr(runner, "measure_item", failing)
+    with pytest.raises(RuntimeError, match="fell over"):
+        runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False)
+    assert len(store.measurements()) == 4
+    (run,) = store.runs()
+    assert run.status == "failed" and run.ended_at is not None
+
+
+def test_stop_request_ends_the_run_after_the_current_row(
+    sweep_dir: Path, store: PerfStore
+) -> None:
+    asked: list[int] = []
+
+    def stop_after_three_rows() -> bool:  # asked once before each row
+        asked.append(1)
+        return len(asked) > 3
+
+    cut = runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False,
+                           stop_requested=stop_after_three_rows)
+    assert (cut.status, cut.rows_added, cut.rows_total) == ("interrupted", 3, 3)
+    # Fewer than FLUSH_EVERY_ROWS rows: unless 5 s passed, they were still buffered at the stop.
+    assert len(store.measurements()) == 3
+    assert store.runs()[0].status == "interrupted"
+    rest = runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False)
+    assert (rest.run_id, rest.resumed, rest.rows_added, rest.status) == (
+        cut.run_id, True, 5, "done")
 
 
 def test_different_seed_is_a_new_run(sweep_dir: Path, store: PerfStore) -> None:

@@ -6,6 +6,10 @@ port of 127.0.0.1 with its unix socket in that directory. PostgreSQL refuses to 
 so when the tests run as root the server runs as the unprivileged user `nobody` via
 `runuser -u nobody --` (the temporary directory is chowned to it). Skipped when no PostgreSQL
 binaries exist, but failed under CI=true.
+
+Beyond the contract: two stores on one database writing the same frame, job outcome or device
+at the same moment (30 trials each, released by a barrier) keep one copy and raise nothing, and
+database failures of `record_job_outcome` are `DatabaseError`.
 """
 
 from __future__ import annotations
@@ -16,18 +20,23 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from gpuplan_estimator.core import errors
-from gpuplan_estimator.perfdb.store import PerfStore
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.perfdb import connections
+from gpuplan_estimator.perfdb.store import PerfStore, StoredOutcome
 from gpuplan_testing import perfdb_contract as contract
 
 pytestmark = pytest.mark.postgres
 
 CMD_TIMEOUT_S = 60
+T = TypeVar("T")
 UNPRIVILEGED_USER = "nobody"
 
 
@@ -112,12 +121,12 @@ def test_migrations_applied_once(pg_store: PerfStore) -> None:
         with store.engine.connect() as conn:
             return [row[0] for row in conn.execute(text("select version_num from alembic_version"))]
 
-    assert versions(pg_store) == ["0003"]
+    assert versions(pg_store) == ["0004"]
     run = pg_store.add_run(device="t4", backend="onnxruntime-1.23.2-cpu")
     assert pg_store.add_measurements(run, contract.frame(2)) == 2
     again = PerfStore.open(pg_store.engine.url.render_as_string(hide_password=False))
     try:  # a second open neither re-runs the migrations nor loses what is stored
-        assert versions(again) == ["0003"]
+        assert versions(again) == ["0004"]
         assert [r.id for r in again.runs()] == [run]
         assert len(again.measurements(run_id=run)) == 2
     finally:
@@ -127,3 +136,92 @@ def test_migrations_applied_once(pg_store: PerfStore) -> None:
 def test_missing_database_is_a_clear_error(pg_server: str) -> None:
     with pytest.raises(errors.DatabaseError, match=r"gpuplan:\*\*\*@.*/nope"):
         PerfStore.open(f"{pg_server}/nope", retries=0)
+
+
+TRIALS = 30
+ROWS = 20
+
+
+def _race(stores: list[PerfStore], work: Callable[[PerfStore], T]) -> list[T | BaseException]:
+    """`work` once per store, all released by one barrier; each result or the exception."""
+    barrier = threading.Barrier(len(stores))
+    results: list[T | BaseException] = [RuntimeError("did not run")] * len(stores)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = work(stores[i])
+        except BaseException as exc:  # reported to the test, which asserts none
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(CMD_TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads), "a writer hung"
+    return results
+
+
+@pytest.fixture
+def two_writers(pg_store: PerfStore) -> Iterator[list[PerfStore]]:
+    """`pg_store` and a second store on the same database, with its own connection pool."""
+    other = PerfStore.open(pg_store.engine.url.render_as_string(hide_password=False))
+    yield [pg_store, other]
+    other.close()
+
+
+def test_concurrent_writers_of_one_frame_store_it_once(two_writers: list[PerfStore]) -> None:
+    failures: list[BaseException] = []
+    for _ in range(TRIALS):
+        run = two_writers[0].add_run(device="t4", backend="b")
+        rows = contract.frame(ROWS)
+        added = _race(two_writers, lambda s, run=run, rows=rows: s.add_measurements(run, rows))
+        failures += [a for a in added if isinstance(a, BaseException)]
+        assert sum(a for a in added if isinstance(a, int)) == ROWS
+        assert len(two_writers[1].measurements(run_id=run)) == ROWS
+    assert failures == []
+    assert len(two_writers[0].measurements()) == TRIALS * ROWS
+
+
+def test_concurrent_reports_of_one_job_store_one_outcome(two_writers: list[PerfStore]) -> None:
+    for trial in range(TRIALS):
+        got = _race(two_writers, lambda s, uid=f"job-{trial}": s.record_job_outcome(
+            job_uid=uid, device="t4", gpu_count=1, estimated_seconds=10.0,
+            actual_seconds=12.0))
+        stored = [g for g in got if isinstance(g, StoredOutcome)]
+        assert len(stored) == 2, got
+        assert sorted(g.created for g in stored) == [False, True]
+        assert stored[0].id == stored[1].id
+    frame = two_writers[0].job_outcomes()
+    assert len(frame) == TRIALS and frame["job_uid"].is_unique
+
+
+def test_concurrent_benchmarks_register_a_device_once(two_writers: list[PerfStore]) -> None:
+    for trial in range(TRIALS):
+        spec = DeviceSpec(key=f"gpu{trial}", name="G", vendor="nvidia", memory_bytes=1 << 30,
+                          mem_bandwidth_gbps=1.0, peak_tflops={"fp32": 1.0}, sm_count=1,
+                          boost_clock_mhz=1.0, l2_cache_mb=1.0)
+        assert _race(two_writers, lambda s, spec=spec: s.upsert_device(spec)) == [None, None]
+    assert len(two_writers[0].devices()) == TRIALS
+
+
+def test_job_outcome_failures_are_database_errors(pg_store: PerfStore) -> None:
+    from sqlalchemy import text
+
+    with pg_store.engine.begin() as conn:
+        conn.execute(text("drop table job_outcomes"))
+    # PostgreSQL calls a missing table a ProgrammingError, which is not retried.
+    with pytest.raises(errors.DatabaseError, match="job_outcomes"):
+        pg_store.record_job_outcome(job_uid="u", device="t4", gpu_count=1,
+                                    estimated_seconds=1.0, actual_seconds=1.0)
+
+
+def test_server_stopped_midway_is_a_database_error(pg_store: PerfStore) -> None:
+    """A store whose server went away (here: its port no longer answers) fails as DatabaseError."""
+    url = pg_store.engine.url.set(port=_free_port())
+    gone = PerfStore(connections.create(url.render_as_string(hide_password=False)),
+                     retries=1, retry_delay_seconds=0.01)
+    with pytest.raises(errors.DatabaseError, match=r"after 2 attempt\(s\)"):
+        gone.record_job_outcome(job_uid="u", device="t4", gpu_count=1, estimated_seconds=1.0,
+                                actual_seconds=1.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpuplan_estimator.core import errors
@@ -46,10 +47,13 @@ def prepare_rows(run_id: int, frame: pd.DataFrame) -> pd.DataFrame:
             rows[col] = default
     if "feature_schema_version" not in rows.columns:
         rows["feature_schema_version"] = DEFAULT_FEATURE_SCHEMA_VERSION
-    bad = rows["latency_ms"].isna() | ~(rows["latency_ms"].astype("float64") > 0)
+    latency_ms = rows["latency_ms"].astype("float64")
+    # NaN fails both tests; an infinite latency would poison every model fitted on the rows.
+    bad = ~(latency_ms > 0) | ~np.isfinite(latency_ms)
     if bad.any():
         raise errors.GpuplanError(
-            f"measurement frame column latency_ms: {int(bad.sum())} row(s) not positive"
+            f"measurement frame column latency_ms: {int(bad.sum())} row(s) not finite and "
+            f"positive"
         )
     rows["seq"] = rows.groupby(list(KEY_COLUMNS), sort=False).cumcount()
     rows["run_id"] = run_id

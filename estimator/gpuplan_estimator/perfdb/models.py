@@ -108,11 +108,14 @@ class ModelVersion(Base):
 
 
 class JobOutcome(Base):
-    """A finished training job's estimated vs actual seconds, reported for calibration."""
+    """A finished training job's estimated vs actual seconds, reported for calibration; one row
+    per job uid."""
     __tablename__ = "job_outcomes"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_uid: Mapped[str] = mapped_column(String(128), index=True)
+    # Unique since revision 0004: a job reports once, and a repeated report must not count twice
+    # in the calibration (the store answers it with the first row's id).
+    job_uid: Mapped[str] = mapped_column(String(128), index=True, unique=True)
     device: Mapped[str] = mapped_column(String(128))
     gpu_count: Mapped[int] = mapped_column(Integer)
     estimated_seconds: Mapped[float] = mapped_column(Float)

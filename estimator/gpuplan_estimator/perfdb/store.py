@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
@@ -26,6 +27,10 @@ from gpuplan_estimator.perfdb.models import (
 
 Clock = Callable[[], datetime]
 RUN_STATUSES = frozenset({"running", "done", "failed", "interrupted"})
+# Widths of the job_outcomes text columns and the range of its INTEGER column (PostgreSQL's
+# int4), checked before writing so an oversized value is a named field error, not a DataError.
+MAX_KEY_CHARS = 128
+MAX_GPU_COUNT = 2**31 - 1
 
 
 def _utcnow() -> datetime:
@@ -56,6 +61,14 @@ class RunInfo:
     host: str
     git_commit: str
     command: str
+
+
+@dataclass(frozen=True)
+class StoredOutcome:
+    """The row a job outcome is stored in; `created` is False when the job uid was already
+    recorded, in which case `id` is the earlier row's and nothing was written."""
+    id: int
+    created: bool
 
 
 class PerfStore:
@@ -198,7 +211,9 @@ class PerfStore:
         """Insert the rows of a measurement frame not already stored for this run.
 
         Idempotent: the key is (device, backend, kernel, op, dtype, dims) plus the occurrence
-        index of that key in `frame`, so re-adding the same frame adds nothing. Returns rows added.
+        index of that key in `frame`, so re-adding the same frame adds nothing, also when two
+        writers add it at the same time (the database skips rows whose key exists). Returns the
+        rows this call actually inserted.
         """
         rows = frames.prepare_rows(run_id, frame)
         if rows.empty:
@@ -211,13 +226,17 @@ class PerfStore:
         if rows.empty:
             return 0
         records = frames.to_records(rows)
+        # The key check above saves sending rows that are stored; the ON CONFLICT covers a
+        # concurrent writer that stores them between that check and this insert.
+        stmt = connections.insert_ignoring_duplicates(self.engine, Measurement).returning(
+            Measurement.id
+        )
 
-        def _do() -> None:
+        def _do() -> int:
             with self.engine.begin() as conn:
-                conn.execute(insert(Measurement), records)
+                return len(conn.execute(stmt, records).all())
 
-        self._retry(_do)
-        return len(records)
+        return int(self._retry(_do))
 
     def _existing_keys(self, run_id: int) -> pd.DataFrame:
         cols = [getattr(Measurement, c) for c in (*frames.KEY_COLUMNS, "seq")]
@@ -309,13 +328,16 @@ class PerfStore:
             "last_seen": now,
         }
 
+        # One statement, so two benchmarks of the same device type starting together do not
+        # both find it missing and both insert it.
+        stmt = connections.upsert(
+            self.engine, Device, index_elements=["key"],
+            values={"key": spec.key, "first_seen": now, **values}, update=values,
+        )
+
         def _do() -> None:
             with self.engine.begin() as conn:
-                found = conn.execute(
-                    update(Device).where(Device.key == spec.key).values(**values)
-                ).rowcount
-                if not found:
-                    conn.execute(insert(Device).values(key=spec.key, first_seen=now, **values))
+                conn.execute(stmt)
 
         self._retry(_do)
 
@@ -356,19 +378,27 @@ class PerfStore:
         estimated_seconds: float,
         actual_seconds: float,
         model_digest: str = "",
-    ) -> int:
-        """Record one finished job's estimated and actual seconds; returns the row id.
+    ) -> StoredOutcome:
+        """Record one finished job's estimated and actual seconds, once per `job_uid`.
 
-        `estimated_seconds` is the model's UNcalibrated estimate (the service divides the
-        plan's calibrated one by the factor the plan used), so the calibration fitted from
-        these rows never corrects its own earlier corrections.
+        A job uid already stored writes nothing and returns that row (``created=False``), so a
+        retried or replayed report never counts twice in the calibration. `estimated_seconds`
+        is the model's UNcalibrated estimate (the service divides the plan's calibrated one by
+        the factor the plan used), so the calibration fitted from these rows never corrects its
+        own earlier corrections. Bad values raise `InvalidRequestError` naming the field; a
+        failing database raises `DatabaseError`.
         """
-        if gpu_count < 1:
-            raise errors.InvalidRequestError("gpu_count", f"must be >= 1, got {gpu_count}")
-        if estimated_seconds <= 0 or actual_seconds <= 0:
+        _check_text("job_uid", job_uid, required=True)
+        _check_text("device", device, required=True)
+        _check_text("model_digest", model_digest, required=False)
+        if isinstance(gpu_count, bool) or not isinstance(gpu_count, int):
+            raise errors.InvalidRequestError("gpu_count", f"must be an integer, got {gpu_count!r}")
+        if not 1 <= gpu_count <= MAX_GPU_COUNT:
             raise errors.InvalidRequestError(
-                "estimated_seconds/actual_seconds", "must be positive"
+                "gpu_count", f"must be in 1..{MAX_GPU_COUNT}, got {gpu_count}"
             )
+        _check_seconds("estimated_seconds", estimated_seconds)
+        _check_seconds("actual_seconds", actual_seconds)
         row = {
             "job_uid": job_uid,
             "device": device,
@@ -378,7 +408,21 @@ class PerfStore:
             "model_digest": model_digest,
             "created_at": self.clock(),
         }
-        return self._insert(JobOutcome, row)
+        stmt = connections.insert_ignoring_duplicates(
+            self.engine, JobOutcome, index_elements=["job_uid"]
+        ).values(**row).returning(JobOutcome.id)
+        existing = select(JobOutcome.id).where(JobOutcome.job_uid == job_uid)
+
+        def _do() -> StoredOutcome:
+            with self.engine.begin() as conn:
+                new_id = conn.execute(stmt).scalar_one_or_none()
+                if new_id is not None:
+                    return StoredOutcome(id=int(new_id), created=True)
+                # The conflicting row is committed by now: the insert waited for it.
+                return StoredOutcome(id=int(conn.execute(existing).scalar_one()), created=False)
+
+        stored: StoredOutcome = self._retry(_do)
+        return stored
 
     def job_outcomes(
         self, *, device: str | None = None, job_uid: str | None = None
@@ -411,3 +455,22 @@ class PerfStore:
 
         frame: pd.DataFrame = self._retry(_do)
         return frame
+
+
+def _check_text(name: str, value: object, *, required: bool) -> None:
+    if not isinstance(value, str):
+        raise errors.InvalidRequestError(name, f"must be a string, got {type(value).__name__}")
+    if required and not value:
+        raise errors.InvalidRequestError(name, "must not be empty")
+    if len(value) > MAX_KEY_CHARS:
+        raise errors.InvalidRequestError(
+            name, f"must be at most {MAX_KEY_CHARS} characters, got {len(value)}"
+        )
+
+
+def _check_seconds(name: str, value: object) -> None:
+    """Finite and positive: one infinite or NaN outcome would make every later refit fail."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise errors.InvalidRequestError(name, f"must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise errors.InvalidRequestError(name, f"must be finite and positive, got {value!r}")

@@ -28,7 +28,6 @@ from gpuplan_estimator.bench import runner, timing
 from gpuplan_estimator.core import errors, provenance
 from gpuplan_estimator.perfdb.store import PerfStore
 
-
 EXIT_DONE = 0
 EXIT_BUDGET_SPENT = 3
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -53,6 +52,7 @@ class StopOnSignals:
         self._previous: dict[int, Any] = {}
 
     def __call__(self) -> bool:
+        """True once a stop signal arrived."""
         return self.signum is not None
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import base64
 import json
 import logging
@@ -89,11 +90,12 @@ def perfdb_outcome_sink(db_url: str | None) -> service.OutcomeSink:
     """
     store = _lazy_store(db_url)
 
-    def sink(req: wire.OutcomeRequest, device: str) -> int:
-        return store().record_job_outcome(
+    def sink(req: wire.OutcomeRequest, device: str) -> tuple[int, bool]:
+        stored = store().record_job_outcome(
             job_uid=req.job_uid, device=device, gpu_count=req.gpu_count,
             estimated_seconds=req.estimated_seconds / req.calibration_factor,
             actual_seconds=req.actual_seconds, model_digest=req.model_digest)
+        return stored.id, stored.created
 
     return sink
 
@@ -136,7 +138,8 @@ def run_serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
         request_timeout_s=args.request_timeout, bundle_poll_s=args.bundle_poll,
     )
-    state = service.ServiceState(lambda: load_context(args.bundle))
+    # A partial, not a lambda: every estimation worker process builds its context with it.
+    state = service.ServiceState(functools.partial(load_context, args.bundle))
     state.load()  # fail fast on a broken explicit bundle
     app = service.make_app(state, settings, outcome_sink=perfdb_outcome_sink(args.db),
                            coverage_source=perfdb_coverage_source(args.db),

@@ -116,3 +116,16 @@ def test_signal_flushes_marks_interrupted_and_rerun_resumes(
         assert len(after) == len(stored) + int(match[3])
         # The rows of the first invocation are kept as they were, not re-measured.
         assert after["dims"].tolist()[: len(stored)] == stored["dims"].tolist()
+
+
+def test_first_signal_requests_a_stop_second_interrupts_handlers_restored() -> None:
+    before = {sig: signal.getsignal(sig) for sig in cli.STOP_SIGNALS}
+    with cli.StopOnSignals() as stop:
+        assert not stop()
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered to this (main) thread
+        assert stop() and stop.signum == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)  # the handler runs at the next bytecode; this only bounds the wait
+        assert stop.signum == signal.SIGTERM  # the first signal decides the exit code
+    assert {sig: signal.getsignal(sig) for sig in cli.STOP_SIGNALS} == before

@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -176,7 +177,7 @@ def test_concurrent_writers_of_one_frame_store_it_once(two_writers: list[PerfSto
     for _ in range(TRIALS):
         run = two_writers[0].add_run(device="t4", backend="b")
         rows = contract.frame(ROWS)
-        added = _race(two_writers, lambda s, run=run, rows=rows: s.add_measurements(run, rows))
+        added = _race(two_writers, partial(PerfStore.add_measurements, run_id=run, frame=rows))
         failures += [a for a in added if isinstance(a, BaseException)]
         assert sum(a for a in added if isinstance(a, int)) == ROWS
         assert len(two_writers[1].measurements(run_id=run)) == ROWS
@@ -186,9 +187,9 @@ def test_concurrent_writers_of_one_frame_store_it_once(two_writers: list[PerfSto
 
 def test_concurrent_reports_of_one_job_store_one_outcome(two_writers: list[PerfStore]) -> None:
     for trial in range(TRIALS):
-        got = _race(two_writers, lambda s, uid=f"job-{trial}": s.record_job_outcome(
-            job_uid=uid, device="t4", gpu_count=1, estimated_seconds=10.0,
-            actual_seconds=12.0))
+        got = _race(two_writers, partial(
+            PerfStore.record_job_outcome, job_uid=f"job-{trial}", device="t4", gpu_count=1,
+            estimated_seconds=10.0, actual_seconds=12.0))
         stored = [g for g in got if isinstance(g, StoredOutcome)]
         assert len(stored) == 2, got
         assert sorted(g.created for g in stored) == [False, True]
@@ -202,7 +203,7 @@ def test_concurrent_benchmarks_register_a_device_once(two_writers: list[PerfStor
         spec = DeviceSpec(key=f"gpu{trial}", name="G", vendor="nvidia", memory_bytes=1 << 30,
                           mem_bandwidth_gbps=1.0, peak_tflops={"fp32": 1.0}, sm_count=1,
                           boost_clock_mhz=1.0, l2_cache_mb=1.0)
-        assert _race(two_writers, lambda s, spec=spec: s.upsert_device(spec)) == [None, None]
+        assert _race(two_writers, partial(PerfStore.upsert_device, spec=spec)) == [None, None]
     assert len(two_writers[0].devices()) == TRIALS
 
 

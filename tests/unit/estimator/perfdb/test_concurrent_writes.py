@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -58,7 +59,7 @@ def test_two_writers_of_the_same_frame_store_it_once(writers: list[PerfStore]) -
     for _ in range(TRIALS):
         run = writers[0].add_run(device="t4", backend="b")
         rows = contract.frame(ROWS)
-        added = race(writers, lambda s, run=run, rows=rows: s.add_measurements(run, rows))
+        added = race(writers, partial(PerfStore.add_measurements, run_id=run, frame=rows))
         errors += [r for r in added if isinstance(r, BaseException)]
         counts = [r for r in added if isinstance(r, int)]
         # Every row stored by exactly one of the two writers, and counted by that one.
@@ -70,9 +71,9 @@ def test_two_writers_of_the_same_frame_store_it_once(writers: list[PerfStore]) -
 def test_two_writers_of_the_same_job_outcome_store_it_once(writers: list[PerfStore]) -> None:
     for trial in range(TRIALS):
         uid = f"job-{trial}"
-        got = race(writers, lambda s, uid=uid: s.record_job_outcome(
-            job_uid=uid, device="t4", gpu_count=1, estimated_seconds=10.0,
-            actual_seconds=12.0))
+        got = race(writers, partial(
+            PerfStore.record_job_outcome, job_uid=uid, device="t4", gpu_count=1,
+            estimated_seconds=10.0, actual_seconds=12.0))
         assert all(isinstance(g, StoredOutcome) for g in got), got
         stored = [g for g in got if isinstance(g, StoredOutcome)]
         assert sorted(g.created for g in stored) == [False, True]
@@ -88,7 +89,7 @@ def test_two_benchmarks_registering_one_device_do_not_collide(
         spec = DeviceSpec(key=f"gpu{trial}", name="G", vendor="nvidia", memory_bytes=1 << 30,
                           mem_bandwidth_gbps=1.0, peak_tflops={"fp32": 1.0}, sm_count=1,
                           boost_clock_mhz=1.0, l2_cache_mb=1.0)
-        got = race(writers, lambda s, spec=spec: s.upsert_device(spec))
+        got = race(writers, partial(PerfStore.upsert_device, spec=spec))
         assert got == [None, None]
     devices: pd.DataFrame = writers[0].devices()
     assert len(devices) == TRIALS and devices["key"].is_unique

@@ -72,3 +72,39 @@ class JobNameConflictError(OperatorError):
     """
 
     reason = "JobNameConflict"
+
+
+class JobRejectedError(OperatorError):
+    """The API server refused to create the Job or Service (a 4xx other than a conflict).
+
+    Retrying the same object gets the same answer (an invalid template, a forbidden field), so
+    it is not retried; a spec change re-plans and tries again.
+    """
+
+    reason = "JobRejected"
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class ServiceAccountNotFoundError(OperatorError):
+    """The service account named in `spec.template` does not exist in the namespace (yet).
+
+    Retried with backoff: it is often applied in the same file, after the TrainingJob.
+    """
+
+    reason = "ServiceAccountNotFound"
+
+
+class KubeApiUnavailableError(OperatorError):
+    """The Kubernetes API timed out, refused the connection, throttled (429) or answered 5xx."""
+
+    reason = "KubernetesApiUnavailable"
+
+
+class AwaitingCapacityError(OperatorError):
+    """No plan was feasible and the cluster's GPU capacity has not changed since: check again
+    later, without asking the estimator (the condition still says NoFeasiblePlan)."""
+
+    reason = "NoFeasiblePlan"

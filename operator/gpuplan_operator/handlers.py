@@ -32,7 +32,11 @@ LOG = logging.getLogger(__name__)
 TRAINING_JOBS = (resources.GROUP, resources.VERSION, resources.PLURAL)
 # Domain errors worth retrying: the world may change (estimator back, ConfigMap created).
 TEMPORARY = (errors.EstimatorUnavailableError, errors.ModelSourceUnavailableError,
-             errors.JobNameConflictError)
+             errors.JobNameConflictError, errors.ServiceAccountNotFoundError,
+             errors.KubeApiUnavailableError)
+
+
+JOB_EVENT_ATTEMPTS = 5
 
 
 def _now() -> datetime.datetime:
@@ -106,16 +110,51 @@ async def plan_and_launch(body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, sta
     ctx: reconcile.Context = memo.ctx
     tj = reconcile.TrainingJobRef(
         namespace=str(meta["namespace"]), name=str(meta["name"]), uid=str(meta["uid"]),
-        generation=int(meta.get("generation", 1)), status=dict(status), emit=_emitter(body))
+        generation=int(meta.get("generation", 1)), status=dict(status), emit=_emitter(body),
+        annotations=dict(meta.get("annotations") or {}))
     try:
         await reconcile.reconcile(ctx, tj, dict(spec))
-    except TEMPORARY as exc:
-        raise kopf.TemporaryError(str(exc), delay=ctx.settings.retry_delay_seconds(retry)) from exc
     except errors.OperatorError as exc:
-        raise kopf.PermanentError(f"{exc.reason}: {exc}") from exc
+        raise _kopf_error(ctx, exc, retry) from exc
+    except kube.ApiError as exc:
+        # A 4xx outside Job creation (e.g. RBAC on a read): nothing to put in a condition
+        # that the log does not say better; retry with backoff rather than every minute.
+        raise kopf.TemporaryError(f"Kubernetes API answered {exc.status}: "
+                                  f"{kube.rejection_message(exc)}",
+                                  delay=ctx.settings.retry_delay_seconds(retry)) from exc
+
+
+def _kopf_error(ctx: reconcile.Context, exc: errors.OperatorError,
+                retry: int) -> kopf.TemporaryError | kopf.PermanentError:
+    if exc.reason == resources.Reason.NO_FEASIBLE_PLAN:
+        # Not permanent: the next pass re-plans once GPU nodes were added or removed, and
+        # otherwise only re-reads the (shared, cached) node list.
+        return kopf.TemporaryError(str(exc), delay=ctx.settings.capacity_check_interval_seconds)
+    if isinstance(exc, TEMPORARY):
+        return kopf.TemporaryError(str(exc), delay=ctx.settings.retry_delay_seconds(retry))
+    return kopf.PermanentError(f"{exc.reason}: {exc}")
+
+
+@kopf.on.event(*TRAINING_JOBS)
+async def trainingjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """Forget a deleted TrainingJob: its per-job gauges and capacity record."""
+    if event["type"] != "DELETED":
+        return
+    meta = event["object"].get("metadata") or {}
+    reconcile.forget(memo.ctx, str(meta.get("namespace")), str(meta.get("name")),
+                     str(meta.get("uid")))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={resources.OWNER_LABEL: kopf.PRESENT})
 async def job_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Copy the outcome of a Job the operator launched into its TrainingJob."""
-    await reconcile.record_job(memo.ctx, dict(body), _emitter)
+    ctx: reconcile.Context = memo.ctx
+    # kopf never retries event handlers, and a finished Job may send no further event: retry
+    # an unavailable API here (a restart lists every Job again, so nothing is lost for good).
+    for attempt in range(JOB_EVENT_ATTEMPTS):
+        try:
+            await reconcile.record_job(ctx, dict(body), _emitter)
+            return
+        except errors.KubeApiUnavailableError as exc:
+            LOG.warning("recording Job %s: %s", body.get("metadata", {}).get("name"), exc)
+            await asyncio.sleep(ctx.settings.retry_delay_seconds(attempt))

@@ -56,3 +56,13 @@ def build_inventory(
                 free_gpus=sum(f for _, f in v))
         for t, v in sorted(per_type.items())
     ]
+
+
+Capacity = tuple[tuple[str, int, int], ...]
+"""What a plan's feasibility depends on: (GPU type, GPUs per node, nodes) per pool, sorted."""
+
+
+def capacity(pools: Iterable[GpuPool]) -> Capacity:
+    """The pools without their free GPUs: the estimator's feasibility ignores them (a plan is
+    for the cluster, not for this instant), so pods starting and ending do not change it."""
+    return tuple(sorted((p.gpu_type, p.gpus_per_node, p.nodes) for p in pools))

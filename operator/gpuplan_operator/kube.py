@@ -9,12 +9,20 @@ from collections.abc import Mapping
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpuplan_operator import gpu_accounting, resources
+from gpuplan_operator import errors, gpu_accounting, resources
 
 ApiError = ApiException
-"""What the Kubernetes client raises for a failed call; callers catch this, not the client."""
+"""What the Kubernetes client raises for a 4xx answer; callers catch this, not the client.
+
+Timeouts, refused connections, 429 and 5xx answers are `errors.KubeApiUnavailableError`
+instead: worth retrying with backoff, unlike a 4xx.
+"""
+
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+"""Label the Job controller puts on its pods: the Job's uid (exact, unlike the Job's name)."""
 
 REQUEST_TIMEOUT = (5.0, 30.0)  # (connect, read) seconds on every call
 
@@ -66,6 +74,16 @@ class Kube:
                            resources.VERSION, namespace, resources.PLURAL, name,
                            {"metadata": {"annotations": dict(annotations)}})
 
+    async def get_service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ServiceAccount, or None when it does not exist."""
+        return await _call_or_none(self._core.read_namespaced_service_account, name, namespace)
+
+    async def list_job_pods(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
+        """Pods the Job controller created for the Job of uid `job_uid`, any phase."""
+        out = await _call(self._core.list_namespaced_pod, namespace,
+                          label_selector=f"{JOB_UID_LABEL}={job_uid}")
+        return list(out.get("items", []))
+
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Job, or None when it does not exist."""
         return await _call_or_none(self._batch.read_namespaced_job, name, namespace)
@@ -102,12 +120,32 @@ def load_configuration() -> kubernetes.client.Configuration:
     return config
 
 
+def rejection_message(exc: ApiException) -> str:
+    """The API server's own words for a refused call: the Status `message`, else the reason."""
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("message"), str) and body["message"]:
+        return str(body["message"])
+    return f"{exc.status} {exc.reason}"
+
+
 async def _call(fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
     def run() -> dict[str, Any]:
         resp = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
         data: dict[str, Any] = json.loads(resp.data)
         return data
-    return await asyncio.to_thread(run)
+    try:
+        return await asyncio.to_thread(run)
+    except urllib3.exceptions.HTTPError as exc:  # timeouts, refused or reset connections
+        raise errors.KubeApiUnavailableError(
+            f"Kubernetes API unreachable: {type(exc).__name__}: {exc}") from exc
+    except ApiException as exc:
+        if exc.status is not None and (exc.status >= 500 or exc.status == 429):
+            raise errors.KubeApiUnavailableError(
+                f"Kubernetes API answered {exc.status}: {rejection_message(exc)}") from exc
+        raise
 
 
 async def _call_or_none(fn: Any, *args: Any) -> dict[str, Any] | None:

@@ -18,6 +18,11 @@ MAX_JOB_NAME = 52
 JOB_SUFFIX = "-train"
 COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+JOB_BACKOFF_LIMIT = 3
+"""Pod failures a Job absorbs before it fails. Disruptions (preemption, eviction, node drain)
+do not count (podFailurePolicy Ignore) and a trainer's own non-zero exit fails the Job at
+once (FailJob), so this only covers failures neither rule recognises, e.g. a pod that could
+not start or a sidecar's crash."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +77,11 @@ def build_job(
     """batch/v1 Job running `template` on the planned GPU type and count."""
     name = job_name(owner.name)
     pod = _pod_template(owner, plan, template, scheduler_name)
-    spec: dict[str, Any] = {"backoffLimit": 0, "template": pod}
+    spec: dict[str, Any] = {
+        "backoffLimit": JOB_BACKOFF_LIMIT,
+        "podFailurePolicy": pod_failure_policy(pod["spec"]["containers"][0]["name"]),
+        "template": pod,
+    }
     if plan.multi_node:
         spec.update(completions=plan.nodes, parallelism=plan.nodes, completionMode="Indexed")
         pod["spec"]["subdomain"] = name
@@ -92,6 +101,21 @@ def build_job(
         },
         "spec": spec,
     }
+
+
+def pod_failure_policy(trainer: str) -> dict[str, Any]:
+    """Retry infrastructure failures, fail fast on the trainer's own errors.
+
+    Rules apply in order: a pod the cluster disrupted (DisruptionTarget: preemption, eviction,
+    node drain or shutdown) is replaced without counting toward backoffLimit; a non-zero exit
+    of the training container fails the Job at once, since re-running the same code on the
+    same data fails again after burning GPU hours. Kubernetes requires restartPolicy Never.
+    """
+    return {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+        {"action": "FailJob",
+         "onExitCodes": {"containerName": trainer, "operator": "NotIn", "values": [0]}},
+    ]}
 
 
 def build_headless_service(
@@ -123,7 +147,8 @@ def _pod_template(owner: Owner, plan: resources.Plan, template: Mapping[str, Any
     meta.setdefault("labels", {})[resources.OWNER_LABEL] = owner.name
     meta.setdefault("annotations", {}).update(plan_annotations(plan, per_pod=True))
     spec = pod.setdefault("spec", {})
-    spec.setdefault("restartPolicy", "Never")
+    # podFailurePolicy requires Never; validation refuses any other value in the template.
+    spec["restartPolicy"] = "Never"
     if scheduler_name:
         spec["schedulerName"] = scheduler_name
     spec["affinity"] = _with_gpu_affinity(spec.get("affinity") or {}, plan.gpu_type)

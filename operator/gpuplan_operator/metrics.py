@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
 from gpuplan_operator import benchmarks
 
@@ -26,8 +28,14 @@ class OperatorMetrics:
             "gpuplan_actual_seconds", "Measured training seconds of a finished job",
             ["namespace", "trainingjob", "gpu_type"], registry=registry)
         self.drift_ratio = Histogram(
-            "gpuplan_drift_ratio", "actual / estimated training time of finished jobs",
+            "gpuplan_drift_ratio", "actual / estimated training time of succeeded jobs",
             ["gpu_type"], buckets=DRIFT_BUCKETS, registry=registry)
+        # Ratios average geometrically: 2x slow and 2x fast should cancel to 1, not to 1.25.
+        # Alerts take exp(rate(sum) / rate(count)) of this.
+        self.drift_log_ratio = Summary(
+            "gpuplan_drift_log_ratio",
+            "ln(actual / estimated) training time of succeeded jobs; exp(sum / count) is the "
+            "geometric mean drift", ["gpu_type"], registry=registry)
         self.estimator_requests = Counter(
             "gpuplan_estimator_requests", "Plan requests to the estimator by outcome",
             ["outcome"], registry=registry)
@@ -40,6 +48,8 @@ class OperatorMetrics:
             "gpuplan_gpu_type_measurements",
             "Measurement rows in the performance database per cluster GPU type (0 = no data)",
             ["gpu_type"], registry=registry)
+        # Per-job label sets: (namespace, trainingjob) → (gpu_type, when it finished or None).
+        self._jobs: dict[tuple[str, str], tuple[str, datetime.datetime | None]] = {}
 
     def observe_coverage(self, coverage: Iterable[benchmarks.GpuTypeCoverage]) -> None:
         """Replace both gauges: a GPU type that left the cluster must stop alerting."""
@@ -51,15 +61,41 @@ class OperatorMetrics:
                 self.benchmark_age_seconds.labels(c.gpu_type).set(c.age_seconds)
 
     def observe_plan(self, namespace: str, name: str, gpu_type: str, seconds: float) -> None:
-        """Record the estimated seconds of a new plan."""
+        """Record the estimated seconds of a new plan (a re-plan replaces the old labels)."""
+        self.forget(namespace, name)
         self.estimate_seconds.labels(namespace, name, gpu_type).set(seconds)
+        self._jobs[namespace, name] = (gpu_type, None)
 
     def observe_finished(self, namespace: str, name: str, gpu_type: str, actual_seconds: float,
-                         drift: float | None) -> None:
-        """Record a finished job's measured seconds and, when known, its drift ratio."""
+                         drift: float | None, *, succeeded: bool,
+                         now: datetime.datetime) -> None:
+        """Record a finished job's measured seconds and, for a success, its drift ratio.
+
+        A failed run says nothing about the estimate (it stopped early or crashed), so it
+        never enters the drift statistics.
+        """
         self.actual_seconds.labels(namespace, name, gpu_type).set(actual_seconds)
-        if drift is not None:
+        self._jobs[namespace, name] = (gpu_type, now)
+        if succeeded and drift is not None and drift > 0:
             self.drift_ratio.labels(gpu_type).observe(drift)
+            self.drift_log_ratio.labels(gpu_type).observe(math.log(drift))
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop the per-job gauges of a TrainingJob (deleted, re-planned or expired)."""
+        known = self._jobs.pop((namespace, name), None)
+        if known is None:
+            return
+        for gauge in (self.estimate_seconds, self.actual_seconds):
+            gauge.remove(namespace, name, known[0])  # a label set it never had is ignored
+
+    def expire(self, now: datetime.datetime, retention_seconds: float) -> list[tuple[str, str]]:
+        """Drop the gauges of jobs that finished more than `retention_seconds` ago (they have
+        been scraped by then); returns the (namespace, name) pairs dropped."""
+        old = [key for key, (_gpu, finished) in self._jobs.items()
+               if finished is not None and (now - finished).total_seconds() > retention_seconds]
+        for namespace, name in old:
+            self.forget(namespace, name)
+        return old
 
     def count_request(self, outcome: str) -> None:
         """Count one plan request to the estimator by its outcome."""

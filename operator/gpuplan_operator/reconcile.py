@@ -2,11 +2,14 @@
 
 No kopf here: handlers pass the object, a clock and an event sink, and map the domain errors
 this module raises to kopf's retry semantics. Status is written before the next side effect so
-a restarted operator resumes from it (plan before Job, Job before `Launched`).
+a restarted operator resumes from it (plan before Job, Job before `Launched`), and every pass
+completes what the observed state lacks (annotations of a stored plan, its Job) instead of
+trusting that an earlier pass got that far: a crash between two writes leaves nothing undone.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 from collections.abc import Callable, Mapping
@@ -28,6 +31,9 @@ from gpuplan_operator import (
 from gpuplan_operator.resources import ConditionType as Condition
 from gpuplan_operator.resources import Reason
 
+REPORTED_UIDS_KEPT = 10_000
+"""How many job uids whose outcome was sent are remembered (a bounded guard against resends)."""
+
 
 class EventSink(Protocol):
     """Emits a Kubernetes Event about the object being reconciled."""
@@ -37,14 +43,29 @@ class EventSink(Protocol):
 
 
 @dataclasses.dataclass
+class CapacityCache:
+    """The cluster's GPU capacity, re-read at most once per interval for all TrainingJobs."""
+
+    value: inventory.Capacity | None = None
+    read_at: datetime.datetime | None = None
+
+
+@dataclasses.dataclass
 class Context:
-    """What a reconcile pass needs: cluster, settings, metrics, clock and model URL guard."""
+    """What a reconcile pass needs: cluster, settings, metrics, clock and model URL guard,
+    plus in-memory state shared by passes (lost on restart, when resume handlers rebuild it)."""
 
     kube: kube.Kube
     settings: settings.Settings
     metrics: metrics.OperatorMetrics
     clock: Callable[[], datetime.datetime]
     guard: modelsource.UrlGuard
+    infeasible_at: dict[str, inventory.Capacity] = dataclasses.field(default_factory=dict)
+    """TrainingJob uid → the GPU capacity its plan was infeasible for."""
+    capacity: CapacityCache = dataclasses.field(default_factory=CapacityCache)
+    reported: collections.OrderedDict[str, None] = dataclasses.field(
+        default_factory=collections.OrderedDict)
+    """Job uids whose outcome was sent to the estimator, oldest first."""
 
 
 @dataclasses.dataclass
@@ -57,6 +78,8 @@ class TrainingJobRef:
     generation: int
     status: dict[str, Any]
     emit: EventSink
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The object's annotations as observed; an empty mapping only means more patches."""
 
     @property
     def conditions(self) -> list[dict[str, Any]]:
@@ -77,15 +100,70 @@ async def _set(ctx: Context, tj: TrainingJobRef, *, type_: str, ok: bool, reason
 async def reconcile(ctx: Context, tj: TrainingJobRef, spec: Mapping[str, Any]) -> None:
     """Plan (unless a plan for this generation exists) and launch; idempotent."""
     if tj.status.get("jobName"):
+        stored = tj.status.get("plan")
+        if stored:
+            await _ensure_annotations(ctx, tj, resources.Plan.from_status(stored))
         await _record_late_change(ctx, tj)
         return
+    if awaits_capacity(tj.status, tj.generation) and not await _capacity_changed(ctx, tj):
+        raise errors.AwaitingCapacityError(
+            "no plan was feasible and GPU types and node counts are unchanged since")
     try:
         parsed = validation.parse_spec(spec)
         plan = _current_plan(tj) or await _plan(ctx, tj, parsed)
     except errors.OperatorError as exc:
         await _fail_estimate(ctx, tj, exc)
         raise
+    ctx.infeasible_at.pop(tj.uid, None)
+    await _ensure_annotations(ctx, tj, plan)
     await _launch(ctx, tj, parsed, plan)
+
+
+async def _ensure_annotations(ctx: Context, tj: TrainingJobRef, plan: resources.Plan) -> None:
+    """Write the plan's annotations unless the object already carries them (a pass that
+    crashed after storing the plan left them out)."""
+    wanted = manifests.plan_annotations(plan)
+    if all(tj.annotations.get(k) == v for k, v in wanted.items()):
+        return
+    await ctx.kube.patch_trainingjob_annotations(tj.namespace, tj.name, wanted)
+    tj.annotations = {**tj.annotations, **wanted}
+
+
+def awaits_capacity(status: Mapping[str, Any], generation: int) -> bool:
+    """Whether the TrainingJob's current generation stopped at NoFeasiblePlan, unlaunched."""
+    if status.get("jobName"):
+        return False
+    cond = resources.find_condition(status.get("conditions") or [], Condition.ESTIMATED)
+    return (cond is not None and cond.get("status") == "False"
+            and cond.get("reason") == Reason.NO_FEASIBLE_PLAN
+            and cond.get("observedGeneration") == generation)
+
+
+async def current_capacity(ctx: Context) -> inventory.Capacity:
+    """The cluster's GPU capacity, listed at most once per capacity_check_interval_seconds."""
+    now, cache = ctx.clock(), ctx.capacity
+    interval = ctx.settings.capacity_check_interval_seconds
+    if (cache.value is None or cache.read_at is None
+            or (now - cache.read_at).total_seconds() >= interval):
+        pools = inventory.build_inventory(await ctx.kube.list_gpu_nodes(), [])
+        cache.value, cache.read_at = inventory.capacity(pools), now
+    return cache.value
+
+
+async def _capacity_changed(ctx: Context, tj: TrainingJobRef) -> bool:
+    """Whether GPU nodes were added or removed since this TrainingJob's plan was infeasible.
+
+    Unknown (the plan failed before this process started) counts as changed: one re-plan
+    records the capacity it failed for.
+    """
+    seen = ctx.infeasible_at.get(tj.uid)
+    if seen is None:
+        return True
+    if seen == await current_capacity(ctx):
+        return False
+    tj.emit(warning=False, reason=Reason.CAPACITY_CHANGED,
+            message="GPU capacity changed since no plan was feasible: re-planning")
+    return True
 
 
 def _current_plan(tj: TrainingJobRef) -> resources.Plan | None:
@@ -139,14 +217,14 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
             timeout_seconds=ctx.settings.estimator_timeout_seconds)
     except errors.OperatorError as exc:
         ctx.metrics.count_request(exc.reason)
+        if exc.reason == Reason.NO_FEASIBLE_PLAN:
+            ctx.infeasible_at[tj.uid] = inventory.capacity(pools)
         raise
     ctx.metrics.count_request("ok")
     message = (f"{plan.gpu_count}x {plan.gpu_type} ({plan.nodes} node(s)), "
                f"estimated {plan.estimated_seconds:.0f}s, predictor {plan.predictor}")
     await _set(ctx, tj, type_=Condition.ESTIMATED, ok=True, reason=Reason.PLANNED, message=message,
                extra={"plan": plan.to_status()})
-    await ctx.kube.patch_trainingjob_annotations(tj.namespace, tj.name,
-                                                 manifests.plan_annotations(plan))
     ctx.metrics.observe_plan(tj.namespace, tj.name, plan.gpu_type, plan.estimated_seconds)
     tj.emit(warning=False, reason=Reason.PLANNED, message=message)
     return plan
@@ -156,25 +234,61 @@ async def _launch(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobS
                   plan: resources.Plan) -> None:
     owner = manifests.Owner(name=tj.name, uid=tj.uid)
     port = ctx.settings.master_port
-    if plan.multi_node:
-        svc = manifests.build_headless_service(owner=owner, namespace=tj.namespace,
-                                               master_port=port)
-        await ctx.kube.create_service(tj.namespace, svc)
+    await _check_service_account(ctx, tj, spec.template)
     job = manifests.build_job(owner=owner, namespace=tj.namespace, plan=plan,
                               template=spec.template, scheduler_name=ctx.settings.scheduler_name,
                               master_port=port)
-    existing, created = await ctx.kube.create_job(tj.namespace, job)
-    owners = [o.get("uid") for o in existing["metadata"].get("ownerReferences") or []]
     name = job["metadata"]["name"]
+    try:
+        if plan.multi_node:
+            svc = manifests.build_headless_service(owner=owner, namespace=tj.namespace,
+                                                   master_port=port)
+            await ctx.kube.create_service(tj.namespace, svc)
+        existing, created = await ctx.kube.create_job(tj.namespace, job)
+    except kube.ApiError as exc:
+        raise await _launch_rejected(ctx, tj, name, exc) from exc
+    owners = [o.get("uid") for o in existing["metadata"].get("ownerReferences") or []]
     if tj.uid not in owners:
-        exc = errors.JobNameConflictError(f"job {name} exists and is not owned by this TrainingJob")
-        await _set(ctx, tj, type_=Condition.LAUNCHED, ok=False, reason=exc.reason, message=str(exc))
-        raise exc
+        conflict = errors.JobNameConflictError(
+            f"job {name} exists and is not owned by this TrainingJob")
+        await _set(ctx, tj, type_=Condition.LAUNCHED, ok=False, reason=conflict.reason,
+                   message=str(conflict))
+        raise conflict
     message = f"Job {name}: {plan.gpu_count}x {plan.gpu_type}"
     await _set(ctx, tj, type_=Condition.LAUNCHED, ok=True, reason=Reason.JOB_CREATED,
                message=message, extra={"jobName": name})
     if created:
         tj.emit(warning=False, reason=Reason.JOB_CREATED, message=message)
+
+
+async def _check_service_account(ctx: Context, tj: TrainingJobRef,
+                                 template: Mapping[str, Any]) -> None:
+    """The account the template names must exist before its pods are created: otherwise the
+    Job controller would retry pod creation forever behind a Job that looks launched."""
+    account = validation.service_account(template)
+    if account is None:
+        return  # the namespace's `default`, which the cluster maintains
+    if await ctx.kube.get_service_account(tj.namespace, account) is not None:
+        return
+    exc = errors.ServiceAccountNotFoundError(
+        f"spec.template names service account {account!r}, which does not exist in namespace "
+        f"{tj.namespace}; no Job is created until it does")
+    await _set(ctx, tj, type_=Condition.LAUNCHED, ok=False, reason=exc.reason, message=str(exc))
+    tj.emit(warning=True, reason=exc.reason, message=str(exc))
+    raise exc
+
+
+async def _launch_rejected(ctx: Context, tj: TrainingJobRef, job_name: str,
+                           exc: kube.ApiError) -> errors.JobRejectedError:
+    """A 4xx from the API server on create: the same object gets the same answer, so the
+    condition says why and the pass stops (kube already turned 429 and 5xx into retries)."""
+    rejected = errors.JobRejectedError(
+        int(exc.status or 0),
+        f"the API server refused Job {job_name} ({exc.status}): {kube.rejection_message(exc)}")
+    await _set(ctx, tj, type_=Condition.LAUNCHED, ok=False, reason=rejected.reason,
+               message=str(rejected))
+    tj.emit(warning=True, reason=rejected.reason, message=str(rejected))
+    return rejected
 
 
 async def _record_late_change(ctx: Context, tj: TrainingJobRef) -> None:
@@ -194,10 +308,13 @@ async def _record_late_change(ctx: Context, tj: TrainingJobRef) -> None:
 
 async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
         [Mapping[str, Any]], EventSink]) -> None:
-    """Copy a finished Job's outcome into its TrainingJob once (status.actual, drift, metrics)."""
-    outcome = tracking.job_outcome(job)
-    if outcome is None:
-        return
+    """Copy a finished Job's outcome into its TrainingJob once (status.actual, drift, metrics).
+
+    Drift is actual / estimated for succeeded runs only, the run measured from its first
+    container start; a failed run says nothing about the estimate.
+    """
+    if tracking.job_outcome(job) is None:
+        return  # still running: no need to read its pods
     meta = job["metadata"]
     tj_name = (meta.get("labels") or {}).get(resources.OWNER_LABEL)
     if not tj_name:
@@ -208,8 +325,12 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     status = dict(body.get("status") or {})
     if status.get("actual") or status.get("jobName") != meta["name"]:
         return
+    pods = await ctx.kube.list_job_pods(meta["namespace"], str(meta.get("uid", "")))
+    outcome = tracking.job_outcome(job, pods)
+    assert outcome is not None  # finished above, and pods only refine its start
     plan = resources.Plan.from_status(status["plan"])
-    drift = resources.drift_ratio(outcome.actual.seconds, plan.estimated_seconds)
+    drift = (resources.drift_ratio(outcome.actual.seconds, plan.estimated_seconds)
+             if outcome.succeeded else None)
     tj = TrainingJobRef(meta["namespace"], tj_name, body["metadata"]["uid"],
                         int(body["metadata"].get("generation", 1)), status, emit_for(body))
     extra: dict[str, Any] = {"actual": outcome.actual.to_status()}
@@ -217,18 +338,35 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
         extra["drift"] = round(drift, 6)
     type_, reason = ((Condition.SUCCEEDED, Reason.JOB_COMPLETED) if outcome.succeeded
                      else (Condition.FAILED, Reason.JOB_FAILED))
-    message = f"{outcome.message}; {outcome.actual.seconds:.0f}s actual, drift {drift}"
+    measured = f"{outcome.actual.seconds:.0f}s actual from the {outcome.start_source}"
+    message = (f"{outcome.message}; {measured}, drift {drift:.3g}" if drift is not None
+               else f"{outcome.message}; {measured}")
     await _set(ctx, tj, type_=type_, ok=True, reason=reason, message=message, extra=extra)
+    now = ctx.clock()
+    ctx.metrics.expire(now, ctx.settings.finished_job_metrics_seconds)
     ctx.metrics.observe_finished(tj.namespace, tj.name, plan.gpu_type, outcome.actual.seconds,
-                                 drift)
+                                 drift, succeeded=outcome.succeeded, now=now)
     tj.emit(warning=not outcome.succeeded, reason=reason, message=message)
     if outcome.succeeded and outcome.actual.seconds > 0:
         await _feed_back(ctx, tj, plan, outcome.actual.seconds)
 
 
+def forget(ctx: Context, namespace: str, name: str, uid: str) -> None:
+    """Drop what the operator keeps about a deleted TrainingJob (gauges, capacity record)."""
+    ctx.metrics.forget(namespace, name)
+    ctx.infeasible_at.pop(uid, None)
+
+
 async def _feed_back(ctx: Context, tj: TrainingJobRef, plan: resources.Plan,
                      actual_seconds: float) -> None:
-    """Send the outcome to the estimator as a calibration sample; losing one is not fatal."""
+    """Send the outcome to the estimator as a calibration sample, at most once per job uid
+    (status.actual, written first, guards restarts; `ctx.reported` guards racing events).
+    Losing one is not fatal."""
+    if tj.uid in ctx.reported:
+        return
+    ctx.reported[tj.uid] = None
+    while len(ctx.reported) > REPORTED_UIDS_KEPT:
+        ctx.reported.popitem(last=False)
     body = estimator_client.build_outcome(job_uid=tj.uid, plan=plan,
                                           actual_seconds=actual_seconds)
     try:

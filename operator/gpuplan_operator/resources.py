@@ -38,6 +38,9 @@ class Reason:
     JOB_COMPLETED = "JobCompleted"
     JOB_FAILED = "JobFailed"
     SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
+    CAPACITY_CHANGED = "CapacityChanged"
+    JOB_REJECTED = "JobRejected"
+    SERVICE_ACCOUNT_NOT_FOUND = "ServiceAccountNotFound"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,6 +47,15 @@ class Settings:
     retry_max_delay_seconds: float = 300.0
     """Cap on the retry delay."""
 
+    capacity_check_interval_seconds: float = 30.0
+    """How often the GPU inventory is re-read for TrainingJobs at NoFeasiblePlan: when GPU
+    types or node counts changed since their plan failed, they are re-planned. One node list
+    per interval however many TrainingJobs wait."""
+
+    finished_job_metrics_seconds: float = 3600.0
+    """How long a finished job's per-job gauges (estimate, actual seconds) stay exported:
+    several scrapes' worth, without keeping a label set for every job ever run."""
+
     master_port: int = 29500
     """torchrun rendezvous port for multi-node jobs."""
 
@@ -127,6 +136,12 @@ def _problems(s: Settings) -> list[str]:
                  "retry_base_delay_seconds", "retry_max_delay_seconds"):
         if not getattr(s, name) > 0:
             out.append(f"{name}: must be > 0, got {getattr(s, name)}")
+    if not s.capacity_check_interval_seconds >= 1:
+        out.append("capacity_check_interval_seconds: must be >= 1, "
+                   f"got {s.capacity_check_interval_seconds}")
+    if not s.finished_job_metrics_seconds >= 60:
+        out.append("finished_job_metrics_seconds: must be >= 60 (a few scrapes), "
+                   f"got {s.finished_job_metrics_seconds}")
     if s.retry_max_delay_seconds < s.retry_base_delay_seconds:
         out.append("retry_max_delay_seconds: must be >= retry_base_delay_seconds")
     if not 1 <= s.model_max_bytes <= 1024**3:

@@ -195,3 +195,20 @@ def _check_template(template: object, out: list[str]) -> None:
     for i, c in enumerate(containers):
         if not isinstance(c, Mapping) or not c.get("name") or not c.get("image"):
             out.append(f"{path}.spec.containers[{i}]: needs name and image")
+    restart = pod_spec.get("restartPolicy") if isinstance(pod_spec, Mapping) else None
+    if restart not in (None, "Never"):
+        # The Job's podFailurePolicy (manifests.pod_failure_policy) is only valid with Never;
+        # the Job, not the kubelet, decides which failures are retried.
+        out.append(f"{path}.spec.restartPolicy: must be Never or unset, got {restart!r}")
+    for key in ("serviceAccountName", "serviceAccount"):
+        account = pod_spec.get(key) if isinstance(pod_spec, Mapping) else None
+        if account is not None and (not isinstance(account, str) or not account):
+            out.append(f"{path}.spec.{key}: must be a non-empty string")
+
+
+def service_account(template: Mapping[str, Any]) -> str | None:
+    """The service account `template` names (serviceAccountName, else the deprecated
+    serviceAccount), or None when it names none and the namespace's `default` applies."""
+    pod_spec = template.get("spec") or {}
+    name = pod_spec.get("serviceAccountName") or pod_spec.get("serviceAccount")
+    return str(name) if name else None

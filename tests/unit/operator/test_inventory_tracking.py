@@ -61,3 +61,36 @@ def test_failed_job_ends_at_the_failed_condition() -> None:
                                    startTime="2026-01-01T00:00:00Z"))
     assert out is not None and not out.succeeded and out.actual.seconds == 10
     assert "BackoffLimit" in out.message
+
+
+def _container(state: dict[str, Any], last: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"name": "trainer", "state": state, "lastState": last or {}}
+
+
+DONE = job([{"type": "Complete", "status": "True"}], startTime="2026-01-01T00:00:00Z",
+           completionTime="2026-01-01T00:10:00Z")
+
+
+def test_run_is_measured_from_the_first_container_start_of_any_pod() -> None:
+    pods = [
+        {"status": {"startTime": "2026-01-01T00:01:00Z", "containerStatuses": [
+            _container({"terminated": {"startedAt": "2026-01-01T00:05:00Z"}},
+                       {"terminated": {"startedAt": "2026-01-01T00:03:00Z"}})],
+                    "initContainerStatuses": [
+            _container({"terminated": {"startedAt": "2026-01-01T00:01:30Z"}})]}},
+        {"status": {"startTime": "2026-01-01T00:02:00Z", "containerStatuses": [
+            _container({"running": {"startedAt": "2026-01-01T00:04:00Z"}})]}},
+    ]
+    out = tracking.job_outcome(DONE, pods)
+    assert out is not None and out.start_source == tracking.StartSource.CONTAINER
+    assert out.actual.seconds == 7 * 60, "lastState's 00:03 start, not the init container's"
+
+
+def test_without_container_statuses_the_pod_then_the_job_start_stands_in() -> None:
+    pods = [{"status": {"startTime": "2026-01-01T00:02:00Z"}}]
+    by_pod = tracking.job_outcome(DONE, pods)
+    assert by_pod is not None and by_pod.start_source == tracking.StartSource.POD
+    assert by_pod.actual.seconds == 8 * 60
+    by_job = tracking.job_outcome(DONE, [])
+    assert by_job is not None and by_job.start_source == tracking.StartSource.JOB
+    assert by_job.actual.seconds == 10 * 60

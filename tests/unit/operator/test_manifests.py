@@ -109,3 +109,15 @@ def test_job_names_are_short_valid_and_distinct(name: str) -> None:
     assert all(c.isalnum() or c == "-" for c in job)
     assert manifests.job_name(name) == job
     assert manifests.job_name(name + "b") != job
+
+
+def test_job_retries_disruptions_and_fails_fast_on_trainer_errors() -> None:
+    job = manifests.build_job(owner=OWNER, namespace="ns", plan=make_plan(), template=TEMPLATE)
+    spec = job["spec"]
+    assert 0 < spec["backoffLimit"] <= 6
+    ignore, fail = spec["podFailurePolicy"]["rules"]
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    assert fail == {"action": "FailJob", "onExitCodes": {
+        "containerName": "trainer", "operator": "NotIn", "values": [0]}}
+    # Kubernetes accepts a podFailurePolicy only with restartPolicy Never.
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"

@@ -5,13 +5,24 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
+import json
+import math
 from typing import Any
 
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gpuplan_operator import errors, metrics, modelsource, reconcile, settings
+from gpuplan_operator import (
+    errors,
+    inventory,
+    kube,
+    manifests,
+    metrics,
+    modelsource,
+    reconcile,
+    settings,
+)
 from gpuplan_testing.operator_builders import LocalServer, SpecBuilder, make_plan
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -29,12 +40,24 @@ class FakeKube:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.status: dict[str, Any] = {}
         self.annotations: dict[str, str] = {}
+        self.nodes: list[dict[str, Any]] = []
+        self.pods: list[dict[str, Any]] = []
+        self.service_accounts: set[str] = set()
+        self.create_job_error: Exception | None = None
+        self.node_lists = 0
 
     async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.config_maps.get(name)
 
     async def list_gpu_nodes(self) -> list[dict[str, Any]]:
-        return []
+        self.node_lists += 1
+        return list(self.nodes)
+
+    async def get_service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": name}} if name in self.service_accounts else None
+
+    async def list_job_pods(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
+        return list(self.pods)
 
     async def list_active_pods(self) -> list[dict[str, Any]]:
         return []
@@ -59,6 +82,8 @@ class FakeKube:
                          body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         name = body["metadata"]["name"]
         self.calls.append("create_job")
+        if self.create_job_error is not None:
+            raise self.create_job_error
         if name in self.jobs:
             return self.jobs[name], False
         self.jobs[name] = body
@@ -75,7 +100,8 @@ CM = {"resnet": {"metadata": {"name": "resnet"},
 
 
 def _run(kube: FakeKube, spec: dict[str, Any], status: dict[str, Any] | None = None,
-         estimator: web.Application | None = None) -> list[tuple[bool, str]]:
+         estimator: web.Application | None = None,
+         annotations: dict[str, str] | None = None) -> list[tuple[bool, str]]:
     events: list[tuple[bool, str]] = []
 
     def emit(*, warning: bool, reason: str, message: str) -> None:
@@ -89,7 +115,8 @@ def _run(kube: FakeKube, spec: dict[str, Any], status: dict[str, Any] | None = N
                 settings=settings.Settings(estimator_url=srv.url),
                 metrics=metrics.OperatorMetrics(CollectorRegistry()), clock=lambda: NOW,
                 guard=modelsource.UrlGuard())
-            tj = reconcile.TrainingJobRef("ns", "tj", "uid-1", 1, dict(status or {}), emit)
+            tj = reconcile.TrainingJobRef("ns", "tj", "uid-1", 1, dict(status or {}), emit,
+                                          annotations=dict(annotations or {}))
             await reconcile.reconcile(ctx, tj, spec)
     asyncio.run(go())
     return events
@@ -115,10 +142,37 @@ def test_plan_is_stored_before_the_job_is_created() -> None:
 
 def test_stored_plan_of_this_generation_is_reused_without_the_estimator() -> None:
     kube = FakeKube(CM)
-    status = {"plan": make_plan(generation=1).to_status(),
-              "conditions": [{"type": "Estimated", "status": "True"}]}
-    _run(kube, SpecBuilder().obj(), status=status)  # no estimator route: a call would fail
+    plan = make_plan(generation=1)
+    status = {"plan": plan.to_status(), "conditions": [{"type": "Estimated", "status": "True"}]}
+    # no estimator route: a call would fail
+    _run(kube, SpecBuilder().obj(), status=status, annotations=manifests.plan_annotations(plan))
     assert kube.calls == ["create_job", "status:conditions,jobName,observedGeneration"]
+
+
+def test_crash_after_the_plan_status_leaves_nothing_undone() -> None:
+    """Killed between writing status.plan and the annotations: the next pass writes them
+    from the stored plan, then launches, without asking the estimator again."""
+    kube = FakeKube(CM)
+    plan = make_plan(generation=1)
+    status = {"plan": plan.to_status(), "conditions": [{"type": "Estimated", "status": "True"}]}
+    _run(kube, SpecBuilder().obj(), status=status)
+    assert kube.calls == ["annotations", "create_job",
+                          "status:conditions,jobName,observedGeneration"]
+    assert kube.annotations == manifests.plan_annotations(plan)
+    assert list(kube.jobs) == ["tj-train"]
+
+
+def test_launched_job_without_annotations_gets_them_and_no_second_job() -> None:
+    kube = FakeKube(CM)
+    plan = make_plan(generation=1)
+    status = {"plan": plan.to_status(), "jobName": "tj-train",
+              "conditions": [{"type": "Estimated", "status": "True"},
+                             {"type": "Launched", "status": "True"}]}
+    _run(kube, SpecBuilder().obj(), status=status, annotations={"other": "kept"})
+    assert kube.calls == ["annotations"]
+    _run(kube, SpecBuilder().obj(), status=status,
+         annotations={"other": "kept", **manifests.plan_annotations(plan)})
+    assert kube.calls == ["annotations"], "annotations present: nothing to do"
 
 
 def test_invalid_template_sets_condition_and_creates_nothing() -> None:
@@ -166,3 +220,201 @@ def test_finished_job_is_recorded_once() -> None:
     assert len([c for c in kube.calls if c.startswith("status")]) == 1
     labels = {"gpu_type": "NVIDIA-A100-SXM4-80GB"}
     assert registry.get_sample_value("gpuplan_drift_ratio_count", labels) == 1
+
+
+def _api_error(status: int, message: str) -> kube.ApiError:
+    exc = kube.ApiError(status=status, reason="Refused")
+    exc.body = json.dumps({"kind": "Status", "status": "Failure", "message": message,
+                           "code": status})
+    return exc
+
+
+@pytest.mark.parametrize("status", [403, 422])
+def test_job_rejected_by_the_api_server_is_a_condition_not_a_retry(status: int) -> None:
+    kube = FakeKube(CM)
+    kube.create_job_error = _api_error(status, 'Job.batch "tj-train" is invalid: spec.x: bad')
+    with pytest.raises(errors.JobRejectedError) as info:
+        _run(kube, SpecBuilder().obj(), estimator=_estimator())
+    assert info.value.status == status
+    [launched] = [c for c in kube.status["conditions"] if c["type"] == "Launched"]
+    assert (launched["status"], launched["reason"]) == ("False", "JobRejected")
+    assert 'Job.batch "tj-train" is invalid: spec.x: bad' in launched["message"]
+    assert "jobName" not in kube.status
+
+
+def test_job_create_when_the_api_is_unavailable_is_temporary_without_a_launch_condition() -> None:
+    kube = FakeKube(CM)
+    kube.create_job_error = errors.KubeApiUnavailableError("Kubernetes API answered 503")
+    with pytest.raises(errors.KubeApiUnavailableError):
+        _run(kube, SpecBuilder().obj(), estimator=_estimator())
+    assert [c["type"] for c in kube.status["conditions"]] == ["Estimated"]
+
+
+def test_missing_service_account_blocks_the_launch() -> None:
+    kube = FakeKube(CM)
+    spec = SpecBuilder().set("template.spec.serviceAccountName", "trainer").obj()
+    with pytest.raises(errors.ServiceAccountNotFoundError, match="'trainer'"):
+        _run(kube, spec, estimator=_estimator())
+    [launched] = [c for c in kube.status["conditions"] if c["type"] == "Launched"]
+    assert (launched["status"], launched["reason"]) == ("False", "ServiceAccountNotFound")
+    assert not kube.jobs and "create_job" not in kube.calls
+    kube.service_accounts.add("trainer")  # created later: the retry launches
+    _run(kube, spec, status=kube.status, annotations=kube.annotations)
+    assert list(kube.jobs) == ["tj-train"]
+    assert [c["status"] for c in kube.status["conditions"]] == ["True", "True"]
+
+
+def _gpu_node(name: str, product: str, gpus: int = 8) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus)},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _capacity_estimator(requests: list[dict[str, Any]]) -> web.Application:
+    """Plans only when an NVIDIA-H200 pool is in the request's inventory."""
+    async def plans(request: web.Request) -> web.Response:
+        body = await request.json()
+        requests.append(body)
+        if any(p["gpu_type"] == "NVIDIA-H200" for p in body["inventory"]):
+            return web.json_response(PLAN)
+        return web.json_response({"error": {
+            "reason": "NoFeasiblePlan", "message": "no usable GPU type in the inventory",
+            "details": ["NVIDIA-L4: not in gpuTypes allow-list"]}}, status=422)
+    app = web.Application()
+    app.router.add_post("/v1/plans", plans)
+    return app
+
+
+def test_no_feasible_plan_is_re_evaluated_when_gpu_capacity_changes() -> None:
+    kube = FakeKube(CM)
+    kube.nodes = [_gpu_node("l4-0", "NVIDIA-L4", 4)]
+    sent: list[dict[str, Any]] = []
+    now = [NOW]
+
+    async def go() -> None:
+        async with LocalServer(_capacity_estimator(sent)) as srv:
+            ctx = reconcile.Context(
+                kube=kube,  # type: ignore[arg-type]
+                settings=settings.Settings(estimator_url=srv.url,
+                                           capacity_check_interval_seconds=30),
+                metrics=metrics.OperatorMetrics(CollectorRegistry()), clock=lambda: now[0],
+                guard=modelsource.UrlGuard())
+
+            async def attempt() -> None:
+                tj = reconcile.TrainingJobRef("ns", "tj", "uid-1", 1, dict(kube.status),
+                                              lambda **_: None, annotations=kube.annotations)
+                await reconcile.reconcile(ctx, tj, SpecBuilder().obj())
+
+            with pytest.raises(errors.EstimatorRejectedError, match="no usable GPU type"):
+                await attempt()
+            assert kube.status["conditions"][0]["reason"] == "NoFeasiblePlan"
+            # Unchanged capacity: no estimator call, one node list per interval for all.
+            for _ in range(3):
+                with pytest.raises(errors.AwaitingCapacityError):
+                    await attempt()
+            assert (len(sent), kube.node_lists) == (1, 2)
+            kube.nodes.append(_gpu_node("h200-0", "NVIDIA-H200"))
+            with pytest.raises(errors.AwaitingCapacityError):
+                await attempt()  # the cached list is younger than the interval
+            now[0] += datetime.timedelta(seconds=30)
+            await attempt()
+    asyncio.run(go())
+    assert len(sent) == 2 and list(kube.jobs) == ["tj-train"]
+    assert [(c["type"], c["reason"]) for c in kube.status["conditions"]] == [
+        ("Estimated", "Planned"), ("Launched", "JobCreated")]
+
+
+def test_free_gpus_do_not_count_as_a_capacity_change() -> None:
+    busy = inventory.build_inventory([_gpu_node("l4-0", "NVIDIA-L4", 4)], [
+        {"spec": {"nodeName": "l4-0", "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+         "status": {"phase": "Running"}}])
+    idle = inventory.build_inventory([_gpu_node("l4-0", "NVIDIA-L4", 4)], [])
+    assert busy != idle
+    assert inventory.capacity(busy) == inventory.capacity(idle)
+
+
+def _finished_job(condition: str, *, uid: str = "job-uid") -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "startTime": "2026-01-01T00:00:00Z",
+        "conditions": [{"type": condition, "status": "True",
+                        "lastTransitionTime": "2026-01-01T00:03:20Z"}]}
+    if condition == "Complete":
+        status["completionTime"] = "2026-01-01T00:03:20Z"
+    return {"metadata": {"name": "tj-train", "namespace": "ns", "uid": uid,
+                         "labels": {"gpuplan.io/trainingjob": "tj"}}, "status": status}
+
+
+def _pod(started: str) -> dict[str, Any]:
+    return {"status": {"startTime": "2026-01-01T00:00:10Z", "containerStatuses": [
+        {"name": "trainer", "state": {"terminated": {"startedAt": started, "exitCode": 0}}}]}}
+
+
+class StaleKube(FakeKube):
+    """Answers every read with the status as it was first: two racing Job events."""
+
+    async def get_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": name, "uid": "uid-1", "generation": 1},
+                "status": {"jobName": "tj-train",
+                           "plan": make_plan(estimated_seconds=50).to_status()}}
+
+
+def _record(kube: FakeKube, jobs: list[dict[str, Any]]) -> tuple[CollectorRegistry,
+                                                                   list[dict[str, Any]]]:
+    outcomes: list[dict[str, Any]] = []
+
+    async def post(request: web.Request) -> web.Response:
+        outcomes.append(await request.json())
+        return web.json_response({}, status=201)
+
+    app = web.Application()
+    app.router.add_post("/v1/outcomes", post)
+    registry = CollectorRegistry()
+
+    async def go() -> None:
+        async with LocalServer(app) as srv:
+            ctx = reconcile.Context(kube=kube,  # type: ignore[arg-type]
+                                    settings=settings.Settings(estimator_url=srv.url),
+                                    metrics=metrics.OperatorMetrics(registry), clock=lambda: NOW,
+                                    guard=modelsource.UrlGuard())
+            for job in jobs:
+                await reconcile.record_job(ctx, job, lambda _b: lambda **_kw: None)
+    asyncio.run(go())
+    return registry, outcomes
+
+
+def test_drift_runs_from_the_first_container_start() -> None:
+    """Queued and pulling images for 100 s: the run is the last 100 s, drift 2.0 not 4.0."""
+    kube = FakeKube()
+    kube.status = {"jobName": "tj-train", "plan": make_plan(estimated_seconds=50).to_status()}
+    kube.pods = [_pod("2026-01-01T00:01:40Z")]
+    registry, outcomes = _record(kube, [_finished_job("Complete")])
+    assert kube.status["actual"]["seconds"] == 100 and kube.status["drift"] == 2.0
+    assert kube.status["actual"]["startTime"] == "2026-01-01T00:01:40Z"
+    succeeded = kube.status["conditions"][0]
+    assert "from the first container start" in succeeded["message"]
+    assert [o["actual_seconds"] for o in outcomes] == [100]
+    labels = {"gpu_type": "NVIDIA-A100-SXM4-80GB"}
+    assert registry.get_sample_value("gpuplan_drift_log_ratio_sum", labels) == pytest.approx(
+        math.log(2.0))
+
+
+def test_failed_job_has_no_drift_and_no_outcome() -> None:
+    kube = FakeKube()
+    kube.status = {"jobName": "tj-train", "plan": make_plan(estimated_seconds=50).to_status()}
+    kube.pods = [_pod("2026-01-01T00:01:40Z")]
+    registry, outcomes = _record(kube, [_finished_job("Failed")])
+    assert kube.status["actual"]["seconds"] == 100 and "drift" not in kube.status
+    assert kube.status["conditions"][0]["reason"] == "JobFailed"
+    assert outcomes == []
+    labels = {"gpu_type": "NVIDIA-A100-SXM4-80GB"}
+    assert registry.get_sample_value("gpuplan_drift_ratio_count", labels) is None
+    assert registry.get_sample_value(
+        "gpuplan_actual_seconds", {"namespace": "ns", "trainingjob": "tj", **labels}) == 100
+
+
+def test_outcome_is_sent_once_per_job_even_when_events_race() -> None:
+    kube = StaleKube()
+    kube.pods = [_pod("2026-01-01T00:01:40Z")]
+    _registry, outcomes = _record(kube, [_finished_job("Complete")] * 3)
+    assert [o["job_uid"] for o in outcomes] == ["uid-1"]

@@ -51,6 +51,10 @@ def test_a_hf_config_model_parses_to_its_config_map_key() -> None:
     (SpecBuilder().set("template", {"spec": {"containers": []}}), "spec.template.spec.containers"),
     (SpecBuilder().set("template.spec.containers", [{"name": "x"}]),
      "spec.template.spec.containers[0]"),
+    (SpecBuilder().set("template.spec.restartPolicy", "OnFailure"),
+     "spec.template.spec.restartPolicy: must be Never"),
+    (SpecBuilder().set("template.spec.serviceAccountName", ""),
+     "spec.template.spec.serviceAccountName"),
 ])
 def test_each_problem_names_its_field(builder: SpecBuilder, field: str) -> None:
     problems = validation.validate_spec(builder.obj())
@@ -76,3 +80,11 @@ def test_durations(text: str, seconds: int) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         validation.parse_duration_seconds(text)
+
+
+def test_service_account_of_a_template() -> None:
+    assert validation.service_account(SpecBuilder().obj()["template"]) is None
+    named = SpecBuilder().set("template.spec.serviceAccountName", "trainer").obj()["template"]
+    assert validation.service_account(named) == "trainer"
+    legacy = SpecBuilder().set("template.spec.serviceAccount", "old").obj()["template"]
+    assert validation.service_account(legacy) == "old"

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuplan_operator import benchmarks
 
@@ -30,12 +30,18 @@ class OperatorMetrics:
         self.drift_ratio = Histogram(
             "gpuplan_drift_ratio", "actual / estimated training time of succeeded jobs",
             ["gpu_type"], buckets=DRIFT_BUCKETS, registry=registry)
-        # Ratios average geometrically: 2x slow and 2x fast should cancel to 1, not to 1.25.
-        # Alerts take exp(rate(sum) / rate(count)) of this.
-        self.drift_log_ratio = Summary(
-            "gpuplan_drift_log_ratio",
-            "ln(actual / estimated) training time of succeeded jobs; exp(sum / count) is the "
-            "geometric mean drift", ["gpu_type"], registry=registry)
+        # Ratios average geometrically: 2x slow and 2x fast should cancel to 1, not to 1.25. The
+        # sum of ln(drift) is split by sign into two counters because rate() reads any decrease
+        # of a counter as a restart; the alerts take
+        # exp((rate(slow) - rate(fast)) / rate(gpuplan_drift_ratio_count)).
+        self.drift_log_slow = Counter(
+            "gpuplan_drift_log_slow",
+            "Sum of ln(actual / estimated) over succeeded jobs that ran longer than estimated",
+            ["gpu_type"], registry=registry)
+        self.drift_log_fast = Counter(
+            "gpuplan_drift_log_fast",
+            "Sum of ln(estimated / actual) over succeeded jobs that ran shorter than estimated",
+            ["gpu_type"], registry=registry)
         self.estimator_requests = Counter(
             "gpuplan_estimator_requests", "Plan requests to the estimator by outcome",
             ["outcome"], registry=registry)
@@ -77,8 +83,10 @@ class OperatorMetrics:
         self.actual_seconds.labels(namespace, name, gpu_type).set(actual_seconds)
         self._jobs[namespace, name] = (gpu_type, now)
         if succeeded and drift is not None and drift > 0:
+            log_drift = math.log(drift)
             self.drift_ratio.labels(gpu_type).observe(drift)
-            self.drift_log_ratio.labels(gpu_type).observe(math.log(drift))
+            self.drift_log_slow.labels(gpu_type).inc(max(log_drift, 0.0))
+            self.drift_log_fast.labels(gpu_type).inc(max(-log_drift, 0.0))
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the per-job gauges of a TrainingJob (deleted, re-planned or expired)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import math
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuplan_operator import metrics
@@ -56,10 +57,12 @@ def test_drift_is_averaged_in_log_space_and_failures_are_left_out() -> None:
     for name, drift in (("slow", 2.0), ("fast", 0.5)):
         m.observe_finished("ns", name, "NVIDIA-L4", 100, drift, succeeded=True, now=T0)
     m.observe_finished("ns", "crashed", "NVIDIA-L4", 5, 0.05, succeeded=False, now=T0)
+    m.observe_finished("ns", "slower", "NVIDIA-L4", 100, 4.0, succeeded=True, now=T0)
     labels = {"gpu_type": "NVIDIA-L4"}
-    count = registry.get_sample_value("gpuplan_drift_log_ratio_count", labels)
-    total = registry.get_sample_value("gpuplan_drift_log_ratio_sum", labels)
-    assert count == 2 and registry.get_sample_value("gpuplan_drift_ratio_count", labels) == 2
-    assert total is not None
-    # 2x slow and 2x fast: the geometric mean is 1 (the arithmetic one would say 1.25).
-    assert math.exp(total / count) == 1.0
+    count = registry.get_sample_value("gpuplan_drift_ratio_count", labels)
+    slow = registry.get_sample_value("gpuplan_drift_log_slow_total", labels)
+    fast = registry.get_sample_value("gpuplan_drift_log_fast_total", labels)
+    assert count == 3 and slow is not None and fast is not None
+    assert (slow, fast) == (pytest.approx(math.log(8)), pytest.approx(math.log(2)))
+    # 2x slow, 2x fast and 4x slow: the geometric mean is 4^(1/3); the arithmetic one, 2.17.
+    assert math.exp((slow - fast) / count) == pytest.approx(4 ** (1 / 3))

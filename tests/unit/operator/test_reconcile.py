@@ -395,7 +395,7 @@ def test_drift_runs_from_the_first_container_start() -> None:
     assert "from the first container start" in succeeded["message"]
     assert [o["actual_seconds"] for o in outcomes] == [100]
     labels = {"gpu_type": "NVIDIA-A100-SXM4-80GB"}
-    assert registry.get_sample_value("gpuplan_drift_log_ratio_sum", labels) == pytest.approx(
+    assert registry.get_sample_value("gpuplan_drift_log_slow_total", labels) == pytest.approx(
         math.log(2.0))
 
 

@@ -66,6 +66,8 @@ class Context:
     reported: collections.OrderedDict[str, None] = dataclasses.field(
         default_factory=collections.OrderedDict)
     """Job uids whose outcome was sent to the estimator, oldest first."""
+    started: set[str] = dataclasses.field(default_factory=set)
+    """Uids of running Jobs whose first container start is already in their TrainingJob."""
 
 
 @dataclasses.dataclass
@@ -310,24 +312,34 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
         [Mapping[str, Any]], EventSink]) -> None:
     """Copy a finished Job's outcome into its TrainingJob once (status.actual, drift, metrics).
 
-    Drift is actual / estimated for succeeded runs only, the run measured from its first
-    container start; a failed run says nothing about the estimate.
+    While the Job runs, the first container start is noted in `status.actual.startTime`: a
+    finished pod's own record of it may be gone (replaced after a disruption, deleted) or, in
+    some runtimes, rewritten at termination. Drift is actual / estimated for succeeded runs
+    only, the run measured from that first container start; a failed run says nothing about
+    the estimate.
     """
-    if tracking.job_outcome(job) is None:
-        return  # still running: no need to read its pods
     meta = job["metadata"]
     tj_name = (meta.get("labels") or {}).get(resources.OWNER_LABEL)
     if not tj_name:
         return
+    finished = tracking.job_outcome(job) is not None
+    job_uid = str(meta.get("uid", ""))
+    if not finished and (job_uid in ctx.started or not _has_pods(job)):
+        return  # nothing new to learn from a running Job's event
     body = await ctx.kube.get_trainingjob(meta["namespace"], tj_name)
     if body is None:
         return
     status = dict(body.get("status") or {})
-    if status.get("actual") or status.get("jobName") != meta["name"]:
+    actual = status.get("actual") or {}
+    if actual.get("completionTime") or status.get("jobName") != meta["name"]:
         return
-    pods = await ctx.kube.list_job_pods(meta["namespace"], str(meta.get("uid", "")))
-    outcome = tracking.job_outcome(job, pods)
-    assert outcome is not None  # finished above, and pods only refine its start
+    pods = await ctx.kube.list_job_pods(meta["namespace"], job_uid)
+    noted = resources.parse_time(actual["startTime"]) if actual.get("startTime") else None
+    if not finished:
+        await _note_start(ctx, meta["namespace"], tj_name, job_uid, noted, pods)
+        return
+    outcome = tracking.job_outcome(job, pods, observed_start=noted)
+    assert outcome is not None  # finished above; pods only refine its start
     plan = resources.Plan.from_status(status["plan"])
     drift = (resources.drift_ratio(outcome.actual.seconds, plan.estimated_seconds)
              if outcome.succeeded else None)
@@ -342,6 +354,7 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     message = (f"{outcome.message}; {measured}, drift {drift:.3g}" if drift is not None
                else f"{outcome.message}; {measured}")
     await _set(ctx, tj, type_=type_, ok=True, reason=reason, message=message, extra=extra)
+    ctx.started.discard(job_uid)
     now = ctx.clock()
     ctx.metrics.expire(now, ctx.settings.finished_job_metrics_seconds)
     ctx.metrics.observe_finished(tj.namespace, tj.name, plan.gpu_type, outcome.actual.seconds,
@@ -349,6 +362,25 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     tj.emit(warning=not outcome.succeeded, reason=reason, message=message)
     if outcome.succeeded and outcome.actual.seconds > 0:
         await _feed_back(ctx, tj, plan, outcome.actual.seconds)
+
+
+def _has_pods(job: Mapping[str, Any]) -> bool:
+    status = job.get("status") or {}
+    return any(int(status.get(k) or 0) > 0 for k in ("active", "ready", "succeeded", "failed"))
+
+
+async def _note_start(ctx: Context, namespace: str, tj_name: str, job_uid: str,
+                      noted: datetime.datetime | None,
+                      pods: list[dict[str, Any]]) -> None:
+    """Write the running Job's first container start into status.actual.startTime (once)."""
+    start = tracking.first_container_start(pods)
+    if start is None:
+        return  # pods not started yet: a later Job event (ready count) comes back here
+    ctx.started.add(job_uid)
+    if noted is not None and noted <= start:
+        return
+    await ctx.kube.patch_trainingjob_status(
+        namespace, tj_name, {"actual": {"startTime": resources.format_time(start)}})
 
 
 def forget(ctx: Context, namespace: str, name: str, uid: str) -> None:

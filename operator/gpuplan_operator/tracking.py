@@ -59,14 +59,15 @@ def _first_pod_start(pods: Iterable[Mapping[str, Any]]) -> datetime.datetime | N
     return min(starts, default=None)
 
 
-def job_outcome(job: Mapping[str, Any],
-                pods: Iterable[Mapping[str, Any]] = ()) -> JobOutcome | None:
+def job_outcome(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = (),
+                observed_start: datetime.datetime | None = None) -> JobOutcome | None:
     """The finished Job's outcome, or None while it runs.
 
     The run is measured from the first container start, so queueing, scheduling and image
-    pulls do not count as training time; the pods' start, then the Job's, stand in when no
-    container status is left. Failed Jobs have no completionTime, so their end is the Failed
-    condition's transition time.
+    pulls do not count as training time: the earliest of `observed_start` (a container start
+    seen while the Job ran, whose pod may be gone since) and the starts on `pods`. The pods'
+    start, then the Job's, stand in when neither is known. Failed Jobs have no
+    completionTime, so their end is the Failed condition's transition time.
     """
     pods = list(pods)
     status = job.get("status") or {}
@@ -82,7 +83,8 @@ def job_outcome(job: Mapping[str, Any],
         msg = f"Job failed: {failed.get('reason', '')} {failed.get('message', '')}".strip()
     job_start = status.get("startTime")
     candidates = (
-        (StartSource.CONTAINER, first_container_start(pods)),
+        (StartSource.CONTAINER, min(filter(None, (first_container_start(pods), observed_start)),
+                                    default=None)),
         (StartSource.POD, _first_pod_start(pods)),
         (StartSource.JOB, resources.parse_time(job_start) if job_start else None),
     )

@@ -418,3 +418,29 @@ def test_outcome_is_sent_once_per_job_even_when_events_race() -> None:
     kube.pods = [_pod("2026-01-01T00:01:40Z")]
     _registry, outcomes = _record(kube, [_finished_job("Complete")] * 3)
     assert [o["job_uid"] for o in outcomes] == ["uid-1"]
+
+
+def test_start_seen_while_running_survives_a_pod_that_forgot_it() -> None:
+    """The running pod's start is noted in status.actual.startTime; at the end the pod is
+    gone (replaced) or reports its termination time as its start: the noted start wins."""
+    kube = FakeKube()
+    kube.status = {"jobName": "tj-train", "plan": make_plan(estimated_seconds=50).to_status()}
+    running = _finished_job("Complete")
+    running["status"] = {"startTime": "2026-01-01T00:00:00Z", "active": 1, "ready": 1}
+    kube.pods = [{"status": {"containerStatuses": [
+        {"name": "trainer", "state": {"running": {"startedAt": "2026-01-01T00:01:40Z"}}}]}}]
+
+    async def go() -> None:
+        ctx = reconcile.Context(kube=kube, settings=settings.Settings(),  # type: ignore[arg-type]
+                                metrics=metrics.OperatorMetrics(CollectorRegistry()),
+                                clock=lambda: NOW, guard=modelsource.UrlGuard())
+        noop = lambda _b: lambda **_kw: None  # noqa: E731
+        await reconcile.record_job(ctx, running, noop)
+        assert kube.status["actual"] == {"startTime": "2026-01-01T00:01:40Z"}
+        await reconcile.record_job(ctx, running, noop)  # noted: no second read or patch
+        assert kube.calls == ["status:actual"]
+        kube.pods = [_pod("2026-01-01T00:03:20Z")]  # start rewritten at termination
+        await reconcile.record_job(ctx, _finished_job("Failed"), noop)
+    asyncio.run(go())
+    assert kube.status["actual"]["startTime"] == "2026-01-01T00:01:40Z"
+    assert kube.status["actual"]["seconds"] == 100

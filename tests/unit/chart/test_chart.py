@@ -59,3 +59,36 @@ def test_chart_crds_are_the_source_crds() -> None:
         copy = CHART / "crds" / src.name
         assert copy.exists(), f"{copy} missing: run make crds"
         assert copy.read_text() == src.read_text(), f"{copy} differs from {src}: run make crds"
+
+
+def _policy_docs(*sets: str) -> list[dict[str, object]]:
+    out = render(*sets)
+    assert out.returncode == 0, out.stderr
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    return [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] in kinds]
+
+
+def test_admission_policy_is_on_by_default_and_bound_to_itself() -> None:
+    policy, binding = _policy_docs()
+    assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    spec = policy["spec"]
+    assert isinstance(spec, dict) and isinstance(binding["spec"], dict)
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]  # type: ignore[index]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert spec["failurePolicy"] == "Fail"
+    rule = spec["matchConstraints"]["resourceRules"][0]
+    assert (rule["resources"], rule["operations"]) == (["trainingjobs"], ["CREATE", "UPDATE"])
+    first, *escalations = spec["validations"]
+    assert "resource('jobs')" in first["expression"] and "check('create')" in first["expression"]
+    assert len(escalations) == 8  # at most two authorizer checks per expression (cost limit)
+    for v in escalations:
+        assert v["expression"].count(".check(") == 2, v["expression"]
+    assert "may get secrets while" in escalations[0]["messageExpression"]
+
+
+def test_admission_policy_toggles() -> None:
+    assert _policy_docs("admissionPolicy.enabled=false") == []
+    policy, _ = _policy_docs("admissionPolicy.restrictServiceAccounts=false")
+    assert len(policy["spec"]["validations"]) == 1  # type: ignore[index]
+    out = render("admissionPolicy.enabled=yes")
+    assert out.returncode != 0 and "enabled" in out.stderr

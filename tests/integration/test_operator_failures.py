@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -158,3 +158,171 @@ def test_a_hf_config_in_a_configmap_is_planned_and_launched(
     sent = estimator.requests[-1]
     assert sent["model_hf_config"]["model_type"] == "gpt2" and "model_onnx_b64" not in sent
     assert sent["training"]["dims"] == {"sequence": 128}
+
+
+@pytest.fixture
+def h200_node(core_v1: Any, namespace: str) -> Iterator[Callable[[], None]]:
+    """Adds one kwok node with 8 NVIDIA-H200 (a GPU type the testbed lacks) when called.
+
+    Tainted for this test's namespace, so other sessions sharing the testbed never schedule
+    onto it; removed afterwards.
+    """
+    import testbed_render
+
+    [node] = testbed_render.node_manifests({"kind": "NodePools", "pools": [{
+        "namePrefix": f"h200-{namespace[-6:]}", "count": 1, "cpu": "96", "memory": "1000Gi",
+        "gpu": {"product": "NVIDIA-H200", "count": 8, "memoryMiB": 143771}}]}, "h200_node")
+    node["spec"] = {"taints": [{"key": "gpuplan.io/test", "value": namespace,
+                                "effect": "NoSchedule"}]}
+    added: list[str] = []
+
+    def add() -> None:
+        core_v1.create_node(node, _request_timeout=30)
+        added.append(node["metadata"]["name"])
+
+    yield add
+    for name in added:
+        core_v1.delete_node(name, _request_timeout=30)
+
+
+@pytest.mark.slow
+def test_no_feasible_plan_is_replanned_when_gpu_nodes_are_added(
+        monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
+        batch_v1: Any, estimator: EstimatorServer, wait_for: Any,
+        h200_node: Callable[[], None]) -> None:
+    h.create_model_configmap(core_v1, namespace)
+    body = h.trainingjob("waits", gpu_types=["NVIDIA-H200"])
+    body["spec"]["template"]["spec"]["tolerations"] = [
+        {"key": "gpuplan.io/test", "operator": "Equal", "value": namespace,
+         "effect": "NoSchedule"}]
+    with h.run_operator(monkeypatch, namespace, estimator.url,
+                        CAPACITY_CHECK_INTERVAL_SECONDS="1"):
+        tjs.create(body)
+        cond = wait_for(lambda: tjs.condition("waits", "Estimated"), 60, "Estimated condition")
+        assert (cond["status"], cond["reason"]) == ("False", "NoFeasiblePlan")
+        asked = len(estimator.requests)
+        h200_node()
+        wait_for(lambda: tjs.condition("waits", "Succeeded"), 90, "re-planned, launched, done")
+    assert asked == 1, "unchanged capacity is not re-estimated"
+    plan = tjs.get("waits")["status"]["plan"]
+    assert plan["gpuType"] == "NVIDIA-H200"
+    assert any(p["gpu_type"] == "NVIDIA-H200" for p in estimator.requests[-1]["inventory"])
+    assert len(h.jobs_of(batch_v1, namespace, "waits")) == 1
+    pods = core_v1.list_namespaced_pod(namespace, label_selector="gpuplan.io/trainingjob=waits",
+                                       _request_timeout=30).items
+    assert {p.spec.node_name for p in pods} == {f"h200-{namespace[-6:]}-0"}
+
+
+def _events(core_v1: Any, namespace: str, reason: str) -> int:
+    items = core_v1.list_namespaced_event(namespace, _request_timeout=30).items
+    return sum(e.count or 1 for e in items if e.reason == reason)
+
+
+@pytest.mark.slow
+def test_rejected_job_and_missing_service_account_set_launch_conditions(
+        monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
+        batch_v1: Any, estimator: EstimatorServer, wait_for: Any) -> None:
+    h.create_model_configmap(core_v1, namespace)
+    invalid = h.trainingjob("invalid")
+    invalid["spec"]["template"]["spec"]["containers"][0]["name"] = "Trainer_1"  # not a DNS label
+    needs_sa = h.trainingjob("needs-sa")
+    needs_sa["spec"]["template"]["spec"]["serviceAccountName"] = "trainer"
+    with h.run_operator(monkeypatch, namespace, estimator.url):
+        tjs.create(invalid)
+        tjs.create(needs_sa)
+        rejected = wait_for(lambda: tjs.condition("invalid", "Launched"), 60, "JobRejected")
+        missing = wait_for(lambda: tjs.condition("needs-sa", "Launched"), 60, "no account")
+        assert (missing["status"], missing["reason"]) == ("False", "ServiceAccountNotFound")
+        assert "'trainer'" in missing["message"]
+        assert not h.jobs_of(batch_v1, namespace, "needs-sa")
+        core_v1.create_namespaced_service_account(namespace, {"metadata": {"name": "trainer"}},
+                                                  _request_timeout=30)
+        wait_for(lambda: (tjs.condition("needs-sa", "Launched") or {}).get("status") == "True",
+                 60, "launch once the account exists")
+        # The operator keeps retrying needs-sa (1-2 s backoff) meanwhile; a rejected Job is
+        # not retried: still exactly one rejection.
+        assert _events(core_v1, namespace, "JobRejected") == 1
+    assert (rejected["status"], rejected["reason"]) == ("False", "JobRejected")
+    assert "422" in rejected["message"] and "Trainer_1" in rejected["message"]
+    assert not h.jobs_of(batch_v1, namespace, "invalid")
+    [job] = h.jobs_of(batch_v1, namespace, "needs-sa")
+    assert job.spec.template.spec.service_account_name == "trainer"
+
+
+@pytest.fixture
+def broken_model_server() -> Iterator[int]:
+    """A loopback HTTP server whose model is declared gzip-encoded but is not."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"\x1f\x8b\x08\x00" + b"\xff" * 64
+            self.send_response(200)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.slow
+def test_model_fetch_errors_end_in_a_condition(
+        monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs,
+        estimator: EstimatorServer, broken_model_server: int, wait_for: Any) -> None:
+    urls = {"short-ipv4": f"http://127.1:{broken_model_server}/m.onnx",
+            "octal-ipv4": f"http://0177.0.0.1:{broken_model_server}/m.onnx",
+            "bad-gzip": f"http://127.0.0.1:{broken_model_server}/m.onnx"}
+    with h.run_operator(monkeypatch, namespace, estimator.url,
+                        MODEL_URL_ALLOWED_NETWORKS="127.0.0.1/32"):
+        for name, url in urls.items():
+            body = h.trainingjob(name)
+            body["spec"]["model"] = {"onnx": {"url": url}}
+            tjs.create(body)
+        conds = {name: wait_for(lambda n=name: tjs.condition(n, "Estimated"), 60, name)
+                 for name in urls}
+    for name, needle in (("short-ipv4", "not a canonical IPv4"),
+                         ("octal-ipv4", "not a canonical IPv4"),
+                         ("bad-gzip", "does not match its Content-Encoding")):
+        assert (conds[name]["status"], conds[name]["reason"]) == ("False", "InvalidModel")
+        assert needle in conds[name]["message"], conds[name]["message"]
+    assert not estimator.requests
+
+
+@pytest.mark.slow
+def test_a_stored_plan_without_annotations_is_completed_not_re_estimated(
+        monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
+        batch_v1: Any, api_client: Any, estimator: EstimatorServer, wait_for: Any) -> None:
+    """The state an operator killed between writing status.plan and the annotations leaves:
+    the next one writes the annotations and launches from the stored plan."""
+    from kubernetes import client
+
+    h.create_model_configmap(core_v1, namespace)
+    tjs.create(h.trainingjob("half-done"))
+    plan = {"gpuType": "NVIDIA-L4", "device": "l4", "gpuCount": 1, "gpusPerNode": 1, "nodes": 1,
+            "estimatedSeconds": 600.0, "stepTimeMs": 5.0, "memoryBytes": 2**30,
+            "predictor": "roofline", "observedGeneration": 1, "calibrationFactor": 1.0,
+            "alternatives": [], "rejected": []}
+    client.CustomObjectsApi(api_client).patch_namespaced_custom_object_status(
+        h.G, h.V, namespace, h.P, "half-done", {"status": {
+            "plan": plan, "observedGeneration": 1, "conditions": [{
+                "type": "Estimated", "status": "True", "reason": "Planned", "message": "x",
+                "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}},
+        _request_timeout=30)
+    with h.run_operator(monkeypatch, namespace, estimator.url):
+        wait_for(lambda: tjs.condition("half-done", "Launched"), 60, "launch from stored plan")
+    tj = tjs.get("half-done")
+    notes = tj["metadata"]["annotations"]
+    assert (notes["gpuplan.io/gpu-type"], notes["gpuplan.io/gpu-count"],
+            notes["gpuplan.io/estimated-seconds"]) == ("NVIDIA-L4", "1", "600")
+    assert not estimator.requests, "the stored plan is used, not re-estimated"
+    [job] = h.jobs_of(batch_v1, namespace, "half-done")
+    assert job.metadata.annotations["gpuplan.io/gpu-type"] == "NVIDIA-L4"

@@ -18,11 +18,26 @@ def test_resnet50_is_planned_launched_and_measured(
         batch_v1: Any, kubectl: Any, estimator: EstimatorServer, wait_for: Any) -> None:
     h.create_model_configmap(core_v1, namespace)
     port = h.free_port()
+
+    def scrape() -> str:
+        return str(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                          timeout=10).read().decode())
+
     with h.run_operator(monkeypatch, namespace, estimator.url, METRICS_PORT=str(port)):
         tjs.create(h.trainingjob("resnet", gpu_types=["NVIDIA-L4"]))
         done = wait_for(lambda: tjs.condition("resnet", "Succeeded"), 90, "Succeeded condition")
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-    tj = tjs.get("resnet")
+        text = scrape()
+        tj = tjs.get("resnet")
+        [job] = h.jobs_of(batch_v1, namespace, "resnet")
+        pods = core_v1.list_namespaced_pod(namespace,
+                                           label_selector="gpuplan.io/trainingjob=resnet",
+                                           _request_timeout=30).items
+        table = kubectl("get", "tj", "-n", namespace).stdout
+        # Deleting the TrainingJob drops its per-job gauges and garbage-collects its Job.
+        tjs.delete("resnet")
+        wait_for(lambda: 'trainingjob="resnet"' not in scrape(), 30, "per-job gauges dropped")
+        wait_for(lambda: not h.jobs_of(batch_v1, namespace, "resnet"), 60,
+                 "Job garbage collected")
     plan, status = tj["status"]["plan"], tj["status"]
     assert (plan["gpuType"], plan["gpuCount"]) == ("NVIDIA-L4", 1)
     assert plan["predictor"].startswith(("bundle:", "roofline")), plan["predictor"]
@@ -31,19 +46,25 @@ def test_resnet50_is_planned_launched_and_measured(
     assert float(notes["gpuplan.io/estimated-seconds"]) == pytest.approx(plan["estimatedSeconds"],
                                                                          abs=1)
     assert done["reason"] == "JobCompleted" and done["observedGeneration"] == 1
-    for type_ in ("Estimated", "Launched"):
-        assert h.TrainingJobs.condition(tjs, "resnet", type_)["status"] == "True"  # type: ignore[index]
-    [job] = h.jobs_of(batch_v1, namespace, "resnet")
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions["Estimated"] == conditions["Launched"] == "True"
     assert job.metadata.name == status["jobName"] == "resnet-train"
+    # The API server took the failure policy: disruptions retried, trainer errors fatal.
+    assert job.spec.backoff_limit == 3
+    rules = job.spec.pod_failure_policy.rules
+    assert [r.action for r in rules] == ["Ignore", "FailJob"]
+    assert rules[1].on_exit_codes.container_name == "trainer"
+    assert job.spec.template.spec.restart_policy == "Never"
     assert job.metadata.owner_references[0].uid == tj["metadata"]["uid"]
     container = job.spec.template.spec.containers[0]
     assert container.resources.limits == {"nvidia.com/gpu": "1"}
     expr = job.spec.template.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms[0].match_expressions[0]  # noqa: E501
     assert (expr.key, expr.values) == ("nvidia.com/gpu.product", ["NVIDIA-L4"])
-    pods = core_v1.list_namespaced_pod(namespace, label_selector="gpuplan.io/trainingjob=resnet",
-                                       _request_timeout=30).items
     assert pods and all(p.spec.node_name.startswith("l4") for p in pods)
     assert status["actual"]["seconds"] >= 1
+    # Measured from the first container start, not from the Job's (earlier) start.
+    assert status["actual"]["startTime"] >= status_start(job)
+    assert "from the first container start" in done["message"]
     assert status["drift"] == pytest.approx(status["actual"]["seconds"] / plan["estimatedSeconds"],
                                             rel=1e-3)
     assert estimator.requests[0]["inventory"], "the inventory comes from the kwok GPU nodes"
@@ -54,17 +75,17 @@ def test_resnet50_is_planned_launched_and_measured(
     # the model's own estimate) is the status drift.
     assert plan["calibrationFactor"] == 1.0
     assert float(fed_back["drift_ratio"].iloc[0]) == pytest.approx(status["drift"], rel=1e-3)
-    text = metrics.decode()
     assert 'gpuplan_drift_ratio_count{gpu_type="NVIDIA-L4"} 1.0' in text
+    assert 'gpuplan_drift_log_slow_total{gpu_type="NVIDIA-L4"}' in text
     assert 'gpuplan_estimator_requests_total{outcome="ok"} 1.0' in text
     assert "gpuplan_actual_seconds{" in text and "gpuplan_estimate_seconds{" in text
-    table = kubectl("get", "tj", "-n", namespace).stdout
     assert "GPU TYPE" in table and "NVIDIA-L4" in table and "DRIFT" in table
     events = core_v1.list_namespaced_event(namespace, _request_timeout=30).items
     assert {"Planned", "JobCreated", "JobCompleted"} <= {e.reason for e in events}
-    # Deleting the TrainingJob garbage-collects its Job (ownerReferences, kcm's GC).
-    tjs.delete("resnet")
-    wait_for(lambda: not h.jobs_of(batch_v1, namespace, "resnet"), 60, "Job garbage collected")
+
+
+def status_start(job: Any) -> str:
+    return str(job.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
 def test_more_gpus_than_a_node_runs_an_indexed_job(

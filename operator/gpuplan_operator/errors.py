@@ -88,6 +88,16 @@ class JobRejectedError(OperatorError):
         super().__init__(message)
 
 
+class QuotaExceededError(OperatorError):
+    """The API server refused the Job or Service under a ResourceQuota (403 "exceeded quota").
+
+    Unlike other refusals this one ends when quota frees up or is raised: tried again at the
+    capacity check interval.
+    """
+
+    reason = "QuotaExceeded"
+
+
 class ServiceAccountNotFoundError(OperatorError):
     """The service account named in `spec.template` does not exist in the namespace (yet).
 

@@ -126,9 +126,11 @@ async def plan_and_launch(body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, sta
 
 def _kopf_error(ctx: reconcile.Context, exc: errors.OperatorError,
                 retry: int) -> kopf.TemporaryError | kopf.PermanentError:
-    if exc.reason == resources.Reason.NO_FEASIBLE_PLAN:
-        # Not permanent: the next pass re-plans once GPU nodes were added or removed, and
-        # otherwise only re-reads the (shared, cached) node list.
+    if exc.reason == resources.Reason.NO_FEASIBLE_PLAN or isinstance(
+            exc, errors.QuotaExceededError):
+        # Not permanent, but not soon either: the next pass re-plans once GPU nodes were added
+        # or removed (otherwise it only re-reads the shared, cached node list), or tries the
+        # Job again under the namespace's quota.
         return kopf.TemporaryError(str(exc), delay=ctx.settings.capacity_check_interval_seconds)
     if isinstance(exc, TEMPORARY):
         return kopf.TemporaryError(str(exc), delay=ctx.settings.retry_delay_seconds(retry))

@@ -281,15 +281,18 @@ async def _check_service_account(ctx: Context, tj: TrainingJobRef,
 
 
 async def _launch_rejected(ctx: Context, tj: TrainingJobRef, job_name: str,
-                           exc: kube.ApiError) -> errors.JobRejectedError:
+                           exc: kube.ApiError) -> errors.OperatorError:
     """A 4xx from the API server on create: the same object gets the same answer, so the
-    condition says why and the pass stops (kube already turned 429 and 5xx into retries)."""
-    rejected = errors.JobRejectedError(
-        int(exc.status or 0),
-        f"the API server refused Job {job_name} ({exc.status}): {kube.rejection_message(exc)}")
+    condition says why and the pass stops (kube already turned 429 and 5xx into retries).
+    A ResourceQuota's refusal is the exception: it lasts only until quota frees up."""
+    said = kube.rejection_message(exc)
+    message = f"the API server refused Job {job_name} ({exc.status}): {said}"
+    rejected: errors.OperatorError = (
+        errors.QuotaExceededError(message) if exc.status == 403 and "exceeded quota" in said
+        else errors.JobRejectedError(int(exc.status or 0), message))
     await _set(ctx, tj, type_=Condition.LAUNCHED, ok=False, reason=rejected.reason,
-               message=str(rejected))
-    tj.emit(warning=True, reason=rejected.reason, message=str(rejected))
+               message=message)
+    tj.emit(warning=True, reason=rejected.reason, message=message)
     return rejected
 
 

@@ -37,7 +37,7 @@ def test_temporary_with_backoff(exc: errors.OperatorError) -> None:
 
 @pytest.mark.parametrize("exc", [
     errors.EstimatorRejectedError("NoFeasiblePlan", "nothing fits"),
-    errors.AwaitingCapacityError("unchanged")])
+    errors.AwaitingCapacityError("unchanged"), errors.QuotaExceededError("exceeded quota")])
 def test_no_feasible_plan_is_checked_again_at_the_capacity_interval(
         exc: errors.OperatorError) -> None:
     out = handlers._kopf_error(CTX, exc, retry=7)

@@ -242,6 +242,21 @@ def test_job_rejected_by_the_api_server_is_a_condition_not_a_retry(status: int) 
     assert "jobName" not in kube.status
 
 
+def test_job_refused_by_a_resource_quota_is_retried_later() -> None:
+    kube = FakeKube(CM)
+    kube.create_job_error = _api_error(
+        403, 'jobs.batch "tj-train" is forbidden: exceeded quota: jobs, requested: '
+             'count/jobs.batch=1, used: count/jobs.batch=5, limited: count/jobs.batch=5')
+    with pytest.raises(errors.QuotaExceededError):
+        _run(kube, SpecBuilder().obj(), estimator=_estimator())
+    [launched] = [c for c in kube.status["conditions"] if c["type"] == "Launched"]
+    assert (launched["status"], launched["reason"]) == ("False", "QuotaExceeded")
+    assert "exceeded quota: jobs" in launched["message"]
+    kube.create_job_error = None  # quota freed: the retry launches from the stored plan
+    _run(kube, SpecBuilder().obj(), status=kube.status, annotations=kube.annotations)
+    assert list(kube.jobs) == ["tj-train"]
+
+
 def test_job_create_when_the_api_is_unavailable_is_temporary_without_a_launch_condition() -> None:
     kube = FakeKube(CM)
     kube.create_job_error = errors.KubeApiUnavailableError("Kubernetes API answered 503")

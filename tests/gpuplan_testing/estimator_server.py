@@ -9,6 +9,7 @@ Requests to `/v1/plans` are recorded so tests can assert what the operator sent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import tempfile
 import threading
@@ -49,7 +50,7 @@ class EstimatorServer:
         return response
 
     async def _start(self) -> None:
-        state = service.ServiceState(lambda: serving.load_context(None))
+        state = service.ServiceState(functools.partial(serving.load_context, None))
         app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600),
                                outcome_sink=serving.perfdb_outcome_sink(self.db_url),
                                coverage_source=serving.perfdb_coverage_source(self.db_url),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import pathlib
 import string
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ import yaml
 from gpuplan_estimator import devices
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.interfaces.cli import serving
-from gpuplan_estimator.interfaces.http import service
+from gpuplan_estimator.interfaces.http import service, work
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import planner
 from gpuplan_operator import benchmark_loop, benchmarks, errors, estimator_client, metrics
@@ -219,7 +220,7 @@ def test_refresh_against_the_real_service_and_sqlite(tmp_path: pathlib.Path) -> 
     context = planner.PlannerContext(catalog=devices.load_catalog(),
                                    predictor=roofline.RooflinePredictor(),
                                    predictor_source="roofline")
-    app = service.make_app(service.ServiceState(lambda: context),
+    app = service.make_app(service.ServiceState(functools.partial(work.given_context, context)),
                            service.ServiceSettings(bundle_poll_s=3600),
                            coverage_source=serving.perfdb_coverage_source(url))
     kube = FakeKube([_node("l4-0", "NVIDIA-L4"), _node("t4-0", "Tesla-T4"),

@@ -3,6 +3,7 @@
 import asyncio
 import base64
 import dataclasses
+import functools
 import pathlib
 import socket
 
@@ -12,7 +13,7 @@ import pytest
 from gpuplan_estimator import devices
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.interfaces.cli import serving
-from gpuplan_estimator.interfaces.http import service
+from gpuplan_estimator.interfaces.http import service, work
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import planner
 from gpuplan_operator import errors, estimator_client, resources
@@ -61,7 +62,7 @@ def test_calibrated_plans_feed_back_the_models_own_estimate(tmp_path: pathlib.Pa
     context = planner.PlannerContext(catalog=devices.load_catalog(),
                                    predictor=roofline.RooflinePredictor(),
                                    predictor_source="roofline")
-    app = service.make_app(service.ServiceState(lambda: context),
+    app = service.make_app(service.ServiceState(functools.partial(work.given_context, context)),
                            service.ServiceSettings(bundle_poll_s=3600),
                            outcome_sink=serving.perfdb_outcome_sink(url),
                            outcome_history=serving.perfdb_outcome_history(url))

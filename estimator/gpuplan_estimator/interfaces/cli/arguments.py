@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
+
+from gpuplan_estimator.core import limits
 
 MAX_COUNT = 10**12
 """Largest count any flag takes (the CRD's dataset-size bound); beyond it, a batch or a dim
@@ -11,13 +15,38 @@ would overflow the int64 of an ONNX shape."""
 
 def positive_int(text: str) -> int:
     """A positive integer up to `MAX_COUNT` from the command line (argparse `type=`)."""
+    return _bounded(text, MAX_COUNT)
+
+
+def count_up_to(maximum: int) -> Callable[[str], int]:
+    """An argparse `type=` for a positive integer up to `maximum` (a cap of `core.limits`)."""
+    def parse(text: str) -> int:
+        return _bounded(text, maximum)
+
+    parse.__name__ = f"integer in 1..{maximum}"  # what argparse names in its error
+    return parse
+
+
+def _bounded(text: str, maximum: int) -> int:
+    shown = text if len(text) < 30 else text[:27] + "..."
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if not 0 < value <= MAX_COUNT:
-        shown = text if len(text) < 30 else text[:27] + "..."
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_COUNT}, got {shown}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {shown!r}") from None
+    if not 0 < value <= maximum:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {maximum}, got {shown}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (argparse `type=`): `inf`, `nan` and `1e999` are refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text[:30]!r}"
+                                         ) from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text[:30]}")
     return value
 
 
@@ -26,4 +55,7 @@ def dim_binding(text: str) -> tuple[str, int]:
     name, sep, value = text.partition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, positive_int(value)
+    if len(name) > limits.MAX_DIM_NAME_CHARS:
+        raise argparse.ArgumentTypeError(
+            f"dim name longer than {limits.MAX_DIM_NAME_CHARS} characters")
+    return name, _bounded(value, limits.MAX_DIM)

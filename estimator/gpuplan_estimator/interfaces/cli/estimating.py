@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuplan_estimator import devices, graph
-from gpuplan_estimator.core import options
+from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.graph import batching, exporting, zoo
 from gpuplan_estimator.interfaces.cli import arguments, render
@@ -45,7 +45,8 @@ def _register_estimate(sub: Any) -> None:
     where.add_argument("--all-devices", action="store_true",
                        help="every catalog GPU (the default when no --device is given)")
     p.add_argument("--mode", choices=options.MODES, default=options.DEFAULT_MODE)
-    p.add_argument("--batch", type=arguments.positive_int, default=None,
+    p.add_argument("--batch", type=arguments.count_up_to(limits.MAX_BATCH_SIZE),
+                   default=None,
                    help="global batch; binds the model's symbolic batch dim")
     p.add_argument("--dim", action="append", type=arguments.dim_binding, default=[],
                    metavar="NAME=V", help="bind a symbolic dim, e.g. sequence=1024 (repeatable)")
@@ -54,8 +55,9 @@ def _register_estimate(sub: Any) -> None:
     p.add_argument("--framework", choices=options.FRAMEWORKS,
                    default=options.DEFAULT_FRAMEWORK,
                    help="onnxruntime: inference with its graph fusions (BN folded, ...)")
-    p.add_argument("--epochs", type=arguments.positive_int, default=None)
-    p.add_argument("--dataset-size", type=arguments.positive_int, default=None,
+    p.add_argument("--epochs", type=arguments.count_up_to(limits.MAX_EPOCHS), default=None)
+    p.add_argument("--dataset-size", type=arguments.count_up_to(limits.MAX_DATASET_SIZE),
+                   default=None,
                    help="samples per epoch")
     p.add_argument("--layers", action="store_true", help="list every layer, not the top five")
     p.add_argument("--explain", action="store_true",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import base64
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuplan_estimator import devices
-from gpuplan_estimator.core import options
+from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.interfaces.cli import arguments
 from gpuplan_estimator.interfaces.http import service, wire
 from gpuplan_estimator.models import selection
@@ -39,9 +39,18 @@ def register(sub: Any) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=arguments.positive_int, default=8080)
     s.add_argument("--bundle", help="model bundle directory (default: newest, else shipped)")
-    s.add_argument("--request-timeout", type=float, default=60.0, metavar="SECONDS")
+    s.add_argument("--request-timeout", type=arguments.positive_float, default=60.0,
+                   metavar="SECONDS", help="per-request deadline, queueing included; the "
+                   "worker running a request past it is killed (default 60)")
+    s.add_argument("--workers", type=arguments.count_up_to(256), default=2,
+                   help="estimation worker processes (default 2)")
+    s.add_argument("--running-per-client", type=arguments.count_up_to(256), default=1,
+                   help="estimates one client (peer address + X-Gpuplan-Client header) may run "
+                   "at once (default 1)")
+    s.add_argument("--queued-per-client", type=arguments.count_up_to(10_000), default=64,
+                   help="requests a client may have waiting; more get 429 (default 64)")
     s.add_argument("--max-body-bytes", type=arguments.positive_int, default=64 * 2**20)
-    s.add_argument("--bundle-poll", type=float, default=30.0, metavar="SECONDS",
+    s.add_argument("--bundle-poll", type=arguments.positive_float, default=30.0, metavar="SECONDS",
                    help="how often to look for a newer bundle")
     s.add_argument("--db", help="performance database URL for job outcomes "
                    "(default: $GPUPLAN_DB_URL, else SQLite in the data dir)")
@@ -49,16 +58,18 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("plan", help="choose GPU type and count for a model and an objective")
     p.add_argument("model", help="ONNX file (may be gzip/xz/zstd-compressed)")
-    p.add_argument("--batch", type=arguments.positive_int, required=True, help="global batch size")
-    p.add_argument("--dataset-size", type=arguments.positive_int, required=True)
-    p.add_argument("--epochs", type=arguments.positive_int, default=1)
+    p.add_argument("--batch", type=arguments.count_up_to(limits.MAX_BATCH_SIZE), required=True,
+                   help="global batch size")
+    p.add_argument("--dataset-size", type=arguments.count_up_to(limits.MAX_DATASET_SIZE),
+                   required=True)
+    p.add_argument("--epochs", type=arguments.count_up_to(limits.MAX_EPOCHS), default=1)
     p.add_argument("--dim", type=arguments.dim_binding, action="append", default=[])
     p.add_argument("--optimizer", default=options.DEFAULT_OPTIMIZER, choices=options.OPTIMIZERS)
     p.add_argument("--precision", default=options.DEFAULT_PRECISION, choices=options.PRECISIONS)
     p.add_argument("--prefer", default=options.DEFAULT_OBJECTIVE, choices=options.OBJECTIVES)
     p.add_argument("--max-gpus", type=arguments.positive_int, default=options.DEFAULT_MAX_GPUS)
-    p.add_argument("--deadline", type=float, metavar="SECONDS")
-    p.add_argument("--budget", type=float, metavar="USD")
+    p.add_argument("--deadline", type=arguments.positive_float, metavar="SECONDS")
+    p.add_argument("--budget", type=arguments.positive_float, metavar="USD")
     p.add_argument("--pool", action="append", default=[], metavar="TYPE=NODESxGPUS",
                    help="GPU pool, e.g. NVIDIA-H100-80GB-HBM3=2x8 (default: 1x8 of every GPU)")
     p.add_argument("--bundle")
@@ -137,6 +148,8 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = service.ServiceSettings(
         host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
         request_timeout_s=args.request_timeout, bundle_poll_s=args.bundle_poll,
+        workers=args.workers, running_per_client=args.running_per_client,
+        queued_per_client=args.queued_per_client,
     )
     # A partial, not a lambda: every estimation worker process builds its context with it.
     state = service.ServiceState(functools.partial(load_context, args.bundle))

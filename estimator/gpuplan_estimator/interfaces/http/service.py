@@ -1,16 +1,18 @@
 """The estimator HTTP service (`gpuplan serve`): aiohttp, because kopf already depends on it.
 
-Handlers are thin: decode JSON under a body cap, hand the pure work to `engine` in a worker
-thread under a per-request timeout, encode the result. The model bundle is loaded once and
-swapped atomically (a single attribute assignment) when a newer one appears. The calibration
-from job outcomes is refitted at start-up and after every stored outcome, and swapped the same
-way; it lives beside the bundle, not in it, so a new bundle keeps it.
+Handlers are thin and the event loop never touches a client's content: a plan or estimate body
+is read as bytes and handed whole to a worker process (`workers`), which decodes, validates and
+estimates it and is killed when the request's deadline passes. In front of the workers, answers
+are cached by digest (`caching`), identical requests in flight share one computation, and each
+client may hold only its share of the workers (`admission`). The model bundle is loaded once
+and swapped atomically when a newer one appears (workers follow on their next task). The
+calibration from job outcomes is refitted at start-up and after every new outcome, swapped the
+same way, and a failed refit keeps the last good one and says so on /metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import time
@@ -25,17 +27,25 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
 
-from gpuplan_estimator.core.errors import GpuplanError, InvalidModelError, InvalidRequestError
-from gpuplan_estimator.interfaces.http import wire
+from gpuplan_estimator.core.errors import DatabaseError, GpuplanError, InvalidRequestError
+from gpuplan_estimator.interfaces.http import admission, caching, wire, work, workers
 from gpuplan_estimator.planning import calibrating, planner
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+MAX_OUTCOME_BODY_BYTES = 64 * 1024
+"""A job outcome is a dozen fields; anything larger is not one."""
+WARM_UP_TIMEOUT_S = 300.0
+"""How long start-up waits for the workers to import and load the bundle."""
+LARGE_BODY_BYTES = 1 << 20
+"""Bodies above this are hashed off the event loop."""
 
 
 @dataclass(frozen=True)
@@ -46,14 +56,24 @@ class ServiceSettings:
     max_body_bytes: int = 64 * 2**20
     """Request body cap; a larger body gets 413."""
     request_timeout_s: float = 60.0
-    """Per-request budget for estimation work; past it the client gets 504."""
+    """Per-request budget, queueing included; past it the worker is killed and the client
+    gets 504."""
     bundle_poll_s: float = 30.0
-    """How often to look for a newer model bundle."""
+    """How often to look for a newer model bundle (and retry a failed calibration refit)."""
     workers: int = 2
+    """Estimation worker processes."""
+    tasks_per_worker: int = 200
+    """Tasks before a worker is replaced by a fresh one (returns memory a model left behind)."""
+    running_per_client: int = 1
+    """Estimates one client may run at once, so one tenant cannot hold every worker."""
+    queued_per_client: int = 64
+    queued_total: int = 512
+    cache_entries: int = 512
+    cache_bytes: int = 256 * 2**20
 
 
 class Metrics:
-    """Prometheus request counter and latency histogram of the service, in `registry`."""
+    """Prometheus metrics of the service, in `registry`."""
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.requests = Counter(
@@ -66,23 +86,50 @@ class Metrics:
             ["endpoint"], registry=registry,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
         )
+        self.answers = Counter(
+            "gpuplan_estimator_answers_total",
+            "Plan and estimate answers by where they came from (computed, cache, shared)",
+            ["source"], registry=registry,
+        )
+        self.worker_timeouts = Counter(
+            "gpuplan_estimator_worker_timeouts_total",
+            "Estimates stopped at their deadline (their worker process was killed)",
+            registry=registry,
+        )
+        self.refit_failures = Counter(
+            "gpuplan_estimator_calibration_refit_failures_total",
+            "Calibration refits from job outcomes that failed (the last good one is kept)",
+            registry=registry,
+        )
+        self.calibration_stale = Gauge(
+            "gpuplan_estimator_calibration_stale",
+            "1 while the last calibration refit failed and an older calibration is served",
+            registry=registry,
+        )
+        self.calibration_outcomes = Gauge(
+            "gpuplan_estimator_calibration_outcomes",
+            "Job outcomes the calibration in use was fitted from", registry=registry,
+        )
 
 
 class ServiceState:
     """What handlers share: the current planner context and the outcome calibration.
 
     The context is swapped whole on a new bundle, the calibration fitted from job outcomes
-    swapped whole on a new outcome.
+    swapped whole on a new outcome; `calibration_generation` counts the swaps (cache keys).
+    `loader` also builds each worker's context, so it must pickle (`work.ContextLoader`).
     """
 
-    def __init__(self, context_loader: Callable[[], planner.PlannerContext]) -> None:
-        self._loader = context_loader
+    def __init__(self, context_loader: work.ContextLoader) -> None:
+        self.loader = context_loader
         self.context: planner.PlannerContext | None = None
         self.calibration = calibrating.Calibration()
+        self.calibration_generation = 0
+        self.calibration_stale = False
 
     def load(self) -> bool:
         """(Re)load; returns True when a different bundle is now in use."""
-        new = self._loader()
+        new = self.loader()
         old = self.context
         if old is not None and old.predictor_source == new.predictor_source:
             return False
@@ -90,19 +137,29 @@ class ServiceState:
         log.info("using predictor %s", new.predictor_source)
         return True
 
+    def set_calibration(self, fitted: calibrating.Calibration) -> None:
+        """Swap in a refitted calibration."""
+        self.calibration = fitted
+        self.calibration_generation += 1
+        self.calibration_stale = False
 
-def _json_error(status: int, reason: str, message: str, details: list[str] | None = None
+
+def _json_error(status: int, reason: str, message: str, details: Sequence[str] = ()
                 ) -> web.Response:
-    return web.json_response(wire.error_json(reason, message, details), status=status)
+    return web.json_response(wire.error_json(reason, message, list(details)), status=status)
 
 
-def _invalid_request(exc: InvalidRequestError) -> web.Response:
+def _invalid_request(exc: InvalidRequestError, status: int = 422) -> web.Response:
     """422 naming the bad fields, one detail each."""
-    return _json_error(422, "InvalidRequest", str(exc), list(exc.details))
+    return _json_error(status, "InvalidRequest", str(exc), exc.details)
 
 
-OutcomeSink = Callable[[wire.OutcomeRequest, str], int]
-"""Stores a finished job's outcome (with the canonical device key); returns the row id."""
+_HTTP_REASONS = {404: "NotFound", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
+
+
+OutcomeSink = Callable[[wire.OutcomeRequest, str], tuple[int, bool]]
+"""Stores a finished job's outcome (with the canonical device key); returns the row id and
+whether it is new (False: this job uid was already recorded, nothing changed)."""
 
 
 OutcomeHistory = Callable[[], Sequence[calibrating.Outcome]]
@@ -138,37 +195,40 @@ def make_app(
 ) -> web.Application:
     """The service; without `outcome_history` (no database) predictions stay uncalibrated."""
     metrics = Metrics(registry or CollectorRegistry())
-    executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="estimate")
+    # Database reads and bundle loads: I/O, bounded by their own timeouts, fine in threads.
+    io_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="io")
+    pool_box: list[workers.WorkerPool] = []
+    cache = caching.ReplyCache(settings.cache_entries, settings.cache_bytes)
+    in_flight: dict[str, asyncio.Task[caching.EncodedReply]] = {}
+    gate = admission.Admission(admission.AdmissionSettings(
+        settings.running_per_client, settings.queued_per_client, settings.queued_total))
     # One refit at a time, so a slow earlier read never replaces a newer calibrating.
     refitting = asyncio.Lock()
 
     @web.middleware
-    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def envelope(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every answer is counted, and every failure is the JSON error envelope."""
         start = time.perf_counter()
         resource = request.match_info.route.resource
         endpoint = resource.canonical if resource is not None else "unknown"
         try:
             response = await handler(request)
         except web.HTTPException as exc:
-            metrics.requests.labels(endpoint, str(exc.status)).inc()
-            if exc.status == 413:
-                return _json_error(413, "RequestTooLarge",
-                                   f"body exceeds {settings.max_body_bytes} bytes")
-            raise
+            reason = _HTTP_REASONS.get(exc.status, exc.reason.replace(" ", ""))
+            message = (f"body exceeds {settings.max_body_bytes} bytes" if exc.status == 413
+                       else f"{exc.reason}: {request.method} {request.path[:200]}")
+            response = _json_error(exc.status, reason, message)
+        except Exception:  # a bug of ours: logged, and still an envelope
+            log.exception("unhandled error on %s %s", request.method, request.path[:200])
+            response = _json_error(500, "Internal", "internal error; see the service log")
         metrics.requests.labels(endpoint, str(response.status)).inc()
         metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
         return response
 
-    async def run_pure(fn: Callable[[], Any]) -> Any:
+    async def in_threads(fn: Callable[[], Any]) -> Any:
         loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(executor, fn),
+        return await asyncio.wait_for(loop.run_in_executor(io_threads, fn),
                                       timeout=settings.request_timeout_s)
-
-    async def read_json(request: web.Request) -> Any:
-        try:
-            return await request.json()
-        except json.JSONDecodeError as exc:
-            raise InvalidRequestError("body", f"invalid JSON: {exc.msg} at {exc.pos}") from exc
 
     async def refit_calibration() -> None:
         """Refit from every stored outcome; on any failure keep the calibration in use."""
@@ -177,71 +237,121 @@ def make_app(
         history = outcome_history
         async with refitting:
             try:
-                fitted = await run_pure(lambda: calibrating.fit(history()))
-            except Exception:  # the outcome is stored either way; the next refit catches up
+                fitted = await in_threads(lambda: calibrating.fit(history()))
+            except Exception:  # the outcome is stored either way; the next poll retries
                 log.exception("refitting the calibration from job outcomes failed; keeping the "
                               "current one")
+                state.calibration_stale = True
+                metrics.refit_failures.inc()
+                metrics.calibration_stale.set(1)
                 return
-            state.calibration = fitted  # atomic swap, like the bundle
+            state.set_calibration(fitted)  # atomic swap, like the bundle
+        metrics.calibration_stale.set(0)
+        metrics.calibration_outcomes.set(fitted.overall.outcomes)
         log.info("calibration from %d job outcomes: %s", fitted.overall.outcomes,
                  calibrating.summary(fitted))
 
-    async def guarded(work: Callable[[planner.PlannerContext], Any]) -> web.Response:
-        current = state.context
-        if current is None:
-            return _json_error(503, "NotReady", "model bundle not loaded yet")
-        context = dataclasses.replace(current, calibration=state.calibration)
+    async def compute(endpoint: str, body: bytes, context: planner.PlannerContext,
+                      client: str, deadline: float) -> caching.EncodedReply:
+        """One computation in a worker under the client's share and the deadline."""
+        calibration = state.calibration
+        ran = False
         try:
-            result = await run_pure(lambda: work(context))
-        except InvalidModelError as exc:
-            return _json_error(422, "InvalidModel", str(exc))
-        except InvalidRequestError as exc:
-            return _invalid_request(exc)
-        except planner.NoFeasiblePlanError as exc:
-            return _json_error(422, "NoFeasiblePlan", str(exc), list(exc.details))
-        except GpuplanError as exc:
-            return _json_error(422, "InvalidRequest", str(exc))
-        except TimeoutError:
-            return _json_error(504, "Timeout",
-                               f"estimation exceeded {settings.request_timeout_s} s")
-        return web.json_response(result)
+            async with asyncio.timeout_at(deadline):
+                async with gate.slot(client):
+                    ran = True
+                    remaining = deadline - asyncio.get_running_loop().time()
+                    reply = await pool_box[0].run(endpoint, body, context.predictor_source,
+                                                  calibration, remaining)
+        except admission.Busy as exc:
+            reply = work.error_reply(429, "TooManyRequests", str(exc))
+        except (TimeoutError, workers.WorkTimeout):
+            if ran:
+                metrics.worker_timeouts.inc()
+            where = "estimation" if ran else "waiting for a worker"
+            reply = work.error_reply(504, "Timeout", f"{where} exceeded the request's "
+                                     f"{settings.request_timeout_s:g} s")
+            if not ran:  # only a timeout of the work itself says something about the model
+                reply = work.error_reply(503, "Busy", reply.body["error"]["message"])
+        return caching.EncodedReply(reply.status, json.dumps(reply.body).encode())
+
+    async def estimation(endpoint: str, request: web.Request) -> web.Response:
+        context = state.context
+        if context is None or not pool_box:
+            return _json_error(503, "NotReady", "model bundle not loaded yet")
+        deadline = asyncio.get_running_loop().time() + settings.request_timeout_s
+        body = await request.read()
+        key_of = lambda: caching.request_key(  # noqa: E731
+            endpoint, body, context.predictor_source, state.calibration_generation)
+        key = key_of() if len(body) < LARGE_BODY_BYTES else await asyncio.to_thread(key_of)
+        found = cache.get(key)
+        source = "cache"
+        if found is None:
+            task = in_flight.get(key)
+            source = "shared"
+            if task is None:
+                source = "computed"
+                client = admission.client_key(request.headers.get(admission.CLIENT_HEADER),
+                                              request.remote)
+                task = asyncio.create_task(compute(endpoint, body, context, client, deadline))
+                in_flight[key] = task
+                task.add_done_callback(lambda done: _settle(key, done))
+            # Shielded: a client that goes away must not cancel the answer others wait for;
+            # the computation still ends at its own deadline.
+            found = await asyncio.shield(task)
+        metrics.answers.labels(source).inc()
+        return web.Response(body=found.body, status=found.status,
+                            content_type="application/json")
+
+    def _settle(key: str, done: asyncio.Task[caching.EncodedReply]) -> None:
+        in_flight.pop(key, None)
+        if not done.cancelled() and done.exception() is None:
+            cache.put(key, done.result())
 
     async def plans(request: web.Request) -> web.Response:
-        try:
-            req = wire.parse_plan_request(await read_json(request))
-        except InvalidRequestError as exc:
-            return _invalid_request(exc)
-        return await guarded(lambda ctx: planner.plan_request(req, ctx))
+        return await estimation("plans", request)
 
     async def estimate(request: web.Request) -> web.Response:
-        try:
-            req = wire.parse_estimate_request(await read_json(request))
-        except InvalidRequestError as exc:
-            return _invalid_request(exc)
-        return await guarded(lambda ctx: planner.estimate_request(req, ctx))
+        return await estimation("estimate", request)
 
     async def outcomes(request: web.Request) -> web.Response:
         context = state.context
         if outcome_sink is None or context is None:
             return _json_error(503, "NotReady", "no performance database configured")
+        body = await request.read()
+        if len(body) > MAX_OUTCOME_BODY_BYTES:
+            return _json_error(413, "RequestTooLarge",
+                               f"a job outcome is at most {MAX_OUTCOME_BODY_BYTES} bytes")
         try:
-            req = wire.parse_outcome_request(await read_json(request))
+            data = work.decode_json(body)
+        except InvalidRequestError as exc:
+            return _json_error(400, "MalformedBody", str(exc))
+        sink = outcome_sink
+        try:
+            req = wire.parse_outcome_request(data)
             device = context.catalog.resolve(req.gpu_type).key
-            row = await run_pure(lambda: outcome_sink(req, device))
+            row, created = await in_threads(lambda: sink(req, device))
         except InvalidRequestError as exc:
             return _invalid_request(exc)
+        except DatabaseError as exc:
+            return _json_error(503, "DatabaseUnavailable", str(exc))
+        except TimeoutError:
+            return _json_error(504, "Timeout", "storing the outcome timed out")
         except GpuplanError as exc:
             return _json_error(422, "InvalidRequest", str(exc))
+        if not created:  # the same job reported again: nothing new to learn
+            return web.json_response({"id": row, "device": device, "duplicate": True})
         # Before answering, so the plan the operator asks for next already learned from it.
         await refit_calibration()
-        return web.json_response({"id": row, "device": device}, status=201)
+        return web.json_response({"id": row, "device": device, "duplicate": False},
+                                 status=201)
 
     async def coverage(_: web.Request) -> web.Response:
         context = state.context
         if coverage_source is None or context is None:
             return _json_error(503, "NotReady", "no performance database configured")
         try:
-            stored = await run_pure(coverage_source)
+            stored = await in_threads(coverage_source)
         except GpuplanError as exc:  # DatabaseError after the store's own retries
             return _json_error(503, "DatabaseUnavailable", str(exc))
         except TimeoutError:
@@ -258,6 +368,7 @@ def make_app(
         return web.json_response({
             **context.describe(),
             "calibration": {"outcomes": fitted.overall.outcomes,
+                            "stale": state.calibration_stale,
                             "factors": dict(calibrating.summary(fitted))},
         })
 
@@ -273,24 +384,36 @@ def make_app(
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def poll_bundles(app: web.Application) -> Any:
-        async def loop() -> None:
+    async def lifecycle(app: web.Application) -> Any:
+        async def poll() -> None:
             while True:
                 await asyncio.sleep(settings.bundle_poll_s)
                 try:
-                    await asyncio.get_running_loop().run_in_executor(executor, state.load)
+                    await asyncio.get_running_loop().run_in_executor(io_threads, state.load)
                 except Exception:  # a broken new bundle must not take the service down
                     log.exception("reloading the model bundle failed; keeping the current one")
+                if state.calibration_stale:
+                    await refit_calibration()
 
         if state.context is None:
-            await asyncio.get_running_loop().run_in_executor(executor, state.load)
+            await asyncio.get_running_loop().run_in_executor(io_threads, state.load)
+        pool = workers.WorkerPool(state.loader, workers.PoolSettings(
+            settings.workers, settings.tasks_per_worker))
+        try:
+            await pool.warm_up(WARM_UP_TIMEOUT_S)
+        except Exception:  # answered per request (503) and retried by the pool from now on
+            log.exception("the estimation workers did not start")
+        pool_box.append(pool)
         await refit_calibration()
-        task = asyncio.create_task(loop())
+        task = asyncio.create_task(poll())
         yield
         task.cancel()
-        executor.shutdown(wait=False, cancel_futures=True)
+        for pending in list(in_flight.values()):
+            pending.cancel()
+        pool_box[0].close()
+        io_threads.shutdown(wait=False, cancel_futures=True)
 
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[observe])
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[envelope])
     app.router.add_post("/v1/plans", plans)
     app.router.add_post("/v1/estimate", estimate)
     app.router.add_post("/v1/outcomes", outcomes)
@@ -299,5 +422,5 @@ def make_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
-    app.cleanup_ctx.append(poll_bundles)
+    app.cleanup_ctx.append(lifecycle)
     return app

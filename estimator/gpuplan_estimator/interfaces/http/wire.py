@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplan_estimator.core import options
+from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.planning.placement import Objective
 from gpuplan_estimator.planning.requests import (
@@ -70,8 +70,8 @@ class _Errors:
                                   "; ".join(details) + more, details)
 
 
-def _int(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, *, minimum: int = 1,
-         maximum: int | None = None, default: int | None = None) -> int:
+def _int(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, *, maximum: int,
+         minimum: int = 1, default: int | None = None) -> int:
     value = obj.get(key, default)
     if value is None:
         errs.add(f"{path}.{key}", "is required")
@@ -79,9 +79,9 @@ def _int(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, *, minimum:
     if isinstance(value, bool) or not isinstance(value, int):
         errs.add(f"{path}.{key}", f"must be an integer, got {type(value).__name__}")
         return minimum
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        errs.add(f"{path}.{key}", f"must be {bound}, got {value}")
+    if not minimum <= value <= maximum:
+        shown = str(value) if value.bit_length() < 128 else f"a {value.bit_length()}-bit integer"
+        errs.add(f"{path}.{key}", f"must be between {minimum} and {maximum}, got {shown}")
         return minimum
     return value
 
@@ -118,17 +118,16 @@ def _mapping(body: Mapping[str, Any], key: str, errs: _Errors) -> Mapping[str, A
 def parse_training(obj: Mapping[str, Any], errs: _Errors, path: str = "training"
                    ) -> TrainingRequest:
     """The ``training`` object as a TrainingRequest; problems are added to `errs`."""
-    dims_raw = obj.get("dims", {}) or {}
-    dims: dict[str, int] = {}
-    if not isinstance(dims_raw, Mapping):
-        errs.add(f"{path}.dims", "must be an object of name -> positive integer")
-    else:
-        for name in dims_raw:
-            dims[str(name)] = _int(dims_raw, name, f"{path}.dims", errs)
+    dims = _parse_dims(obj.get("dims", {}) or {}, f"{path}.dims", errs)
+    batch = _int(obj, "batch_size", path, errs, maximum=limits.MAX_BATCH_SIZE)
+    too_big = limits.sample_elements_error(batch, dims)
+    if too_big is not None:
+        errs.add(f"{path}.dims", too_big)
     return TrainingRequest(
-        batch_size=_int(obj, "batch_size", path, errs),
-        dataset_size=_int(obj, "dataset_size", path, errs, default=obj.get("batch_size")),
-        epochs=_int(obj, "epochs", path, errs, default=1),
+        batch_size=batch,
+        dataset_size=_int(obj, "dataset_size", path, errs, default=obj.get("batch_size"),
+                          maximum=limits.MAX_DATASET_SIZE),
+        epochs=_int(obj, "epochs", path, errs, default=1, maximum=limits.MAX_EPOCHS),
         optimizer=_choice(obj, "optimizer", path, errs, options.OPTIMIZERS,
                           options.DEFAULT_OPTIMIZER),
         precision=_choice(obj, "precision", path, errs, options.PRECISIONS,
@@ -136,6 +135,23 @@ def parse_training(obj: Mapping[str, Any], errs: _Errors, path: str = "training"
         mode=_choice(obj, "mode", path, errs, options.MODES, options.DEFAULT_MODE),
         dims=dims,
     )
+
+
+def _parse_dims(raw: Any, path: str, errs: _Errors) -> dict[str, int]:
+    """``dims``: at most `MAX_DIMS` names, each bound to an integer in [1, MAX_DIM]."""
+    if not isinstance(raw, Mapping):
+        errs.add(path, "must be an object of name -> positive integer")
+        return {}
+    if len(raw) > limits.MAX_DIMS:
+        errs.add(path, f"at most {limits.MAX_DIMS} dims, got {len(raw)}")
+        return {}
+    dims: dict[str, int] = {}
+    for name in raw:
+        if len(name) > limits.MAX_DIM_NAME_CHARS:
+            errs.add(path, f"a dim name is longer than {limits.MAX_DIM_NAME_CHARS} characters")
+            continue
+        dims[str(name)] = _int(raw, name, path, errs, maximum=limits.MAX_DIM)
+    return dims
 
 
 def parse_model(body: Mapping[str, Any], errs: _Errors) -> tuple[bytes, Mapping[str, Any] | None]:
@@ -205,9 +221,11 @@ def _parse_inventory(raw: Any, errs: _Errors) -> tuple[InventoryEntry, ...]:
             continue
         out.append(InventoryEntry(
             gpu_type=entry["gpu_type"],
-            gpus_per_node=_int(entry, "gpus_per_node", path, errs),
-            nodes=_int(entry, "nodes", path, errs, default=1),
+            gpus_per_node=_int(entry, "gpus_per_node", path, errs,
+                               maximum=limits.MAX_GPUS_PER_NODE),
+            nodes=_int(entry, "nodes", path, errs, default=1, maximum=limits.MAX_NODES_PER_POOL),
             free_gpus=_int(entry, "free_gpus", path, errs, minimum=0,
+                           maximum=limits.MAX_GPUS_PER_NODE * limits.MAX_NODES_PER_POOL,
                            default=entry.get("gpus_per_node")),
         ))
     return tuple(out)

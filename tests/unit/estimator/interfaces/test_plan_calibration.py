@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import functools
 import pathlib
 from typing import Any
 
@@ -13,24 +14,19 @@ import onnx
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors
-from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.interfaces.cli import serving
 from gpuplan_estimator.interfaces.http import service, wire
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import calibrating, planner
+from gpuplan_testing import contexts
+from gpuplan_testing.contexts import roofline_context
 
 LIGHT = pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 RESNET50_B64 = base64.b64encode((LIGHT / "light_resnet50.onnx").read_bytes()).decode()
 L4 = {"gpu_type": "NVIDIA-L4", "gpus_per_node": 4, "nodes": 1, "free_gpus": 4}
 # Three training jobs on L4 that took twice what the model predicted.
 SLOW_L4 = [calibrating.Outcome("l4", "train", 1000.0, 2000.0, model=f"m{i}") for i in range(3)]
-
-
-def roofline_context(source: str = "roofline") -> planner.PlannerContext:
-    return planner.PlannerContext(catalog=devices.load_catalog(),
-                                predictor=roofline.RooflinePredictor(), predictor_source=source)
 
 
 def plan_body(*, max_gpus: int = 4) -> dict[str, Any]:
@@ -175,8 +171,9 @@ def test_calibration_is_read_at_start_and_survives_a_bundle_reload(
         for i in range(3):
             store.record_job_outcome(job_uid=f"old{i}", device="l4", gpu_count=1,
                                      estimated_seconds=100.0, actual_seconds=200.0)
-    sources = iter(["bundle-a", "bundle-b"])
-    state = service.ServiceState(lambda: roofline_context(next(sources)))
+    name = tmp_path / "bundle-name"
+    name.write_text("bundle-a")
+    state = service.ServiceState(functools.partial(contexts.roofline_named_by_file, str(name)))
 
     async def main() -> None:
         app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600),
@@ -185,6 +182,7 @@ def test_calibration_is_read_at_start_and_survives_a_bundle_reload(
             before = (await (await client.post("/v1/plans", json=plan_body())).json())["plan"]
             assert before["predictor"] == "bundle-a"
             assert before["calibration"]["outcomes"] == 3
+            name.write_text("bundle-b")
             assert state.load() is True  # a newer bundle: a new context, the same calibration
             after = (await (await client.post("/v1/plans", json=plan_body())).json())["plan"]
             assert after["predictor"] == "bundle-b"
@@ -203,9 +201,9 @@ def test_a_failing_outcome_history_keeps_the_calibration_and_the_request_succeed
             raise errors.DatabaseError("database unreachable")
         return SLOW_L4
 
-    def sink(req: wire.OutcomeRequest, device: str) -> int:
+    def sink(req: wire.OutcomeRequest, device: str) -> tuple[int, bool]:
         stored.append(req)
-        return len(stored)
+        return len(stored), True
 
     async def main() -> None:
         app = service.make_app(service.ServiceState(roofline_context),
@@ -232,6 +230,7 @@ def test_without_a_database_there_is_no_calibration() -> None:
                                service.ServiceSettings(bundle_poll_s=3600))
         async with TestClient(TestServer(app)) as client:
             models = await (await client.get("/v1/models")).json()
-            assert models["calibration"] == {"outcomes": 0, "factors": {"*/*": 1.0}}
+            assert models["calibration"] == {"outcomes": 0, "stale": False,
+                                             "factors": {"*/*": 1.0}}
 
     asyncio.run(main())

@@ -13,12 +13,11 @@ import onnx
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuplan_estimator import devices
-from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.graph import examples
 from gpuplan_estimator.interfaces.http import service
 from gpuplan_estimator.planning import planner
 from gpuplan_testing import onnx_models
+from gpuplan_testing.contexts import roofline_context
 
 LIGHT = pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 RESNET50_B64 = base64.b64encode((LIGHT / "light_resnet50.onnx").read_bytes()).decode()
@@ -27,13 +26,6 @@ INVENTORY = [
     {"gpu_type": "NVIDIA-H100-80GB-HBM3", "gpus_per_node": 8, "nodes": 4, "free_gpus": 32},
     {"gpu_type": "NVIDIA-L4", "gpus_per_node": 4, "nodes": 8, "free_gpus": 32},
 ]
-
-
-def roofline_context() -> planner.PlannerContext:
-    return planner.PlannerContext(
-        catalog=devices.load_catalog(), predictor=roofline.RooflinePredictor(),
-        predictor_source="roofline",
-    )
 
 
 def plan_body(**overrides: Any) -> dict[str, Any]:
@@ -190,7 +182,7 @@ def test_invalid_json_and_oversized_bodies_get_json_errors() -> None:
     async def check(client: TestClient) -> None:
         resp = await client.post("/v1/plans", data=b"{not json",
                                  headers={"Content-Type": "application/json"})
-        assert resp.status == 422
+        assert resp.status == 400
         assert "invalid JSON" in (await resp.json())["error"]["message"]
         resp = await client.post("/v1/plans", data=b"x" * 4096)
         assert resp.status == 413
@@ -256,9 +248,9 @@ def test_new_bundle_is_swapped_in_atomically() -> None:
 def test_job_outcomes_are_stored_with_the_canonical_device() -> None:
     stored: list[tuple[Any, str]] = []
 
-    def sink(req: Any, device: str) -> int:
+    def sink(req: Any, device: str) -> tuple[int, bool]:
         stored.append((req, device))
-        return len(stored)
+        return len(stored), True
 
     async def main() -> None:
         app = service.make_app(service.ServiceState(roofline_context),

@@ -1,0 +1,129 @@
+"""Estimation work as it runs in a worker process: request body bytes in, (status, JSON) out.
+
+Everything a client controls is decoded here, never on the service's event loop: the JSON
+itself (64 MB of it, invalid UTF-8, 5000-digit integers, 100k-deep nesting), the field
+validation, the ONNX graph and the estimate. A worker that runs past the request's deadline is
+killed by the pool, which gives its memory back; so the answer is a plain `Reply` rather than
+an exception, which would not survive pickling across the process boundary intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuplan_estimator.core.errors import GpuplanError, InvalidModelError, InvalidRequestError
+from gpuplan_estimator.interfaces.http import wire
+from gpuplan_estimator.planning import calibrating, planner
+
+log = logging.getLogger(__name__)
+
+ContextLoader = Callable[[], planner.PlannerContext]
+"""Builds the planner context in a worker. It crosses to the worker by pickle, so it must be a
+module-level function or a `functools.partial` of one (see `given_context`)."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP answer: status and JSON body."""
+    status: int
+    body: dict[str, Any]
+
+
+def error_reply(status: int, reason: str, message: str,
+                details: list[str] | tuple[str, ...] = ()) -> Reply:
+    """The error envelope shared by every failure of the service."""
+    return Reply(status, wire.error_json(reason, message, list(details)))
+
+
+ENDPOINTS: dict[str, tuple[Callable[[Any], Any], Callable[[Any, planner.PlannerContext], Any]]]
+ENDPOINTS = {
+    "plans": (wire.parse_plan_request, planner.plan_request),
+    "estimate": (wire.parse_estimate_request, planner.estimate_request),
+}
+
+
+def decode_json(body: bytes) -> Any:
+    """The body as JSON; InvalidRequestError (400) for anything that is not valid JSON text."""
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError("body", f"invalid JSON: {exc.msg} at {exc.pos}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError("body", f"not UTF-8: {exc.reason} at byte {exc.start}"
+                                  ) from None
+    except RecursionError:
+        raise InvalidRequestError("body", "JSON nested too deeply") from None
+    except ValueError as exc:  # integers past Python's 4300-digit conversion limit
+        raise InvalidRequestError("body", f"invalid JSON: {str(exc)[:200]}") from None
+
+
+def answer(endpoint: str, body: bytes, context: planner.PlannerContext) -> Reply:
+    """Decode, validate and run one request against `context`; never raises."""
+    parse, run = ENDPOINTS[endpoint]
+    try:
+        data = decode_json(body)
+    except InvalidRequestError as exc:
+        return error_reply(400, "MalformedBody", str(exc))
+    try:
+        return Reply(200, run(parse(data), context))
+    except InvalidModelError as exc:
+        return error_reply(422, "InvalidModel", str(exc))
+    except InvalidRequestError as exc:
+        return error_reply(422, "InvalidRequest", str(exc), exc.details)
+    except planner.NoFeasiblePlanError as exc:
+        return error_reply(422, "NoFeasiblePlan", str(exc), exc.details)
+    except GpuplanError as exc:
+        return error_reply(422, "InvalidRequest", str(exc))
+    except (RecursionError, MemoryError, OverflowError, ValueError, ArithmeticError,
+            IndexError, KeyError, TypeError) as exc:
+        # A client's graph drove the estimator somewhere it should have refused earlier:
+        # answer as an invalid model (the client can act on it) and keep the traceback for us.
+        log.exception("estimating a client's model failed unexpectedly")
+        return error_reply(422, "InvalidModel",
+                           f"this model could not be estimated ({type(exc).__name__}: "
+                           f"{str(exc)[:300]})")
+
+
+def given_context(context: planner.PlannerContext) -> planner.PlannerContext:
+    """A loader for an already-built context: `functools.partial(given_context, ctx)`."""
+    return context
+
+
+_loader: ContextLoader | None = None
+_context: planner.PlannerContext | None = None
+
+
+def init_worker(loader: ContextLoader) -> None:
+    """Pool initializer: build this worker's context once (the bundle load is the slow part)."""
+    global _loader, _context
+    _loader = loader
+    _context = loader()
+
+
+def ready() -> str:
+    """A no-op task that returns once this worker's context is built (pool warm-up)."""
+    if _context is None:
+        raise RuntimeError("worker used before init_worker")
+    return _context.predictor_source
+
+
+def _context_for(source: str) -> planner.PlannerContext:
+    """This worker's context, reloaded when the service moved to another bundle (`source`)."""
+    global _context
+    if _loader is None or _context is None:
+        raise RuntimeError("worker used before init_worker")
+    if _context.predictor_source != source:
+        _context = _loader()
+    return _context
+
+
+def handle(endpoint: str, body: bytes, source: str,
+           calibration: calibrating.Calibration) -> Reply:
+    """The pool's task: `answer` with this worker's context and the service's calibration."""
+    context = dataclasses.replace(_context_for(source), calibration=calibration)
+    return answer(endpoint, body, context)

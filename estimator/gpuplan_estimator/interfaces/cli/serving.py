@@ -37,7 +37,7 @@ def register(sub: Any) -> None:
     """Add the ``serve`` and ``plan`` subcommands to an argparse subparsers object."""
     s = sub.add_parser("serve", help="run the estimator HTTP service")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=arguments.positive_int, default=8080)
+    s.add_argument("--port", type=arguments.count_up_to(65535), default=8080)
     s.add_argument("--bundle", help="model bundle directory (default: newest, else shipped)")
     s.add_argument("--request-timeout", type=arguments.positive_float, default=60.0,
                    metavar="SECONDS", help="per-request deadline, queueing included; the "
@@ -67,7 +67,8 @@ def register(sub: Any) -> None:
     p.add_argument("--optimizer", default=options.DEFAULT_OPTIMIZER, choices=options.OPTIMIZERS)
     p.add_argument("--precision", default=options.DEFAULT_PRECISION, choices=options.PRECISIONS)
     p.add_argument("--prefer", default=options.DEFAULT_OBJECTIVE, choices=options.OBJECTIVES)
-    p.add_argument("--max-gpus", type=arguments.positive_int, default=options.DEFAULT_MAX_GPUS)
+    p.add_argument("--max-gpus", type=arguments.count_up_to(options.MAX_GPUS_CAP),
+                   default=options.DEFAULT_MAX_GPUS)
     p.add_argument("--deadline", type=arguments.positive_float, metavar="SECONDS")
     p.add_argument("--budget", type=arguments.positive_float, metavar="USD")
     p.add_argument("--pool", action="append", default=[], metavar="TYPE=NODESxGPUS",

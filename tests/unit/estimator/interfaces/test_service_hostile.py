@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import math
 import os
 import pathlib
 from collections.abc import Awaitable, Callable
@@ -256,3 +257,31 @@ def test_a_database_outage_is_503_and_a_failed_refit_keeps_the_last_good_calibra
         assert (await (await client.get("/v1/models")).json())["calibration"]["stale"] is False
 
     serve(check, bundle_poll_s=0.2, outcome_sink=sink, outcome_history=history)
+
+
+def test_the_documented_limits_are_the_enforced_ones() -> None:
+    """docs/estimator-service.md copies core.limits' caps: the copy must follow the source."""
+    from gpuplan_estimator.core import limits
+    from gpuplan_estimator.graph import loading
+
+    doc = (pathlib.Path(__file__).parents[4] / "docs" / "estimator-service.md").read_text()
+
+    def power(value: int, base: int = 2) -> str:
+        exponent = round(math.log(value, base))
+        assert base**exponent == value
+        return f"{base}^{exponent}"
+
+    expected = [
+        f"`--batch` | {limits.MAX_BATCH_SIZE} ({power(limits.MAX_BATCH_SIZE)}) |",
+        f"`--dataset-size` | {power(limits.MAX_DATASET_SIZE, 10)} |",
+        f"`--epochs` | {limits.MAX_EPOCHS} |",
+        f"`--dim NAME=V` | {limits.MAX_DIM} ({power(limits.MAX_DIM)}) |",
+        f"batch × every dim | {power(limits.MAX_SAMPLE_ELEMENTS)} elements |",
+        f"dims per request | {limits.MAX_DIMS} |",
+        f"inventory pools per plan | {wire.MAX_INVENTORY_POOLS} |",
+        f"| {limits.MAX_GPUS_PER_NODE} / {limits.MAX_NODES_PER_POOL} |",
+        f"graph nodes | {loading.MAX_NODES} (",
+        f"field errors reported | {wire.MAX_REPORTED_ERRORS}, then",
+    ]
+    missing = [line for line in expected if line not in doc]
+    assert not missing, missing

@@ -149,3 +149,42 @@ def test_spec_change_after_launch_is_recorded_not_disruptive(
     assert same.metadata.uid == job.metadata.uid
     assert tjs.get("change")["status"]["plan"]["observedGeneration"] == 1
     assert len(estimator.requests) == 1
+
+
+def test_trainer_error_fails_fast_and_an_eviction_is_retried(
+        monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
+        batch_v1: Any, estimator: EstimatorServer, wait_for: Any) -> None:
+    """podFailurePolicy on the real Job controller: exit code 1 fails the Job at its first pod
+    (no drift, no outcome), an evicted pod is replaced without using up backoffLimit."""
+    from kubernetes import client
+
+    h.create_model_configmap(core_v1, namespace)
+    crash = h.trainingjob("crash")
+    crash["spec"]["template"]["metadata"]["annotations"] = {"testbed.io/fail-after": "2s"}
+
+    def pods(tj: str) -> list[Any]:
+        return list(core_v1.list_namespaced_pod(
+            namespace, label_selector=f"gpuplan.io/trainingjob={tj}", _request_timeout=30).items)
+
+    with h.run_operator(monkeypatch, namespace, estimator.url):
+        tjs.create(crash)
+        tjs.create(h.trainingjob("evicted", succeed_after="20s"))
+        running = wait_for(lambda: [p for p in pods("evicted") if p.status.phase == "Running"],
+                           60, "evicted's pod running")
+        core_v1.create_namespaced_pod_eviction(
+            running[0].metadata.name, namespace, client.V1Eviction(
+                metadata=client.V1ObjectMeta(name=running[0].metadata.name,
+                                             namespace=namespace)), _request_timeout=30)
+        failed = wait_for(lambda: tjs.condition("crash", "Failed"), 60, "crash fails")
+        wait_for(lambda: tjs.condition("evicted", "Succeeded"), 90, "evicted pod replaced")
+    [crash_job] = h.jobs_of(batch_v1, namespace, "crash")
+    reasons = {c.type: c.reason for c in crash_job.status.conditions if c.status == "True"}
+    assert reasons.get("Failed") == "PodFailurePolicy", reasons
+    assert len(pods("crash")) == 1, "no retry of a trainer's own error"
+    assert failed["reason"] == "JobFailed"
+    assert "drift" not in tjs.get("crash")["status"]
+    uids = list(estimator.outcomes()["job_uid"])
+    assert uids == [tjs.get("evicted")["metadata"]["uid"]], "outcomes of successes only"
+    [evicted_job] = h.jobs_of(batch_v1, namespace, "evicted")
+    assert not evicted_job.status.failed, "the eviction did not count toward backoffLimit"
+    assert len(pods("evicted")) >= 1

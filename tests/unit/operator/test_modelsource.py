@@ -233,3 +233,21 @@ def test_a_hf_config_must_be_a_config_json(data: bytes, needle: str) -> None:
     with pytest.raises(errors.InvalidModelError, match=f"configmap c/k: {needle}"):
         modelsource.check_hf_config(data, "configmap c/k")
     modelsource.check_hf_config(b'{"model_type": "llama"}', "configmap c/k")
+
+
+def test_a_server_that_does_not_speak_http_is_an_invalid_model() -> None:
+    """Any other client failure (here aiohttp's parser error) still ends in a domain error."""
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def run() -> bytes:
+        server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await modelsource.fetch_url(f"http://127.0.0.1:{port}/m", guard=LOOPBACK_OK,
+                                               max_bytes=10, timeout_seconds=5)
+    with pytest.raises(errors.InvalidModelError, match=r"could not be fetched: .*Bad status line"):
+        asyncio.run(run())

@@ -20,9 +20,9 @@ processes, so they can be SIGKILLed and restarted like a crashing pod. One campa
    TrainingJobs stuck without a terminal or launched state, and mismatches between a
    TrainingJob's status, its annotations and its Job.
 
-`make chaos` starts a private testbed in `.testbed-chaos` (the apiserver restart must not disturb
-other test sessions); `tests/integration/test_operator_chaos.py` runs a small slice on the shared
-testbed without the apiserver restart.
+`make chaos` starts a private testbed in `$TMPDIR/gpuplan-chaos-testbed` (the apiserver restart
+must not disturb other test sessions); `tests/integration/test_operator_chaos.py` runs a small
+slice on the shared testbed without the apiserver restart.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -331,9 +330,10 @@ class Settings:
     apiserver_restarts: int = 1
     step_kills: bool = True
     seed: int = 21
-    create_interval_s: float = 0.3
+    create_interval_s: float = 0.05
     kill_after_s: tuple[float, float] = (0.3, 5.0)
-    """A random kill lands this long (uniform) after the restarted operator logged its start."""
+    """A random fault lands this long (uniform) after a batch of TrainingJobs was created (the
+    operator is up: each start waits for its startup log line)."""
     operator_source: pathlib.Path = ROOT
     """Tree whose `operator/` runs (another commit's, to show what the campaign catches)."""
     quiesce_timeout_s: float = 900.0
@@ -352,6 +352,9 @@ class Report:
     estimator_kills: list[int] = dataclasses.field(default_factory=list)
     """Open requests at each estimator kill."""
     apiserver_restarts: int = 0
+    apiserver_ready_s: float = 0.0
+    unsettled_at_kills: list[int] = dataclasses.field(default_factory=list)
+    """TrainingJobs not yet launched at each random operator kill."""
     operator_starts: int = 0
     created: int = 0
     audit: Audit = dataclasses.field(default_factory=Audit)
@@ -370,11 +373,14 @@ class Report:
         rows = [
             ("trainingjobs created", self.created),
             ("operator SIGKILLs (random)", self.operator_kills),
+            ("  unlaunched TrainingJobs at each", " ".join(map(str, self.unsettled_at_kills))),
             ("operator SIGKILLs at a step", ", ".join(self.step_kills) or "0"),
             ("operator starts", self.operator_starts),
             ("estimator SIGKILLs (open requests)", f"{len(self.estimator_kills)} "
                                                    f"{self.estimator_kills}"),
-            ("apiserver SIGKILL+restarts", self.apiserver_restarts),
+            ("apiserver SIGKILL+restarts", f"{self.apiserver_restarts}" + (
+                f" (ready again after {self.apiserver_ready_s:.1f} s)"
+                if self.apiserver_restarts else "")),
             ("jobs", a.jobs),
             ("duplicate jobs", a.duplicates),
             ("stuck trainingjobs", len(a.stuck)),
@@ -505,10 +511,19 @@ class Campaign:
             return "chaos-webhook probe" in str(exc.body)
         return False
 
-    def _creator(self) -> None:
-        for i in range(self.s.jobs):
-            self._create(f"cj-{i:03d}")
+    def _create_batch(self, names: list[str]) -> None:
+        for name in names:
+            self._create(name)
             time.sleep(self.s.create_interval_s)
+
+    def _unsettled(self) -> int:
+        """TrainingJobs not launched yet: work a kill now interrupts (-1: API unreachable)."""
+        try:
+            items = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+                h.G, h.V, self.ns, h.P, _request_timeout=_HTTP_TIMEOUT)["items"]
+        except Exception:
+            return -1
+        return sum(classify(tj) not in ("launched", *TERMINAL_STATES) for tj in items)
 
     def _kill_estimator(self) -> None:
         open_now = self.estimator.open_requests()
@@ -522,18 +537,22 @@ class Campaign:
         self._start_estimator()
 
     def random_kills(self) -> None:
+        """Before each fault, a batch of new TrainingJobs, so the fault lands mid-reconcile."""
         events = ["operator"] * self.s.operator_kills + ["estimator"] * self.s.estimator_kills
         self.rng.shuffle(events)
         if self.control_plane is not None:
             for _ in range(self.s.apiserver_restarts):
                 events.insert(len(events) // 2, "apiserver")
-        creator = threading.Thread(target=self._creator, name="chaos-creator", daemon=True)
-        creator.start()
-        for event in events:
+        names = [f"cj-{i:03d}" for i in range(self.s.jobs)]
+        size = -(-len(names) // (len(events) + 1))
+        batches = [names[i:i + size] for i in range(0, len(names), size)]
+        if not self.operator.alive:
+            self._start_operator()
+        for i, event in enumerate(events):
+            self._create_batch(batches[i] if i < len(batches) else [])
             if event == "operator":
-                if not self.operator.alive:
-                    self._start_operator()
                 time.sleep(self.rng.uniform(*self.s.kill_after_s))
+                self.report.unsettled_at_kills.append(self._unsettled())
                 self.operator.kill()
                 self.report.operator_kills += 1
                 time.sleep(self.rng.uniform(0.0, 1.0))
@@ -542,11 +561,11 @@ class Campaign:
                 self._kill_estimator()
             else:
                 assert self.control_plane is not None
-                self.control_plane.restart_apiserver()
+                time.sleep(self.rng.uniform(*self.s.kill_after_s))
                 self.report.apiserver_restarts += 1
-        creator.join()
-        if not self.operator.alive:
-            self._start_operator()
+                self.report.apiserver_ready_s = self.control_plane.restart_apiserver()
+        for batch in batches[len(events):]:
+            self._create_batch(batch)
 
     def quiesce(self) -> None:
         deadline = time.monotonic() + self.s.quiesce_timeout_s
@@ -642,7 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--operator-source", type=pathlib.Path, default=ROOT,
                         help="a tree with operator/ to run instead of this one's (e.g. "
                              "`git archive <commit> operator | tar -x -C DIR`)")
-    parser.add_argument("--state-dir", type=pathlib.Path, default=ROOT / ".testbed-chaos",
+    parser.add_argument("--state-dir", type=pathlib.Path,
+                        default=pathlib.Path(tempfile.gettempdir()) / "gpuplan-chaos-testbed",
                         help="private testbed state dir (started and stopped here)")
     parser.add_argument("--workdir", type=pathlib.Path, default=None,
                         help="operator/estimator logs (default: a new temp dir, kept)")

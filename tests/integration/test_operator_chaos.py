@@ -19,7 +19,7 @@ def test_operator_killed_at_each_step_and_at_random_leaves_one_job_per_trainingj
         tmp_path: pathlib.Path) -> None:
     chaos.h.install_crd(kubectl)
     settings = chaos.Settings(jobs=8, operator_kills=2, estimator_kills=1, apiserver_restarts=0,
-                              create_interval_s=0.5, seed=7, quiesce_timeout_s=400.0)
+                              seed=7, quiesce_timeout_s=400.0)
     campaign = chaos.Campaign(settings, api_client, testbed.kubeconfig, namespace, tmp_path)
     report = campaign.run()
     print(report.table())

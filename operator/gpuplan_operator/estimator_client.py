@@ -167,7 +167,11 @@ def build_outcome(*, job_uid: str, plan: resources.Plan, actual_seconds: float) 
 
 async def report_outcome(base_url: str, body: Mapping[str, Any], *,
                          timeout_seconds: float) -> None:
-    """POST a finished job's outcome; any failure is `EstimatorUnavailableError`."""
+    """POST a finished job's outcome; any failure is `EstimatorUnavailableError`.
+
+    201 records it; 200 says the estimator already had this job uid (idempotent), which is
+    success too: a resend after a lost answer must not look like a failure.
+    """
     url = base_url.rstrip("/") + OUTCOMES_PATH
     try:
         async with aiohttp.ClientSession() as client, client.post(
@@ -176,7 +180,7 @@ async def report_outcome(base_url: str, body: Mapping[str, Any], *,
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise errors.EstimatorUnavailableError(
             f"estimator at {url} unavailable: {type(exc).__name__}: {exc}") from exc
-    if status != 201:
+    if status not in {200, 201}:
         raise errors.EstimatorUnavailableError(f"estimator at {url} answered {status}")
 
 

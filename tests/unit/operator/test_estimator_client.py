@@ -130,3 +130,22 @@ def test_a_hf_config_model_is_sent_as_its_json() -> None:
     body = estimator_client.build_request(spec, b'{"model_type": "llama"}', [])
     assert body["model_hf_config"] == {"model_type": "llama"}
     assert "model_onnx_b64" not in body
+
+
+@pytest.mark.parametrize(("status", "ok"), [(201, True), (200, True), (422, False), (503, False)])
+def test_outcome_answers(status: int, ok: bool) -> None:
+    """200 is the estimator's answer to a job uid it already has: a resend, not a failure."""
+    async def outcomes(_: web.Request) -> web.Response:
+        return web.json_response({"id": 1, "duplicate": status == 200}, status=status)
+
+    app = web.Application()
+    app.router.add_post("/v1/outcomes", outcomes)
+
+    async def run() -> None:
+        async with LocalServer(app) as srv:
+            await estimator_client.report_outcome(srv.url, {"job_uid": "u"}, timeout_seconds=5)
+    if ok:
+        asyncio.run(run())
+    else:
+        with pytest.raises(errors.EstimatorUnavailableError, match=str(status)):
+            asyncio.run(run())

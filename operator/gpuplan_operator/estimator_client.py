@@ -15,6 +15,8 @@ from gpuplan_operator import benchmarks, errors, inventory, resources
 COVERAGE_PATH = "/v1/coverage"
 OUTCOMES_PATH = "/v1/outcomes"
 PLANS_PATH = "/v1/plans"
+CLIENT_HEADER = "X-Gpuplan-Client"
+"""The estimator's per-client share key (`interfaces/http/admission.py`)."""
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 SEQUENCE_DIM = "sequence"
 
@@ -109,15 +111,22 @@ def _rejected_error(status: int, body: Mapping[str, Any]) -> errors.EstimatorRej
 
 async def request_plan(
     base_url: str, body: Mapping[str, Any], *, generation: int, timeout_seconds: float,
-    session: aiohttp.ClientSession | None = None,
+    tenant: str, session: aiohttp.ClientSession | None = None,
 ) -> resources.Plan:
-    """POST the request: 200 → Plan, 4xx → EstimatorRejectedError, 5xx/timeout → Unavailable."""
+    """POST the request: 200 → Plan, 4xx → EstimatorRejectedError, 5xx/timeout → Unavailable.
+
+    `tenant` (the TrainingJob's namespace) goes in the estimator's client header, so one
+    namespace's models cannot take every estimator worker from the others. A 504 whose
+    envelope says `Timeout` is the model's own estimate running out of time (the estimator
+    killed it and answers retries from its cache): rejected, not unavailable.
+    """
     url = base_url.rstrip("/") + PLANS_PATH
     timeout = aiohttp.ClientTimeout(total=timeout_seconds)
     own = session is None
     client = session or aiohttp.ClientSession()
+    headers = {CLIENT_HEADER: tenant}
     try:
-        async with client.post(url, json=body, timeout=timeout) as resp:
+        async with client.post(url, json=body, timeout=timeout, headers=headers) as resp:
             raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
             status = resp.status
     except (TimeoutError, aiohttp.ClientError) as exc:
@@ -126,7 +135,7 @@ async def request_plan(
     finally:
         if own:
             await client.close()
-    if status >= 500 or status in {408, 429}:
+    if (status >= 500 or status in {408, 429}) and not _estimate_timed_out(status, raw):
         raise errors.EstimatorUnavailableError(f"estimator at {url} answered {status}")
     if len(raw) > MAX_RESPONSE_BYTES:
         raise errors.EstimatorProtocolError(f"estimator response larger than {MAX_RESPONSE_BYTES}")
@@ -139,6 +148,16 @@ async def request_plan(
     if status != 200:
         raise errors.EstimatorProtocolError(f"estimator answered unexpected status {status}")
     return parse_plan(decoded, generation=generation)
+
+
+def _estimate_timed_out(status: int, raw: bytes) -> bool:
+    if status != 504 or len(raw) > MAX_RESPONSE_BYTES:
+        return False
+    try:
+        err = json.loads(raw).get("error") or {}
+    except (ValueError, AttributeError):
+        return False
+    return bool(err.get("reason") == "Timeout")
 
 
 def describe_rejections(details: Sequence[object]) -> str:

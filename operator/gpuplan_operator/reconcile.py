@@ -216,7 +216,7 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
     try:
         plan = await estimator_client.request_plan(
             ctx.settings.estimator_url, body, generation=tj.generation,
-            timeout_seconds=ctx.settings.estimator_timeout_seconds)
+            timeout_seconds=ctx.settings.estimator_timeout_seconds, tenant=tj.namespace)
     except errors.OperatorError as exc:
         ctx.metrics.count_request(exc.reason)
         if exc.reason == Reason.NO_FEASIBLE_PLAN:

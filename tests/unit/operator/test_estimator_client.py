@@ -29,6 +29,7 @@ def _app(status: int, body: Any, delay: float = 0.0) -> web.Application:
 
     async def plans(request: web.Request) -> web.Response:
         seen.append(await request.json())
+        seen.append(request.headers.get(estimator_client.CLIENT_HEADER))
         await asyncio.sleep(delay)
         text = body if isinstance(body, str) else json.dumps(body)
         return web.Response(status=status, text=text, content_type="application/json")
@@ -43,14 +44,14 @@ def _ask(app: web.Application, timeout: float = 5) -> resources.Plan:
     async def run() -> resources.Plan:
         async with LocalServer(app) as srv:
             return await estimator_client.request_plan(srv.url + "/", {"x": 1}, generation=4,
-                                                       timeout_seconds=timeout)
+                                                       timeout_seconds=timeout, tenant="team-a")
     return asyncio.run(run())
 
 
 def test_ok_response_becomes_plan() -> None:
     app = _app(200, PLAN)
     plan = _ask(app)
-    assert app[SEEN] == [{"x": 1}]
+    assert app[SEEN] == [{"x": 1}, "team-a"]  # the namespace is the estimator's client key
     assert (plan.gpu_type, plan.gpu_count, plan.nodes, plan.observed_generation) == (
         "NVIDIA-L4", 8, 2, 4)
     assert plan.alternatives[0]["gpuCount"] == 4
@@ -71,6 +72,10 @@ def test_422_carries_reason_and_details(reason: str) -> None:
 @pytest.mark.parametrize(("status", "body", "error"), [
     (500, {"error": "boom"}, errors.EstimatorUnavailableError),
     (503, "", errors.EstimatorUnavailableError),
+    (504, {"error": {"reason": "Busy", "message": "m"}}, errors.EstimatorUnavailableError),
+    (504, "gateway timeout", errors.EstimatorUnavailableError),
+    (429, {"error": {"reason": "TooManyRequests", "message": "m"}},
+     errors.EstimatorUnavailableError),
     (200, "not json", errors.EstimatorProtocolError),
     (200, {"plan": {"gpu_type": "x"}}, errors.EstimatorProtocolError),
     (422, {"unexpected": True}, errors.EstimatorRejectedError),
@@ -78,6 +83,22 @@ def test_422_carries_reason_and_details(reason: str) -> None:
 def test_error_mapping(status: int, body: Any, error: type[Exception]) -> None:
     with pytest.raises(error):
         _ask(_app(status, body))
+
+
+def test_an_estimate_that_ran_out_of_time_is_rejected_not_retried() -> None:
+    """The estimator killed the estimate at its deadline and caches the 504: asking again
+    only repeats it, so the TrainingJob gets a condition that says so."""
+    body = {"error": {"reason": "Timeout", "message": "estimation exceeded the request's 60 s",
+                      "details": []}}
+    with pytest.raises(errors.EstimatorRejectedError) as info:
+        _ask(_app(504, body))
+    assert info.value.reason == "Timeout" and "60 s" in str(info.value)
+
+
+def test_the_client_header_is_the_estimators() -> None:
+    from gpuplan_estimator.interfaces.http import admission
+
+    assert estimator_client.CLIENT_HEADER == admission.CLIENT_HEADER
 
 
 def test_timeout_is_unavailable() -> None:
@@ -88,7 +109,7 @@ def test_timeout_is_unavailable() -> None:
 def test_connection_refused_is_unavailable() -> None:
     async def run() -> resources.Plan:
         return await estimator_client.request_plan("http://127.0.0.1:9", {}, generation=1,
-                                                   timeout_seconds=2)
+                                                   timeout_seconds=2, tenant="t")
     with pytest.raises(errors.EstimatorUnavailableError):
         asyncio.run(run())
 

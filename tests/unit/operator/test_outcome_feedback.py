@@ -77,7 +77,7 @@ def test_calibrated_plans_feed_back_the_models_own_estimate(tmp_path: pathlib.Pa
     async def main() -> resources.Plan:
         async with LocalServer(app) as srv:
             plan = await estimator_client.request_plan(srv.url, body, generation=1,
-                                                       timeout_seconds=30)
+                                                       timeout_seconds=30, tenant="default")
             # The plan survives an operator restart through status.plan.
             plan = resources.Plan.from_status(plan.to_status())
             outcome = estimator_client.build_outcome(

@@ -44,3 +44,24 @@ def test_operator_validation_uses_the_options() -> None:
     assert frozenset(options.OPTIMIZERS) == validation.OPTIMIZERS
     assert frozenset(options.PRECISIONS) == validation.PRECISIONS
     assert frozenset(options.OBJECTIVES) == validation.PREFERENCES
+
+
+@pytest.mark.parametrize(("field", "cap"), [
+    ("batchSize", "MAX_BATCH_SIZE"), ("datasetSize", "MAX_DATASET_SIZE"),
+    ("epochs", "MAX_EPOCHS"), ("sequenceLength", "MAX_DIM"),
+])
+def test_crd_bounds_fit_inside_the_estimators_caps(field: str, cap: str) -> None:
+    """Whatever the API server admits the estimator must accept: a CRD maximum above
+    `core.limits` would let a TrainingJob through only to be refused at planning."""
+    from gpuplan_estimator.core import limits
+
+    schema = spec_properties()["training"]["properties"][field]
+    assert 1 <= schema["minimum"] <= schema["maximum"] <= getattr(limits, cap)
+
+
+def test_crd_dims_fit_inside_the_estimators_caps() -> None:
+    from gpuplan_estimator.core import limits
+
+    schema = spec_properties()["training"]["properties"]["dims"]
+    assert schema["maxProperties"] <= limits.MAX_DIMS
+    assert schema["additionalProperties"]["maximum"] <= limits.MAX_DIM

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 from collections.abc import Mapping
@@ -25,6 +26,11 @@ JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 """Label the Job controller puts on its pods: the Job's uid (exact, unlike the Job's name)."""
 
 REQUEST_TIMEOUT = (5.0, 30.0)  # (connect, read) seconds on every call
+API_THREADS = 32
+"""Blocking client calls in flight at once: as many as the client's connection pool, so 50
+TrainingJobs applied together do not queue behind asyncio's default of cpu + 4 threads."""
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=API_THREADS,
+                                                  thread_name_prefix="kube-api")
 
 
 class Kube:
@@ -116,7 +122,7 @@ def load_configuration() -> kubernetes.client.Configuration:
         # The client reads KUBECONFIG at import time; read it now (tests set it later).
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
                                            client_configuration=config)
-    config.connection_pool_maxsize = 32
+    config.connection_pool_maxsize = API_THREADS
     return config
 
 
@@ -137,7 +143,7 @@ async def _call(fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(resp.data)
         return data
     try:
-        return await asyncio.to_thread(run)
+        return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, run)
     except urllib3.exceptions.HTTPError as exc:  # timeouts, refused or reset connections
         raise errors.KubeApiUnavailableError(
             f"Kubernetes API unreachable: {type(exc).__name__}: {exc}") from exc

@@ -9,6 +9,7 @@ trusting that an earlier pass got that far: a crash between two writes leaves no
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import datetime
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gpuplan_operator import (
+    coalescing,
     errors,
     estimator_client,
     inventory,
@@ -33,6 +35,9 @@ from gpuplan_operator.resources import Reason
 
 REPORTED_UIDS_KEPT = 10_000
 """How many job uids whose outcome was sent are remembered (a bounded guard against resends)."""
+INVENTORY_MAX_AGE_S = 1.0
+"""How stale the node and pod lists behind a plan may be; within it concurrent plans share
+one read of each (the extender places pods from its own, current view)."""
 
 
 class EventSink(Protocol):
@@ -68,6 +73,19 @@ class Context:
     """Job uids whose outcome was sent to the estimator, oldest first."""
     started: set[str] = dataclasses.field(default_factory=set)
     """Uids of running Jobs whose first container start is already in their TrainingJob."""
+    gpu_pools: coalescing.Coalesced[list[inventory.GpuPool]] = dataclasses.field(init=False)
+    """The GPU pools of the latest node and pod lists, shared by concurrent plans."""
+
+    config_maps: coalescing.CoalescedByKey[tuple[str, str], dict[str, Any] | None] = (
+        dataclasses.field(init=False))
+    """Model ConfigMaps by (namespace, name): TrainingJobs applied together from one model
+    share one read."""
+
+    def __post_init__(self) -> None:
+        def seconds() -> float:
+            return self.clock().timestamp()
+        self.gpu_pools = coalescing.Coalesced(INVENTORY_MAX_AGE_S, clock=seconds)
+        self.config_maps = coalescing.CoalescedByKey(INVENTORY_MAX_AGE_S, clock=seconds)
 
 
 @dataclasses.dataclass
@@ -194,7 +212,9 @@ async def _load_model(ctx: Context, tj: TrainingJobRef, ref: resources.ModelRef)
                                            timeout_seconds=s.model_fetch_timeout_seconds)
     else:
         assert ref.config_map_name is not None and ref.config_map_key is not None
-        cm = await ctx.kube.get_config_map(tj.namespace, ref.config_map_name)
+        name = ref.config_map_name
+        cm = await ctx.config_maps.get(
+            (tj.namespace, name), lambda: ctx.kube.get_config_map(tj.namespace, name))
         if cm is None:
             # Often applied in the same file right after the TrainingJob: wait, don't fail.
             raise errors.ModelSourceUnavailableError(
@@ -207,11 +227,15 @@ async def _load_model(ctx: Context, tj: TrainingJobRef, ref: resources.ModelRef)
     return data
 
 
+async def _read_gpu_pools(ctx: Context) -> list[inventory.GpuPool]:
+    nodes, pods = await asyncio.gather(ctx.kube.list_gpu_nodes(), ctx.kube.list_active_pods())
+    return list(inventory.build_inventory(nodes, pods))
+
+
 async def _plan(ctx: Context, tj: TrainingJobRef,
                 spec: resources.TrainingJobSpec) -> resources.Plan:
     model = await _load_model(ctx, tj, spec.model)
-    pools = inventory.build_inventory(await ctx.kube.list_gpu_nodes(),
-                                      await ctx.kube.list_active_pods())
+    pools = await ctx.gpu_pools.get(lambda: _read_gpu_pools(ctx))
     body = estimator_client.build_request(spec, model, pools)
     try:
         plan = await estimator_client.request_plan(

@@ -129,12 +129,13 @@ def _established(port: int) -> int:
 class Estimator(Child):
     """`gpuplan serve` on a fixed port with its own SQLite database."""
 
-    def __init__(self, workdir: pathlib.Path) -> None:
+    def __init__(self, workdir: pathlib.Path, source: pathlib.Path = ROOT) -> None:
         self.port = h.free_port()
         db = f"sqlite:///{workdir / 'perf.db'}"
         argv = [str(pathlib.Path(sys.executable).with_name("gpuplan")), "serve", "--host",
                 "127.0.0.1", "--port", str(self.port), "--db", db, "--bundle-poll", "3600"]
-        super().__init__("estimator", argv, dict(os.environ), workdir / "estimator.log")
+        env = dict(os.environ, PYTHONPATH=str(source / "estimator"))
+        super().__init__("estimator", argv, env, workdir / "estimator.log")
 
     @property
     def url(self) -> str:
@@ -161,7 +162,8 @@ class Operator(Child):
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), GPUPLAN_ESTIMATOR_URL=estimator_url,
                    GPUPLAN_METRICS_PORT="0", GPUPLAN_ESTIMATOR_TIMEOUT_SECONDS="20",
                    GPUPLAN_RETRY_BASE_DELAY_SECONDS="1", GPUPLAN_RETRY_MAX_DELAY_SECONDS="4",
-                   PYTHONPATH=os.pathsep.join([str(source / "operator"), str(ROOT / "estimator")]))
+                   PYTHONPATH=os.pathsep.join([str(source / "operator"),
+                                               str(source / "estimator")]))
         argv = [sys.executable, "-m", "gpuplan_operator", "--standalone", "-n", namespace]
         super().__init__("operator", argv, env, workdir / "operator.log")
 
@@ -331,11 +333,12 @@ class Settings:
     step_kills: bool = True
     seed: int = 21
     create_interval_s: float = 0.05
-    kill_after_s: tuple[float, float] = (0.3, 5.0)
+    kill_after_s: tuple[float, float] = (0.05, 2.0)
     """A random fault lands this long (uniform) after a batch of TrainingJobs was created (the
     operator is up: each start waits for its startup log line)."""
-    operator_source: pathlib.Path = ROOT
-    """Tree whose `operator/` runs (another commit's, to show what the campaign catches)."""
+    source: pathlib.Path = ROOT
+    """Tree whose `operator/` and `estimator/` run: another commit's (`git archive`), to pin
+    what is tested while the working tree changes, or to show what the campaign catches."""
     quiesce_timeout_s: float = 900.0
     stable_s: float = 120.0
     """Nothing changed for this long: quiescent even if some TrainingJob is not terminal (kopf
@@ -440,9 +443,9 @@ class Campaign:
         self.control_plane = control_plane
         self.rng = random.Random(settings.seed)
         self.tjs = h.TrainingJobs(api, namespace)
-        self.estimator = Estimator(workdir)
+        self.estimator = Estimator(workdir, settings.source)
         self.operator = Operator(workdir, namespace, kubeconfig, self.estimator.url,
-                                 settings.operator_source)
+                                 settings.source)
         self.report = Report(settings, log_dir=str(workdir))
         self._created = 0
 
@@ -544,12 +547,12 @@ class Campaign:
             for _ in range(self.s.apiserver_restarts):
                 events.insert(len(events) // 2, "apiserver")
         names = [f"cj-{i:03d}" for i in range(self.s.jobs)]
-        size = -(-len(names) // (len(events) + 1))
-        batches = [names[i:i + size] for i in range(0, len(names), size)]
+        k = len(events) + 1
+        batches = [names[i * len(names) // k:(i + 1) * len(names) // k] for i in range(k)]
         if not self.operator.alive:
             self._start_operator()
         for i, event in enumerate(events):
-            self._create_batch(batches[i] if i < len(batches) else [])
+            self._create_batch(batches[i])
             if event == "operator":
                 time.sleep(self.rng.uniform(*self.s.kill_after_s))
                 self.report.unsettled_at_kills.append(self._unsettled())
@@ -564,8 +567,7 @@ class Campaign:
                 time.sleep(self.rng.uniform(*self.s.kill_after_s))
                 self.report.apiserver_restarts += 1
                 self.report.apiserver_ready_s = self.control_plane.restart_apiserver()
-        for batch in batches[len(events):]:
-            self._create_batch(batch)
+        self._create_batch(batches[-1])
 
     def quiesce(self) -> None:
         deadline = time.monotonic() + self.s.quiesce_timeout_s
@@ -658,9 +660,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--apiserver-restarts", type=int, default=Settings.apiserver_restarts)
     parser.add_argument("--no-step-kills", action="store_true")
     parser.add_argument("--seed", type=int, default=Settings.seed)
-    parser.add_argument("--operator-source", type=pathlib.Path, default=ROOT,
-                        help="a tree with operator/ to run instead of this one's (e.g. "
-                             "`git archive <commit> operator | tar -x -C DIR`)")
+    parser.add_argument("--source", type=pathlib.Path, default=ROOT,
+                        help="a tree with operator/ and estimator/ to run instead of this one's "
+                             "(`git archive <commit> operator estimator | tar -x -C DIR`)")
     parser.add_argument("--state-dir", type=pathlib.Path,
                         default=pathlib.Path(tempfile.gettempdir()) / "gpuplan-chaos-testbed",
                         help="private testbed state dir (started and stopped here)")
@@ -672,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
                         estimator_kills=args.estimator_kills,
                         apiserver_restarts=args.apiserver_restarts,
                         step_kills=not args.no_step_kills, seed=args.seed,
-                        operator_source=args.operator_source.resolve())
+                        source=args.source.resolve())
     workdir = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="gpuplan-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     with private_testbed(args.state_dir) as state:

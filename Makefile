@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test unit integration lint verify crds chart fuzz corpus bench eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
+.PHONY: help install demo test unit integration lint verify crds chart fuzz corpus chaos bench eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ corpus: $(STAMP) ## full-size real-model corpus: torchvision + HF models x expor
 
 fuzz: $(STAMP) ## 10^5 mutated ONNX graphs through load + estimate: no crash, < 20 s, < 4 GiB each
 	PYTHONPATH=tests $(PYTHON) -m gpuplan_testing.fuzz_graphs --inputs 100000 --crash-dir fuzz-crashers
+
+chaos: $(STAMP) ## kill-safety campaign on a private testbed: 100 TrainingJobs, operator/estimator SIGKILLs, an apiserver restart; summary table
+	PYTHONPATH=tests:testbed $(PYTHON) -m gpuplan_testing.chaos --jobs 100
 
 bench: $(STAMP) ## speed benchmarks (reported, not asserted)
 	$(PYTHON) -m gpuplan_estimator.evaluation.speed

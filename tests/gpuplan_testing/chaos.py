@@ -333,7 +333,7 @@ class Settings:
     step_kills: bool = True
     seed: int = 21
     create_interval_s: float = 0.05
-    kill_after_s: tuple[float, float] = (0.05, 2.0)
+    kill_after_s: tuple[float, float] = (0.0, 1.0)
     """A random fault lands this long (uniform) after a batch of TrainingJobs was created (the
     operator is up: each start waits for its startup log line)."""
     source: pathlib.Path = ROOT

@@ -55,3 +55,26 @@ def slow_context(device_key: str, seconds: float, pid_dir: str) -> planner.Plann
         catalog=devices.load_catalog(), predictor=SlowOnDevice(device_key, seconds, pid_dir),
         predictor_source="slow-roofline",
     )
+
+
+@dataclass(frozen=True)
+class HungryOnDevice:
+    """Roofline, except that predicting for `device_key` first allocates `allocate_bytes`."""
+
+    device_key: str
+    allocate_bytes: int
+    name: str = "hungry-roofline"
+
+    def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
+        if device.key == self.device_key:
+            hoard = bytearray(self.allocate_bytes)
+            del hoard
+        return roofline.RooflinePredictor().predict(items, device)
+
+
+def hungry_context(device_key: str, allocate_bytes: int) -> planner.PlannerContext:
+    """The catalog with `HungryOnDevice`."""
+    return planner.PlannerContext(
+        catalog=devices.load_catalog(), predictor=HungryOnDevice(device_key, allocate_bytes),
+        predictor_source="hungry-roofline",
+    )

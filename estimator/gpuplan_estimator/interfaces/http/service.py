@@ -64,6 +64,9 @@ class ServiceSettings:
     """Estimation worker processes."""
     tasks_per_worker: int = 200
     """Tasks before a worker is replaced by a fresh one (returns memory a model left behind)."""
+    worker_address_space_bytes: int = 3 * 2**30
+    """Virtual memory one worker may map, bundle included (~0.7 GiB of it with the shipped
+    bundle); a graph needing more is answered 422 instead of exhausting the pod."""
     running_per_client: int = 1
     """Estimates one client may run at once, so one tenant cannot hold every worker."""
     queued_per_client: int = 64
@@ -398,7 +401,7 @@ def make_app(
         if state.context is None:
             await asyncio.get_running_loop().run_in_executor(io_threads, state.load)
         pool = workers.WorkerPool(state.loader, workers.PoolSettings(
-            settings.workers, settings.tasks_per_worker))
+            settings.workers, settings.tasks_per_worker, settings.worker_address_space_bytes))
         try:
             await pool.warm_up(WARM_UP_TIMEOUT_S)
         except Exception:  # answered per request (503) and retried by the pool from now on

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +80,10 @@ def answer(endpoint: str, body: bytes, context: planner.PlannerContext) -> Reply
         return error_reply(422, "NoFeasiblePlan", str(exc), exc.details)
     except GpuplanError as exc:
         return error_reply(422, "InvalidRequest", str(exc))
-    except (RecursionError, MemoryError, OverflowError, ValueError, ArithmeticError,
+    except MemoryError:
+        return error_reply(422, "InvalidModel", "estimating this model needs more memory than "
+                           "an estimator worker may use (gpuplan serve --worker-memory-gib)")
+    except (RecursionError, OverflowError, ValueError, ArithmeticError,
             IndexError, KeyError, TypeError) as exc:
         # A client's graph drove the estimator somewhere it should have refused earlier:
         # answer as an invalid model (the client can act on it) and keep the traceback for us.
@@ -98,11 +102,14 @@ _loader: ContextLoader | None = None
 _context: planner.PlannerContext | None = None
 
 
-def init_worker(loader: ContextLoader) -> None:
-    """Pool initializer: build this worker's context once (the bundle load is the slow part)."""
+def init_worker(loader: ContextLoader, address_space_bytes: int) -> None:
+    """Pool initializer: build this worker's context once (the bundle load is the slow part),
+    then cap the worker's address space, so a graph that needs more memory than that fails
+    with MemoryError (answered 422) instead of taking the whole pod to the OOM killer."""
     global _loader, _context
     _loader = loader
     _context = loader()
+    resource.setrlimit(resource.RLIMIT_DATA, (address_space_bytes, address_space_bytes))
 
 
 def ready() -> str:

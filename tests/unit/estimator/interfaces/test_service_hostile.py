@@ -149,6 +149,20 @@ def test_a_timed_out_estimate_is_stopped_and_its_worker_replaced(tmp_path: pathl
     serve(check, loader, settings={"request_timeout_s": 4.0})
 
 
+def test_a_model_that_needs_more_memory_than_a_worker_may_map_is_a_422() -> None:
+    loader = functools.partial(contexts.hungry_context, "l4", 8 * 2**30)
+
+    async def check(client: TestClient, _: CollectorRegistry) -> None:
+        resp = await client.post("/v1/estimate", json=estimate_body("l4"))
+        assert resp.status == 422, await resp.text()
+        err = (await resp.json())["error"]
+        assert err["reason"] == "InvalidModel" and "more memory" in err["message"]
+        resp = await client.post("/v1/estimate", json=estimate_body("t4"))
+        assert resp.status == 200, await resp.text()
+
+    serve(check, loader, settings={"worker_address_space_bytes": 2 * 2**30})
+
+
 def test_one_client_gets_its_share_of_the_workers_not_all_of_them(
         tmp_path: pathlib.Path) -> None:
     loader = functools.partial(contexts.slow_context, "l4", 3.0, str(tmp_path))

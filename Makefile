@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test unit integration lint verify crds chart fuzz corpus chaos bench eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
+.PHONY: help install demo test unit integration lint verify crds chart fuzz corpus chaos bench bench-extender bench-plans eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -49,6 +49,12 @@ chaos: $(STAMP) ## kill-safety campaign on a private testbed: 100 TrainingJobs, 
 
 bench: $(STAMP) ## speed benchmarks (reported, not asserted)
 	$(PYTHON) -m gpuplan_estimator.evaluation.speed
+
+bench-plans: $(STAMP) ## apply->planned p50/p95 of 50 concurrent TrainingJobs on a private testbed (real estimator + operator)
+	PYTHONPATH=tests:testbed $(PYTHON) -m gpuplan_testing.plan_latency --jobs 50 $(BENCH_PLANS_ARGS)
+
+bench-extender: $(STAMP) ## extender load benchmark: 5,000 nodes, filter/prioritize p50/p95/p99, server CPU per request
+	PYTHONPATH=tests $(PYTHON) -m gpuplan_testing.extender_loadbench $(BENCH_EXTENDER_ARGS)
 
 eval: $(STAMP) ## accuracy evaluation -> docs/accuracy.md
 	$(BIN)/gpuplan eval

@@ -23,15 +23,23 @@ class QuantityError(ValueError):
     """A GPU quantity is not a non-negative integer (extended resources cannot be fractional)."""
 
 
+MAX_QUANTITY_DIGITS = 12
+
+
+def _decimal(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` also accepts "²" (int() fails) and "٣" (int() reads 3)."""
+    return 0 < len(text) <= MAX_QUANTITY_DIGITS and text.isascii() and text.isdigit()
+
+
 def parse_gpu_quantity(raw: object) -> int:
     """An extended-resource quantity: "8", 8, or "8000m" are 8; anything fractional is an error."""
     if isinstance(raw, bool):
         raise QuantityError(f"not a GPU quantity: {raw!r}")
     if isinstance(raw, int):
         value = raw
-    elif isinstance(raw, str) and raw.isdigit():
+    elif isinstance(raw, str) and _decimal(raw):
         value = int(raw)
-    elif isinstance(raw, str) and raw.endswith("m") and raw[:-1].isdigit():
+    elif isinstance(raw, str) and raw.endswith("m") and _decimal(raw[:-1]):
         milli = int(raw[:-1])
         if milli % 1000:
             raise QuantityError(f"fractional GPU quantity: {raw!r}")

@@ -156,9 +156,10 @@ def test_malformed_bodies_get_json_errors_with_4xx() -> None:
         status, body = post(cluster(), verb, b"\xff\xfe")
         assert status == 400 and "not JSON" in body["Error"]
         status, body = post(cluster(), verb, {"Pod": {}, "NodeNames": [1]})
-        assert (status, body["Error"]) == (400, "NodeNames[0]: expected a string, got number")
+        assert (status, body["Error"]) == (422, "NodeNames[0]: expected a string, got number")
+        assert body["error"]["reason"] == "InvalidRequest"
         status, body = post(cluster(), verb, [1, 2])
-        assert (status, body["Error"]) == (400, "$: expected a JSON object, got array")
+        assert (status, body["Error"]) == (422, "$: expected a JSON object, got array")
         status, body = post(cluster(), verb, b"[" * 100_000)
         assert status == 400
 

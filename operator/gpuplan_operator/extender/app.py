@@ -1,8 +1,19 @@
 """aiohttp application of the extender: filter, prioritize, health, readiness and metrics.
 
 Handlers only parse, take one snapshot, call the pure `scoring` functions and encode; no API
-call happens on the request path. Every bad request is answered with JSON carrying `Error` and a
-4xx status, never with a traceback.
+call happens on the request path.
+
+What a request can do wrong, and the answer (every non-200 body is the JSON error envelope
+`{"error": {"reason", "message", "details"}}`, see `protocol.encode_error`):
+
+* the body is not JSON (or not UTF-8, nested too deep, `NaN`) → 400 `InvalidJSON`;
+* it is JSON but not ExtenderArgs (no `Pod` object, candidates of the wrong shape) → 422
+  `InvalidRequest`, each bad field a detail;
+* larger than `max_body_bytes` → 413; an unknown path → 404; a wrong method → 405;
+* the Pod is an object but what it holds is unreadable (annotations a list, containers a string,
+  a GPU quantity "²" or 10^400, …) → **200**, the filter rejects every candidate with a reason
+  naming the field, and prioritize scores it as unmanaged. An extender configured `ignorable`
+  that answered an error would let such a pod schedule unfiltered.
 """
 
 from __future__ import annotations
@@ -10,11 +21,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -54,9 +66,15 @@ class AppSettings:
 
 
 class _HttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, details: Sequence[str] = ()
+                 ) -> None:
         self.status = status
+        self.reason = reason
+        self.details = tuple(details)
         super().__init__(message)
+
+    def response(self) -> web.Response:
+        return _json(protocol.encode_error(self.reason, str(self), self.details), self.status)
 
 
 @dataclass(frozen=True)
@@ -98,22 +116,53 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
+# Python's int() refuses strings past 4,300 digits; JSON numbers that long become floats (and then
+# fail a type check with a reason) instead of failing the whole body.
+_MAX_INT_DIGITS = 4000
+
+
+def _parse_int(text: str) -> int | float:
+    return int(text) if len(text) <= _MAX_INT_DIGITS else float(text)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # Go never sends NaN or Infinity
+
+
+def decode_body(body: bytes) -> Any:
+    """A request body as JSON: strict UTF-8, no NaN/Infinity; `_HttpError` 400 otherwise."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _HttpError(400, "InvalidJSON", f"request body is not JSON: not UTF-8 ({exc})"
+                         ) from exc
+    try:
+        return json.loads(text, parse_int=_parse_int, parse_constant=_reject_constant)
+    except RecursionError as exc:
+        raise _HttpError(400, "InvalidJSON",
+                         "request body is not JSON this server reads: nested too deeply") from exc
+    except ValueError as exc:
+        raise _HttpError(400, "InvalidJSON", f"request body is not JSON: {exc}") from exc
+
+
 async def _read_args(request: web.Request, max_body_bytes: int) -> protocol.ExtenderArgs:
     try:
         body = await request.read()  # aiohttp enforces client_max_size, chunked bodies too
     except web.HTTPRequestEntityTooLarge as exc:
-        raise _HttpError(413, f"request body larger than {max_body_bytes} bytes") from exc
+        raise _HttpError(413, "RequestTooLarge",
+                         f"request body larger than {max_body_bytes} bytes") from exc
+    except (web.RequestPayloadError, HttpProcessingError) as exc:  # e.g. bad gzip
+        raise _HttpError(400, "InvalidBody",
+                         f"request body unreadable: {str(exc).splitlines()[-1].strip()}") from exc
     try:
-        decoded = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise _HttpError(400, f"request body is not JSON: {exc}") from exc
-    try:
-        return protocol.parse_args(decoded)
+        return protocol.parse_args(decode_body(body))
     except protocol.ProtocolError as exc:
-        raise _HttpError(400, str(exc)) from exc
+        raise _HttpError(422, "InvalidRequest", str(exc), exc.details) from exc
 
 
 Decision = tuple[str, bytes]  # (result label, JSON response body)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_REASONS = {404: "NotFound", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
 
 
 def make_app(
@@ -127,9 +176,19 @@ def make_app(
     cfg = settings or AppSettings()
     metrics = _make_metrics(registry, snapshot_source)
 
+    def read_plan(args: protocol.ExtenderArgs) -> plans.PodPlan | None:
+        """The pod's plan; PlanError for anything unreadable, an unexpected failure included."""
+        try:
+            return plans.plan_for_pod(args.pod, resolve_type)
+        except plans.PlanError:
+            raise
+        except Exception as exc:  # a bug in reading must reject the pod, not let it through
+            log.exception("reading the plan of %s failed", args.pod_key)
+            raise plans.PlanError("Pod", f"unreadable ({type(exc).__name__})") from exc
+
     async def decide_filter(args: protocol.ExtenderArgs) -> Decision:
         try:
-            plan = plans.plan_for_pod(args.pod, resolve_type)
+            plan = read_plan(args)
         except plans.PlanError as exc:
             result = scoring.reject_all(args.node_names, f"invalid gpuplan plan: {exc}")
             return "invalid_plan", protocol.dumps_filter_result(result, args)
@@ -138,7 +197,7 @@ def make_app(
                 scoring.pass_through(args.node_names), args)
         snapshot = snapshot_source.snapshot()
         if snapshot is None:
-            raise _HttpError(503, "gpuplan inventory has not synced yet")
+            raise _HttpError(503, "NotReady", "gpuplan inventory has not synced yet")
         result = scoring.filter_nodes(snapshot, plan, args.node_names)
         log.debug("filter %s: %d passed, %d failed", args.pod_key, len(result.passed),
                   len(result.failed) + len(result.failed_unresolvable))
@@ -146,11 +205,12 @@ def make_app(
 
     async def decide_prioritize(args: protocol.ExtenderArgs) -> Decision:
         try:
-            plan = plans.plan_for_pod(args.pod, resolve_type)
+            plan = read_plan(args)
         except plans.PlanError:
             plan = None  # the filter already rejected it; scores must never error
-        scores = scoring.prioritize(snapshot_source.snapshot(), plan, args.node_names)
-        return ("ok" if plan else "pass_through"), protocol.dumps_priorities(scores)
+        scores = scoring.prioritize_scores(snapshot_source.snapshot(), plan, args.node_names)
+        return ("ok" if plan else "pass_through"), protocol.dumps_scores(
+            args.node_names, scores, args.plain_names)
 
     def verb_handler(
         verb: str, decide: Callable[[protocol.ExtenderArgs], Awaitable[Decision]]
@@ -162,12 +222,11 @@ def make_app(
                 result, body = await decide(args)
                 response = _json(body)
             except _HttpError as exc:
-                result, response = f"http_{exc.status}", _json(
-                    protocol.encode_filter_error(str(exc)), exc.status)
+                result, response = f"http_{exc.status}", exc.response()
             except Exception as exc:  # a bug must cost one request, not the process
                 log.exception("%s failed", verb)
-                result, response = "internal_error", _json(
-                    protocol.encode_filter_error(f"internal error: {exc!r}"), 500)
+                result, response = "internal_error", _json(protocol.encode_error(
+                    "InternalError", f"internal error: {type(exc).__name__}"), 500)
             metrics.requests.labels(verb, result).inc()
             metrics.latency.labels(verb, result).observe(time.perf_counter() - started)
             return response
@@ -190,7 +249,27 @@ def make_app(
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
-    app = web.Application(client_max_size=cfg.max_body_bytes)
+    @web.middleware
+    async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """aiohttp's own errors (404, 405, 413 …) in the JSON envelope, not as plain text."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            reason = _REASONS.get(exc.status, exc.reason.replace(" ", ""))
+            response = _json(protocol.encode_error(
+                reason, f"{exc.status} {exc.reason}: {request.method} {request.path[:200]}"),
+                exc.status)
+            if "Allow" in exc.headers:
+                response.headers["Allow"] = exc.headers["Allow"]
+            return response
+        except Exception as exc:  # outside the verbs (health, metrics): still JSON, no traceback
+            log.exception("%s %s failed", request.method, request.path[:200])
+            return _json(protocol.encode_error(
+                "InternalError", f"internal error: {type(exc).__name__}"), 500)
+
+    app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[errors_as_json])
     app.router.add_post("/extender/filter", verb_handler(FILTER, decide_filter))
     app.router.add_post("/extender/prioritize", verb_handler(PRIORITIZE, decide_prioritize))
     app.router.add_get("/healthz", healthz)

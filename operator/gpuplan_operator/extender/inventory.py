@@ -88,26 +88,37 @@ def make_snapshot(nodes: Mapping[str, NodeGpus], fresh_at_s: float) -> Snapshot:
 
 def node_gpus(node: Mapping[str, Any], used_gpus: int = 0) -> NodeGpus:
     """Read GPU type and allocatable GPUs from a v1.Node dict; never raises on bad data."""
-    meta = node.get("metadata") or {}
-    return NodeGpus(
-        name=str(meta.get("name", "")),
-        product=gpu_accounting.node_product(node),
-        allocatable_gpus=gpu_accounting.node_allocatable_gpus(node),
-        used_gpus=used_gpus,
-    )
+    meta = node.get("metadata")
+    name = meta.get("name", "") if isinstance(meta, dict) else ""
+    try:
+        product = gpu_accounting.node_product(node)
+    except (AttributeError, TypeError):  # labels of the wrong type: no usable label
+        product = None
+    try:
+        allocatable = gpu_accounting.node_allocatable_gpus(node)
+    except (AttributeError, TypeError, ValueError):  # e.g. "²", which isdigit() lets through
+        allocatable = None
+    return NodeGpus(name=str(name), product=product, allocatable_gpus=allocatable,
+                    used_gpus=used_gpus)
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
     """A pod's key in the inventory: its uid, else namespace/name."""
-    meta = pod.get("metadata") or {}
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict):
+        return "/"
     return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
 
 
 def pod_usage(pod: Mapping[str, Any]) -> PodUsage | None:
     """The GPUs a pod holds, or None if it holds none (unbound, terminal, no GPUs, malformed).
 
-    A malformed quantity cannot have passed apiserver validation, so it is counted as zero."""
-    held = gpu_accounting.held_gpus(pod)
+    A malformed quantity or shape cannot have passed apiserver validation, so it counts as zero
+    rather than stopping the watch that delivered it."""
+    try:
+        held = gpu_accounting.held_gpus(pod)
+    except (AttributeError, TypeError, ValueError):
+        return None
     return None if held is None else PodUsage(node_name=held[0], gpus=held[1])
 
 

@@ -123,15 +123,26 @@ def prioritize(
     snapshot: Snapshot | None, plan: PodPlan | None, node_names: Sequence[str]
 ) -> list[tuple[str, int]]:
     """Score every candidate 0–10; never raises, whatever is missing."""
+    return list(zip(node_names, prioritize_scores(snapshot, plan, node_names), strict=True))
+
+
+def prioritize_scores(
+    snapshot: Snapshot | None, plan: PodPlan | None, node_names: Sequence[str]
+) -> list[int]:
+    """`prioritize` without the names: the score of each candidate, in order.
+
+    Scores are computed once per node class and mapped to the names at C speed; no object per
+    name is allocated (small ints are shared), which keeps the garbage collector quiet at
+    thousands of candidates per request."""
     if plan is None:
-        return [(name, UNMANAGED_SCORE) for name in node_names]
+        return [UNMANAGED_SCORE] * len(node_names)
     if snapshot is None:
-        return [(name, NEUTRAL_SCORE) for name in node_names]
+        return [NEUTRAL_SCORE] * len(node_names)
     index = snapshot.index
-    scores = [_node_score(node, plan) for node in index.classes]
-    class_of = index.class_of.get
-    return [(name, NEUTRAL_SCORE if (cid := class_of(name)) is None else scores[cid])
-            for name in node_names]
+    score_of: dict[int | None, int] = {
+        cid: _node_score(node, plan) for cid, node in enumerate(index.classes)}
+    score_of[None] = NEUTRAL_SCORE  # not in the inventory
+    return list(map(score_of.__getitem__, map(index.class_of.get, node_names)))
 
 
 def _node_score(node: NodeGpus | None, plan: PodPlan) -> int:

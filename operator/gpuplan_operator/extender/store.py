@@ -21,7 +21,13 @@ KINDS = (NODES, PODS)
 
 
 class InventoryStore:
-    """Current Nodes and GPU-holding Pods; `snapshot()` is None until both kinds were listed."""
+    """Current Nodes and GPU-holding Pods; `snapshot()` is None until both kinds were listed.
+
+    The per-node views and their class index (`inventory.NodeIndex`) are kept up to date event
+    by event: a pod binding or finishing touches one node, so handing out the next snapshot
+    costs two dict copies, not a rebuild of every node's view (~5 ms at 5,000 nodes, which
+    every request after a change used to pay).
+    """
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
@@ -31,6 +37,12 @@ class InventoryStore:
         self._used: dict[str, int] = {}
         self._fresh_at_s: dict[str, float] = {}
         self._cached: inventory.Snapshot | None = None
+        # Derived from _base and _used, kept in step by _refresh_node:
+        self._views: dict[str, inventory.NodeGpus] = {}
+        self._class_ids: dict[tuple[str | None, int | None, int], int] = {}
+        self._classes: list[inventory.NodeGpus] = []
+        self._class_members: list[int] = []
+        self._class_of: dict[str, int] = {}
 
     # -- writers -------------------------------------------------------------------------------
 
@@ -52,7 +64,7 @@ class InventoryStore:
             else:
                 raise ValueError(f"unknown kind {kind!r}")
             self._fresh_at_s[kind] = self._clock()
-            self._cached = None
+            self._rebuild()
 
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """Apply one watch event (ADDED, MODIFIED, DELETED); other types only prove liveness."""
@@ -75,10 +87,10 @@ class InventoryStore:
         view = inventory.node_gpus(obj)
         if event_type == "DELETED":
             if self._base.pop(view.name, None) is not None:
-                self._cached = None
+                self._refresh_node(view.name)
         elif event_type in ("ADDED", "MODIFIED") and self._base.get(view.name) != view:
             self._base[view.name] = view
-            self._cached = None
+            self._refresh_node(view.name)
 
     def _apply_pod(self, event_type: str, obj: Mapping[str, Any]) -> None:
         if event_type not in ("ADDED", "MODIFIED", "DELETED"):
@@ -95,9 +107,49 @@ class InventoryStore:
                 self._used[old.node_name] = left
             else:
                 self._used.pop(old.node_name, None)
+            self._refresh_node(old.node_name)
         if new is not None:
             self._usage[key] = new
             self._used[new.node_name] = self._used.get(new.node_name, 0) + new.gpus
+            self._refresh_node(new.node_name)
+
+    # -- the derived views and class index -----------------------------------------------------
+
+    def _rebuild(self) -> None:
+        """Recompute every view and a compact class index (after a relist)."""
+        self._views = {}
+        self._class_ids, self._classes, self._class_members, self._class_of = {}, [], [], {}
+        for name in self._base:
+            self._refresh_node(name)
+        self._cached = None
+
+    def _refresh_node(self, name: str) -> None:
+        """Bring one node's view and class in line with _base and _used."""
+        base = self._base.get(name)
+        old_cid = self._class_of.get(name)
+        if base is None:
+            if old_cid is not None:
+                del self._views[name], self._class_of[name]
+                self._class_members[old_cid] -= 1
+                self._cached = None
+            return
+        used = self._used.get(name, 0)
+        view = base if used == base.used_gpus else inventory.NodeGpus(
+            name, base.product, base.allocatable_gpus, used)
+        if self._views.get(name) == view:
+            return
+        self._views[name] = view
+        key = (view.product, view.allocatable_gpus, view.used_gpus)
+        cid = self._class_ids.get(key)
+        if cid is None:
+            cid = self._class_ids[key] = len(self._classes)
+            self._classes.append(inventory.NodeGpus("", *key))
+            self._class_members.append(0)
+        if cid != old_cid:
+            if old_cid is not None:
+                self._class_members[old_cid] -= 1
+            self._class_members[cid] += 1
+            self._class_of[name] = cid
         self._cached = None
 
     # -- readers -------------------------------------------------------------------------------
@@ -117,15 +169,17 @@ class InventoryStore:
             fresh_at_s = min(self._fresh_at_s.values())
             cached = self._cached
             if cached is None:
-                cached = self._cached = inventory.make_snapshot(self._views(), fresh_at_s)
+                if len(self._classes) > 2 * self._live_classes() + 64:
+                    self._rebuild()  # classes emptied by churn would be evaluated per request
+                cached = self._cached = inventory.Snapshot(
+                    nodes=MappingProxyType(dict(self._views)),
+                    fresh_at_s=fresh_at_s,
+                    index=inventory.NodeIndex(classes=tuple(self._classes),
+                                              class_of=dict(self._class_of)),
+                )
             elif cached.fresh_at_s != fresh_at_s:
                 cached = self._cached = dataclasses.replace(cached, fresh_at_s=fresh_at_s)
             return cached
 
-    def _views(self) -> Mapping[str, inventory.NodeGpus]:
-        used = self._used
-        return MappingProxyType({
-            name: inventory.NodeGpus(name, b.product, b.allocatable_gpus, used.get(name, 0))
-            if name in used else b
-            for name, b in self._base.items()
-        })
+    def _live_classes(self) -> int:
+        return sum(1 for members in self._class_members if members)

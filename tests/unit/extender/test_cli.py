@@ -35,3 +35,32 @@ def test_register_and_settings() -> None:
 def test_bad_arguments_name_the_flag(argv: list[str], message: str) -> None:
     with pytest.raises(SystemExit, match=message):
         parse(argv)
+
+
+def test_gc_freeze_is_on_from_the_command_line_and_off_when_embedded() -> None:
+    assert parse([]).freeze_gc is True
+    assert parse(["--no-gc-freeze"]).freeze_gc is False
+    assert cli.ServeSettings().freeze_gc is False
+
+
+def test_gc_is_frozen_once_the_inventory_synced() -> None:
+    import asyncio
+    import gc
+
+    from gpuplan_operator.extender.store import NODES, PODS, InventoryStore
+
+    inventory = InventoryStore(lambda: 0.0)
+
+    async def go() -> int:
+        task = asyncio.create_task(cli._freeze_gc_after_sync(inventory, poll_s=0.01))
+        await asyncio.sleep(0.05)
+        assert not task.done()  # still waiting for the first sync
+        inventory.replace(NODES, [])
+        inventory.replace(PODS, [])
+        await asyncio.wait_for(task, 5)
+        return gc.get_freeze_count()
+
+    try:
+        assert asyncio.run(go()) > 0
+    finally:
+        gc.unfreeze()

@@ -113,3 +113,76 @@ def test_store_rejects_unknown_kind() -> None:
     store = InventoryStore(FakeClock())
     with pytest.raises(ValueError, match="unknown kind"):
         store.replace("services", [])
+
+
+def test_store_follows_events_like_a_full_rebuild() -> None:
+    """The incremental views and class index equal a from-scratch snapshot after any events."""
+    import random
+
+    rng = random.Random(7)
+    clock = FakeClock()
+    store = InventoryStore(clock)
+    products = [L4, "NVIDIA-H100-80GB-HBM3", None]
+    nodes = {f"n{i}": builders.make_node(f"n{i}", rng.choice(products), rng.choice([4, 8]))
+             for i in range(30)}
+    pods: dict[str, dict] = {}
+    store.replace(NODES, list(nodes.values()))
+    store.replace(PODS, [])
+    for step in range(2000):
+        roll = rng.random()
+        if roll < 0.45 and nodes:
+            name = f"p{step}"
+            pods[name] = builders.make_pod(name, gpus=rng.randint(1, 3),
+                                           node_name=rng.choice(list(nodes)), phase="Running")
+            store.apply(PODS, "ADDED", pods[name])
+        elif roll < 0.85 and pods:
+            pod = pods.pop(rng.choice(list(pods)))
+            finished = {**pod, "status": {"phase": "Succeeded"}}
+            store.apply(PODS, rng.choice(["DELETED", "MODIFIED"]), finished)
+        elif roll < 0.93:
+            name = f"n{rng.randrange(40)}"
+            nodes[name] = builders.make_node(name, rng.choice(products), rng.choice([4, 8]))
+            store.apply(NODES, "MODIFIED", nodes[name])
+        elif nodes:
+            name = rng.choice(list(nodes))
+            store.apply(NODES, "DELETED", nodes.pop(name))
+        if step % 97 == 0 or step == 1999:
+            got = store.snapshot()
+            want = inventory.build_snapshot(nodes.values(), pods.values(), fresh_at_s=0.0)
+            assert got is not None and dict(got.nodes) == dict(want.nodes)
+            for name in nodes:
+                assert got.index.classes[got.index.class_of[name]] == (
+                    want.index.classes[want.index.class_of[name]])
+            assert set(got.index.class_of) == set(nodes)
+            assert len(got.index.classes) <= 2 * len(set(got.index.class_of.values())) + 64
+
+
+@pytest.mark.parametrize(
+    "node",
+    [{"metadata": "x"}, {"metadata": {"name": "n", "labels": ["a"]}},
+     {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "²"}}},
+     {"metadata": {"name": "n"}, "status": {"allocatable": ["nvidia.com/gpu"]}},
+     {"metadata": {"name": "n"}, "status": "Ready"}],
+)
+def test_node_gpus_never_raises(node: dict) -> None:
+    view = inventory.node_gpus(node)
+    assert view.allocatable_gpus is None
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{"nodeName": "n", "containers": "x"}, {"nodeName": "n", "initContainers": [None]},
+     {"nodeName": "n", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "²"}}}]},
+     {"nodeName": "n", "containers": [{"resources": []}]}],
+)
+def test_a_malformed_pod_from_the_watch_counts_as_zero_and_keeps_the_store_alive(
+    spec: dict,
+) -> None:
+    pod = {"metadata": {"name": "p", "uid": "u"}, "spec": spec, "status": {"phase": "Running"}}
+    assert inventory.pod_usage(pod) is None
+    store = InventoryStore(FakeClock())
+    store.replace(NODES, [builders.make_node("n", L4, 4)])
+    store.replace(PODS, [pod])
+    store.apply(PODS, "MODIFIED", pod)
+    snap = store.snapshot()
+    assert snap is not None and snap.nodes["n"].free_gpus == 4

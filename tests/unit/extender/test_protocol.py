@@ -33,8 +33,6 @@ def test_parse_full_node_args() -> None:
         ("x", "$"),
         ({"Nodes": None, "NodeNames": []}, "Pod"),
         ({"Pod": [], "NodeNames": []}, "Pod"),
-        ({"Pod": {"metadata": "x"}, "NodeNames": []}, "Pod.metadata"),
-        ({"Pod": {"spec": 3}, "NodeNames": []}, "Pod.spec"),
         ({"Pod": {}, "NodeNames": None, "Nodes": None}, "NodeNames"),
         ({"Pod": {}, "NodeNames": "n1"}, "NodeNames"),
         ({"Pod": {}, "NodeNames": ["n1", 2]}, "NodeNames[1]"),
@@ -50,6 +48,43 @@ def test_parse_rejects_wrong_shapes_naming_the_field(body: Any, field: str) -> N
         protocol.parse_args(body)
     assert info.value.field == field
     assert str(info.value).startswith(f"{field}: ")
+
+
+def test_parse_lists_every_bad_name_up_to_a_bound() -> None:
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.parse_args({"Pod": {}, "NodeNames": ["a", 1, None, "b", *([2.5] * 30)]})
+    assert info.value.field == "NodeNames[1]"
+    assert info.value.details[:2] == ("NodeNames[1]: expected a string, got number",
+                                      "NodeNames[2]: expected a string, got null")
+    assert len(info.value.details) == protocol.MAX_REPORTED_ERRORS
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [{"metadata": "x"}, {"spec": 3}, {"metadata": {"annotations": []}}, {"metadata": None}],
+)
+def test_pod_content_is_not_the_protocols_business(pod: dict[str, Any]) -> None:
+    """A Pod object of any content parses; `plans` judges what it holds (and never errors)."""
+    args = protocol.parse_args({"Pod": pod, "NodeNames": ["n"]})
+    assert args.pod is pod and args.node_names == ("n",)
+    assert isinstance(args.pod_key, str)
+
+
+@pytest.mark.parametrize(
+    ("names", "plain"),
+    [(["a", "b.example.com", "gke-x-1"], True), ([], True), (['we"ird'], False),
+     (["back\\slash"], False), (["ünïcode"], False), (["new\nline"], False),
+     (["tab\there"], False), (["\ud800"], False)],
+)
+def test_plain_names_flag(names: list[str], plain: bool) -> None:
+    assert protocol.parse_args({"Pod": {}, "NodeNames": names}).plain_names is plain
+
+
+def test_error_envelope_keeps_the_filter_result_keys() -> None:
+    body = protocol.encode_error("InvalidRequest", "NodeNames: bad", ["NodeNames: bad"])
+    assert body["error"] == {"reason": "InvalidRequest", "message": "NodeNames: bad",
+                             "details": ["NodeNames: bad"]}
+    assert body["Error"] == "NodeNames: bad" and body["NodeNames"] is None
 
 
 def test_encode_filter_result_cache_capable_uses_names_and_go_keys() -> None:
@@ -86,7 +121,8 @@ def test_encode_filter_error() -> None:
 
 @pytest.mark.parametrize(
     "names",
-    [["a", "b.example.com", "c-1"], ['we"ird', "back\\slash", "ünïcode", "new\nline"], []],
+    [["a", "b.example.com", "c-1"], ['we"ird', "back\\slash", "ünïcode", "new\nline"], [],
+     ["tab\there", "\ud800", "ok"]],
 )
 def test_fast_serialisers_equal_json_dumps(names: list[str]) -> None:
     args = protocol.parse_args(builders.extender_args(builders.make_pod("p"), names))

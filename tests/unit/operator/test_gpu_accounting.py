@@ -15,7 +15,8 @@ def test_parse_gpu_quantity(raw: object, value: int) -> None:
     assert gpu_accounting.parse_gpu_quantity(raw) == value
 
 
-@pytest.mark.parametrize("raw", ["1.5", "1500m", "-1", -1, "x", True, None, "1Ki"])
+@pytest.mark.parametrize("raw", ["1.5", "1500m", "-1", -1, "x", True, None, "1Ki", "²", "٣",
+                                 "٣000m", "", "m", "9" * 5000])
 def test_parse_gpu_quantity_rejects(raw: object) -> None:
     with pytest.raises(gpu_accounting.QuantityError):
         gpu_accounting.parse_gpu_quantity(raw)

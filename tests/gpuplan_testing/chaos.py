@@ -630,25 +630,34 @@ def private_testbed(state_dir: pathlib.Path) -> Iterator[dict[str, Any]]:
             runner.down(layout)
 
 
-def run_on(state: dict[str, Any], settings: Settings, workdir: pathlib.Path,
-           restart_apiserver: bool) -> Report:
+@contextlib.contextmanager
+def scratch_namespace(state: dict[str, Any], prefix: str
+                      ) -> Iterator[tuple[client.ApiClient, pathlib.Path, str]]:
+    """An API client, the kubeconfig and a new namespace on the testbed in `state`, with the
+    TrainingJob CRD installed; the namespace is deleted afterwards."""
     kubeconfig = pathlib.Path(state["kubeconfig"])
     api = config.new_client_from_config(config_file=str(kubeconfig))
     kubectl = lambda *a: subprocess.run(  # noqa: E731
         [state["kubectl"], f"--kubeconfig={kubeconfig}", *a], check=True, capture_output=True,
         text=True, timeout=120)
     h.install_crd(kubectl)
-    namespace = f"chaos-{int(time.time())}"
+    namespace = f"{prefix}-{int(time.time())}"
     client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}},
                                            _request_timeout=_HTTP_TIMEOUT)
-    campaign = Campaign(settings, api, kubeconfig, namespace, workdir,
-                        ControlPlane(state) if restart_apiserver else None)
     try:
-        return campaign.run()
+        yield api, kubeconfig, namespace
     finally:
         with contextlib.suppress(Exception):
             client.CoreV1Api(api).delete_namespace(namespace, _request_timeout=_HTTP_TIMEOUT)
         api.close()
+
+
+def run_on(state: dict[str, Any], settings: Settings, workdir: pathlib.Path,
+           restart_apiserver: bool) -> Report:
+    with scratch_namespace(state, "chaos") as (api, kubeconfig, namespace):
+        campaign = Campaign(settings, api, kubeconfig, namespace, workdir,
+                            ControlPlane(state) if restart_apiserver else None)
+        return campaign.run()
 
 
 def main(argv: list[str] | None = None) -> int:

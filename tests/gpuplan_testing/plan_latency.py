@@ -20,7 +20,6 @@ import concurrent.futures
 import contextlib
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuplan_testing import chaos
@@ -144,34 +143,23 @@ def measure(api: client.ApiClient, namespace: str, jobs: int, distinct: bool,
 
 def run(state: dict[str, Any], jobs: int, distinct: bool, workdir: pathlib.Path,
         timeout_s: float) -> Result:
-    kubeconfig = pathlib.Path(state["kubeconfig"])
-    api = config.new_client_from_config(config_file=str(kubeconfig))
-    kubectl = lambda *a: subprocess.run(  # noqa: E731
-        [state["kubectl"], f"--kubeconfig={kubeconfig}", *a], check=True, capture_output=True,
-        text=True, timeout=120)
-    h.install_crd(kubectl)
-    namespace = f"plan-latency-{int(time.time())}"
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": namespace}}, _request_timeout=_HTTP_TIMEOUT_S)
-    h.create_model_configmap(core, namespace)
-    estimator = chaos.Estimator(workdir)
-    operator = chaos.Operator(workdir, namespace, kubeconfig, estimator.url)
-    try:
-        estimator.start()
-        _until(estimator.ready, 300, "estimator ready")
-        operator.start()
-        _until(operator.started, 120, "operator started")
-        assert estimator.proc is not None
-        cpu_before = _tree_cpu_s(estimator.proc.pid)
-        count, latencies, wall = measure(api, namespace, jobs, distinct, timeout_s)
-        cpu = _tree_cpu_s(estimator.proc.pid) - cpu_before
-        return Result(count, latencies, _estimator_samples(estimator.url), cpu, wall)
-    finally:
-        operator.stop()
-        estimator.stop()
-        with contextlib.suppress(Exception):
-            core.delete_namespace(namespace, _request_timeout=_HTTP_TIMEOUT_S)
-        api.close()
+    with chaos.scratch_namespace(state, "plan-latency") as (api, kubeconfig, namespace):
+        h.create_model_configmap(client.CoreV1Api(api), namespace)
+        estimator = chaos.Estimator(workdir)
+        operator = chaos.Operator(workdir, namespace, kubeconfig, estimator.url)
+        try:
+            estimator.start()
+            _until(estimator.ready, 300, "estimator ready")
+            operator.start()
+            _until(operator.started, 120, "operator started")
+            assert estimator.proc is not None
+            cpu_before = _tree_cpu_s(estimator.proc.pid)
+            count, latencies, wall = measure(api, namespace, jobs, distinct, timeout_s)
+            cpu = _tree_cpu_s(estimator.proc.pid) - cpu_before
+            return Result(count, latencies, _estimator_samples(estimator.url), cpu, wall)
+        finally:
+            operator.stop()
+            estimator.stop()
 
 
 def _until(predicate: Any, timeout_s: float, what: str) -> None:

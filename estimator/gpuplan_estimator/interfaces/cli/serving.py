@@ -47,9 +47,10 @@ def register(sub: Any) -> None:
     s.add_argument("--worker-memory-gib", type=arguments.positive_float, default=3.0,
                    help="virtual memory one worker may map, model bundle included; a model "
                    "needing more is answered 422 (default 3)")
-    s.add_argument("--running-per-client", type=arguments.count_up_to(256), default=1,
-                   help="estimates one client (peer address + X-Gpuplan-Client header) may run "
-                   "at once (default 1)")
+    s.add_argument("--running-per-client", type=arguments.count_up_to(256), default=None,
+                   help="hard cap on the estimates one client (peer address + X-Gpuplan-Client "
+                   "header) runs at once (default: all workers; freed workers go to the waiting "
+                   "client running fewest either way)")
     s.add_argument("--queued-per-client", type=arguments.count_up_to(10_000), default=64,
                    help="requests a client may have waiting; more get 429 (default 64)")
     s.add_argument("--max-body-bytes", type=arguments.positive_int, default=64 * 2**20)

@@ -1,16 +1,21 @@
-"""Who may use a worker next: a per-client cap on running work and on waiting requests.
+"""Who gets the next estimation worker: a fair, work-conserving queue per client.
 
-The workers are few (estimating is CPU-bound), so one tenant submitting a hundred large models
-must not hold them all. Each client may run at most `running_per_client` requests at once and
-queue `queued_per_client` more; beyond that it gets 429. Waiting counts against the request's
-own deadline. The client is the peer address together with the optional client header, so a
-caller can split its own share among its tenants; all waiting requests together are capped too,
-so inventing header values cannot queue without bound.
+The workers are few (estimating is CPU-bound). A client alone may use all of them, so a single
+tenant's fifty TrainingJobs are planned at full speed; as soon as another client waits, each
+freed worker goes to the waiting client with the fewest requests running (the longest-waiting
+one among equals), so one tenant submitting a hundred large models cannot starve the others.
+A client may also queue only `queued_per_client` requests, and all clients together
+`queued_total`; beyond that the request gets 429. Waiting counts against the request's own
+deadline.
+
+The client is the peer address together with the optional client header: a caller can split
+its own share among its tenants, and inventing header values cannot queue without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,69 +27,101 @@ MAX_CLIENT_KEY_CHARS = 128
 
 
 class Busy(Exception):
-    """The client already has as many requests waiting as it may."""
+    """The client, or the service, already has as many requests waiting as it queues."""
 
 
 @dataclass(frozen=True)
 class AdmissionSettings:
-    """Per-client limits."""
+    """Worker count and queue limits."""
+    workers: int
     running_per_client: int
+    """Hard cap per client even when nobody else waits (set it to `workers` for none)."""
     queued_per_client: int
     queued_total: int
 
 
 @dataclass
-class _Client:
-    running: asyncio.Semaphore
-    waiting: int = 0
-    holders: int = 0
-
-
-@dataclass
 class Admission:
-    """Per-client semaphores; a client's entry is dropped when it has nothing in flight."""
+    """Grants worker slots; `slot(client)` holds one for the duration of a request."""
     settings: AdmissionSettings
-    _clients: dict[str, _Client] = field(default_factory=dict)
+    _running: collections.Counter[str] = field(default_factory=collections.Counter)
+    _waiting: dict[str, collections.deque[asyncio.Future[None]]] = field(default_factory=dict)
+    _arrivals: collections.Counter[str] = field(default_factory=collections.Counter)
+    _tick: int = 0
 
     @contextlib.asynccontextmanager
     async def slot(self, client: str) -> AsyncIterator[None]:
-        """Hold one of `client`'s running slots; Busy when its queue is full."""
-        entry = self._clients.get(client)
-        if entry is None:
-            entry = _Client(asyncio.Semaphore(self.settings.running_per_client))
-            self._clients[client] = entry
-        if entry.running.locked():
-            if entry.waiting >= self.settings.queued_per_client:
-                raise Busy(f"this client already has {entry.waiting} requests waiting")
-            if self._waiting_total() >= self.settings.queued_total:
-                raise Busy("the service has as many requests waiting as it queues")
-        entry.holders += 1
-        entry.waiting += 1
-        try:
-            await entry.running.acquire()
-        except BaseException:
-            entry.waiting -= 1
-            self._release(client, entry, held=False)
-            raise
-        entry.waiting -= 1
+        """Hold a worker slot for `client`; Busy when its queue (or the service's) is full."""
+        if self._may_start(client) and not self._waiting:
+            self._running[client] += 1
+        else:
+            await self._wait(client)
         try:
             yield
         finally:
-            self._release(client, entry, held=True)
+            self._release(client)
 
-    def _release(self, client: str, entry: _Client, *, held: bool) -> None:
-        if held:
-            entry.running.release()
-        entry.holders -= 1
-        if entry.holders == 0:
-            del self._clients[client]
+    def running(self, client: str) -> int:
+        """Requests of `client` holding a slot now."""
+        return self._running[client]
 
-    def _waiting_total(self) -> int:
-        return sum(c.waiting for c in self._clients.values())
+    def _may_start(self, client: str) -> bool:
+        return (sum(self._running.values()) < self.settings.workers
+                and self._running[client] < self.settings.running_per_client)
 
-    def clients(self) -> int:
-        """Clients with work running or waiting."""
-        return len(self._clients)
+    async def _wait(self, client: str) -> None:
+        queue = self._waiting.get(client)
+        if queue is not None and len(queue) >= self.settings.queued_per_client:
+            raise Busy(f"this client already has {len(queue)} requests waiting")
+        if sum(len(q) for q in self._waiting.values()) >= self.settings.queued_total:
+            raise Busy("the service has as many requests waiting as it queues")
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if queue is None:
+            queue = self._waiting[client] = collections.deque()
+            self._tick += 1
+            self._arrivals[client] = self._tick
+        queue.append(granted)
+        self._grant()  # a slot may be free that only per-client caps kept from the others
+        try:
+            await granted
+        except BaseException:
+            if granted.done() and not granted.cancelled():
+                self._release(client)  # granted as we were cancelled: pass it on
+            else:
+                self._forget(client, granted)
+            raise
+
+    def _forget(self, client: str, granted: asyncio.Future[None]) -> None:
+        queue = self._waiting.get(client)
+        if queue is not None and granted in queue:
+            queue.remove(granted)
+            if not queue:
+                del self._waiting[client]
+                del self._arrivals[client]
+
+    def _release(self, client: str) -> None:
+        self._running[client] -= 1
+        if self._running[client] <= 0:
+            del self._running[client]
+        self._grant()
+
+    def _grant(self) -> None:
+        """Give free slots to the waiting clients with the fewest running, oldest first."""
+        while self._waiting:
+            eligible = [c for c in self._waiting if self._may_start(c)]
+            if not eligible:
+                return
+            client = min(eligible, key=lambda c: (self._running[c], self._arrivals[c]))
+            queue = self._waiting[client]
+            granted = queue.popleft()
+            if not queue:
+                del self._waiting[client]
+                del self._arrivals[client]
+            else:  # the rest of its queue goes to the back of the line among equals
+                self._tick += 1
+                self._arrivals[client] = self._tick
+            self._running[client] += 1
+            granted.set_result(None)
 
 
 def client_key(header: str | None, peer: str | None) -> str:

@@ -67,8 +67,9 @@ class ServiceSettings:
     worker_address_space_bytes: int = 3 * 2**30
     """Virtual memory one worker may map, bundle included (~0.7 GiB of it with the shipped
     bundle); a graph needing more is answered 422 instead of exhausting the pod."""
-    running_per_client: int = 1
-    """Estimates one client may run at once, so one tenant cannot hold every worker."""
+    running_per_client: int | None = None
+    """Hard cap on one client's running estimates; None: all workers (a client alone uses
+    them all, and the fair queue gives freed workers to whoever runs fewest)."""
     queued_per_client: int = 64
     queued_total: int = 512
     cache_entries: int = 512
@@ -204,7 +205,8 @@ def make_app(
     cache = caching.ReplyCache(settings.cache_entries, settings.cache_bytes)
     in_flight: dict[str, asyncio.Task[caching.EncodedReply]] = {}
     gate = admission.Admission(admission.AdmissionSettings(
-        settings.running_per_client, settings.queued_per_client, settings.queued_total))
+        settings.workers, settings.running_per_client or settings.workers,
+        settings.queued_per_client, settings.queued_total))
     # One refit at a time, so a slow earlier read never replaces a newer calibrating.
     refitting = asyncio.Lock()
 

@@ -13,7 +13,6 @@ same way, and a failed refit keeps the last good one and says so on /metrics.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -26,14 +25,12 @@ from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
     generate_latest,
 )
 
 from gpuplan_estimator.core.errors import DatabaseError, GpuplanError, InvalidRequestError
-from gpuplan_estimator.interfaces.http import admission, caching, wire, work, workers
+from gpuplan_estimator.interfaces.http import admission, caching, front, wire, work, workers
+from gpuplan_estimator.interfaces.http.metrics import Metrics
 from gpuplan_estimator.planning import calibrating, planner
 
 log = logging.getLogger(__name__)
@@ -44,8 +41,6 @@ MAX_OUTCOME_BODY_BYTES = 64 * 1024
 """A job outcome is a dozen fields; anything larger is not one."""
 WARM_UP_TIMEOUT_S = 300.0
 """How long start-up waits for the workers to import and load the bundle."""
-LARGE_BODY_BYTES = 1 << 20
-"""Bodies above this are hashed off the event loop."""
 
 
 @dataclass(frozen=True)
@@ -74,46 +69,6 @@ class ServiceSettings:
     queued_total: int = 512
     cache_entries: int = 512
     cache_bytes: int = 256 * 2**20
-
-
-class Metrics:
-    """Prometheus metrics of the service, in `registry`."""
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        self.requests = Counter(
-            # The operator exports gpuplan_estimator_requests_total (its calls, by outcome).
-            "gpuplan_estimator_http_requests_total", "Estimator HTTP requests served",
-            ["endpoint", "code"], registry=registry,
-        )
-        self.latency = Histogram(
-            "gpuplan_estimator_request_seconds", "Estimator request latency",
-            ["endpoint"], registry=registry,
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
-        )
-        self.answers = Counter(
-            "gpuplan_estimator_answers_total",
-            "Plan and estimate answers by where they came from (computed, cache, shared)",
-            ["source"], registry=registry,
-        )
-        self.worker_timeouts = Counter(
-            "gpuplan_estimator_worker_timeouts_total",
-            "Estimates stopped at their deadline (their worker process was killed)",
-            registry=registry,
-        )
-        self.refit_failures = Counter(
-            "gpuplan_estimator_calibration_refit_failures_total",
-            "Calibration refits from job outcomes that failed (the last good one is kept)",
-            registry=registry,
-        )
-        self.calibration_stale = Gauge(
-            "gpuplan_estimator_calibration_stale",
-            "1 while the last calibration refit failed and an older calibration is served",
-            registry=registry,
-        )
-        self.calibration_outcomes = Gauge(
-            "gpuplan_estimator_calibration_outcomes",
-            "Job outcomes the calibration in use was fitted from", registry=registry,
-        )
 
 
 class ServiceState:
@@ -201,12 +156,7 @@ def make_app(
     metrics = Metrics(registry or CollectorRegistry())
     # Database reads and bundle loads: I/O, bounded by their own timeouts, fine in threads.
     io_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="io")
-    pool_box: list[workers.WorkerPool] = []
-    cache = caching.ReplyCache(settings.cache_entries, settings.cache_bytes)
-    in_flight: dict[str, asyncio.Task[caching.EncodedReply]] = {}
-    gate = admission.Admission(admission.AdmissionSettings(
-        settings.workers, settings.running_per_client or settings.workers,
-        settings.queued_per_client, settings.queued_total))
+    front_box: list[front.Front] = []
     # One refit at a time, so a slow earlier read never replaces a newer calibrating.
     refitting = asyncio.Lock()
 
@@ -256,62 +206,20 @@ def make_app(
         log.info("calibration from %d job outcomes: %s", fitted.overall.outcomes,
                  calibrating.summary(fitted))
 
-    async def compute(endpoint: str, body: bytes, context: planner.PlannerContext,
-                      client: str, deadline: float) -> caching.EncodedReply:
-        """One computation in a worker under the client's share and the deadline."""
-        calibration = state.calibration
-        ran = False
-        try:
-            async with asyncio.timeout_at(deadline):
-                async with gate.slot(client):
-                    ran = True
-                    remaining = deadline - asyncio.get_running_loop().time()
-                    reply = await pool_box[0].run(endpoint, body, context.predictor_source,
-                                                  calibration, remaining)
-        except admission.Busy as exc:
-            reply = work.error_reply(429, "TooManyRequests", str(exc))
-        except (TimeoutError, workers.WorkTimeout):
-            if ran:
-                metrics.worker_timeouts.inc()
-            where = "estimation" if ran else "waiting for a worker"
-            reply = work.error_reply(504, "Timeout", f"{where} exceeded the request's "
-                                     f"{settings.request_timeout_s:g} s")
-            if not ran:  # only a timeout of the work itself says something about the model
-                reply = work.error_reply(503, "Busy", reply.body["error"]["message"])
-        return caching.EncodedReply(reply.status, json.dumps(reply.body).encode())
-
     async def estimation(endpoint: str, request: web.Request) -> web.Response:
         context = state.context
-        if context is None or not pool_box:
+        if context is None or not front_box:
             return _json_error(503, "NotReady", "model bundle not loaded yet")
         deadline = asyncio.get_running_loop().time() + settings.request_timeout_s
-        body = await request.read()
-        key_of = lambda: caching.request_key(  # noqa: E731
-            endpoint, body, context.predictor_source, state.calibration_generation)
-        key = key_of() if len(body) < LARGE_BODY_BYTES else await asyncio.to_thread(key_of)
-        found = cache.get(key)
-        source = "cache"
-        if found is None:
-            task = in_flight.get(key)
-            source = "shared"
-            if task is None:
-                source = "computed"
-                client = admission.client_key(request.headers.get(admission.CLIENT_HEADER),
-                                              request.remote)
-                task = asyncio.create_task(compute(endpoint, body, context, client, deadline))
-                in_flight[key] = task
-                task.add_done_callback(lambda done: _settle(key, done))
-            # Shielded: a client that goes away must not cancel the answer others wait for;
-            # the computation still ends at its own deadline.
-            found = await asyncio.shield(task)
-        metrics.answers.labels(source).inc()
+        ask = front.Ask(
+            endpoint=endpoint, body=await request.read(), bundle=context.predictor_source,
+            calibration=state.calibration, calibration_generation=state.calibration_generation,
+            client=admission.client_key(request.headers.get(admission.CLIENT_HEADER),
+                                        request.remote),
+            deadline=deadline)
+        found = await front_box[0].answer(ask)
         return web.Response(body=found.body, status=found.status,
                             content_type="application/json")
-
-    def _settle(key: str, done: asyncio.Task[caching.EncodedReply]) -> None:
-        in_flight.pop(key, None)
-        if not done.cancelled() and done.exception() is None:
-            cache.put(key, done.result())
 
     async def plans(request: web.Request) -> web.Response:
         return await estimation("plans", request)
@@ -408,14 +316,17 @@ def make_app(
             await pool.warm_up(WARM_UP_TIMEOUT_S)
         except Exception:  # answered per request (503) and retried by the pool from now on
             log.exception("the estimation workers did not start")
-        pool_box.append(pool)
+        gate = admission.Admission(admission.AdmissionSettings(
+            settings.workers, settings.running_per_client or settings.workers,
+            settings.queued_per_client, settings.queued_total))
+        front_box.append(front.Front(
+            pool, gate, caching.ReplyCache(settings.cache_entries, settings.cache_bytes),
+            metrics, settings.request_timeout_s))
         await refit_calibration()
         task = asyncio.create_task(poll())
         yield
         task.cancel()
-        for pending in list(in_flight.values()):
-            pending.cancel()
-        pool_box[0].close()
+        front_box[0].close()
         io_threads.shutdown(wait=False, cancel_futures=True)
 
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[envelope])

@@ -2,9 +2,9 @@
 
 Handlers are thin and the event loop never touches a client's content: a plan or estimate body
 is read as bytes and handed whole to a worker process (`workers`), which decodes, validates and
-estimates it and is killed when the request's deadline passes. In front of the workers, answers
-are cached by digest (`caching`), identical requests in flight share one computation, and each
-client may hold only its share of the workers (`admission`). The model bundle is loaded once
+estimates it and is killed when the request's deadline passes. In front of the workers
+(`front`), answers are cached by digest (`caching`), identical requests in flight share one
+computation, and a fair queue hands out the workers (`admission`). The model bundle is loaded once
 and swapped atomically when a newer one appears (workers follow on their next task). The
 calibration from job outcomes is refitted at start-up and after every new outcome, swapped the
 same way, and a failed refit keeps the last good one and says so on /metrics.

@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test unit integration lint verify crds chart fuzz corpus chaos bench bench-extender bench-plans eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
+.PHONY: help install demo test unit integration lint verify crds chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ bench: $(STAMP) ## speed benchmarks (reported, not asserted)
 
 bench-plans: $(STAMP) ## apply->planned p50/p95 of 50 concurrent TrainingJobs on a private testbed (real estimator + operator)
 	PYTHONPATH=tests:testbed $(PYTHON) -m gpuplan_testing.plan_latency --jobs 50 $(BENCH_PLANS_ARGS)
+
+abuse: $(STAMP) ## hostile-client reproducers against a real `gpuplan serve` (64 MB of empty pools, 150k-node graphs beside small ones)
+	PYTHONPATH=tests $(PYTHON) -m gpuplan_testing.hostile_clients
 
 bench-extender: $(STAMP) ## extender load benchmark: 5,000 nodes, filter/prioritize p50/p95/p99, server CPU per request
 	PYTHONPATH=tests $(PYTHON) -m gpuplan_testing.extender_loadbench $(BENCH_EXTENDER_ARGS)

@@ -49,8 +49,8 @@ def register(sub: Any) -> None:
                    "needing more is answered 422 (default 3)")
     s.add_argument("--running-per-client", type=arguments.count_up_to(256), default=None,
                    help="hard cap on the estimates one client (peer address + X-Gpuplan-Client "
-                   "header) runs at once (default: all workers; freed workers go to the waiting "
-                   "client running fewest either way)")
+                   "header) runs at once (default: none; a client already running never takes "
+                   "the last free worker, and freed workers go to the client running fewest)")
     s.add_argument("--queued-per-client", type=arguments.count_up_to(10_000), default=64,
                    help="requests a client may have waiting; more get 429 (default 64)")
     s.add_argument("--max-body-bytes", type=arguments.positive_int, default=64 * 2**20)

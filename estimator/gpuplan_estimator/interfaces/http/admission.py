@@ -1,12 +1,15 @@
-"""Who gets the next estimation worker: a fair, work-conserving queue per client.
+"""Who gets the next estimation worker: a fair queue per client, with a worker kept spare.
 
-The workers are few (estimating is CPU-bound). A client alone may use all of them, so a single
-tenant's fifty TrainingJobs are planned at full speed; as soon as another client waits, each
-freed worker goes to the waiting client with the fewest requests running (the longest-waiting
-one among equals), so one tenant submitting a hundred large models cannot starve the others.
-A client may also queue only `queued_per_client` requests, and all clients together
-`queued_total`; beyond that the request gets 429. Waiting counts against the request's own
-deadline.
+The workers are few (estimating is CPU-bound) and an estimate may run for its whole deadline.
+A client with nothing running may always take a free worker; a client already running may take
+another only while one more stays free for newcomers. So however many large models one tenant
+submits, another tenant's request finds a worker (the issue's "two large models filled the pool
+and the next five small requests all timed out"), and a lone tenant still uses all workers but
+one. When a worker frees up, it goes to the waiting client with the fewest requests running
+(the longest-waiting one among equals).
+
+A client may queue only `queued_per_client` requests, and all clients together `queued_total`;
+beyond that the request gets 429. Waiting counts against the request's own deadline.
 
 The client is the peer address together with the optional client header: a caller can split
 its own share among its tenants, and inventing header values cannot queue without bound.
@@ -35,7 +38,7 @@ class AdmissionSettings:
     """Worker count and queue limits."""
     workers: int
     running_per_client: int
-    """Hard cap per client even when nobody else waits (set it to `workers` for none)."""
+    """Hard cap per client, below what the spare-worker rule allows (`workers` for none)."""
     queued_per_client: int
     queued_total: int
 
@@ -66,8 +69,10 @@ class Admission:
         return self._running[client]
 
     def _may_start(self, client: str) -> bool:
-        return (sum(self._running.values()) < self.settings.workers
-                and self._running[client] < self.settings.running_per_client)
+        free = self.settings.workers - sum(self._running.values())
+        mine = self._running[client]
+        spare = 1 if self.settings.workers > 1 and mine > 0 else 0
+        return free > spare and mine < self.settings.running_per_client
 
     async def _wait(self, client: str) -> None:
         queue = self._waiting.get(client)
@@ -120,6 +125,8 @@ class Admission:
             else:  # the rest of its queue goes to the back of the line among equals
                 self._tick += 1
                 self._arrivals[client] = self._tick
+            if granted.done():  # its waiter was cancelled (deadline) before it could leave
+                continue
             self._running[client] += 1
             granted.set_result(None)
 

@@ -63,8 +63,8 @@ class ServiceSettings:
     """Virtual memory one worker may map, bundle included (~0.7 GiB of it with the shipped
     bundle); a graph needing more is answered 422 instead of exhausting the pod."""
     running_per_client: int | None = None
-    """Hard cap on one client's running estimates; None: all workers (a client alone uses
-    them all, and the fair queue gives freed workers to whoever runs fewest)."""
+    """Hard cap on one client's running estimates; None: no cap beyond the queue's own rule
+    (a client already running never takes the last free worker; `admission`)."""
     queued_per_client: int = 64
     queued_total: int = 512
     cache_entries: int = 512

@@ -22,19 +22,41 @@ async def hold(g: admission.Admission, client: str, order: list[str],
         await release.wait()
 
 
-def test_a_lone_client_uses_every_worker_and_freed_slots_go_to_whoever_runs_fewest() -> None:
+def test_a_busy_client_leaves_one_worker_spare_for_a_newcomer() -> None:
     async def go() -> list[str]:
-        g, order, release = gate(), [], asyncio.Event()
-        tasks = [asyncio.create_task(hold(g, c, order, release)) for c in ("a", "a", "a", "a")]
+        g, order, release = gate(workers=3), [], asyncio.Event()
+        tasks = [asyncio.create_task(hold(g, "a", order, release)) for _ in range(4)]
         await asyncio.sleep(0.01)
-        assert order == ["a", "a"] and g.running("a") == 2
+        assert order == ["a", "a"] and g.running("a") == 2  # the third worker stays spare
         tasks.append(asyncio.create_task(hold(g, "b", order, release)))
         await asyncio.sleep(0.01)
-        release.set()  # both of a's finish; b (0 running) is served before a's third
+        assert order == ["a", "a", "b"]  # b takes it at once, though a waited first
+        release.set()
         await asyncio.gather(*tasks)
         return order
 
-    assert asyncio.run(go())[:3] == ["a", "a", "b"]
+    assert asyncio.run(go()) == ["a", "a", "b", "a", "a"]
+
+
+def test_a_freed_worker_goes_to_the_waiting_client_running_fewest() -> None:
+    async def go() -> list[str]:
+        g, order = gate(workers=4), []
+        early, rest = asyncio.Event(), asyncio.Event()
+        tasks = [asyncio.create_task(hold(g, "a", order, ev)) for ev in (early, rest, rest)]
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.create_task(hold(g, "a", order, rest)))  # waits: one spare
+        await asyncio.sleep(0.01)
+        tasks += [asyncio.create_task(hold(g, c, order, rest)) for c in ("b", "b", "c")]
+        await asyncio.sleep(0.01)
+        assert order == ["a", "a", "a", "b"]  # b took the spare; b's second and c wait
+        early.set()  # one of a's ends: c (nothing running) goes before a and b (one each)
+        await asyncio.sleep(0.01)
+        assert order == ["a", "a", "a", "b", "c"]
+        rest.set()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert sorted(asyncio.run(go())) == ["a"] * 4 + ["b"] * 2 + ["c"]
 
 
 def test_queue_caps_refuse_instead_of_queueing() -> None:
@@ -76,16 +98,31 @@ def test_a_cancelled_waiter_leaves_no_trace_and_a_granted_one_passes_its_slot_on
     asyncio.run(go())
 
 
-def test_a_per_client_cap_keeps_a_worker_free_for_others() -> None:
+def test_a_per_client_cap_applies_below_the_spare_rule() -> None:
     async def go() -> None:
-        g, order, release = gate(workers=2, per_client=1), [], asyncio.Event()
+        g, order, release = gate(workers=4, per_client=1), [], asyncio.Event()
         tasks = [asyncio.create_task(hold(g, "a", order, release)) for _ in range(2)]
         await asyncio.sleep(0.01)
-        assert order == ["a"]
-        tasks.append(asyncio.create_task(hold(g, "b", order, release)))
-        await asyncio.sleep(0.01)
-        assert order == ["a", "b"]  # b starts at once though a was waiting first
+        assert order == ["a"] and g.running("a") == 1  # the spare rule alone would allow 3
         release.set()
         await asyncio.gather(*tasks)
+
+    asyncio.run(go())
+
+
+def test_a_waiter_whose_deadline_passes_as_it_is_granted_does_not_break_the_queue() -> None:
+    """Found by `make abuse`: a grant to a waiter cancelled in the same loop turn raised
+    InvalidStateError, and both requests answered 500."""
+    async def go() -> None:
+        g, order, release = gate(workers=1), [], asyncio.Event()
+        first = asyncio.create_task(hold(g, "a", order, release))
+        await asyncio.sleep(0.01)
+        doomed = asyncio.create_task(hold(g, "b", order, release))
+        after = asyncio.create_task(hold(g, "c", order, release))
+        await asyncio.sleep(0.01)
+        doomed.cancel()  # cancelled, but its task has not run yet when the slot frees
+        release.set()
+        await asyncio.gather(first, after)
+        assert order == ["a", "c"] and g.running("b") == 0
 
     asyncio.run(go())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -37,3 +37,21 @@ class LatencyPredictor(Protocol):
     def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
         """Median, P10 and P90 ms per item on `device`, and which predictor priced each."""
         ...
+
+
+@runtime_checkable
+class PredictsMany(Protocol):
+    """A predictor that prices items on several devices at once, cheaper than one by one."""
+
+    def predict_many(self, items: Sequence[WorkItem], devices: Sequence[DeviceSpec]
+                     ) -> list[LatencyPrediction]:
+        """`predict` on each device, in order."""
+        ...
+
+
+def predict_on_each(predictor: LatencyPredictor, items: Sequence[WorkItem],
+                    devices: Sequence[DeviceSpec]) -> list[LatencyPrediction]:
+    """`predictor.predict` on each device, batched when the predictor can batch."""
+    if isinstance(predictor, PredictsMany):
+        return predictor.predict_many(items, devices)
+    return [predictor.predict(items, device) for device in devices]

@@ -38,22 +38,69 @@ class LearnedPredictor:
 
     def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
         """Each kernel's items priced by its bundle model (or the fallback), credits taken off."""
+        return self.predict_many(items, [device])[0]
+
+    def predict_many(self, items: Sequence[WorkItem], devices: Sequence[DeviceSpec]
+                     ) -> list[LatencyPrediction]:
+        """`predict` on each device, with one model call per kernel for all the devices that
+        kernel's model covers: a plan prices one step on several devices, and a LightGBM call
+        costs about as much for 40 rows as for 160. Rows are independent, so each device's
+        numbers are exactly what pricing it alone gives."""
         n = len(items)
-        median, p10, p90 = np.zeros(n), np.zeros(n), np.zeros(n)
-        names = ["none"] * n
-        backend = (self.backend.get(device.platform) if isinstance(self.backend, Mapping)
-                   else self.backend)
-        backend_code = self.bundle.backend_code(device, backend)
+        parts = [(np.zeros(n), np.zeros(n), np.zeros(n)) for _ in devices]
+        names = [["none"] * n for _ in devices]
+        codes = [self._backend_code(device) for device in devices]
         for group in self._groups(items):
             if group.kernel == "none":
                 continue  # metadata-only work launches no kernel
-            parts, label = self._price(group, device, backend_code)
-            median[group.index], p10[group.index], p90[group.index] = parts
-            for j, i in enumerate(group.index):
-                names[i] = label[j]
-        if device.platform == "cpu":
-            self._take_off_layout_credits(items, device, backend_code, (median, p10, p90))
-        return LatencyPrediction(median_ms=median, p10_ms=p10, p90_ms=p90, predictor=tuple(names))
+            for i, priced, label in self._price_on_each(group, devices, codes):
+                for values, kernel_values in zip(parts[i], priced, strict=True):
+                    values[group.index] = kernel_values
+                for j, row in enumerate(group.index):
+                    names[i][row] = label[j]
+        out = []
+        for i, device in enumerate(devices):
+            if device.platform == "cpu":
+                self._take_off_layout_credits(items, device, codes[i], parts[i])
+            median, p10, p90 = parts[i]
+            out.append(LatencyPrediction(median_ms=median, p10_ms=p10, p90_ms=p90,
+                                         predictor=tuple(names[i])))
+        return out
+
+    def _backend_code(self, device: DeviceSpec) -> int | None:
+        backend = (self.backend.get(device.platform) if isinstance(self.backend, Mapping)
+                   else self.backend)
+        return self.bundle.backend_code(device, backend)
+
+    def _price_on_each(
+        self, group: _KernelGroup, devices: Sequence[DeviceSpec], codes: Sequence[int | None],
+    ) -> list[tuple[int, tuple[FloatArray, FloatArray, FloatArray], Sequence[str]]]:
+        """(device position, (median, P10, P90) ms, labels) of one kernel's items on each
+        device: one model call per model for the devices it prices, the fallback for others."""
+        out = []
+        by_model: dict[int, list[tuple[int, _ModelChoice]]] = {}
+        for i, device in enumerate(devices):
+            choice = _ModelChoice(*self._model_for(group.kernel, device))
+            if choice.model is None or codes[i] is None or group.unique is None:
+                out.append((i, *self._price(group, device, codes[i])))
+            else:
+                by_model.setdefault(id(choice.model), []).append((i, choice))
+        for members in by_model.values():
+            assert group.unique is not None
+            model = members[0][1].model
+            assert model is not None
+            features_of = [_kernel_features(group.unique, devices[i], codes[i], choice.columns)
+                           for i, choice in members]
+            q = model.predict_quantiles(np.vstack([x for x, _ in features_of]))
+            start = 0
+            for (i, choice), (_, base) in zip(members, features_of, strict=True):
+                rows = slice(start, start + len(base))
+                start = rows.stop
+                med, lo, hi = _scaled({k: v[rows] for k, v in q.items()}, base,
+                                      choice.correction)
+                out.append((i, (med[group.inverse], lo[group.inverse], hi[group.inverse]),
+                            (f"lightgbm:{group.kernel}{choice.tag}",) * len(group.items)))
+        return out
 
     def _price(
         self, group: _KernelGroup, device: DeviceSpec, backend_code: int | None
@@ -145,16 +192,37 @@ class _KernelGroup:
     inverse: npt.NDArray[np.intp]  # row of `unique` for each item
 
 
+@dataclass(frozen=True)
+class _ModelChoice:
+    model: LayerLatencyModel | None
+    columns: npt.NDArray[np.intp] | None
+    tag: str
+    correction: ProbeCorrection
+
+
+def _kernel_features(
+    cols: features.WorkColumns, device: DeviceSpec, backend_code: int | None,
+    columns: npt.NDArray[np.intp] | None,
+) -> tuple[FloatArray, FloatArray]:
+    """The model's feature rows of `cols` on `device`, and each row's roofline base (ms)."""
+    assert backend_code is not None
+    dev = features.broadcast_device(device, cols.dtype, backend_code)
+    x, base = features.feature_matrix(cols, dev)
+    return (x if columns is None else x[:, columns]), base
+
+
+def _scaled(q: Mapping[str, FloatArray], base: FloatArray, correction: ProbeCorrection
+            ) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Median, P10, P90 ms from predicted log ratios, times the probe `correction`."""
+    scale = base * correction.factor(base)
+    return scale * np.exp(q["median"]), scale * np.exp(q["p10"]), scale * np.exp(q["p90"])
+
+
 def _predict_kernel(
     model: LayerLatencyModel, columns: npt.NDArray[np.intp] | None,
     cols: features.WorkColumns, device: DeviceSpec, backend_code: int,
     correction: ProbeCorrection = NO_CORRECTION,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Median, P10, P90 ms, times the device's probe `correction`."""
-    dev = features.broadcast_device(device, cols.dtype, backend_code)
-    x, base = features.feature_matrix(cols, dev)
-    if columns is not None:
-        x = x[:, columns]
-    q = model.predict_quantiles(x)
-    scale = base * correction.factor(base)
-    return scale * np.exp(q["median"]), scale * np.exp(q["p10"]), scale * np.exp(q["p90"])
+    x, base = _kernel_features(cols, device, backend_code, columns)
+    return _scaled(model.predict_quantiles(x), base, correction)

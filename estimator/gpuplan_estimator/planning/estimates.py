@@ -18,7 +18,7 @@ import numpy.typing as npt
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
-from gpuplan_estimator.cost.predictors import LatencyPredictor
+from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor, predict_on_each
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.planning import calibrating
 from gpuplan_estimator.step.decomposition import (
@@ -108,8 +108,11 @@ def estimate(
     plan = _plan(graph, build_step(graph, settings, kernel_dims=kernel_dims))
     memory = training_memory(graph, settings)
     steps = math.ceil(dataset_size / settings.batch_size) if dataset_size else None
+    preds: Sequence[LatencyPrediction | None] = (
+        predict_on_each(predictor, plan.unique, devices) if plan.unique else [None] * len(devices))
     return tuple(
-        _price(graph, plan, device, predictor, memory, steps, epochs) for device in devices
+        _price(graph, plan, device, pred, predictor, memory, steps, epochs)
+        for device, pred in zip(devices, preds, strict=True)
     )
 
 
@@ -169,10 +172,9 @@ def _op_type(item: WorkItem, layer_op: str | None, layer_family: OpFamily | None
 
 
 def _price(
-    graph: ModelGraph, plan: _Plan, device: DeviceSpec, predictor: LatencyPredictor,
-    memory: MemoryBreakdown, steps: int | None, epochs: int | None,
+    graph: ModelGraph, plan: _Plan, device: DeviceSpec, pred: LatencyPrediction | None,
+    predictor: LatencyPredictor, memory: MemoryBreakdown, steps: int | None, epochs: int | None,
 ) -> DeviceEstimate:
-    pred = predictor.predict(plan.unique, device) if plan.unique else None
     n = len(plan.unique)
     med_u = _checked(pred.median_ms if pred else None, n, "median_ms", predictor)
     p10_u = _checked(pred.p10_ms if pred else None, n, "p10_ms", predictor)

@@ -6,6 +6,9 @@ Each `contract_*` takes a freshly opened, empty `PerfStore`.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import pandas as pd
 import pytest
@@ -15,6 +18,31 @@ from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.perfdb.frames import EXTRA_COLUMNS
 from gpuplan_estimator.perfdb.store import PerfStore
+
+T = TypeVar("T")
+RACE_JOIN_LIMIT_S = 120.0  # a hang guard, not a timing assertion
+
+
+def race(stores: list[PerfStore], work: Callable[[PerfStore], T]) -> list[T | BaseException]:
+    """`work` once per store, all released by one barrier (so every writer checks for
+    existing keys before any inserts); each result or the exception raised."""
+    barrier = threading.Barrier(len(stores))
+    results: list[T | BaseException] = [RuntimeError("did not run")] * len(stores)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = work(stores[i])
+        except BaseException as exc:  # reported to the test, which asserts none
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(RACE_JOIN_LIMIT_S)
+    assert not any(t.is_alive() for t in threads), "a writer hung"
+    return results
 
 
 def frame(n: int, *, device: str = "t4", kernel: str = "gemm", start: int = 1) -> pd.DataFrame:

@@ -20,11 +20,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -37,7 +35,6 @@ from gpuplan_testing import perfdb_contract as contract
 pytestmark = pytest.mark.postgres
 
 CMD_TIMEOUT_S = 60
-T = TypeVar("T")
 UNPRIVILEGED_USER = "nobody"
 
 
@@ -143,27 +140,6 @@ TRIALS = 30
 ROWS = 20
 
 
-def _race(stores: list[PerfStore], work: Callable[[PerfStore], T]) -> list[T | BaseException]:
-    """`work` once per store, all released by one barrier; each result or the exception."""
-    barrier = threading.Barrier(len(stores))
-    results: list[T | BaseException] = [RuntimeError("did not run")] * len(stores)
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = work(stores[i])
-        except BaseException as exc:  # reported to the test, which asserts none
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(stores))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(CMD_TIMEOUT_S)
-    assert not any(t.is_alive() for t in threads), "a writer hung"
-    return results
-
-
 @pytest.fixture
 def two_writers(pg_store: PerfStore) -> Iterator[list[PerfStore]]:
     """`pg_store` and a second store on the same database, with its own connection pool."""
@@ -177,7 +153,8 @@ def test_concurrent_writers_of_one_frame_store_it_once(two_writers: list[PerfSto
     for _ in range(TRIALS):
         run = two_writers[0].add_run(device="t4", backend="b")
         rows = contract.frame(ROWS)
-        added = _race(two_writers, partial(PerfStore.add_measurements, run_id=run, frame=rows))
+        added = contract.race(two_writers,
+                              partial(PerfStore.add_measurements, run_id=run, frame=rows))
         failures += [a for a in added if isinstance(a, BaseException)]
         assert sum(a for a in added if isinstance(a, int)) == ROWS
         assert len(two_writers[1].measurements(run_id=run)) == ROWS
@@ -187,7 +164,7 @@ def test_concurrent_writers_of_one_frame_store_it_once(two_writers: list[PerfSto
 
 def test_concurrent_reports_of_one_job_store_one_outcome(two_writers: list[PerfStore]) -> None:
     for trial in range(TRIALS):
-        got = _race(two_writers, partial(
+        got = contract.race(two_writers, partial(
             PerfStore.record_job_outcome, job_uid=f"job-{trial}", device="t4", gpu_count=1,
             estimated_seconds=10.0, actual_seconds=12.0))
         stored = [g for g in got if isinstance(g, StoredOutcome)]
@@ -203,7 +180,8 @@ def test_concurrent_benchmarks_register_a_device_once(two_writers: list[PerfStor
         spec = DeviceSpec(key=f"gpu{trial}", name="G", vendor="nvidia", memory_bytes=1 << 30,
                           mem_bandwidth_gbps=1.0, peak_tflops={"fp32": 1.0}, sm_count=1,
                           boost_clock_mhz=1.0, l2_cache_mb=1.0)
-        assert _race(two_writers, partial(PerfStore.upsert_device, spec=spec)) == [None, None]
+        upserts = contract.race(two_writers, partial(PerfStore.upsert_device, spec=spec))
+        assert upserts == [None, None]
     assert len(two_writers[0].devices()) == TRIALS
 
 

@@ -23,7 +23,7 @@ def test_predict_many_equals_predict_on_every_catalog_device(
         shipped: learned.LearnedPredictor, monkeypatch: pytest.MonkeyPatch) -> None:
     g = graph.load_model(h.RESNET50.read_bytes(), batch=8)
     items = [i for i in build_step(g, TrainingSettings(batch_size=8)).items if i.kernel != "none"]
-    specs = list(devices.load_catalog().devices) + [devices.resolve_device("cpu")]
+    specs = [*devices.load_catalog().devices, devices.resolve_device("cpu")]
     calls: list[int] = []
     original = learned.LayerLatencyModel.predict_quantiles
 

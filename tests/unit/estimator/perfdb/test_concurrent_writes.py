@@ -5,11 +5,9 @@ writer may fail."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
 
 import pandas as pd
 import pytest
@@ -18,31 +16,8 @@ from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.perfdb.store import PerfStore, StoredOutcome
 from gpuplan_testing import perfdb_contract as contract
 
-T = TypeVar("T")
 TRIALS = 30
 ROWS = 20
-JOIN_LIMIT_S = 120.0  # a hang guard, not a timing assertion
-
-
-def race(writers: list[PerfStore], work: Callable[[PerfStore], T]) -> list[T | BaseException]:
-    """Run `work` once per store, all released together; each result or the exception raised."""
-    barrier = threading.Barrier(len(writers))
-    results: list[T | BaseException] = [RuntimeError("did not run")] * len(writers)
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = work(writers[i])
-        except BaseException as exc:  # reported to the test, which asserts none
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(writers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_LIMIT_S)
-    assert not any(t.is_alive() for t in threads), "a writer hung"
-    return results
 
 
 @pytest.fixture
@@ -59,7 +34,7 @@ def test_two_writers_of_the_same_frame_store_it_once(writers: list[PerfStore]) -
     for _ in range(TRIALS):
         run = writers[0].add_run(device="t4", backend="b")
         rows = contract.frame(ROWS)
-        added = race(writers, partial(PerfStore.add_measurements, run_id=run, frame=rows))
+        added = contract.race(writers, partial(PerfStore.add_measurements, run_id=run, frame=rows))
         errors += [r for r in added if isinstance(r, BaseException)]
         counts = [r for r in added if isinstance(r, int)]
         # Every row stored by exactly one of the two writers, and counted by that one.
@@ -71,7 +46,7 @@ def test_two_writers_of_the_same_frame_store_it_once(writers: list[PerfStore]) -
 def test_two_writers_of_the_same_job_outcome_store_it_once(writers: list[PerfStore]) -> None:
     for trial in range(TRIALS):
         uid = f"job-{trial}"
-        got = race(writers, partial(
+        got = contract.race(writers, partial(
             PerfStore.record_job_outcome, job_uid=uid, device="t4", gpu_count=1,
             estimated_seconds=10.0, actual_seconds=12.0))
         assert all(isinstance(g, StoredOutcome) for g in got), got
@@ -89,7 +64,7 @@ def test_two_benchmarks_registering_one_device_do_not_collide(
         spec = DeviceSpec(key=f"gpu{trial}", name="G", vendor="nvidia", memory_bytes=1 << 30,
                           mem_bandwidth_gbps=1.0, peak_tflops={"fp32": 1.0}, sm_count=1,
                           boost_clock_mhz=1.0, l2_cache_mb=1.0)
-        got = race(writers, partial(PerfStore.upsert_device, spec=spec))
+        got = contract.race(writers, partial(PerfStore.upsert_device, spec=spec))
         assert got == [None, None]
     devices: pd.DataFrame = writers[0].devices()
     assert len(devices) == TRIALS and devices["key"].is_unique

@@ -172,7 +172,11 @@ def test_one_client_cannot_take_the_worker_another_needs(tmp_path: pathlib.Path)
     async def check(client: TestClient, _: CollectorRegistry) -> None:
         hog = [asyncio.create_task(client.post("/v1/estimate", json=estimate_body("l4", b),
                                                headers=greedy)) for b in (1, 2)]
-        await asyncio.sleep(0.5)
+        for _ in range(100):  # until team-a's first estimate is running in a worker
+            if any(tmp_path.iterdir()):
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)
         assert len(list(tmp_path.iterdir())) == 1  # one of team-a's runs, one worker spare
         # team-a has one running and one waiting: a third is refused, not queued.
         refused = await client.post("/v1/estimate", json=estimate_body("l4", 3), headers=greedy)

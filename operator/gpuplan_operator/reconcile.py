@@ -48,14 +48,6 @@ class EventSink(Protocol):
 
 
 @dataclasses.dataclass
-class CapacityCache:
-    """The cluster's GPU capacity, re-read at most once per interval for all TrainingJobs."""
-
-    value: inventory.Capacity | None = None
-    read_at: datetime.datetime | None = None
-
-
-@dataclasses.dataclass
 class Context:
     """What a reconcile pass needs: cluster, settings, metrics, clock and model URL guard,
     plus in-memory state shared by passes (lost on restart, when resume handlers rebuild it)."""
@@ -67,7 +59,9 @@ class Context:
     guard: modelsource.UrlGuard
     infeasible_at: dict[str, inventory.Capacity] = dataclasses.field(default_factory=dict)
     """TrainingJob uid → the GPU capacity its plan was infeasible for."""
-    capacity: CapacityCache = dataclasses.field(default_factory=CapacityCache)
+    capacity: coalescing.Coalesced[inventory.Capacity] = dataclasses.field(init=False)
+    """The cluster's GPU capacity, re-read at most once per capacity_check_interval_seconds
+    for all TrainingJobs."""
     reported: collections.OrderedDict[str, None] = dataclasses.field(
         default_factory=collections.OrderedDict)
     """Job uids whose outcome was sent to the estimator, oldest first."""
@@ -84,6 +78,8 @@ class Context:
     def __post_init__(self) -> None:
         def seconds() -> float:
             return self.clock().timestamp()
+        self.capacity = coalescing.Coalesced(self.settings.capacity_check_interval_seconds,
+                                             clock=seconds)
         self.gpu_pools = coalescing.Coalesced(INVENTORY_MAX_AGE_S, clock=seconds)
         self.config_maps = coalescing.CoalescedByKey(INVENTORY_MAX_AGE_S, clock=seconds)
 
@@ -161,13 +157,11 @@ def awaits_capacity(status: Mapping[str, Any], generation: int) -> bool:
 
 async def current_capacity(ctx: Context) -> inventory.Capacity:
     """The cluster's GPU capacity, listed at most once per capacity_check_interval_seconds."""
-    now, cache = ctx.clock(), ctx.capacity
-    interval = ctx.settings.capacity_check_interval_seconds
-    if (cache.value is None or cache.read_at is None
-            or (now - cache.read_at).total_seconds() >= interval):
-        pools = inventory.build_inventory(await ctx.kube.list_gpu_nodes(), [])
-        cache.value, cache.read_at = inventory.capacity(pools), now
-    return cache.value
+    return await ctx.capacity.get(lambda: _read_capacity(ctx))
+
+
+async def _read_capacity(ctx: Context) -> inventory.Capacity:
+    return inventory.capacity(inventory.build_inventory(await ctx.kube.list_gpu_nodes(), []))
 
 
 async def _capacity_changed(ctx: Context, tj: TrainingJobRef) -> bool:

@@ -75,10 +75,10 @@ def parse_args(body: object) -> ExtenderArgs:
     because an erroring `ignorable` extender lets the pod schedule unfiltered.
     """
     if not isinstance(body, dict):
-        raise ProtocolError("$", f"expected a JSON object, got {_type_name(body)}")
+        raise ProtocolError("$", f"expected a JSON object, got {type_name(body)}")
     pod = body.get("Pod")
     if not isinstance(pod, dict):
-        raise ProtocolError("Pod", f"expected an object, got {_type_name(pod)}")
+        raise ProtocolError("Pod", f"expected an object, got {type_name(pod)}")
     names_raw = body.get("NodeNames")
     nodes_raw = body.get("Nodes")
     if names_raw is not None:
@@ -94,14 +94,12 @@ def parse_args(body: object) -> ExtenderArgs:
 
 def _parse_names(raw: object) -> tuple[tuple[str, ...], bool]:
     if not isinstance(raw, list):
-        raise ProtocolError("NodeNames", f"expected an array or null, got {_type_name(raw)}")
+        raise ProtocolError("NodeNames", f"expected an array or null, got {type_name(raw)}")
     try:
         joined = ",".join(raw)  # validates every entry at C speed: TypeError on a non-string
     except TypeError:
-        bad = [(f"NodeNames[{i}]", f"expected a string, got {_type_name(name)}")
-               for i, name in enumerate(raw) if not isinstance(name, str)]
-        raise ProtocolError(*bad[0], details=[f"{f}: {m}" for f, m in bad[:MAX_REPORTED_ERRORS]]
-                            ) from None
+        raise _bad_fields([(f"NodeNames[{i}]", f"expected a string, got {type_name(name)}")
+                           for i, name in enumerate(raw) if not isinstance(name, str)]) from None
     return tuple(raw), _plain(joined)
 
 
@@ -118,17 +116,22 @@ def _plain(text: str) -> bool:
 
 def _parse_node_items(raw: object) -> tuple[Mapping[str, Any], ...]:
     if not isinstance(raw, dict):
-        raise ProtocolError("Nodes", f"expected an object or null, got {_type_name(raw)}")
+        raise ProtocolError("Nodes", f"expected an object or null, got {type_name(raw)}")
     items = raw.get("items")
     if items is None:
         return ()
     if not isinstance(items, list):
-        raise ProtocolError("Nodes.items", f"expected an array, got {_type_name(items)}")
-    bad = [(f"Nodes.items[{i}]", f"expected an object, got {_type_name(item)}")
+        raise ProtocolError("Nodes.items", f"expected an array, got {type_name(items)}")
+    bad = [(f"Nodes.items[{i}]", f"expected an object, got {type_name(item)}")
            for i, item in enumerate(items) if not isinstance(item, dict)]
     if bad:
-        raise ProtocolError(*bad[0], details=[f"{f}: {m}" for f, m in bad[:MAX_REPORTED_ERRORS]])
+        raise _bad_fields(bad)
     return tuple(items)
+
+
+def _bad_fields(bad: Sequence[tuple[str, str]]) -> ProtocolError:
+    """One ProtocolError for the bad (field, message) pairs: the first, and all as details."""
+    return ProtocolError(*bad[0], details=[f"{f}: {m}" for f, m in bad[:MAX_REPORTED_ERRORS]])
 
 
 def _node_item_name(item: Mapping[str, Any], index: int) -> str:
@@ -144,17 +147,13 @@ def _short(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _type_name(value: object) -> str:
+def type_name(value: object) -> str:
+    """The JSON name of a decoded value's type ("object", "array", "string", "number", …)."""
     if value is None:
         return "null"
     return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
         type(value), "number" if isinstance(value, int | float) else type(value).__name__
     )
-
-
-def type_name(value: object) -> str:
-    """The JSON name of a decoded value's type ("object", "array", "string", "number", …)."""
-    return _type_name(value)
 
 
 def encode_filter_result(result: FilterResult, args: ExtenderArgs) -> dict[str, Any]:

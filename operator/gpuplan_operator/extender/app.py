@@ -116,6 +116,12 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
+def _internal_error(exc: Exception) -> web.Response:
+    """500 in the JSON envelope, naming only the exception's type (no traceback, no values)."""
+    return _json(protocol.encode_error("InternalError", f"internal error: {type(exc).__name__}"),
+                 500)
+
+
 # Python's int() refuses strings past 4,300 digits; JSON numbers that long become floats (and then
 # fail a type check with a reason) instead of failing the whole body.
 _MAX_INT_DIGITS = 4000
@@ -225,8 +231,7 @@ def make_app(
                 result, response = f"http_{exc.status}", exc.response()
             except Exception as exc:  # a bug must cost one request, not the process
                 log.exception("%s failed", verb)
-                result, response = "internal_error", _json(protocol.encode_error(
-                    "InternalError", f"internal error: {type(exc).__name__}"), 500)
+                result, response = "internal_error", _internal_error(exc)
             metrics.requests.labels(verb, result).inc()
             metrics.latency.labels(verb, result).observe(time.perf_counter() - started)
             return response
@@ -266,8 +271,7 @@ def make_app(
             return response
         except Exception as exc:  # outside the verbs (health, metrics): still JSON, no traceback
             log.exception("%s %s failed", request.method, request.path[:200])
-            return _json(protocol.encode_error(
-                "InternalError", f"internal error: {type(exc).__name__}"), 500)
+            return _internal_error(exc)
 
     app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[errors_as_json])
     app.router.add_post("/extender/filter", verb_handler(FILTER, decide_filter))

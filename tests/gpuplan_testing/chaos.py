@@ -47,6 +47,7 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from testbed_pytest import wait_for  # testbed/ is on sys.path (pytest pythonpath, make chaos)
 
 from gpuplan_testing import chaos_webhook
 from gpuplan_testing import operator_harness as h
@@ -418,21 +419,6 @@ def _retrying(fn: Callable[[], Any], timeout_s: float = 240.0) -> Any:
         time.sleep(0.5)
 
 
-def _wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-            last = value
-        except Exception as exc:
-            last = exc
-        time.sleep(0.25)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}; last: {last!r}")
-
-
 class Campaign:
     """Runs one campaign in `namespace` (which must exist and be empty)."""
 
@@ -453,11 +439,11 @@ class Campaign:
     def _start_operator(self) -> None:
         self.operator.start()
         self.report.operator_starts += 1
-        _wait(self.operator.started, 120, "the operator's startup log line")
+        wait_for(self.operator.started, 120, "the operator's startup log line")
 
     def _start_estimator(self) -> None:
         self.estimator.start()
-        _wait(self.estimator.ready, 120, "the estimator's /readyz")
+        wait_for(self.estimator.ready, 120, "the estimator's /readyz")
 
     # -- objects
     def _setup(self) -> None:
@@ -486,13 +472,13 @@ class Campaign:
             hook.install(adm, self.ns, holds)
             try:
                 hook.release("probe", allow=False)
-                _wait(self._probe_refused, 60, "the holding webhook to be called")
+                wait_for(self._probe_refused, 60, "the holding webhook to be called")
                 for _write, tj, _allow in STEPS.values():
                     self._create(tj)
                 self._start_operator()
-                _wait(lambda: set(hook.held()) >= set(STEPS) or (
+                wait_for(lambda: set(hook.held()) >= set(STEPS) or (
                     (hook.first_hold_age() or 0.0) > chaos_webhook.HOLD_LIMIT_S - 8), 300,
-                      "the operator's writes to reach the holding webhook")
+                         "the operator's writes to reach the holding webhook")
                 held = set(hook.held())
                 self.operator.kill()
                 for step, (_write, _tj, allow) in STEPS.items():

@@ -45,8 +45,8 @@ def register(sub: Any) -> None:
     s.add_argument("--workers", type=arguments.count_up_to(256), default=2,
                    help="estimation worker processes (default 2)")
     s.add_argument("--worker-memory-gib", type=arguments.positive_float, default=3.0,
-                   help="virtual memory one worker may map, model bundle included; a model "
-                   "needing more is answered 422 (default 3)")
+                   help="data segment one worker may grow to (RLIMIT_DATA), model bundle "
+                   "included; a model needing more is answered 422 (default 3)")
     s.add_argument("--running-per-client", type=arguments.count_up_to(256), default=None,
                    help="hard cap on the estimates one client (peer address + X-Gpuplan-Client "
                    "header) runs at once (default: none; a client already running never takes "
@@ -154,7 +154,7 @@ def run_serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
         request_timeout_s=args.request_timeout, bundle_poll_s=args.bundle_poll,
         workers=args.workers, running_per_client=args.running_per_client,
-        worker_address_space_bytes=int(args.worker_memory_gib * 2**30),
+        worker_memory_bytes=int(args.worker_memory_gib * 2**30),
         queued_per_client=args.queued_per_client,
     )
     # A partial, not a lambda: every estimation worker process builds its context with it.

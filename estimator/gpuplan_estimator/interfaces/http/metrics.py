@@ -36,7 +36,8 @@ class Metrics:
         )
         self.calibration_stale = Gauge(
             "gpuplan_estimator_calibration_stale",
-            "1 while the last calibration refit failed and an older calibration is served",
+            "1 while the last calibration refit failed and an older calibration is served "
+            "(read from the service state at scrape time)",
             registry=registry,
         )
         self.calibration_outcomes = Gauge(

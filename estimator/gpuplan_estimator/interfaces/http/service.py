@@ -59,9 +59,9 @@ class ServiceSettings:
     """Estimation worker processes."""
     tasks_per_worker: int = 200
     """Tasks before a worker is replaced by a fresh one (returns memory a model left behind)."""
-    worker_address_space_bytes: int = 3 * 2**30
-    """Virtual memory one worker may map, bundle included (~0.7 GiB of it with the shipped
-    bundle); a graph needing more is answered 422 instead of exhausting the pod."""
+    worker_memory_bytes: int = 3 * 2**30
+    """Data segment one worker may grow to (`RLIMIT_DATA`), bundle included; a graph needing
+    more is answered 422 instead of exhausting the pod."""
     running_per_client: int | None = None
     """Hard cap on one client's running estimates; None: no cap beyond the queue's own rule
     (a client already running never takes the last free worker; `admission`)."""
@@ -108,9 +108,9 @@ def _json_error(status: int, reason: str, message: str, details: Sequence[str] =
     return web.json_response(wire.error_json(reason, message, list(details)), status=status)
 
 
-def _invalid_request(exc: InvalidRequestError, status: int = 422) -> web.Response:
+def _invalid_request(exc: InvalidRequestError) -> web.Response:
     """422 naming the bad fields, one detail each."""
-    return _json_error(status, "InvalidRequest", str(exc), exc.details)
+    return _json_error(422, "InvalidRequest", str(exc), exc.details)
 
 
 _HTTP_REASONS = {404: "NotFound", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
@@ -154,6 +154,8 @@ def make_app(
 ) -> web.Application:
     """The service; without `outcome_history` (no database) predictions stay uncalibrated."""
     metrics = Metrics(registry or CollectorRegistry())
+    metrics.calibration_stale.set_function(lambda: float(state.calibration_stale))
+    metrics.calibration_outcomes.set_function(lambda: state.calibration.overall.outcomes)
     # Database reads and bundle loads: I/O, bounded by their own timeouts, fine in threads.
     io_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="io")
     front_box: list[front.Front] = []
@@ -198,11 +200,8 @@ def make_app(
                               "current one")
                 state.calibration_stale = True
                 metrics.refit_failures.inc()
-                metrics.calibration_stale.set(1)
                 return
             state.set_calibration(fitted)  # atomic swap, like the bundle
-        metrics.calibration_stale.set(0)
-        metrics.calibration_outcomes.set(fitted.overall.outcomes)
         log.info("calibration from %d job outcomes: %s", fitted.overall.outcomes,
                  calibrating.summary(fitted))
 
@@ -311,7 +310,7 @@ def make_app(
         if state.context is None:
             await asyncio.get_running_loop().run_in_executor(io_threads, state.load)
         pool = workers.WorkerPool(state.loader, workers.PoolSettings(
-            settings.workers, settings.tasks_per_worker, settings.worker_address_space_bytes))
+            settings.workers, settings.tasks_per_worker, settings.worker_memory_bytes))
         try:
             await pool.warm_up(WARM_UP_TIMEOUT_S)
         except Exception:  # answered per request (503) and retried by the pool from now on

@@ -102,14 +102,14 @@ _loader: ContextLoader | None = None
 _context: planner.PlannerContext | None = None
 
 
-def init_worker(loader: ContextLoader, address_space_bytes: int) -> None:
+def init_worker(loader: ContextLoader, memory_bytes: int) -> None:
     """Pool initializer: build this worker's context once (the bundle load is the slow part),
-    then cap the worker's address space, so a graph that needs more memory than that fails
+    then cap the worker's data segment, so a graph that needs more memory than that fails
     with MemoryError (answered 422) instead of taking the whole pod to the OOM killer."""
     global _loader, _context
     _loader = loader
     _context = loader()
-    resource.setrlimit(resource.RLIMIT_DATA, (address_space_bytes, address_space_bytes))
+    resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
 
 
 def ready() -> str:

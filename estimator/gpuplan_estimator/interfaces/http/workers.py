@@ -35,8 +35,8 @@ class PoolSettings:
     workers: int
     tasks_per_worker: int
     """A worker is replaced after this many tasks, so memory a model left behind is returned."""
-    address_space_bytes: int
-    """Virtual memory a worker may map, its model bundle included (`RLIMIT_AS`)."""
+    memory_bytes: int
+    """Data segment a worker may grow to, its model bundle included (`RLIMIT_DATA`)."""
 
 
 class WorkerPool:
@@ -53,7 +53,7 @@ class WorkerPool:
         return pebble.ProcessPool(
             max_workers=self._settings.workers, max_tasks=self._settings.tasks_per_worker,
             initializer=work.init_worker,
-            initargs=(self._loader, self._settings.address_space_bytes), context=context)
+            initargs=(self._loader, self._settings.memory_bytes), context=context)
 
     async def run(self, endpoint: str, body: bytes, source: str,
                   calibration: calibrating.Calibration, timeout_s: float) -> work.Reply:

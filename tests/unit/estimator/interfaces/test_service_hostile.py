@@ -160,7 +160,7 @@ def test_a_model_that_needs_more_memory_than_a_worker_may_map_is_a_422() -> None
         resp = await client.post("/v1/estimate", json=estimate_body("t4"))
         assert resp.status == 200, await resp.text()
 
-    serve(check, loader, settings={"worker_address_space_bytes": 2 * 2**30})
+    serve(check, loader, settings={"worker_memory_bytes": 2 * 2**30})
 
 
 def test_one_client_cannot_take_the_worker_another_needs(tmp_path: pathlib.Path) -> None:

@@ -26,9 +26,10 @@ class QuantityError(ValueError):
 MAX_QUANTITY_DIGITS = 12
 
 
-def _decimal(text: str) -> bool:
-    """ASCII digits only: `str.isdigit` also accepts "²" (int() fails) and "٣" (int() reads 3)."""
-    return 0 < len(text) <= MAX_QUANTITY_DIGITS and text.isascii() and text.isdigit()
+def is_decimal(text: str, max_digits: int = MAX_QUANTITY_DIGITS) -> bool:
+    """1 to `max_digits` ASCII digits: `str.isdigit` also accepts "²" (int() fails) and "٣"
+    (int() reads 3), and int() of a string past 4,300 digits raises."""
+    return 0 < len(text) <= max_digits and text.isascii() and text.isdigit()
 
 
 def parse_gpu_quantity(raw: object) -> int:
@@ -37,9 +38,9 @@ def parse_gpu_quantity(raw: object) -> int:
         raise QuantityError(f"not a GPU quantity: {raw!r}")
     if isinstance(raw, int):
         value = raw
-    elif isinstance(raw, str) and _decimal(raw):
+    elif isinstance(raw, str) and is_decimal(raw):
         value = int(raw)
-    elif isinstance(raw, str) and raw.endswith("m") and _decimal(raw[:-1]):
+    elif isinstance(raw, str) and raw.endswith("m") and is_decimal(raw[:-1]):
         milli = int(raw[:-1])
         if milli % 1000:
             raise QuantityError(f"fractional GPU quantity: {raw!r}")

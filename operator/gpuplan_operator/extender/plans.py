@@ -138,8 +138,7 @@ def _planned_count(raw: object) -> int | None:
     if raw is None:
         return None
     digits = raw.strip() if isinstance(raw, str) else ""
-    # ASCII digits only: "²" and "٣" pass str.isdigit() but are no integers a Pod may carry.
-    if not (digits.isascii() and digits.isdigit() and len(digits) <= _MAX_DIGITS):
+    if not gpu_accounting.is_decimal(digits, _MAX_DIGITS):
         raise PlanError(plan_keys.GPU_COUNT, f"expected a positive integer, got {_show(raw)}")
     count = int(digits)
     if not 1 <= count <= MAX_GPUS:
@@ -201,9 +200,7 @@ def _check_quantities(quantities: object, field: str) -> None:
     if isinstance(raw, int) and not 0 <= raw <= MAX_GPUS:
         raise PlanError(where, f"expected 0 to {MAX_GPUS} GPUs, got {_show(raw)}")
     text = raw.removesuffix("m") if isinstance(raw, str) else "0"
-    # ASCII digits, bounded: "²" passes str.isdigit() but not int(), and int() of a 5,000-digit
-    # string raises ValueError.
-    if not (text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS):
+    if not gpu_accounting.is_decimal(text, _MAX_DIGITS):
         raise PlanError(where, f"not a GPU quantity: {_show(raw)}")
     try:
         value = gpu_accounting.parse_gpu_quantity(raw)

@@ -96,7 +96,7 @@ def node_gpus(node: Mapping[str, Any], used_gpus: int = 0) -> NodeGpus:
         product = None
     try:
         allocatable = gpu_accounting.node_allocatable_gpus(node)
-    except (AttributeError, TypeError, ValueError):  # e.g. "²", which isdigit() lets through
+    except (AttributeError, TypeError):  # status or allocatable of the wrong type
         allocatable = None
     return NodeGpus(name=str(name), product=product, allocatable_gpus=allocatable,
                     used_gpus=used_gpus)

@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,15 +289,15 @@ def serve_apiserver(port: int, n_nodes: int, seed: int, churn_per_s: float,
             await response.write_eof()
         return response
 
-    async def nodes(request: web.Request) -> web.StreamResponse:
-        if request.query.get("watch") in ("true", "1", "True"):
-            return await watch("nodes", request)
-        return list_page("nodes", request)
+    def resource(kind: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """GET /api/v1/<kind>: a watch with `?watch=true`, else a list page."""
 
-    async def pods(request: web.Request) -> web.StreamResponse:
-        if request.query.get("watch") in ("true", "1", "True"):
-            return await watch("pods", request)
-        return list_page("pods", request)
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if request.query.get("watch") in ("true", "1", "True"):
+                return await watch(kind, request)
+            return list_page(kind, request)
+
+        return handle
 
     async def churn() -> None:
         """Pods binding to random GPU nodes and finishing, `churn_per_s` events a second."""
@@ -322,8 +322,8 @@ def serve_apiserver(port: int, n_nodes: int, seed: int, churn_per_s: float,
 
     async def main() -> None:
         app = web.Application()
-        app.router.add_get("/api/v1/nodes", nodes)
-        app.router.add_get("/api/v1/pods", pods)
+        for kind in encoded:
+            app.router.add_get(f"/api/v1/{kind}", resource(kind))
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()

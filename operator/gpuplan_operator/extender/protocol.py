@@ -231,12 +231,12 @@ def dumps_filter_result(result: FilterResult, args: ExtenderArgs) -> bytes:
     ).encode()
 
 
-def dumps_priorities(scores: Sequence[tuple[str, int]], plain: bool | None = None) -> bytes:
+def dumps_priorities(scores: Sequence[tuple[str, int]]) -> bytes:
     """`encode_priorities` serialised, with the same fast path for plain names."""
     if not scores:
         return b"[]"
     hosts, values = zip(*scores, strict=True)
-    return dumps_scores(hosts, values, plain)
+    return dumps_scores(hosts, values)
 
 
 def dumps_scores(hosts: Sequence[str], scores: Sequence[int], plain: bool | None = None) -> bytes:

@@ -53,7 +53,6 @@ from gpuplan_testing import chaos_webhook
 from gpuplan_testing import operator_harness as h
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-OWNER_LABEL = "gpuplan.io/trainingjob"
 PLAN_ANNOTATIONS = {"gpuType": "gpuplan.io/gpu-type", "gpuCount": "gpuplan.io/gpu-count"}
 TERMINAL = ("Succeeded", "Failed")
 TERMINAL_STATES = ("succeeded", "failed")
@@ -490,7 +489,7 @@ class Campaign:
                 hook.uninstall(adm)
 
     def _probe_refused(self) -> bool:
-        job = {"metadata": {"name": "probe", "labels": {OWNER_LABEL: "chaos-probe"}},
+        job = {"metadata": {"name": "probe", "labels": {chaos_webhook.OWNER_LABEL: "chaos-probe"}},
                "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
                    {"name": "c", "image": "x"}]}}}}
         try:

@@ -1,9 +1,9 @@
 """Caps on what one request may ask for: the one source of these bounds.
 
-The HTTP service's validation, the CLI's argument types and the operator's spec validation read
-them from here. Each cap is far above any real training run and far below what makes the
-estimator's arithmetic or memory blow up, so a typo or a hostile request is refused by name
-instead of running for minutes.
+The HTTP service's validation and the CLI's argument types read them from here; the CRD's
+bounds are tested to fit inside them (`tests/unit/operator/test_crd_options.py`). Each cap is far
+above any real training run and far below what makes the estimator's arithmetic or memory blow
+up, so a typo or a hostile request is refused by name instead of running for minutes.
 """
 
 from __future__ import annotations

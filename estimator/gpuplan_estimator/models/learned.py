@@ -77,12 +77,13 @@ class LearnedPredictor:
     ) -> list[tuple[int, tuple[FloatArray, FloatArray, FloatArray], Sequence[str]]]:
         """(device position, (median, P10, P90) ms, labels) of one kernel's items on each
         device: one model call per model for the devices it prices, the fallback for others."""
-        out = []
+        out: list[tuple[int, tuple[FloatArray, FloatArray, FloatArray], Sequence[str]]] = []
         by_model: dict[int, list[tuple[int, _ModelChoice]]] = {}
         for i, device in enumerate(devices):
             choice = _ModelChoice(*self._model_for(group.kernel, device))
             if choice.model is None or codes[i] is None or group.unique is None:
-                out.append((i, *self._price(group, device, codes[i])))
+                pred = self.fallback.predict(group.items, device)
+                out.append((i, (pred.median_ms, pred.p10_ms, pred.p90_ms), pred.predictor))
             else:
                 by_model.setdefault(id(choice.model), []).append((i, choice))
         for members in by_model.values():
@@ -102,19 +103,6 @@ class LearnedPredictor:
                             (f"lightgbm:{group.kernel}{choice.tag}",) * len(group.items)))
         return out
 
-    def _price(
-        self, group: _KernelGroup, device: DeviceSpec, backend_code: int | None
-    ) -> tuple[tuple[FloatArray, FloatArray, FloatArray], Sequence[str]]:
-        """(median, P10, P90) ms and predictor labels of one kernel's items."""
-        model, columns, tag, correction = self._model_for(group.kernel, device)
-        if model is None or backend_code is None or group.unique is None:
-            pred = self.fallback.predict(group.items, device)
-            return (pred.median_ms, pred.p10_ms, pred.p90_ms), pred.predictor
-        med, lo, hi = _predict_kernel(model, columns, group.unique, device, backend_code,
-                                      correction)
-        return ((med[group.inverse], lo[group.inverse], hi[group.inverse]),
-                (f"lightgbm:{group.kernel}{tag}",) * len(group.items))
-
     def _take_off_layout_credits(
         self, items: Sequence[WorkItem], device: DeviceSpec, backend_code: int | None,
         parts: tuple[FloatArray, FloatArray, FloatArray],
@@ -125,7 +113,7 @@ class LearnedPredictor:
         if not idx:
             return
         group = self._group("memcpy", list(range(len(copies))), copies)
-        (copy_ms, _, _), _ = self._price(group, device, backend_code)
+        [(_, (copy_ms, _, _), _)] = self._price_on_each(group, [device], [backend_code])
         for values in parts:
             layout_credits.take_off(values, idx, copy_ms)
 
@@ -216,13 +204,3 @@ def _scaled(q: Mapping[str, FloatArray], base: FloatArray, correction: ProbeCorr
     """Median, P10, P90 ms from predicted log ratios, times the probe `correction`."""
     scale = base * correction.factor(base)
     return scale * np.exp(q["median"]), scale * np.exp(q["p10"]), scale * np.exp(q["p90"])
-
-
-def _predict_kernel(
-    model: LayerLatencyModel, columns: npt.NDArray[np.intp] | None,
-    cols: features.WorkColumns, device: DeviceSpec, backend_code: int,
-    correction: ProbeCorrection = NO_CORRECTION,
-) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """Median, P10, P90 ms, times the device's probe `correction`."""
-    x, base = _kernel_features(cols, device, backend_code, columns)
-    return _scaled(model.predict_quantiles(x), base, correction)

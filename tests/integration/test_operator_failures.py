@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
+import http.server
 import pathlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -99,20 +103,25 @@ def test_crd_rejects_bad_specs(patch: dict[str, Any], message: str, tjs: h.Train
     assert message in str(info.value.body)
 
 
+@contextlib.contextmanager
+def _loopback_http_server(handler: Callable[..., http.server.BaseHTTPRequestHandler],
+                          ) -> Iterator[int]:
+    """Serves `handler` on 127.0.0.1 from a thread until the block ends; yields the port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def model_http_url(tmp_path: pathlib.Path) -> Iterator[str]:
-    import functools
-    import http.server
-    import threading
-
     (tmp_path / "resnet50.onnx").write_bytes(h.RESNET50.read_bytes())
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/resnet50.onnx"
-    server.shutdown()
-    server.server_close()
+    with _loopback_http_server(handler) as port:
+        yield f"http://127.0.0.1:{port}/resnet50.onnx"
 
 
 @pytest.mark.slow
@@ -252,9 +261,6 @@ def test_rejected_job_and_missing_service_account_set_launch_conditions(
 @pytest.fixture
 def broken_model_server() -> Iterator[int]:
     """A loopback HTTP server whose model is declared gzip-encoded but is not."""
-    import http.server
-    import threading
-
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             body = b"\x1f\x8b\x08\x00" + b"\xff" * 64
@@ -267,11 +273,8 @@ def broken_model_server() -> Iterator[int]:
         def log_message(self, *_: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
+    with _loopback_http_server(Handler) as port:
+        yield port
 
 
 @pytest.mark.slow

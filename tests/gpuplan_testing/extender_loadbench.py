@@ -53,6 +53,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuplan_testing import processes as proc
+
 GPU = "nvidia.com/gpu"
 PRODUCT = "nvidia.com/gpu.product"
 # (pool, GFD product, GPUs per node, memory MiB, share of the nodes); None: a CPU-only pool.
@@ -406,13 +408,6 @@ def kubeconfig(path: Path, apiserver_port: int) -> Path:
     return path
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc/<pid>/stat (resolution: one clock tick)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def runqueue_wait_seconds(pid: int) -> float:
     """Seconds the process's main thread (the event loop) spent runnable but not running, from
     /proc/<pid>/schedstat: the part of the latency that is the host's, not the extender's."""
@@ -579,7 +574,7 @@ def run_size(port: int, pid: int, bodies: Sequence[bytes], candidates: int,
         latencies: dict[str, list[float]] = {"filter": [], "prioritize": []}
         cpu_samples(port)  # clears the warm-up's
         before_handler = handler_totals(port)
-        cpu_before = cpu_seconds(pid)
+        cpu_before = proc.cpu_seconds(pid)
         wait_before = runqueue_wait_seconds(pid)
         started = time.perf_counter()
         deadline = started + seconds
@@ -595,7 +590,7 @@ def run_size(port: int, pid: int, bodies: Sequence[bytes], candidates: int,
                 if status != 200:
                     raise RuntimeError(f"{verb}: HTTP {status}")
         elapsed = time.perf_counter() - started
-        cpu = cpu_seconds(pid) - cpu_before
+        cpu = proc.cpu_seconds(pid) - cpu_before
         wait = runqueue_wait_seconds(pid) - wait_before
         after_handler = handler_totals(port)
         server_cpu = cpu_samples(port)
@@ -667,19 +662,12 @@ def processes(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[int, in
         synced_s = wait_synced(ext_port, args.nodes, extender)
         time.sleep(2.0)  # let the extender's one-off gc.collect + gc.freeze after sync pass
         print(f"extender synced {args.nodes} nodes from the fake apiserver in {synced_s:.1f} s "
-              f"(pid {extender.pid}, rss {_rss_mib(extender.pid):.0f} MiB)", flush=True)
+              f"(pid {extender.pid}, rss {proc.rss_mib(extender.pid):.0f} MiB)", flush=True)
         yield ext_port, extender.pid
     finally:
         if extender is not None:
             _stop(extender)
         _stop(apiserver)
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def describe_host() -> str:

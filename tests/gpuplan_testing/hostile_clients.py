@@ -27,6 +27,7 @@ import aiohttp
 from onnx import TensorProto, helper
 
 from gpuplan_testing import operator_harness as h
+from gpuplan_testing import processes
 
 CLIENT_HEADER = "X-Gpuplan-Client"
 LIGHT_RESNET50 = h.RESNET50
@@ -43,20 +44,6 @@ def chain_model(nodes: int) -> bytes:
     graph = helper.make_graph(chain, "chain", [x], [y])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]
                              ).SerializeToString()
-
-
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory of `pid` and all its descendants, MiB."""
-    total_kib, pending = 0, [pid]
-    while pending:
-        current = pending.pop()
-        with contextlib.suppress(OSError):
-            status = pathlib.Path(f"/proc/{current}/status").read_text()
-            rss = [line for line in status.splitlines() if line.startswith("VmRSS")]
-            total_kib += int(rss[0].split()[1]) if rss else 0  # a zombie has none
-            children = pathlib.Path(f"/proc/{current}/task/{current}/children").read_text()
-            pending.extend(int(c) for c in children.split())
-    return total_kib / 1024
 
 
 async def _probe_health(session: aiohttp.ClientSession, url: str, stop: asyncio.Event,
@@ -92,7 +79,7 @@ async def flood_of_empty_pools(session: aiohttp.ClientSession, url: str, pid: in
     await probe
     print(f"1. {len(body) / 2**20:.0f} MiB of {{}} pools: {status} in {took:.2f} s, answer "
           f"{len(answer)} bytes, worst /healthz {worst[0] * 1000:.0f} ms, "
-          f"RSS {tree_rss_mib(pid):.0f} MiB")
+          f"RSS {processes.tree_rss_mib(pid):.0f} MiB")
 
 
 async def large_models_and_small_ones(session: aiohttp.ClientSession, url: str,
@@ -109,9 +96,9 @@ async def large_models_and_small_ones(session: aiohttp.ClientSession, url: str,
                                     for b in range(1, 6)))
     print(f"2. team-b's five small estimates while team-a's two 150k-node graphs run: {smalls}")
     print(f"   team-a's 150k-node graphs: {await asyncio.gather(*hogs)}, "
-          f"RSS {tree_rss_mib(pid):.0f} MiB")
+          f"RSS {processes.tree_rss_mib(pid):.0f} MiB")
     await asyncio.sleep(3)
-    print(f"   RSS 3 s later: {tree_rss_mib(pid):.0f} MiB")
+    print(f"   RSS 3 s later: {processes.tree_rss_mib(pid):.0f} MiB")
 
 
 async def main_async(port: int, workdir: pathlib.Path) -> None:
@@ -129,8 +116,8 @@ async def main_async(port: int, workdir: pathlib.Path) -> None:
                         if resp.status == 200:
                             break
                 await asyncio.sleep(0.5)
-            print(f"service ready, RSS {tree_rss_mib(server.pid):.0f} MiB (service, forkserver, "
-                  f"workers)")
+            rss = processes.tree_rss_mib(server.pid)
+            print(f"service ready, RSS {rss:.0f} MiB (service, forkserver, workers)")
             await flood_of_empty_pools(session, url, server.pid)
             await large_models_and_small_ones(session, url, server.pid)
     finally:

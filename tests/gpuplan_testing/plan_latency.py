@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import pathlib
 import statistics
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplan_testing import chaos
+from gpuplan_testing import chaos, processes
 from gpuplan_testing import operator_harness as h
 
 _HTTP_TIMEOUT_S = 30
@@ -75,21 +74,6 @@ def _estimator_samples(url: str) -> dict[str, float]:
             if sample.name == "gpuplan_estimator_answers_total":
                 out[f"answers {sample.labels['source']}"] = sample.value
     return out
-
-
-def _tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of `pid` and its descendants, from /proc."""
-    ticks = 100.0  # USER_HZ on Linux
-    total = 0.0
-    pending = [pid]
-    while pending:
-        current = pending.pop()
-        with contextlib.suppress(OSError):
-            fields = pathlib.Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / ticks
-            children = pathlib.Path(f"/proc/{current}/task/{current}/children").read_text()
-            pending.extend(int(c) for c in children.split())
-    return total
 
 
 def _planned(obj: dict[str, Any]) -> bool:
@@ -153,9 +137,9 @@ def run(state: dict[str, Any], jobs: int, distinct: bool, workdir: pathlib.Path,
             operator.start()
             _until(operator.started, 120, "operator started")
             assert estimator.proc is not None
-            cpu_before = _tree_cpu_s(estimator.proc.pid)
+            cpu_before = processes.tree_cpu_seconds(estimator.proc.pid)
             count, latencies, wall = measure(api, namespace, jobs, distinct, timeout_s)
-            cpu = _tree_cpu_s(estimator.proc.pid) - cpu_before
+            cpu = processes.tree_cpu_seconds(estimator.proc.pid) - cpu_before
             return Result(count, latencies, _estimator_samples(estimator.url), cpu, wall)
         finally:
             operator.stop()

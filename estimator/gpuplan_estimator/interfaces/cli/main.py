@@ -9,23 +9,32 @@ line on stderr and exit code 2; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from gpuplan_estimator.core import extras
 from gpuplan_estimator.core.errors import GpuplanError
 from gpuplan_estimator.interfaces.cli import demo, estimating
 
-# Modules whose `register(subparsers)` adds subcommands (bench, import, train, eval, serve, plan).
-COMMAND_MODULES: tuple[str, ...] = (
-    "gpuplan_estimator.interfaces.cli.bench",
-    "gpuplan_estimator.interfaces.cli.training",
-    "gpuplan_estimator.interfaces.cli.serving",
-    "gpuplan_estimator.interfaces.cli.evaluation",
-)
+# Subcommands that other modules add with ``register(subparsers)``: command -> (module, the
+# extra its imports need, `core.extras`). A command imports only its own module, so a core
+# install (no pandas, onnxruntime, ...) runs `gpuplan plan`, and a missing extra is named (#20).
+# `plan` needs "serve" only while `serving` imports the HTTP service (aiohttp) at its top.
+_CLI = "gpuplan_estimator.interfaces.cli"
+COMMAND_MODULES: dict[str, tuple[str, str]] = {
+    "bench": (f"{_CLI}.bench", "bench"),
+    "import": (f"{_CLI}.bench", "bench"),
+    "models-report": (f"{_CLI}.training", "bench"),
+    "train": (f"{_CLI}.training", "bench"),
+    "serve": (f"{_CLI}.serving", "serve"),
+    "plan": (f"{_CLI}.serving", "serve"),
+    "eval": (f"{_CLI}.evaluation", "bench"),
+}
 BUILTIN_COMMANDS = frozenset({"estimate", "strip", "devices", "demo"})
 EXIT_USAGE = 2
 
@@ -70,21 +79,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _wants_plugins(argv: Sequence[str]) -> bool:
-    """Plugged-in modules import SQLAlchemy, SciPy, ...: skip them for the built-in commands."""
+def _wants_plugins(argv: Sequence[str]) -> bool | str:
+    """Plugged-in modules import SQLAlchemy, pandas, ...: none for a built-in command, only its
+    own for a plugged-in one (its name), all of them for help or a mistyped command (True)."""
     command = next((a for a in argv if not a.startswith("-")), None)
-    return command not in BUILTIN_COMMANDS
+    if command in BUILTIN_COMMANDS:
+        return False
+    return command if command in COMMAND_MODULES else True
 
 
-def build_parser(*, plugins: bool = True) -> argparse.ArgumentParser:
-    """The whole parser; `plugins=False` leaves out the subcommands that need heavy imports."""
+def _register_plugins(sub: Any, plugins: bool | str) -> None:
+    """Add the plugged-in subcommands `plugins` names (see `_wants_plugins`).
+
+    The named command's missing extra is a `MissingExtraError`; loading all of them, a module
+    whose extra is missing leaves stubs that say what to install (help and completion list them).
+    """
+    if plugins is False:
+        return
+    chosen = [COMMAND_MODULES[plugins]] if isinstance(plugins, str) else COMMAND_MODULES.values()
+    for module_name, extra in dict.fromkeys(chosen):
+        commands = [plugins] if isinstance(plugins, str) else [
+            c for c, (m, _) in COMMAND_MODULES.items() if m == module_name]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            errors = {c: extras.missing(exc, extra, needed_by=f"gpuplan {c}") for c in commands}
+            if any(e is exc for e in errors.values()):
+                raise  # not an optional package: a bug of ours
+            if isinstance(plugins, str):
+                raise errors[plugins] from exc
+            for command, error in errors.items():
+                stub = sub.add_parser(command, help=f"(not installed: {extras.hint(extra)})")
+                stub.set_defaults(func=functools.partial(_raise, error))
+            continue
+        module.register(sub)
+
+
+def _raise(error: Exception, _: argparse.Namespace) -> int:
+    """A stub command's `func`: the import error its module met."""
+    raise error
+
+
+def build_parser(*, plugins: bool | str = True) -> argparse.ArgumentParser:
+    """The whole parser; `plugins=False` leaves out the plugged-in subcommands, a command's
+    name loads only its module (see `_wants_plugins`)."""
     parser = _Parser(prog="gpuplan", description="GPU right-sizing for deep-learning training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
     estimating.register(sub)
     demo.register(sub)
-    for module_name in COMMAND_MODULES if plugins else ():
-        importlib.import_module(module_name).register(sub)
+    _register_plugins(sub, plugins)
     return parser
 
 

@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pandas as pd
-from tqdm import tqdm
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.bench import nvml, sweep, timing, torch_units, units
 from gpuplan_estimator.core import errors, paths, provenance
 from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
+from gpuplan_estimator.core.progress import Progress, Step, silent
 from gpuplan_estimator.perfdb.store import PerfStore, RunInfo
 
 DEFAULT_SWEEP_DIR = paths.REPO_ROOT / "benchmark-jobs" / "sweeps"
@@ -204,13 +204,14 @@ def run_bench(
     *,
     target: Target | None = None,
     clock: Clock = time.monotonic,
-    progress: bool = True,
+    progress: Progress = silent,
     stop_requested: StopRequested = _never,
 ) -> BenchReport:
     """Measure the plan of `settings` (resuming an unfinished identical run) into `store`.
 
     The run ends ``done`` when every planned row is stored, else ``interrupted`` (budget spent
-    or `stop_requested`); either way the measured rows are in the database.
+    or `stop_requested`); either way the measured rows are in the database. Each measured row
+    is reported to `progress` (the plan's rows measured so far, of all planned).
     """
     tgt = target or resolve_target(settings.device)
     backend = backend_name(settings.backend, tgt.kind)
@@ -286,23 +287,23 @@ def _start_run(
 
 def _measure_all(
     store: PerfStore, run_id: int, todo: Sequence[sweep.PlanItem], tgt: Target, backend: str,
-    settings: BenchSettings, started: float, clock: Clock, progress: bool,
+    settings: BenchSettings, started: float, clock: Clock, progress: Progress,
     stop_requested: StopRequested, *, already: int, planned: int,
 ) -> int:
     deadline = started + settings.budget_minutes * 60.0
     buffer: list[dict[str, Any]] = []
     added = 0
     last_flush = clock()
-    bar = tqdm(total=planned, initial=already, unit="row", disable=not progress,
-               desc=f"bench {tgt.key}", mininterval=1.0)
+    task = f"bench {tgt.key}"
+    progress(Step(task, already, planned))
     try:
-        for item in todo:
+        for measured, item in enumerate(todo, start=already + 1):
             if stop_requested() or clock() >= deadline:
                 break
             row = measure_item(item, tgt, settings.timing, settings.seed, settings.backend)
             buffer.append({**row, "device": tgt.key, "backend": backend,
                            "source": f"gpuplan-bench run {run_id}"})
-            bar.update(1)
+            progress(Step(task, measured, planned, f"{item.kernel} {item.op}"))
             if len(buffer) >= FLUSH_EVERY_ROWS or clock() - last_flush >= FLUSH_EVERY_S:
                 added += store.add_measurements(run_id, pd.DataFrame(buffer))
                 buffer, last_flush = [], clock()
@@ -311,7 +312,6 @@ def _measure_all(
         # resumes after it.
         if buffer:
             added += store.add_measurements(run_id, pd.DataFrame(buffer))
-        bar.close()
     return added
 
 

@@ -21,6 +21,7 @@ import pandas as pd
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors, measurements
+from gpuplan_estimator.core.progress import Progress, silent, track
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.cost.predictors import FloatArray
 from gpuplan_estimator.devices.catalog import DeviceSpec
@@ -199,9 +200,12 @@ def probe_correction(actual_ms: FloatArray, predicted_ms: FloatArray, base_ms: F
 def train_bundle(
     frame: pd.DataFrame, settings: TrainSettings, *, resolve: DeviceResolver | None = None,
     now: Callable[[], datetime] | None = None, command: str = "", commit: str = "",
-    validate: bool = True,
+    validate: bool = True, progress: Progress = silent,
 ) -> Bundle:
-    """Fit every kernel with enough rows; the manifest carries held-out metrics and provenance."""
+    """Fit every kernel with enough rows; the manifest carries held-out metrics and provenance.
+
+    Each (kernel, platform) fit is one step reported to `progress`.
+    """
     _check_frame(frame)
     factors = backward_factors.fit(frame)  # from every row: the caps below are for the trees
     resolve = resolve if resolve is not None else devices.resolve_device
@@ -221,7 +225,9 @@ def train_bundle(
     platform = frame["device"].map(kinds)
     counts = (frame.assign(platform=platform).groupby(["kernel", "platform"]).size()
               .reset_index(name="rows"))
-    for kernel_value, kind_value, count in counts.itertuples(index=False, name=None):
+    groups = list(counts.itertuples(index=False, name=None))
+    for kernel_value, kind_value, count in track(groups, "fit kernels", progress,
+                                                 label=lambda g: f"{g[0]} ({g[1]})"):
         kernel, kind = str(kernel_value), str(kind_value)
         if count < settings.min_rows_per_kernel or kernel not in features.KERNEL_DIMS:
             skipped[kernel if kind == "gpu" else f"{kernel} (cpu)"] = int(count)

@@ -26,6 +26,7 @@ from typing import Any
 
 from gpuplan_estimator.bench import runner, timing
 from gpuplan_estimator.core import errors, provenance
+from gpuplan_estimator.interfaces.cli import progress
 from gpuplan_estimator.perfdb.store import PerfStore
 
 EXIT_DONE = 0
@@ -103,7 +104,7 @@ def register(subparsers: Any) -> None:
                        help="intra-op threads (default 0: all cores)")
     bench.add_argument("--export", type=Path, default=None, metavar="PARQUET",
                        help="also write the run's rows to PARQUET plus a JSON sidecar")
-    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    progress.add_flag(bench)
     bench.set_defaults(func=run_bench_command)
 
     imp = subparsers.add_parser(
@@ -148,10 +149,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
         command=getattr(args, "command_line", "") or _command(None),
     )
     # Installed before the database opens: a SIGTERM during start-up then also ends cleanly.
-    with StopOnSignals() as stop, PerfStore.open(args.db) as store:
+    with (StopOnSignals() as stop, PerfStore.open(args.db) as store,
+          progress.for_args(args) as bars):
         try:
-            report = runner.run_bench(settings, store, progress=not args.no_progress,
-                                      stop_requested=stop)
+            report = runner.run_bench(settings, store, progress=bars, stop_requested=stop)
         except KeyboardInterrupt:  # a second signal: the run is marked interrupted already
             signum = stop.signum if stop.signum is not None else signal.SIGINT
             print(f"gpuplan: bench stopped by {signal.Signals(signum).name} (twice); run the "

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan_estimator.core import errors, provenance
+from gpuplan_estimator.interfaces.cli import progress
 from gpuplan_estimator.models import bundles
 from gpuplan_estimator.training import fitting, recipe, report, sources
 
@@ -38,6 +39,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-rows", type=int, default=recipe.SHIPPED_MAX_ROWS,
                    help="subsample cap per kernel (default %(default)s)")
     p.add_argument("--no-validate", action="store_true", help="skip held-out validation")
+    progress.add_flag(p)
     p.set_defaults(func=run)
 
 
@@ -59,9 +61,10 @@ def run(args: argparse.Namespace) -> int:
                                      cpu_params=recipe.CPU_PARAMS)
     command = command_line(args)
     start_s = time.perf_counter()
-    fitted = fitting.train_bundle(frame, settings, command=command,
-                                  commit=provenance.git_commit(short=True),
-                                  validate=not args.no_validate)
+    with progress.for_args(args) as bars:
+        fitted = fitting.train_bundle(frame, settings, command=command,
+                                      commit=provenance.git_commit(short=True),
+                                      validate=not args.no_validate, progress=bars)
     elapsed_s = round(time.perf_counter() - start_s, 1)
     fitted = dataclasses.replace(
         fitted, manifest={**fitted.manifest, "training_seconds": elapsed_s})

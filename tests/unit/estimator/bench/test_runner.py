@@ -18,7 +18,7 @@ from gpuplan_testing.bench_fixtures import TARGET, settings
 
 
 def test_run_measures_the_plan_and_a_rerun_adds_nothing(sweep_dir: Path, store: PerfStore) -> None:
-    first = runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False)
+    first = runner.run_bench(settings(sweep_dir), store, target=TARGET)
     assert (first.status, first.rows_added, first.planned, first.resumed) == ("done", 8, 8, False)
     frame = store.measurements(run_id=first.run_id)
     assert len(frame) == 8 and set(frame["kernel"]) == {"gemm", "softmax"}
@@ -29,7 +29,7 @@ def test_run_measures_the_plan_and_a_rerun_adds_nothing(sweep_dir: Path, store: 
     recorded = json.loads(run.settings_json)
     assert recorded["timing"]["intra_op_threads"] == timing.available_cores()
     assert run.status == "done" and run.git_commit and len(json.loads(run.plan_json)) == 8
-    again = runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False)
+    again = runner.run_bench(settings(sweep_dir), store, target=TARGET)
     assert (again.run_id, again.rows_added, again.resumed) == (first.run_id, 0, True)
     assert len(store.measurements()) == 8
     assert store.devices()["key"].tolist() == ["cpu"]
@@ -42,10 +42,10 @@ def test_budget_stop_is_resumable(sweep_dir: Path, store: PerfStore) -> None:
         return float(next(ticks)) * 60.0
 
     cut = runner.run_bench(settings(sweep_dir, budget_minutes=4.0), store, target=TARGET,
-                           clock=clock, progress=False)
+                           clock=clock)
     assert cut.status == "interrupted" and 0 < cut.rows_added < 8
     assert store.runs()[0].status == "interrupted"
-    rest = runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False)
+    rest = runner.run_bench(settings(sweep_dir), store, target=TARGET)
     assert rest.resumed and rest.run_id == cut.run_id
     assert rest.rows_added == 8 - cut.rows_added and rest.status == "done"
     assert len(store.measurements()) == 8
@@ -65,11 +65,11 @@ def test_crash_keeps_measured_rows_and_resume_skips_them(
 
     monkeypatch.setattr(runner, "measure_item", crashing)
     with pytest.raises(KeyboardInterrupt):
-        runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False)
+        runner.run_bench(settings(sweep_dir), store, target=TARGET)
     assert len(store.measurements()) == 3
     assert store.runs()[0].status == "interrupted"  # not left "running"
     monkeypatch.setattr(runner, "measure_item", real)
-    rest = runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False)
+    rest = runner.run_bench(settings(sweep_dir), store, target=TARGET)
     assert (rest.rows_added, rest.status) == (5, "done")
     dims = store.measurements()["dims"].tolist()
     assert dims[:3] == done and len(set(dims)) == 8
@@ -89,7 +89,7 @@ def test_an_error_in_a_row_keeps_the_rows_and_marks_the_run_failed(
 
     monkeypatch.setattr(runner, "measure_item", failing)
     with pytest.raises(RuntimeError, match="fell over"):
-        runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False)
+        runner.run_bench(settings(sweep_dir), store, target=TARGET)
     assert len(store.measurements()) == 4
     (run,) = store.runs()
     assert run.status == "failed" and run.ended_at is not None
@@ -104,21 +104,20 @@ def test_stop_request_ends_the_run_after_the_current_row(
         asked.append(1)
         return len(asked) > 3
 
-    cut = runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False,
+    cut = runner.run_bench(settings(sweep_dir), store, target=TARGET,
                            stop_requested=stop_after_three_rows)
     assert (cut.status, cut.rows_added, cut.rows_total) == ("interrupted", 3, 3)
     # Fewer than FLUSH_EVERY_ROWS rows: unless 5 s passed, they were still buffered at the stop.
     assert len(store.measurements()) == 3
     assert store.runs()[0].status == "interrupted"
-    rest = runner.run_bench(settings(sweep_dir), store, target=TARGET, progress=False)
+    rest = runner.run_bench(settings(sweep_dir), store, target=TARGET)
     assert (rest.run_id, rest.resumed, rest.rows_added, rest.status) == (
         cut.run_id, True, 5, "done")
 
 
 def test_different_seed_is_a_new_run(sweep_dir: Path, store: PerfStore) -> None:
-    a = runner.run_bench(settings(sweep_dir, samples=2), store, target=TARGET, progress=False)
-    b = runner.run_bench(settings(sweep_dir, samples=2, seed=6), store, target=TARGET,
-                         progress=False)
+    a = runner.run_bench(settings(sweep_dir, samples=2), store, target=TARGET)
+    b = runner.run_bench(settings(sweep_dir, samples=2, seed=6), store, target=TARGET)
     assert a.run_id != b.run_id and not b.resumed
 
 

@@ -6,7 +6,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY estimator ./estimator
 COPY operator ./operator
-RUN pip install --no-compile . && rm -rf /src
+# The extras the image's three processes need: `gpuplan serve`, the operator and the extender,
+# PostgreSQL for the performance database (estimator.database.urlSecret).
+RUN pip install --no-compile ".[serve,operator,postgres]" && rm -rf /src
 USER 65532:65532
 ENTRYPOINT ["gpuplan"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8080"]

@@ -21,7 +21,7 @@ import numpy as np
 from gpuplan_estimator.bench import shapes, timing
 from gpuplan_estimator.bench.sweep import PlanItem
 from gpuplan_estimator.bench.units import MEMCPY_INNER
-from gpuplan_estimator.core import errors
+from gpuplan_estimator.core import errors, extras
 
 _DTYPES = ("float32", "float16", "float64")
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow"}
@@ -34,13 +34,11 @@ _POSITIVE_OPS = frozenset({"pow", "powu", "div", "divu", "sqrt"})
 def import_torch() -> Any:
     """The torch module, or a clear error saying how to get it."""
     try:
-        import torch  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        raise errors.GpuplanError(
-            "--backend torch needs PyTorch, which is not importable here "
-            "(pip install 'gpuplan[torch]'), or use --backend onnxruntime"
-        ) from None
-    return torch
+        return extras.require("torch", "torch", needed_by="--backend torch")
+    except extras.MissingExtraError:
+        raise extras.MissingExtraError(
+            f"--backend torch needs PyTorch, which is not importable here ({extras.hint('torch')}),"
+            " or use --backend onnxruntime") from None
 
 
 @dataclass(frozen=True)

@@ -25,17 +25,17 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gpuplan_estimator.core import errors
+from gpuplan_estimator.core import errors, extras
 from gpuplan_estimator.graph import zoo
 
 
 def _require(module: str, extra: str) -> Any:
+    """`module`, or the request's error naming the extra to install (the service answers it
+    with the field `model`)."""
     try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise errors.InvalidRequestError(
-            "model", f"building a model in-process needs {module} (pip install "
-            f"'gpuplan[{extra}]'): {exc}") from exc
+        return extras.require(module, extra, needed_by="building a model in-process")
+    except extras.MissingExtraError as exc:
+        raise errors.InvalidRequestError("model", str(exc)) from exc
 
 
 def needs_export(config: Mapping[str, Any]) -> bool:

@@ -170,6 +170,19 @@ def test_unknown_prices_get_their_own_row_and_are_never_drawn_at_zero(
     assert all(r[4] == "price unknown" for r in unknown_rows)
 
 
+def test_a_plan_with_no_known_price_draws_only_the_price_unknown_row(
+        plan_doc: dict[str, Any]) -> None:
+    unpriced = [c for c in plan_doc["candidates"] if c["gpu_type"] == UNPRICED]
+    doc = {**plan_doc, "plan": unpriced[-1], "candidates": unpriced}
+    picture = plotting.plan_figure(doc)
+    (ax,) = picture.figure.axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["price unknown"]
+    assert ax.get_ylabel() == ""
+    (ring,) = [c for c in ax.collections if c.get_label() == "chosen plan"]
+    assert ring.get_offsets()[0][0] == pytest.approx(unpriced[-1]["estimated_seconds"] / 3600)
+    assert any("price unknown" in t.get_text() for t in ax.texts if t.get_text().startswith("ch"))
+
+
 def test_the_chosen_plan_is_ringed_and_labelled(plan_doc: dict[str, Any]) -> None:
     chosen = plan_doc["plan"]
     picture = plotting.plan_figure(plan_doc)

@@ -96,12 +96,26 @@ def _draw_priced(ax: Axes, points: Sequence[documents.PlanPoint], colours: Mappi
                 label="Pareto front (none cheaper and faster)")
 
 
+def _draw_cost_axes(ax: Axes, priced: Sequence[documents.PlanPoint], colours: Mapping[str, Any],
+                    front: Sequence[int], budget_usd: float | None) -> None:
+    _draw_priced(ax, priced, colours, front)
+    ax.set_ylabel("cost (USD)")
+    budget = [budget_usd] if budget_usd is not None else []
+    # The budget counts in the spread: a far budget on a linear axis squeezes the points.
+    if documents.wide_spread([_usd(p) for p in priced] + budget):
+        ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+
+
 def _draw_unknown(ax: Axes, points: Sequence[documents.PlanPoint],
                   colours: Mapping[str, Any]) -> None:
     for gpu_type, colour in colours.items():
-        hours = [p.hours for p in points if p.gpu_type == gpu_type]
-        if hours:
-            ax.scatter(hours, [0.0] * len(hours), color=colour, marker="x", s=28, zorder=3)
+        mine = [p for p in points if p.gpu_type == gpu_type]
+        if mine:
+            ax.hlines([0.0] * len(mine), [p.hours_p10 for p in mine],
+                      [p.hours_p90 for p in mine], colors=[colour], alpha=0.3, lw=1)
+            ax.scatter([p.hours for p in mine], [0.0] * len(mine), color=colour, marker="x",
+                       s=28, zorder=3)
     for p in points:
         ax.annotate(f"×{p.gpu_count}", (p.hours, 0.0), fontsize=6, xytext=(3, 3),
                     textcoords="offset points")
@@ -165,20 +179,14 @@ def plan_figure(plan_doc: Mapping[str, Any], *, deadline_seconds: float | None =
     top, bottom = _plan_axes(figure, bool(priced), bool(unknown))
     colours = _type_colours([p.gpu_type for p in points])
     if top is not None:
-        _draw_priced(top, priced, colours, front)
-        top.set_ylabel("cost (USD)")
-        budget = [limits.budget_usd] if limits.budget_usd is not None else []
-        # The budget counts in the spread: a far budget on a linear axis squeezes the points.
-        if documents.wide_spread([_usd(p) for p in priced] + budget):
-            top.set_yscale("log")
-        top.grid(True, alpha=0.3)
+        _draw_cost_axes(top, priced, colours, front, limits.budget_usd)
     if bottom is not None:
         _draw_unknown(bottom, unknown, colours)
     chosen = next((p for p in points if p.chosen), None)
-    if chosen is not None:
-        target = top if chosen.cost_usd is not None else bottom
-        if target is not None:
-            _mark_chosen(target, chosen, chosen.cost_usd if chosen.cost_usd is not None else 0.0)
+    if chosen is not None and chosen.cost_usd is not None and top is not None:
+        _mark_chosen(top, chosen, chosen.cost_usd)
+    elif chosen is not None and bottom is not None:
+        _mark_chosen(bottom, chosen, 0.0)  # the "price unknown" row's height, not a cost
     axes = [a for a in (top, bottom) if a is not None]
     _draw_limits(axes, limits, top)
     _finish_plan_axes(axes, points, colours, limits)

@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test unit integration lint verify crds chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
+.PHONY: help install demo test unit integration lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -68,8 +68,11 @@ models: $(STAMP) ## rebuild the shipped default model bundle from ../shared/data
 crds: ## copy crds/*.yaml into the chart (the chart's crds/ is generated)
 	rm -f charts/gpuplan/crds/*.yaml && cp crds/*.yaml charts/gpuplan/crds/
 
-verify: crds ## fail when generated artefacts (chart CRDs) differ from their sources
-	git diff --exit-code -- charts/gpuplan/crds
+openapi: $(STAMP) ## regenerate docs/openapi.json from the estimator service's models
+	$(PYTHON) -m gpuplan_estimator.interfaces.http.openapi --output docs/openapi.json
+
+verify: crds openapi ## fail when generated artefacts (chart CRDs, OpenAPI) differ from their sources
+	git diff --exit-code -- charts/gpuplan/crds docs/openapi.json
 
 chart: ## lint and render the Helm chart
 	$$(bash hack/testbed-build.sh --print-bin)/helm lint charts/gpuplan

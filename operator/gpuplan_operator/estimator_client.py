@@ -161,10 +161,14 @@ def _estimate_timed_out(status: int, raw: bytes) -> bool:
 
 
 def describe_rejections(details: Sequence[object]) -> str:
-    """One line per GPU type for a NoFeasiblePlan message."""
+    """One line per detail of the estimator's error envelope: a NoFeasiblePlan's rejections
+    (`gpu_type`, `gpu_count`, `reason`) or an InvalidRequest's field errors (`field`,
+    `message`; `interfaces/http/responses.py` in the estimator)."""
     lines = []
     for d in details:
-        if isinstance(d, Mapping):
+        if isinstance(d, Mapping) and "field" in d:
+            lines.append(f"{d['field']}: {d.get('message', '')}")
+        elif isinstance(d, Mapping):
             r = rejection(d)
             count = f" x{r.gpu_count}" if r.gpu_count is not None else ""
             lines.append(f"{r.gpu_type}{count}: {r.reason}")

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError, UnknownDeviceError
+from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.graph import batching, exporting
 from gpuplan_estimator.planning import calibrating, estimates, placement, requests
@@ -21,9 +22,11 @@ from gpuplan_estimator.step.decomposition import TrainingSettings
 class NoFeasiblePlanError(GpuplanError):
     """No GPU type x count satisfies memory, cluster size and the objective."""
 
-    def __init__(self, message: str, details: Sequence[str]) -> None:
-        super().__init__(f"{message}: {'; '.join(details)}" if details else message)
-        self.details = tuple(details)
+    def __init__(self, message: str, rejections: Sequence[tuple[str, str]]) -> None:
+        self.rejections = tuple(rejections)
+        """(GPU type, why it has no plan) for each type left out."""
+        self.details = tuple(f"{t}: {why}" for t, why in self.rejections)
+        super().__init__(f"{message}: {'; '.join(self.details)}" if self.details else message)
 
 
 @dataclass(frozen=True)
@@ -53,19 +56,30 @@ def training_settings(t: requests.TrainingRequest, batch: int) -> TrainingSettin
                             batch_size=batch)
 
 
+def graph_at(model: bytes, t: requests.TrainingRequest, batch: int) -> ModelGraph:
+    """The request's model at `batch`, the one rule of plans and estimates alike: a model
+    exported with a fixed batch is re-batched (`graph.load_at_batch`); one whose constants keep
+    its batch is refused on ``training.batch_size`` (issue #20: plans used to estimate it at
+    its own batch and scale per sample, a different batch than the one asked for)."""
+    try:
+        return graph.load_at_batch(model, batch, dict(t.dims))
+    except InvalidRequestError as exc:
+        if exc.field == "batch":
+            raise InvalidRequestError("training.batch_size", exc.message) from exc
+        prefix = "dim_bindings."
+        if exc.field.startswith(prefix):
+            raise InvalidRequestError("training.dims." + exc.field[len(prefix):],
+                                      exc.message) from exc
+        raise
+
+
 def _estimates_at(model: bytes, t: requests.TrainingRequest, batch: int,
                   specs: Sequence[devices.DeviceSpec], ctx: PlannerContext
                   ) -> tuple[int, Sequence[estimates.DeviceEstimate]]:
-    """Estimates at `batch`. A model exported with a fixed batch is re-batched
-    (`graph.load_at_batch`); when its constants keep the batch, it is estimated at its own
-    batch and the planner scales per sample."""
-    try:
-        g = graph.load_at_batch(model, batch, dict(t.dims))
-    except InvalidRequestError:
-        g = graph.load_model(model, batch=batch, dim_bindings=dict(t.dims))
-    actual = graph.model_batch(g, None)
-    settings = training_settings(t, actual)
-    return actual, estimates.estimate(g, specs, settings, predictor=ctx.predictor)
+    """Estimates at `batch` (`graph_at`)."""
+    g = graph_at(model, t, batch)
+    return batch, estimates.estimate(g, specs, training_settings(t, batch),
+                                     predictor=ctx.predictor)
 
 
 def _point(e: estimates.DeviceEstimate, batch: int, calibrated: calibrating.Calibrated
@@ -91,7 +105,7 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
                   ctx: PlannerContext) -> dict[str, placement.StepProfile]:
     """Estimate at the largest and smallest per-GPU batch the plan can use; interpolate between.
 
-    A model exported with a fixed batch is estimated at that batch only and scaled per sample.
+    A model exported with a fixed batch is re-batched to both, or refused (`graph_at`).
     Step times are calibrated per device by `ctx.calibration`; the profile carries the
     correction so the planner scales its all-reduce by the same factor (see `placement`).
     """
@@ -120,20 +134,22 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
 
 def _pools(
     req: requests.PlanRequest, ctx: PlannerContext
-) -> tuple[list[placement.GpuPool], list[str]]:
+) -> tuple[list[placement.GpuPool], list[tuple[str, str]]]:
+    """The usable pools, and (GPU type, why) for each inventory entry left out."""
     allowed = {ctx.catalog.resolve(n).key for n in req.gpu_types} if req.gpu_types else None
-    pools, notes = [], []
+    pools: list[placement.GpuPool] = []
+    skipped: list[tuple[str, str]] = []
     for entry in req.inventory:
         try:
             spec = ctx.catalog.resolve(entry.gpu_type)
         except UnknownDeviceError:
-            notes.append(f"{entry.gpu_type}: not in the GPU catalog, no estimate possible")
+            skipped.append((entry.gpu_type, "not in the GPU catalog, no estimate possible"))
             continue
         if allowed is not None and spec.key not in allowed:
-            notes.append(f"{entry.gpu_type}: not in gpuTypes allow-list")
+            skipped.append((entry.gpu_type, "not in gpuTypes allow-list"))
             continue
         pools.append(requests.to_pool(entry, spec.key))
-    return pools, notes
+    return pools, skipped
 
 
 _Request = TypeVar("_Request", requests.PlanRequest, requests.EstimateRequest)
@@ -154,19 +170,19 @@ def with_graph(req: _Request) -> _Request:
 def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> dict[str, Any]:
     """Plan JSON for a request, with notes; NoFeasiblePlanError listing why none fits."""
     req = with_graph(req)
-    pools, notes = _pools(req, ctx)
+    pools, skipped = _pools(req, ctx)
     if not pools:
-        raise NoFeasiblePlanError("no usable GPU type in the inventory", notes)
+        raise NoFeasiblePlanError("no usable GPU type in the inventory", skipped)
     specs = [ctx.catalog.resolve(k) for k in dict.fromkeys(p.device_key for p in pools)]
     shape = placement.TrainingShape(req.training.batch_size, req.training.steps_per_epoch,
                                     req.training.epochs)
     result = placement.plan(step_profiles(req, specs, ctx), pools, shape, req.objective,
                             ctx.scaling)
     if result.chosen is None:
-        details = notes + [f"{t}: {r}" for t, r in result.reasons_by_type.items()]
-        raise NoFeasiblePlanError("no GPU type and count satisfies the request", details)
+        raise NoFeasiblePlanError("no GPU type and count satisfies the request",
+                                  [*skipped, *result.reasons_by_type.items()])
     out = plan_json(result)
-    out["notes"] = notes
+    out["notes"] = [f"{t}: {why}" for t, why in skipped]
     return out
 
 
@@ -176,12 +192,7 @@ def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> dict
     specs = ([ctx.catalog.resolve(n) for n in req.devices] if req.devices
              else list(ctx.catalog.devices))
     t = req.training
-    try:  # a fixed-batch export is re-batched as the planner does
-        g = graph.load_at_batch(req.model_onnx, t.batch_size, dict(t.dims))
-    except InvalidRequestError as exc:
-        if exc.field != "batch":
-            raise
-        raise InvalidRequestError("training.batch_size", exc.message) from exc
+    g = graph_at(req.model_onnx, t, t.batch_size)
     results = estimates.estimate(g, specs, training_settings(t, t.batch_size),
                                     predictor=ctx.predictor, epochs=t.epochs,
                                     dataset_size=t.dataset_size)

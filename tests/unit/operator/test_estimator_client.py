@@ -170,3 +170,43 @@ def test_outcome_answers(status: int, ok: bool) -> None:
     else:
         with pytest.raises(errors.EstimatorUnavailableError, match=str(status)):
             asyncio.run(run())
+
+
+def test_the_real_estimators_rejections_are_described_per_gpu_type_and_field() -> None:
+    """Against `gpuplan serve`'s app: a NoFeasiblePlan's details are one rejection per GPU type,
+    an InvalidRequest's one object per field (issue #20); both read as one line each."""
+    import functools
+    import pathlib
+
+    import onnx
+
+    from gpuplan_estimator.interfaces.http import service, work
+    from gpuplan_testing.contexts import roofline_context
+
+    light = pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    model = base64.b64encode((light / "light_resnet50.onnx").read_bytes()).decode()
+    body = {"model_onnx_b64": model, "training": {"batch_size": 1, "dataset_size": 1000},
+            "objective": {"max_gpus": 1, "deadline_seconds": 1e-6},
+            "inventory": [{"gpu_type": "NVIDIA-L4", "gpus_per_node": 4},
+                          {"gpu_type": "TPU-v5", "gpus_per_node": 4}]}
+    app = service.make_app(service.ServiceState(functools.partial(
+        work.given_context, roofline_context())), service.ServiceSettings(bundle_poll_s=3600))
+
+    async def ask_both() -> list[errors.EstimatorRejectedError]:
+        got = []
+        async with LocalServer(app) as srv:
+            for sent in (body, {**body, "training": {"batch_size": True}}):
+                with pytest.raises(errors.EstimatorRejectedError) as info:
+                    await estimator_client.request_plan(srv.url, sent, generation=1,
+                                                        timeout_seconds=30, tenant="t")
+                got.append(info.value)
+        return got
+
+    infeasible, invalid = asyncio.run(ask_both())
+    assert infeasible.reason == "NoFeasiblePlan"
+    lines = estimator_client.describe_rejections(infeasible.details).split("; ")
+    assert lines[0] == "TPU-v5: not in the GPU catalog, no estimate possible"
+    assert lines[1].startswith("NVIDIA-L4: ") and "deadline" in lines[1]
+    assert invalid.reason == "InvalidRequest"
+    assert estimator_client.describe_rejections(invalid.details) == (
+        "training.batch_size: Input should be a valid integer")

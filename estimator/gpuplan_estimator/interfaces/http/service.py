@@ -28,8 +28,21 @@ from prometheus_client import (
     generate_latest,
 )
 
-from gpuplan_estimator.core.errors import DatabaseError, GpuplanError, InvalidRequestError
-from gpuplan_estimator.interfaces.http import admission, caching, front, wire, work, workers
+from gpuplan_estimator.core.errors import (
+    DatabaseError,
+    GpuplanError,
+    InvalidRequestError,
+    UnknownDeviceError,
+)
+from gpuplan_estimator.interfaces.http import (
+    admission,
+    caching,
+    front,
+    openapi,
+    wire,
+    work,
+    workers,
+)
 from gpuplan_estimator.interfaces.http.metrics import Metrics
 from gpuplan_estimator.planning import calibrating, planner
 
@@ -103,14 +116,12 @@ class ServiceState:
         self.calibration_stale = False
 
 
-def _json_error(status: int, reason: str, message: str, details: Sequence[str] = ()
-                ) -> web.Response:
-    return web.json_response(wire.error_json(reason, message, list(details)), status=status)
+def _reply(reply: work.Reply) -> web.Response:
+    return web.json_response(reply.body, status=reply.status)
 
 
-def _invalid_request(exc: InvalidRequestError) -> web.Response:
-    """422 naming the bad fields, one detail each."""
-    return _json_error(422, "InvalidRequest", str(exc), exc.details)
+def _json_error(status: int, reason: str, message: str) -> web.Response:
+    return _reply(work.error_reply(status, reason, message))
 
 
 _HTTP_REASONS = {404: "NotFound", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
@@ -161,6 +172,7 @@ def make_app(
     front_box: list[front.Front] = []
     # One refit at a time, so a slow earlier read never replaces a newer calibrating.
     refitting = asyncio.Lock()
+    document = openapi.document()
 
     @web.middleware
     async def envelope(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -237,14 +249,17 @@ def make_app(
         try:
             data = work.decode_json(body)
         except InvalidRequestError as exc:
-            return _json_error(400, "MalformedBody", str(exc))
+            return _json_error(400, "InvalidJSON", str(exc))
         sink = outcome_sink
         try:
             req = wire.parse_outcome_request(data)
-            device = context.catalog.resolve(req.gpu_type).key
+            try:
+                device = context.catalog.resolve(req.gpu_type).key
+            except UnknownDeviceError as exc:
+                raise InvalidRequestError("gpu_type", str(exc)) from exc
             row, created = await in_threads(lambda: sink(req, device))
         except InvalidRequestError as exc:
-            return _invalid_request(exc)
+            return _reply(work.invalid_request_reply(exc))
         except DatabaseError as exc:
             return _json_error(503, "DatabaseUnavailable", str(exc))
         except TimeoutError:
@@ -292,6 +307,9 @@ def make_app(
             return _json_error(503, "NotReady", "model bundle not loaded yet")
         return web.json_response({"status": "ready", "predictor": state.context.predictor_source})
 
+    async def openapi_document(_: web.Request) -> web.Response:
+        return web.json_response(document)
+
     async def metrics_endpoint(_: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -337,5 +355,6 @@ def make_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_get(openapi.DOCUMENT_PATH, openapi_document)
     app.cleanup_ctx.append(lifecycle)
     return app

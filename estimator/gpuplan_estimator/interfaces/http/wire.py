@@ -1,30 +1,24 @@
-"""Wire types of the estimator service: JSON request → typed request, plan → JSON (pure).
+"""Request bodies of the estimator service as pydantic models, and JSON → typed request (pure).
 
-`POST /v1/plans` request::
+The models are the one description of what a client may send: the worker validates bodies with
+them (`work`), and `openapi` writes them into docs/openapi.json. They are strict where JSON types
+matter (`true` is not an integer, `"5"` is not a number) and take their bounds from
+`core.limits`, `core.options` and the constants below. Unknown keys are ignored, so an older
+service accepts a newer client's body.
 
-    {"model_onnx_b64": "...",
-     "training": {"batch_size": 64, "dataset_size": 1281167, "epochs": 1, "optimizer": "adamw",
-                  "precision": "fp32", "mode": "train", "dims": {"sequence": 1024}},
-     "objective": {"prefer": "cheapest", "deadline_seconds": 14400, "budget_usd": null,
-                   "max_gpus": 8},
-     "inventory": [{"gpu_type": "NVIDIA-H100-80GB-HBM3", "gpus_per_node": 8, "nodes": 4,
-                    "free_gpus": 32}],
-     "gpu_types": []}
-
-Instead of ``model_onnx_b64`` a request may carry ``model_hf_config``: a Hugging Face
-config.json object, built into its graph by `graph.exporting` (GPT-2, BERT and OPT without
-torch; other architectures need torch and transformers in the estimator's image).
-
-Errors are every invalid field at once, each with its JSON path.
+A valid body becomes the planner's plain request (`planning.requests`). Every invalid field is
+reported at once with its JSON path (``inventory[3].nodes``), at most `MAX_REPORTED_ERRORS`.
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
 from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.core.errors import InvalidRequestError
@@ -41,199 +35,159 @@ MAX_REPORTED_ERRORS = 20
 million bad inventory entries must not make a million-line answer)."""
 MAX_INVENTORY_POOLS = 1000
 """GPU pools a plan request may list: one per GPU type and node shape; no cluster has more."""
+MAX_NAMES = 1000
+"""Names in `gpu_types` or `devices`: far more than the catalog holds."""
 MAX_DEADLINE_SECONDS = 10 * 365 * 86400.0
 """Longest deadline or job duration accepted (ten years); anything longer is a typo or hostile."""
 MAX_BUDGET_USD = 1e12
 MAX_CALIBRATION_FACTOR = 1e3
 """Largest calibration factor an outcome may carry (the planner clips factors to x4 anyway)."""
+BODY_FIELD = "body"
+"""The `field` of an error about the body as a whole (not an object, no model given)."""
 
 
-class _Errors:
-    """Field errors of one request: the first `MAX_REPORTED_ERRORS` kept, the rest counted."""
+class InvalidFieldsError(InvalidRequestError):
+    """Several fields are invalid: `problems` holds (JSON path, message) for each reported one,
+    `dropped` counts those past `MAX_REPORTED_ERRORS`."""
 
-    def __init__(self) -> None:
-        self.items: list[tuple[str, str]] = []
-        self.dropped = 0
+    def __init__(self, problems: Sequence[tuple[str, str]], dropped: int = 0) -> None:
+        self.problems = tuple(problems)
+        self.dropped = dropped
+        more = f"; and {dropped} more" if dropped else ""
+        super().__init__(", ".join(p for p, _ in self.problems),
+                         "; ".join(f"{p}: {m}" for p, m in self.problems) + more,
+                         tuple(f"{p}: {m}" for p, m in self.problems))
 
-    def add(self, path: str, message: str) -> None:
-        if len(self.items) < MAX_REPORTED_ERRORS:
-            self.items.append((path, message))
-        else:
-            self.dropped += 1
-
-    def raise_if_any(self) -> None:
-        if not self.items:
-            return
-        details = tuple(f"{p}: {m}" for p, m in self.items)
-        more = f"; and {self.dropped} more" if self.dropped else ""
-        raise InvalidRequestError(", ".join(p for p, _ in self.items),
-                                  "; ".join(details) + more, details)
+    def __str__(self) -> str:
+        return self.message
 
 
-def _int(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, *, maximum: int,
-         minimum: int = 1, default: int | None = None) -> int:
-    value = obj.get(key, default)
-    if value is None:
-        errs.add(f"{path}.{key}", "is required")
-        return minimum
-    if isinstance(value, bool) or not isinstance(value, int):
-        errs.add(f"{path}.{key}", f"must be an integer, got {type(value).__name__}")
-        return minimum
-    if not minimum <= value <= maximum:
-        shown = str(value) if value.bit_length() < 128 else f"a {value.bit_length()}-bit integer"
-        errs.add(f"{path}.{key}", f"must be between {minimum} and {maximum}, got {shown}")
-        return minimum
-    return value
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value not in choices:
+            raise PydanticCustomError("choice", "must be one of {choices}",
+                                      {"choices": ", ".join(choices)})
+        return value
+    return check
 
 
-def _choice(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, choices: tuple[str, ...],
-            default: str) -> str:
-    value = obj.get(key, default)
-    if value not in choices:
-        errs.add(f"{path}.{key}", f"must be one of {', '.join(choices)}, got {value!r}")
-        return default
-    return str(value)
+def _at_most(count: int, what: str) -> Callable[[Any], Any]:
+    """Refuse a container of more than `count` entries before its entries are validated, so a
+    million bad ones make one error, not a million."""
+    def check(value: Any) -> Any:
+        if isinstance(value, list | dict) and len(value) > count:
+            raise PydanticCustomError("too_long", "at most {count} {what}, got {got}",
+                                      {"count": count, "what": what, "got": len(value)})
+        return value
+    return check
 
 
-def _positive_float(obj: Mapping[str, Any], key: str, path: str, errs: _Errors, *,
-                    maximum: float) -> float | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not 0 < value <= maximum):  # NaN and Infinity fail this too
-        errs.add(f"{path}.{key}", f"must be a number in (0, {maximum:g}], got {value!r:.40}")
-        return None
-    return float(value)
+Mode = Annotated[str, AfterValidator(_one_of(options.MODES)),
+                 Field(json_schema_extra={"enum": list(options.MODES)})]
+Optimizer = Annotated[str, AfterValidator(_one_of(options.OPTIMIZERS)),
+                      Field(json_schema_extra={"enum": list(options.OPTIMIZERS)})]
+Precision = Annotated[str, AfterValidator(_one_of(options.PRECISIONS)),
+                      Field(json_schema_extra={"enum": list(options.PRECISIONS)})]
+Prefer = Annotated[str, AfterValidator(_one_of(options.OBJECTIVES)),
+                   Field(json_schema_extra={"enum": list(options.OBJECTIVES)})]
+DimName = Annotated[str, Field(min_length=1, max_length=limits.MAX_DIM_NAME_CHARS)]
+DimValue = Annotated[int, Field(ge=1, le=limits.MAX_DIM)]
+Names = Annotated[list[Annotated[str, Field(min_length=1)]],
+                  BeforeValidator(_at_most(MAX_NAMES, "names")), Field(max_length=MAX_NAMES)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_DEADLINE_SECONDS, allow_inf_nan=False)]
 
 
-def _mapping(body: Mapping[str, Any], key: str, errs: _Errors) -> Mapping[str, Any]:
-    value = body.get(key, {})
-    if not isinstance(value, Mapping):
-        errs.add(key, "must be an object")
-        return {}
-    return value
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
 
 
-def parse_training(obj: Mapping[str, Any], errs: _Errors, path: str = "training"
-                   ) -> TrainingRequest:
-    """The ``training`` object as a TrainingRequest; problems are added to `errs`."""
-    dims = _parse_dims(obj.get("dims", {}) or {}, f"{path}.dims", errs)
-    batch = _int(obj, "batch_size", path, errs, maximum=limits.MAX_BATCH_SIZE)
-    too_big = limits.sample_elements_error(batch, dims)
-    if too_big is not None:
-        errs.add(f"{path}.dims", too_big)
-    return TrainingRequest(
-        batch_size=batch,
-        dataset_size=_int(obj, "dataset_size", path, errs, default=obj.get("batch_size"),
-                          maximum=limits.MAX_DATASET_SIZE),
-        epochs=_int(obj, "epochs", path, errs, default=1, maximum=limits.MAX_EPOCHS),
-        optimizer=_choice(obj, "optimizer", path, errs, options.OPTIMIZERS,
-                          options.DEFAULT_OPTIMIZER),
-        precision=_choice(obj, "precision", path, errs, options.PRECISIONS,
-                          options.DEFAULT_PRECISION),
-        mode=_choice(obj, "mode", path, errs, options.MODES, options.DEFAULT_MODE),
-        dims=dims,
-    )
+class HfConfigBody(BaseModel):
+    """A Hugging Face config.json object: `model_type` names the architecture; every other key
+    is passed to its builder as is."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="allow")
+    model_type: str = Field(min_length=1)
 
 
-def _parse_dims(raw: Any, path: str, errs: _Errors) -> dict[str, int]:
-    """``dims``: at most `MAX_DIMS` names, each bound to an integer in [1, MAX_DIM]."""
-    if not isinstance(raw, Mapping):
-        errs.add(path, "must be an object of name -> positive integer")
-        return {}
-    if len(raw) > limits.MAX_DIMS:
-        errs.add(path, f"at most {limits.MAX_DIMS} dims, got {len(raw)}")
-        return {}
-    dims: dict[str, int] = {}
-    for name in raw:
-        if len(name) > limits.MAX_DIM_NAME_CHARS:
-            errs.add(path, f"a dim name is longer than {limits.MAX_DIM_NAME_CHARS} characters")
-            continue
-        dims[str(name)] = _int(raw, name, path, errs, maximum=limits.MAX_DIM)
-    return dims
+class TrainingBody(_Body):
+    """What the job trains: batch, data, optimizer, precision, mode and symbolic dims."""
+
+    batch_size: int = Field(ge=1, le=limits.MAX_BATCH_SIZE,
+                            description="Global batch in samples per optimizer step.")
+    dataset_size: int | None = Field(
+        None, ge=1, le=limits.MAX_DATASET_SIZE,
+        description="Samples per epoch; absent or null: one batch.")
+    epochs: int = Field(1, ge=1, le=limits.MAX_EPOCHS)
+    optimizer: Optimizer = options.DEFAULT_OPTIMIZER
+    precision: Precision = options.DEFAULT_PRECISION
+    mode: Mode = options.DEFAULT_MODE
+    dims: Annotated[dict[DimName, DimValue] | None,
+                    BeforeValidator(_at_most(limits.MAX_DIMS, "dims"))] = Field(
+        None, max_length=limits.MAX_DIMS,
+        description="Symbolic dims by name, e.g. {\"sequence\": 1024}; batch x every dim is "
+                    f"at most {limits.MAX_SAMPLE_ELEMENTS} elements.")
 
 
-def parse_model(body: Mapping[str, Any], errs: _Errors) -> tuple[bytes, Mapping[str, Any] | None]:
-    """The model of a request: ONNX bytes from ``model_onnx_b64``, or a Hugging Face config
-    object from ``model_hf_config`` (exactly one; bytes empty then). Problems go to `errs`."""
-    text, config = body.get("model_onnx_b64"), body.get("model_hf_config")
-    if (config is None) == (text is None):
-        errs.add("model_onnx_b64", "give exactly one of model_onnx_b64 (base64 of the ONNX "
-                 "graph) and model_hf_config (a Hugging Face config.json object)")
-        return b"", None
-    if config is not None:
-        if not isinstance(config, Mapping) or not isinstance(config.get("model_type"), str):
-            errs.add("model_hf_config", "must be a Hugging Face config.json object with a "
-                     "model_type")
-            return b"", None
-        return b"", config
-    if not isinstance(text, str) or not text:
-        errs.add("model_onnx_b64", "is required (base64 of the ONNX graph)")
-        return b"", None
-    try:
-        return base64.b64decode(text, validate=True), None
-    except (binascii.Error, ValueError):
-        errs.add("model_onnx_b64", "is not valid base64")
-        return b"", None
+class _ModelBody(_Body):
+    model_onnx_b64: str | None = Field(
+        None, min_length=1, description="Base64 of the ONNX graph (weights may be stripped). "
+                                        "Exactly one of this and model_hf_config.")
+    model_hf_config: HfConfigBody | None = Field(
+        None, description="A Hugging Face config.json object, built into its graph by the "
+                          "estimator (GPT-2, BERT and OPT without torch).")
+    training: TrainingBody
 
 
-def parse_plan_request(body: Any) -> PlanRequest:
-    """Validate a plan request body; InvalidRequestError lists every bad field."""
-    if not isinstance(body, Mapping):
-        raise InvalidRequestError("body", "must be a JSON object")
-    errs = _Errors()
-    model, config = parse_model(body, errs)
-    training = parse_training(_mapping(body, "training", errs), errs)
-    obj = _mapping(body, "objective", errs)
-    objective = Objective(
-        prefer=_choice(obj, "prefer", "objective", errs, options.OBJECTIVES,
-                       options.DEFAULT_OBJECTIVE),
-        max_gpus=_int(obj, "max_gpus", "objective", errs, default=options.DEFAULT_MAX_GPUS,
-                       maximum=options.MAX_GPUS_CAP),
-        deadline_seconds=_positive_float(obj, "deadline_seconds", "objective", errs,
-                                         maximum=MAX_DEADLINE_SECONDS),
-        budget_usd=_positive_float(obj, "budget_usd", "objective", errs,
-                                   maximum=MAX_BUDGET_USD),
-    )
-    inventory = _parse_inventory(body.get("inventory"), errs)
-    gpu_types = body.get("gpu_types") or []
-    if not isinstance(gpu_types, list) or not all(isinstance(t, str) for t in gpu_types):
-        errs.add("gpu_types", "must be a list of GPU type names")
-        gpu_types = []
-    errs.raise_if_any()
-    return PlanRequest(model, training, objective, inventory, tuple(gpu_types),
-                       model_hf_config=config)
+class ObjectiveBody(_Body):
+    """What the plan optimises, and its limits."""
+
+    prefer: Prefer = options.DEFAULT_OBJECTIVE
+    max_gpus: int = Field(options.DEFAULT_MAX_GPUS, ge=1, le=options.MAX_GPUS_CAP)
+    deadline_seconds: PositiveSeconds | None = None
+    budget_usd: Annotated[float, Field(gt=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
+                          ] | None = None
 
 
-def _parse_inventory(raw: Any, errs: _Errors) -> tuple[InventoryEntry, ...]:
-    if not isinstance(raw, list) or not raw:
-        errs.add("inventory", "must be a non-empty list of GPU pools")
-        return ()
-    if len(raw) > MAX_INVENTORY_POOLS:
-        errs.add("inventory", f"at most {MAX_INVENTORY_POOLS} GPU pools, got {len(raw)}")
-        return ()
-    out = []
-    for i, entry in enumerate(raw):
-        path = f"inventory[{i}]"
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("gpu_type"), str):
-            errs.add(f"{path}.gpu_type", "is required")
-            continue
-        out.append(InventoryEntry(
-            gpu_type=entry["gpu_type"],
-            gpus_per_node=_int(entry, "gpus_per_node", path, errs,
-                               maximum=limits.MAX_GPUS_PER_NODE),
-            nodes=_int(entry, "nodes", path, errs, default=1, maximum=limits.MAX_NODES_PER_POOL),
-            free_gpus=_int(entry, "free_gpus", path, errs, minimum=0,
-                           maximum=limits.MAX_GPUS_PER_NODE * limits.MAX_NODES_PER_POOL,
-                           default=entry.get("gpus_per_node")),
-        ))
-    return tuple(out)
+class InventoryPoolBody(_Body):
+    """One pool of identical GPUs in the cluster."""
+
+    gpu_type: str = Field(min_length=1, description="Node label value or catalog name.")
+    gpus_per_node: int = Field(ge=1, le=limits.MAX_GPUS_PER_NODE)
+    nodes: int = Field(1, ge=1, le=limits.MAX_NODES_PER_POOL)
+    free_gpus: int | None = Field(
+        None, ge=0, le=limits.MAX_GPUS_PER_NODE * limits.MAX_NODES_PER_POOL,
+        description="GPUs free now; absent: gpus_per_node.")
 
 
-def error_json(reason: str, message: str, details: list[str] | None = None) -> dict[str, Any]:
-    """The JSON error body: reason, message and per-field details."""
-    return {"error": {"reason": reason, "message": message, "details": details or []}}
+class PlanRequestBody(_ModelBody):
+    """`POST /v1/plans`: the model, what to train, the objective and the cluster's GPU pools."""
+
+    objective: ObjectiveBody = ObjectiveBody.model_validate({})  # frozen: safe to share
+    inventory: Annotated[list[InventoryPoolBody],
+                         BeforeValidator(_at_most(MAX_INVENTORY_POOLS, "GPU pools"))] = Field(
+        min_length=1, max_length=MAX_INVENTORY_POOLS)
+    gpu_types: Names | None = Field(None, description="Allow-list of GPU types; empty: any.")
+
+
+class EstimateRequestBody(_ModelBody):
+    """`POST /v1/estimate`: the model, what to train and the devices (absent or empty: all)."""
+
+    devices: Names | None = None
+
+
+class OutcomeBody(_Body):
+    """`POST /v1/outcomes`: a finished job, reported by the operator to calibrate plans."""
+
+    job_uid: str = Field(min_length=1)
+    gpu_type: str = Field(min_length=1)
+    gpu_count: int = Field(ge=1, le=options.MAX_GPUS_CAP)
+    estimated_seconds: PositiveSeconds = Field(
+        description="As planned, i.e. already multiplied by calibration_factor.")
+    actual_seconds: PositiveSeconds
+    model_digest: str = ""
+    calibration_factor: Annotated[
+        float, Field(gt=0, le=MAX_CALIBRATION_FACTOR, allow_inf_nan=False)] | None = Field(
+        None, description="The plan's calibration.factor; absent: 1.")
 
 
 @dataclass(frozen=True)
@@ -249,48 +203,99 @@ class OutcomeRequest:
     calibration_factor: float = 1.0  # the plan's `calibration.factor`; 1 from older operators
 
 
-def parse_outcome_request(body: Any) -> OutcomeRequest:
-    """Validate a job outcome body; InvalidRequestError lists every bad field."""
-    if not isinstance(body, Mapping):
-        raise InvalidRequestError("body", "must be a JSON object")
-    errs = _Errors()
-    texts = {}
-    for key in ("job_uid", "gpu_type"):
-        value = body.get(key)
-        if not isinstance(value, str) or not value:
-            errs.add(key, "is required (non-empty string)")
-        texts[key] = str(value or "")
-    seconds: dict[str, float | None] = {}
-    for key in ("estimated_seconds", "actual_seconds"):
-        if body.get(key) is None:
-            errs.add(f"outcome.{key}", "is required")
-        seconds[key] = _positive_float(body, key, "outcome", errs,
-                                       maximum=MAX_DEADLINE_SECONDS)
-    digest = body.get("model_digest", "")
-    factor = _positive_float(body, "calibration_factor", "outcome", errs,
-                             maximum=MAX_CALIBRATION_FACTOR)
-    outcome = OutcomeRequest(
-        job_uid=texts["job_uid"], gpu_type=texts["gpu_type"],
-        gpu_count=_int(body, "gpu_count", "outcome", errs, maximum=options.MAX_GPUS_CAP),
-        estimated_seconds=seconds["estimated_seconds"] or 0.0,
-        actual_seconds=seconds["actual_seconds"] or 0.0,
-        model_digest=digest if isinstance(digest, str) else "",
-        calibration_factor=factor or 1.0,
-    )
-    errs.raise_if_any()
-    return outcome
+def json_path(loc: Sequence[int | str]) -> str:
+    """A pydantic error location as a dotted JSON path with list indices: ``inventory[3].nodes``;
+    the body itself is `BODY_FIELD`."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part != "[key]":  # a dict key's own error: the path already ends at the key
+            path += f".{part}" if path else part
+    return path or BODY_FIELD
+
+
+def _validated(model: type[_Body], body: Any) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)
+        problems = [(json_path(e["loc"]), e["msg"]) for e in errors[:MAX_REPORTED_ERRORS]]
+        raise InvalidFieldsError(problems, max(0, len(errors) - MAX_REPORTED_ERRORS)) from None
+
+
+def _raise_if_any(problems: list[tuple[str, str]]) -> None:
+    if problems:
+        raise InvalidFieldsError(problems[:MAX_REPORTED_ERRORS],
+                                 max(0, len(problems) - MAX_REPORTED_ERRORS))
+
+
+def _model(body: _ModelBody, problems: list[tuple[str, str]]) -> bytes:
+    """The ONNX bytes of a body (empty for a Hugging Face config); problems are added."""
+    if (body.model_onnx_b64 is None) == (body.model_hf_config is None):
+        problems.append(("model_onnx_b64", "give exactly one of model_onnx_b64 (base64 of the "
+                         "ONNX graph) and model_hf_config (a Hugging Face config.json object)"))
+        return b""
+    if body.model_onnx_b64 is None:
+        return b""
+    try:
+        return binascii.a2b_base64(body.model_onnx_b64, strict_mode=True)
+    except (binascii.Error, ValueError):
+        problems.append(("model_onnx_b64", "is not valid base64"))
+        return b""
+
+
+def _training(body: TrainingBody, problems: list[tuple[str, str]]) -> TrainingRequest:
+    dims = dict(body.dims or {})
+    too_big = limits.sample_elements_error(body.batch_size, dims)
+    if too_big is not None:
+        problems.append(("training.dims", too_big))
+    return TrainingRequest(
+        batch_size=body.batch_size,
+        dataset_size=body.dataset_size if body.dataset_size is not None else body.batch_size,
+        epochs=body.epochs, optimizer=body.optimizer, precision=body.precision,
+        mode=body.mode, dims=dims)
+
+
+def _hf_config(body: _ModelBody) -> dict[str, Any] | None:
+    return body.model_hf_config.model_dump() if body.model_hf_config is not None else None
+
+
+def parse_plan_request(body: Any) -> PlanRequest:
+    """Validate a decoded plan request body; InvalidFieldsError lists every bad field."""
+    valid: PlanRequestBody = _validated(PlanRequestBody, body)
+    problems: list[tuple[str, str]] = []
+    model = _model(valid, problems)
+    training = _training(valid.training, problems)
+    _raise_if_any(problems)
+    o = valid.objective
+    objective = Objective(prefer=o.prefer, max_gpus=o.max_gpus,
+                          deadline_seconds=o.deadline_seconds, budget_usd=o.budget_usd)
+    inventory = tuple(
+        InventoryEntry(gpu_type=p.gpu_type, gpus_per_node=p.gpus_per_node, nodes=p.nodes,
+                       free_gpus=p.free_gpus if p.free_gpus is not None else p.gpus_per_node)
+        for p in valid.inventory)
+    return PlanRequest(model, training, objective, inventory, tuple(valid.gpu_types or ()),
+                       model_hf_config=_hf_config(valid))
 
 
 def parse_estimate_request(body: Any) -> EstimateRequest:
-    """`POST /v1/estimate` body → request; every invalid field at once."""
-    if not isinstance(body, Mapping):
-        raise InvalidRequestError("body", "must be a JSON object")
-    errs = _Errors()
-    model, config = parse_model(body, errs)
-    training = parse_training(_mapping(body, "training", errs), errs)
-    names = body.get("devices") or []
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        errs.add("devices", "must be a list of device names")
-        names = []
-    errs.raise_if_any()
-    return EstimateRequest(model, training, tuple(names), model_hf_config=config)
+    """Validate a decoded `POST /v1/estimate` body; InvalidFieldsError lists every bad field."""
+    valid: EstimateRequestBody = _validated(EstimateRequestBody, body)
+    problems: list[tuple[str, str]] = []
+    model = _model(valid, problems)
+    training = _training(valid.training, problems)
+    _raise_if_any(problems)
+    return EstimateRequest(model, training, tuple(valid.devices or ()),
+                           model_hf_config=_hf_config(valid))
+
+
+def parse_outcome_request(body: Any) -> OutcomeRequest:
+    """Validate a decoded job outcome body; InvalidFieldsError lists every bad field."""
+    valid: OutcomeBody = _validated(OutcomeBody, body)
+    return OutcomeRequest(
+        job_uid=valid.job_uid, gpu_type=valid.gpu_type, gpu_count=valid.gpu_count,
+        estimated_seconds=valid.estimated_seconds, actual_seconds=valid.actual_seconds,
+        model_digest=valid.model_digest,
+        calibration_factor=(valid.calibration_factor
+                            if valid.calibration_factor is not None else 1.0))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplan_estimator.core.errors import GpuplanError, InvalidModelError, InvalidRequestError
-from gpuplan_estimator.interfaces.http import wire
+from gpuplan_estimator.interfaces.http import responses, wire
 from gpuplan_estimator.planning import calibrating, planner
 
 log = logging.getLogger(__name__)
@@ -36,9 +36,23 @@ class Reply:
 
 
 def error_reply(status: int, reason: str, message: str,
-                details: list[str] | tuple[str, ...] = ()) -> Reply:
-    """The error envelope shared by every failure of the service."""
-    return Reply(status, wire.error_json(reason, message, list(details)))
+                details: list[dict[str, Any]] | None = None) -> Reply:
+    """The error envelope shared by every failure of the service (`responses.ErrorEnvelope`)."""
+    return Reply(status, responses.error_json(reason, message, details))
+
+
+def invalid_request_reply(exc: InvalidRequestError) -> Reply:
+    """422 `InvalidRequest` with one `FieldError` detail per reported field."""
+    problems = (exc.problems if isinstance(exc, wire.InvalidFieldsError)
+                else ((exc.field, exc.message),))
+    return error_reply(422, "InvalidRequest", str(exc), responses.field_errors(problems))
+
+
+def no_feasible_plan_reply(exc: planner.NoFeasiblePlanError) -> Reply:
+    """422 `NoFeasiblePlan` with one `PlanRejection` detail per GPU type."""
+    return error_reply(422, "NoFeasiblePlan", str(exc), [
+        {"gpu_type": gpu_type, "gpu_count": None, "reason": why}
+        for gpu_type, why in exc.rejections])
 
 
 ENDPOINTS: dict[str, tuple[Callable[[Any], Any], Callable[[Any, planner.PlannerContext], Any]]]
@@ -49,7 +63,9 @@ ENDPOINTS = {
 
 
 def decode_json(body: bytes) -> Any:
-    """The body as JSON; InvalidRequestError (400) for anything that is not valid JSON text."""
+    """The body as JSON; InvalidRequestError for anything that is not valid JSON text (answered
+    400 `InvalidJSON`, where JSON with invalid fields is 422 `InvalidRequest`: the extender's
+    rule too)."""
     try:
         return json.loads(body)
     except json.JSONDecodeError as exc:
@@ -69,15 +85,15 @@ def answer(endpoint: str, body: bytes, context: planner.PlannerContext) -> Reply
     try:
         data = decode_json(body)
     except InvalidRequestError as exc:
-        return error_reply(400, "MalformedBody", str(exc))
+        return error_reply(400, "InvalidJSON", str(exc))
     try:
         return Reply(200, run(parse(data), context))
     except InvalidModelError as exc:
         return error_reply(422, "InvalidModel", str(exc))
     except InvalidRequestError as exc:
-        return error_reply(422, "InvalidRequest", str(exc), exc.details)
+        return invalid_request_reply(exc)
     except planner.NoFeasiblePlanError as exc:
-        return error_reply(422, "NoFeasiblePlan", str(exc), exc.details)
+        return no_feasible_plan_reply(exc)
     except GpuplanError as exc:
         return error_reply(422, "InvalidRequest", str(exc))
     except MemoryError:

@@ -88,7 +88,9 @@ def test_deadline_nobody_meets_is_no_feasible_plan_with_reasons() -> None:
         assert resp.status == 422
         err = (await resp.json())["error"]
         assert err["reason"] == "NoFeasiblePlan"
-        assert any("NVIDIA-L4" in d for d in err["details"])
+        rejected = {d["gpu_type"]: d for d in err["details"]}
+        assert rejected["NVIDIA-L4"]["gpu_count"] is None
+        assert "deadline" in rejected["NVIDIA-L4"]["reason"]
 
     run(check)
 
@@ -109,6 +111,7 @@ def test_invalid_fields_are_named(body: dict[str, Any], field: str) -> None:
         err = (await resp.json())["error"]
         assert err["reason"] == "InvalidRequest"
         assert field in err["message"]
+        assert [d["field"] for d in err["details"]] == [field]
 
     run(check)
 
@@ -153,16 +156,20 @@ def test_a_flood_of_bad_fields_is_answered_briefly_with_per_field_details() -> N
         resp = await client.post("/v1/plans", json=plan_body(inventory=[{}] * 200_000))
         assert resp.status == 422
         err = (await resp.json())["error"]
-        assert err["details"] == ["inventory: at most 1000 GPU pools, got 200000"]
+        assert err["details"] == [{"field": "inventory",
+                                   "message": "at most 1000 GPU pools, got 200000"}]
         resp = await client.post("/v1/plans", json=plan_body(inventory=[{}] * 500))
         err = (await resp.json())["error"]
-        assert len(err["details"]) == 20 and err["message"].endswith("; and 480 more")
-        assert err["details"][0] == "inventory[0].gpu_type: is required"
+        # Each entry lacks gpu_type and gpus_per_node: 1000 errors, 20 of them reported.
+        assert len(err["details"]) == 20 and err["message"].endswith("; and 980 more")
+        assert err["details"][:2] == [
+            {"field": "inventory[0].gpu_type", "message": "Field required"},
+            {"field": "inventory[0].gpus_per_node", "message": "Field required"}]
         assert len(await resp.read()) < 4096
         bad = plan_body(training={"batch_size": 0, "dataset_size": 10},
                         objective={"deadline_seconds": 1e306, "budget_usd": -1})
         err = (await (await client.post("/v1/plans", json=bad)).json())["error"]
-        assert [d.split(":")[0] for d in err["details"]] == [
+        assert [d["field"] for d in err["details"]] == [
             "training.batch_size", "objective.deadline_seconds", "objective.budget_usd"]
 
     run(check, settings=service.ServiceSettings(max_body_bytes=2**24, bundle_poll_s=3600))
@@ -183,7 +190,8 @@ def test_invalid_json_and_oversized_bodies_get_json_errors() -> None:
         resp = await client.post("/v1/plans", data=b"{not json",
                                  headers={"Content-Type": "application/json"})
         assert resp.status == 400
-        assert "invalid JSON" in (await resp.json())["error"]["message"]
+        err = (await resp.json())["error"]
+        assert err["reason"] == "InvalidJSON" and "invalid JSON" in err["message"]
         resp = await client.post("/v1/plans", data=b"x" * 4096)
         assert resp.status == 413
         assert (await resp.json())["error"]["reason"] == "RequestTooLarge"
@@ -268,14 +276,16 @@ def test_job_outcomes_are_stored_with_the_canonical_device() -> None:
             assert "gpu_type" in message and "actual_seconds" in message
             unknown = await client.post("/v1/outcomes", json={**body, "gpu_type": "TPU-v5"})
             assert unknown.status == 422
+            assert [d["field"] for d in (await unknown.json())["error"]["details"]] == [
+                "gpu_type"]
             # Issue #21: 1e306 seconds, an infinite factor or 10^20 GPUs poisoned calibration.
             hostile = await client.post("/v1/outcomes", json={
                 **body, "actual_seconds": 1e306, "calibration_factor": 1e300,
                 "gpu_count": 10**20})
             assert hostile.status == 422
             details = (await hostile.json())["error"]["details"]
-            assert [d.split(":")[0] for d in details] == [
-                "outcome.actual_seconds", "outcome.calibration_factor", "outcome.gpu_count"]
+            assert [d["field"] for d in details] == [
+                "gpu_count", "actual_seconds", "calibration_factor"]
 
     asyncio.run(main())
     assert [(r.job_uid, r.gpu_count, d) for r, d in stored] == [("u1", 2, "l4")]

@@ -1,0 +1,276 @@
+"""Response bodies of the estimator service as pydantic models, and the one error envelope.
+
+The handlers build plain dicts (the planner's `plan_json`, `estimates.to_json`, ...); these
+models describe them for docs/openapi.json. They forbid unknown keys, and the service tests
+validate real answers against them, so a field added in code without its description fails.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
+
+
+class FieldError(_Response):
+    """One invalid request field."""
+
+    field: str = Field(description="Dotted JSON path of the field, with list indices "
+                                   "(`inventory[3].nodes`); `body` is the body itself.")
+    message: str
+
+
+class PlanRejection(_Response):
+    """Why one GPU type has no feasible plan (the details of `NoFeasiblePlan`)."""
+
+    gpu_type: str
+    gpu_count: int | None = Field(description="The count ruled out; null: the whole type.")
+    reason: str
+
+
+class ErrorBody(_Response):
+    """What went wrong: a constant reason, a message for people, and per-item details."""
+
+    reason: str = Field(description="Constant, e.g. InvalidJSON, InvalidRequest, InvalidModel, "
+                                    "NoFeasiblePlan, NotFound, MethodNotAllowed, "
+                                    "RequestTooLarge, TooManyRequests, NotReady, Busy, "
+                                    "Timeout, DatabaseUnavailable, Internal.")
+    message: str
+    details: list[FieldError | PlanRejection] = Field(
+        description="InvalidRequest: one FieldError per bad field (at most 20); "
+                    "NoFeasiblePlan: one PlanRejection per GPU type; otherwise empty.")
+
+
+class ErrorEnvelope(_Response):
+    """Every non-2xx answer of the service."""
+
+    error: ErrorBody
+
+
+class Calibration(_Response):
+    """The correction learned from job outcomes that a figure includes."""
+
+    factor: float = Field(description="Calibrated / model's own estimate.")
+    outcomes: int = Field(description="Job outcomes it rests on.")
+    level: str = Field(description="device+mode, mode, global, or none (factor 1).")
+
+
+class Candidate(_Response):
+    """One feasible GPU type x count; times include its calibration factor."""
+
+    gpu_type: str = Field(description="As named in the inventory.")
+    device: str = Field(description="Catalog key of the GPU type.")
+    gpu_count: int
+    gpus_per_node: int
+    nodes: int
+    per_gpu_batch: int
+    step_time_ms: float
+    allreduce_ms: float
+    estimated_seconds: float = Field(description="Whole job: every epoch's steps.")
+    interval_seconds: list[float] = Field(min_length=2, max_length=2,
+                                          description="[p10, p90] of estimated_seconds.")
+    memory_bytes_per_gpu: int
+    cost_usd: float = Field(description="0 when the GPU type has no known price.")
+    price_known: bool = Field(description="False: cost_usd is 0 for lack of a price, not free.")
+    predictor: str
+    calibration: Calibration
+
+
+class CandidateRejection(_Response):
+    """A GPU type x count the planner ruled out."""
+
+    gpu_type: str
+    gpu_count: int
+    reason: str
+
+
+class PlanResponse(_Response):
+    """`POST /v1/plans` 200: the chosen candidate, the best others and every rejection."""
+
+    plan: Candidate
+    candidates: list[Candidate] = Field(description="Feasible ones, best first (at most 20).")
+    candidates_total: int = Field(description="Feasible candidates in all, listed or not.")
+    rejected: list[CandidateRejection]
+    reasons_by_type: dict[str, str] = Field(description="GPU type -> why it has no candidate.")
+    notes: list[str] = Field(description="Inventory entries left out, and why.")
+
+
+class ModelSummary(_Response):
+    """The estimated graph."""
+
+    name: str
+    layers: int
+    parameters: int
+    opset: int
+    dim_bindings: dict[str, int]
+    flops_per_step: float = Field(description="Model FLOPs of one step (the MFU numerator).")
+
+
+class EstimateSettings(_Response):
+    """The training settings the estimate is for."""
+
+    mode: str
+    optimizer: str | None = Field(description="null for inference (no weights updated).")
+    precision: str
+    batch_size: int
+    epochs: int | None
+    dataset_size: int | None
+
+
+class Interval(_Response):
+    """A p10..p90 interval in milliseconds."""
+
+    p10: float
+    p90: float
+
+
+class Memory(_Response):
+    """Memory one GPU needs, by part (docs/estimate-json.md)."""
+
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    workspace_bytes: int
+    framework_overhead_bytes: int
+    total_bytes: int
+
+
+class LayerEstimate(_Response):
+    """One layer's forward and backward time."""
+
+    name: str
+    op_type: str
+    family: str
+    forward_ms: float
+    backward_ms: float
+    p10_ms: float
+    p90_ms: float
+    predictor: str
+
+
+class Throughput(_Response):
+    """Work per second at the estimated step time."""
+
+    samples_per_s: float
+    tokens_per_s: float | None = Field(description="null unless a `sequence` dim is bound.")
+
+
+class Cost(_Response):
+    """What the estimate costs at the device's hourly price; null where either is unknown."""
+
+    price_per_hour: float | None
+    per_step: float | None
+    per_epoch: float | None
+    total: float | None
+
+
+class DeviceEstimate(_Response):
+    """One device's estimate; see docs/estimate-json.md for every field."""
+
+    device: str
+    data_basis: str = Field(description="measured, probed, extrapolated or roofline.")
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    step_time_ms: float
+    interval_ms: Interval
+    steps_per_epoch: int | None
+    epoch_seconds: float | None
+    total_seconds: float | None
+    calibration: Calibration
+    calibrated_step_time_ms: float
+    calibrated_interval_ms: Interval
+    calibrated_epoch_seconds: float | None
+    calibrated_total_seconds: float | None
+    throughput: Throughput
+    mfu: float | None = Field(description="Model FLOPs utilisation; null without a peak.")
+    cost_usd: Cost
+    memory_bytes: int
+    memory: Memory
+    memory_available_bytes: int
+    fits: bool
+    predictor: dict[str, float] = Field(description="Predictor label -> share of step time.")
+    uncovered_ops: list[str]
+    shape_only_layers: int
+    top_layers: list[LayerEstimate]
+    layers: list[LayerEstimate] | None = Field(None, description="CLI --layers only.")
+
+
+class EstimateResponse(_Response):
+    """`POST /v1/estimate` 200: the estimate document of docs/estimate-json.md."""
+
+    schema_version: int
+    model: ModelSummary
+    settings: EstimateSettings
+    predictor_source: str
+    devices: list[DeviceEstimate] = Field(description="In request order.")
+
+
+class OutcomeResponse(_Response):
+    """`POST /v1/outcomes` 201 (new) or 200 (this job uid was already recorded)."""
+
+    id: int = Field(description="Row of the outcome in the performance database.")
+    device: str = Field(description="Catalog key of the job's GPU type.")
+    duplicate: bool
+
+
+class DeviceCoverage(_Response):
+    """What the estimator knows about one device."""
+
+    measurements: int = Field(description="Benchmark rows in the performance database.")
+    newest_run_unix: float | None = Field(description="End of the newest finished run.")
+    in_bundle: bool = Field(description="The model bundle has learned latency models for it.")
+
+
+class CoverageResponse(_Response):
+    """`GET /v1/coverage`: every catalog, bundle or database device (absent means 0 rows)."""
+
+    devices: dict[str, DeviceCoverage]
+
+
+class CalibrationSummary(_Response):
+    """The calibration in use, fitted from job outcomes."""
+
+    outcomes: int
+    stale: bool = Field(description="The last refit failed; the previous one is in use.")
+    factors: dict[str, float] = Field(description="\"device/mode\" (or */mode, */*) -> factor.")
+
+
+class ModelsResponse(_Response):
+    """`GET /v1/models`: the predictor, its bundle manifest, the catalog and the calibration."""
+
+    predictor: str
+    source: str
+    manifest: dict[str, Any]
+    devices: list[str]
+    calibration: CalibrationSummary
+
+
+class HealthResponse(_Response):
+    """`GET /healthz`: the process answers."""
+
+    status: str
+
+
+class ReadyResponse(_Response):
+    """`GET /readyz` 200: the model bundle is loaded."""
+
+    status: str
+    predictor: str
+
+
+def error_json(reason: str, message: str, details: list[dict[str, Any]] | None = None
+               ) -> dict[str, Any]:
+    """The error envelope (`ErrorEnvelope`) as JSON-ready data."""
+    return {"error": {"reason": reason, "message": message, "details": details or []}}
+
+
+def field_errors(problems: list[tuple[str, str]] | tuple[tuple[str, str], ...]
+                 ) -> list[dict[str, Any]]:
+    """`FieldError` details for (JSON path, message) pairs."""
+    return [{"field": path, "message": message} for path, message in problems]

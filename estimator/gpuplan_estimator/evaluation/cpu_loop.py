@@ -21,6 +21,7 @@ import onnx
 
 from gpuplan_estimator import graph
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.progress import Progress, Step, silent
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.graph import batching
@@ -153,21 +154,26 @@ settings) -> CpuResult."""
 def evaluate_light_models(
     *, device: DeviceSpec, predictor: LatencyPredictor, settings: TimingSettings,
     models: Sequence[str] = LIGHT_MODELS, batches: Sequence[int] = BATCHES,
-    directory: Path | None = None, progress: Callable[[str], None] | None = None,
-    evaluate: ModelEvaluator | None = None,
+    directory: Path | None = None, progress: Progress = silent,
+    evaluate: ModelEvaluator | None = None, task: str = "eval: CPU inference",
 ) -> tuple[CpuResult, ...]:
-    """Every model at every batch, priced and measured by `evaluate` (default: inference)."""
+    """Every model at every batch, priced and measured by `evaluate` (default: inference).
+
+    Each (model, batch) is one step of `task` reported to `progress`, naming the prediction
+    and the measurement.
+    """
     one = evaluate if evaluate is not None else evaluate_model
     root = directory if directory is not None else light_dir()
-    out = []
-    for name in models:
-        path = root / f"light_{name}.onnx"
+    files = {name: root / f"light_{name}.onnx" for name in models}
+    for path in files.values():
         if not path.is_file():
             raise errors.InvalidRequestError("models", f"{path} does not exist")
-        for batch in batches:
-            result = one(path, batch, device=device, predictor=predictor, settings=settings)
-            if progress is not None:
-                progress(f"cpu {result.mode} {name} b{batch}: predicted "
-                         f"{result.predicted_ms:.1f} ms, measured {result.measured_ms:.1f} ms")
-            out.append(result)
+    cases = [(name, batch) for name in models for batch in batches]
+    out: list[CpuResult] = []
+    progress(Step(task, 0, len(cases)))
+    for done, (name, batch) in enumerate(cases, start=1):
+        result = one(files[name], batch, device=device, predictor=predictor, settings=settings)
+        out.append(result)
+        progress(Step(task, done, len(cases), f"{name} b{batch}: predicted "
+                      f"{result.predicted_ms:.1f} ms, measured {result.measured_ms:.1f} ms"))
     return tuple(out)

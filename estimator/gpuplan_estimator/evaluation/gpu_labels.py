@@ -19,6 +19,7 @@ from pathlib import Path
 from gpuplan_estimator import graph
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import ModelGraph
+from gpuplan_estimator.core.progress import Progress, silent, track
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.devices.catalog import Catalog, DeviceSpec
 from gpuplan_estimator.graph import zoo
@@ -148,11 +149,15 @@ def zoo_graph_builder(config_dir: Path) -> GraphBuilder:
 def evaluate_rows(
     rows: Iterable[LabelRow], *, predictors: Mapping[str, LatencyPredictor],
     catalog: Catalog, build_graph: GraphBuilder, optimizer: str = "adam",
+    progress: Progress = silent, task: str = "eval: GPU label rows",
 ) -> tuple[tuple[RowResult, ...], tuple[Skipped, ...]]:
-    """Price every supported row with every predictor; unsupported rows come back as skipped."""
+    """Price every supported row with every predictor; unsupported rows come back as skipped.
+
+    Each row is one step of `task` reported to `progress`.
+    """
     results: list[RowResult] = []
     skipped: list[Skipped] = []
-    for row in rows:
+    for row in track(list(rows), task, progress, label=lambda r: f"{r.model} b{r.batch}"):
         reason = UNSUPPORTED_MODELS.get(row.model)
         if reason is not None:
             skipped.append(Skipped(row, reason))

@@ -10,7 +10,7 @@ against.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +18,7 @@ import pandas as pd
 
 from gpuplan_estimator.bench import runner, sweep, timing
 from gpuplan_estimator.core import errors, measurements
+from gpuplan_estimator.core.progress import Progress, silent
 from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor
 from gpuplan_estimator.devices.catalog import DeviceSpec
@@ -125,9 +126,12 @@ def speed_ratio(frame: pd.DataFrame, per_kernel: int, seed: int,
 
 
 def bench_and_fit(
-    settings: HostBenchSettings, *, progress: Callable[[str], None] | None = None,
+    settings: HostBenchSettings, *, progress: Progress = silent,
 ) -> HostModels:
-    """Run (or resume) the CPU bench plan on this host, then fit CPU models on its rows."""
+    """Run (or resume) the CPU bench plan on this host, then fit CPU models on its rows.
+
+    The bench's rows and the fit's kernels are reported to `progress`.
+    """
     bench = runner.BenchSettings(
         device="cpu", samples=settings.samples, budget_minutes=settings.minutes,
         seed=settings.seed, sweep_paths=settings.sweep_paths, timing=settings.timing,
@@ -136,15 +140,11 @@ def bench_and_fit(
                  f"{settings.samples} --budget-minutes {settings.minutes:g} --seed "
                  f"{settings.seed}"))
     with PerfStore.open(settings.db_url) as store:
-        report = runner.run_bench(bench, store, progress=False)
+        report = runner.run_bench(bench, store, progress=progress)
         # Every row this host's database holds for the CPU on this backend: earlier runs (other
         # plans, targeted sweeps) measured the same machine and only add coverage.
         frame = store.measurements(devices=[report.device], backend=report.backend)
         url = store.url
-    if progress is not None:
-        progress(f"eval: CPU {settings.backend} bench run {report.run_id}: "
-                 f"{report.rows_total}/{report.planned} rows "
-                 f"({report.status}, {report.rows_added} added in {report.elapsed_s:.0f} s)")
     if len(frame) < settings.min_rows:
         raise errors.InvalidRequestError(
             "--cpu-bench-minutes",
@@ -154,10 +154,8 @@ def bench_and_fit(
         frame[[*measurements.MEASUREMENT_COLUMNS, *measurements.OPTIONAL_TRAIN_COLUMNS]],
         fitting.TrainSettings(seed=settings.seed, min_rows_per_kernel=50,
                             cpu_params=recipe.CPU_PARAMS),
-        validate=False)
+        validate=False, progress=progress)
     ratio, checked = speed_ratio(frame, settings.reference_rows_per_kernel, settings.seed,
                                  settings.timing, settings.backend)
-    if progress is not None and checked:
-        progress(f"eval: host speed index {ratio:.3f} (now / stored, {checked} rows re-timed)")
     return HostModels(fitted, report.run_id, len(frame), report.status, url, report.backend,
                       ratio, checked)

@@ -21,6 +21,7 @@ from onnx import numpy_helper
 
 from gpuplan_estimator import graph
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.progress import Progress, silent
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.evaluation.cpu_loop import (
@@ -130,9 +131,10 @@ def evaluate_model(
 def evaluate_training_steps(
     *, device: DeviceSpec, predictor: LatencyPredictor, settings: TimingSettings,
     models: Sequence[str] = CONVERTIBLE, batches: Sequence[int] = BATCHES,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress = silent,
 ) -> tuple[CpuResult, ...]:
     """Predict and measure one SGD training step of each convertible light model."""
     return evaluate_light_models(device=device, predictor=predictor, settings=settings,
                                  models=models, batches=batches, progress=progress,
+                                 task="eval: CPU training step",
                                  evaluate=evaluate_model)

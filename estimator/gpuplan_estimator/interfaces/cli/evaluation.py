@@ -1,18 +1,19 @@
 """`gpuplan eval`: whole-model accuracy on GPU labels, leave-one-GPU-out, and the CPU closed loop.
 
-Writes ``docs/accuracy.md``, ``docs/accuracy.json`` and ``docs/accuracy.png`` (see `report`).
-The calibrated column is honest by construction: each row is corrected only from the outcomes
-of *other* models (and, for leave-one-GPU-out, other GPUs), never from itself.
+Writes ``docs/accuracy.md``, ``docs/accuracy.json`` and the pictures
+``docs/accuracy-{residuals,coverage}.png`` (see `evaluation.publishing`); ``--from-json``
+renders them again from a saved JSON without measuring. The calibrated column is honest by
+construction: each row is corrected only from the outcomes of *other* models (and, for
+leave-one-GPU-out, other GPUs), never from itself.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import dataclasses
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,21 @@ import pandas as pd
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors, paths, provenance
+from gpuplan_estimator.core.progress import Progress, silent, track
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.devices import local_cpu
-from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, host_bench, report, torch_loop
+from gpuplan_estimator.evaluation import (
+    cpu_loop,
+    gpu_labels,
+    host_bench,
+    pages,
+    publishing,
+    report,
+    torch_loop,
+)
 from gpuplan_estimator.evaluation.gpu_labels import RowResult
-from gpuplan_estimator.interfaces.cli import training
+from gpuplan_estimator.interfaces.cli import progress, training
 from gpuplan_estimator.models import bundles, learned, selection
 from gpuplan_estimator.planning import calibrating
 from gpuplan_estimator.training import fitting, recipe
@@ -38,7 +48,11 @@ PROBED = "lightgbm+probe"
 
 def register(subparsers: Any) -> None:
     """Add the ``eval`` subcommand to an argparse subparsers object."""
-    p = subparsers.add_parser("eval", help="whole-model accuracy -> docs/accuracy.{md,json,png}")
+    p = subparsers.add_parser("eval", help="whole-model accuracy -> docs/accuracy.{md,json} "
+                              "and docs/accuracy-*.png")
+    p.add_argument("--from-json", type=Path, metavar="ACCURACY_JSON",
+                   help="measure nothing: render the page and pictures again from a saved "
+                   "accuracy.json (e.g. docs/accuracy.json)")
     p.add_argument("--labels", type=Path, help="labels.csv (default: shared model-labels)")
     p.add_argument("--bundle", type=Path, help="latency model bundle (default: as `estimate`)")
     p.add_argument("--out-dir", type=Path, default=paths.REPO_ROOT / "docs")
@@ -67,6 +81,7 @@ def register(subparsers: Any) -> None:
                    help="rows in the host's torch bench plan (default %(default)s)")
     p.add_argument("--logo-max-rows", type=int, default=15_000,
                    help="subsample cap per kernel for the leave-one-GPU-out refits")
+    progress.add_flag(p)
     p.set_defaults(func=run)
 
 
@@ -74,65 +89,108 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def public_roots() -> dict[str, str]:
+    """Path prefixes of this machine → how the accuracy page spells them."""
+    return {f"{paths.REPO_ROOT}/": "", f"{recipe.shared_data_dir()}/": "../shared/data/"}
+
+
+def _now() -> str:
+    return datetime.now().astimezone().isoformat(timespec="seconds")
+
+
 def run(args: argparse.Namespace) -> int:
-    """`gpuplan eval`: price and measure every loop, write docs/accuracy.*; returns 0."""
+    """`gpuplan eval`: price and measure every loop (or re-render a saved run), write docs."""
+    if args.from_json is not None:
+        return render_saved(args.from_json, args.out_dir)
+    with progress.for_args(args) as bars:
+        rep = measure(args, bars)
+    for path in publishing.write(rep, args.out_dir, roots=public_roots()):
+        print(f"wrote {path}")
+    print_summary(rep)
+    return 0
+
+
+def render_saved(source: Path, out_dir: Path) -> int:
+    """Write the page and pictures from a saved accuracy JSON, stamped with this rendering."""
+    try:
+        saved = publishing.read(source)
+    except (OSError, ValueError) as exc:
+        raise errors.InvalidRequestError("--from-json", f"{source}: {exc}") from None
+    command = shlex.join(["gpuplan", "eval", "--from-json",
+                          pages_path(source, public_roots())])
+    rep = dataclasses.replace(saved, rendered=report.Provenance(
+        created=_now(), commit=provenance.git_commit(short=True), command=command))
+    for path in publishing.write(rep, out_dir, roots=public_roots()):
+        print(f"wrote {path}")
+    print_summary(rep)
+    return 0
+
+
+def pages_path(path: Path, roots: Mapping[str, str]) -> str:
+    """`path` as the page prints it: relative to the checkout where it lies inside it."""
+    return pages.portable(str(path.resolve()), roots)
+
+
+def measure(args: argparse.Namespace, bars: Progress) -> report.Report:
+    """Run every loop the flags ask for and return the report (nothing is written)."""
     shared = recipe.shared_data_dir()
     labels_path = args.labels or shared / "model-labels" / "labels.csv"
     rows = gpu_labels.read_labels(labels_path)
     catalog = devices.load_catalog()
     build = gpu_labels.zoo_graph_builder(labels_path.parent / "model_configs")
     fitted, bundle_text = latency_bundle(args.bundle, shared / "gpu-ops")
-    _say(f"eval: {len(rows)} label rows; {bundle_text}")
+    _say(f"eval: {len(rows)} label rows; latency models: {bundle_text}")
     predictors: dict[str, LatencyPredictor] = {
         "roofline": roofline.RooflinePredictor(), LGB: learned.LearnedPredictor(fitted)}
     gpu, skipped = gpu_labels.evaluate_rows(rows, predictors=predictors, catalog=catalog,
-                                            build_graph=build)
+                                            build_graph=build, progress=bars)
     gpu = gpu + calibrated(gpu, hold_out_device=False)
     logo: tuple[RowResult, ...] = ()
     if not args.no_logo:
-        logo = leave_one_gpu_out(rows, shared / "gpu-ops", args.logo_max_rows, catalog, build)
+        logo = leave_one_gpu_out(rows, shared / "gpu-ops", args.logo_max_rows, catalog, build,
+                                 progress=bars)
         logo = logo + calibrated(logo, hold_out_device=True)
     cpu: tuple[cpu_loop.CpuResult, ...] = ()
-    host = ""
+    host: report.Host | None = None
+    cpu_models: list[report.CpuModels] = []
     if not args.no_cpu:
         device = local_cpu.local_cpu_device()
-        load = os.getloadavg()
-        host = (f"Host: {device.name}, {device.sm_count} cores, calibrated "
-                f"{device.peak_tflops['fp32'] * 1000:.0f} GFLOP/s fp32, "
-                f"{device.mem_bandwidth_gbps:.1f} GB/s; load average at start "
-                f"{load[0]:.2f} (other processes share this machine).")
-        cpu_models, cpu_text = host_cpu_models(
-            fitted, "onnxruntime", args.cpu_bench_minutes, args.cpu_bench_samples, args)
-        host += " " + cpu_text + "."
+        host = report.Host(device.name, device.sm_count, device.peak_tflops["fp32"] * 1000,
+                           device.mem_bandwidth_gbps)
+        inference_models, info = host_cpu_models(
+            fitted, "onnxruntime", args.cpu_bench_minutes, args.cpu_bench_samples, args, bars)
+        cpu_models.append(info)
         cpu = cpu_loop.evaluate_light_models(
-            device=device, predictor=cpu_models,
+            device=device, predictor=inference_models,
             settings=cpu_loop.TimingSettings(runs=args.cpu_runs, sessions=args.cpu_sessions),
-            progress=_say)
+            progress=bars)
         if not args.no_torch:
-            torch_models, torch_text = host_cpu_models(
-                fitted, "torch", args.torch_bench_minutes, args.torch_bench_samples, args)
-            host += " Training step: " + torch_text + "."
+            torch_models, info = host_cpu_models(
+                fitted, "torch", args.torch_bench_minutes, args.torch_bench_samples, args, bars)
+            cpu_models.append(info)
             cpu += torch_loop.evaluate_training_steps(
                 device=device, predictor=torch_models,
-                settings=cpu_loop.TimingSettings(runs=args.torch_runs), progress=_say)
-    rep = report.Report(
-        commit=provenance.git_commit(short=True), command=command_line(args),
-        created=datetime.now().astimezone().isoformat(timespec="seconds"), bundle=bundle_text,
-        gpu=gpu, skipped=skipped, logo=logo, cpu=cpu,
-        notes=notes(fitted) + cpu_data_notes(recipe.CPU_MEASUREMENTS), host=host)
-    for path in report.write(rep, args.out_dir):
-        print(f"wrote {path}")
-    for (p, d, m), s in report.summarise(gpu).items():
+                settings=cpu_loop.TimingSettings(runs=args.torch_runs), progress=bars)
+    return report.Report(
+        measured=report.Provenance(created=_now(), commit=provenance.git_commit(short=True),
+                                   command=command_line(args, public_roots())),
+        bundle=bundle_text, gpu=gpu, skipped=skipped, logo=logo, cpu=cpu,
+        notes=notes(fitted), host=host, cpu_models=tuple(cpu_models))
+
+
+def print_summary(rep: report.Report) -> None:
+    """The headline numbers on stdout, one line per predictor and view."""
+    for (p, d), s in report.summarise_by_device(rep.gpu).items():
         if d == "all":
-            print(f"  GPU {p:22s} {m:18s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %"
+            print(f"  GPU {p:22s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %"
                   f"  in P10-P90 {s.coverage_pct:3.0f} %")
-    for (p, d, m), s in report.summarise(logo).items():
+    for (p, d), s in report.summarise_by_device(rep.logo).items():
         if d == "all":
-            print(f"  LOGO {p:21s} {m:18s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %")
-    for k, s in report.summarise_cpu(cpu).items():
-        print(f"  CPU {k:16s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %"
+            print(f"  LOGO {p:21s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %"
+                  f"  in P10-P90 {s.coverage_pct:3.0f} %")
+    for k, s in report.summarise_cpu(rep.cpu).items():
+        print(f"  CPU {k:22s} MAPE {s.mape_pct:5.1f} %  P90 {s.p90_ape_pct:5.1f} %"
               f"  in P10-P90 {s.coverage_pct:3.0f} %")
-    return 0
 
 
 def latency_bundle(explicit: Path | None, gpu_ops: Path) -> tuple[bundles.Bundle, str]:
@@ -143,20 +201,22 @@ def latency_bundle(explicit: Path | None, gpu_ops: Path) -> tuple[bundles.Bundle
     """
     try:
         fitted = bundles.load_default(explicit)
-        return fitted, f"{fitted.origin} bundle {fitted.path} ({fitted.manifest.get('command')})"
+        return fitted, (f"the {fitted.origin} bundle, trained by "
+                        f"`{fitted.manifest.get('command')}`")
     except errors.BundleError as exc:
         if explicit is not None:
             raise
         _say(f"eval: {exc}; fitting latency models from {gpu_ops} in memory")
     frame = training.load_sources([str(gpu_ops)])
     fitted = fitting.train_bundle(frame, fitting.TrainSettings(), validate=False)
-    return fitted, (f"fitted in memory from {gpu_ops} (default TrainSettings; the installed "
-                    "bundle could not be loaded)")
+    return fitted, ("models fitted in memory from the gpu-ops data set with default "
+                    "settings (the installed bundle could not be loaded)")
 
 
 def host_cpu_models(fitted: bundles.Bundle, backend: str, minutes: float, samples: int,
-                    args: argparse.Namespace) -> tuple[LatencyPredictor, str]:
-    """The models that price a CPU loop on `backend`, with a description of their rows.
+                    args: argparse.Namespace, bars: Progress = silent,
+                    ) -> tuple[LatencyPredictor, report.CpuModels]:
+    """The models that price a CPU loop on `backend`, with where their rows came from.
 
     Fitted on this host's bench rows, or (with 0 minutes) the bundle's, whose rows may come
     from another host.
@@ -169,15 +229,18 @@ def host_cpu_models(fitted: bundles.Bundle, backend: str, minutes: float, sample
                 f"--{'cpu' if backend == 'onnxruntime' else backend}-bench-minutes",
                 f"{exc.message}; benchmark this host instead") from None
         return (learned.LearnedPredictor(fitted, backend=name),
-                f"CPU latency models: the bundle's {name} rows (measured on the host its "
-                "metadata names)")
+                report.CpuModels(backend=backend, source="bundle", rows=0, speed_ratio=1.0,
+                                 reference_rows=0))
     models = host_bench.bench_and_fit(
         host_bench.HostBenchSettings(minutes=minutes, samples=samples, seed=args.cpu_bench_seed,
                                      db_url=args.cpu_db, backend=backend),
-        progress=_say)
+        progress=bars)
+    _say(f"eval: {models.describe()}")
     predictor = host_bench.ScaledPredictor(learned.LearnedPredictor(models.bundle),
                                            models.speed_ratio)
-    return predictor, models.describe()
+    return predictor, report.CpuModels(backend=backend, source="host-bench", rows=models.rows,
+                                       speed_ratio=models.speed_ratio,
+                                       reference_rows=models.reference_rows)
 
 
 def calibrated(results: Sequence[RowResult], *, hold_out_device: bool) -> tuple[RowResult, ...]:
@@ -199,7 +262,7 @@ def calibrated(results: Sequence[RowResult], *, hold_out_device: bool) -> tuple[
 
 def leave_one_gpu_out(
     rows: Sequence[gpu_labels.LabelRow], gpu_ops: Path, max_rows: int, catalog: devices.Catalog,
-    build: gpu_labels.GraphBuilder,
+    build: gpu_labels.GraphBuilder, *, progress: Progress = silent,
 ) -> tuple[RowResult, ...]:
     """Price each labelled GPU's rows with latency models refitted without its op rows.
 
@@ -209,8 +272,7 @@ def leave_one_gpu_out(
     frame = training.load_sources([str(gpu_ops)])
     settings = fitting.TrainSettings(max_rows_per_kernel=max_rows)
     out: list[RowResult] = []
-    for key in gpu_labels.devices_of(rows, catalog):
-        _say(f"eval: leave-one-GPU-out refit without {key}")
+    for key in track(gpu_labels.devices_of(rows, catalog), "eval: leave one GPU out", progress):
         rest = frame[frame["device"] != key]
         held = fitting.train_bundle(rest, settings, validate=False)
         # The same models, corrected by a few of the left-out GPU's rows (as `train_bundle`
@@ -221,7 +283,8 @@ def leave_one_gpu_out(
         results, _ = gpu_labels.evaluate_rows(
             mine, predictors={LGB: learned.LearnedPredictor(held),
                               PROBED: learned.LearnedPredictor(probed)},
-            catalog=catalog, build_graph=build)
+            catalog=catalog, build_graph=build, progress=progress,
+            task=f"eval: GPU label rows, {key} left out")
         out.extend(results)
     return tuple(out)
 
@@ -246,14 +309,14 @@ def notes(fitted: bundles.Bundle) -> tuple[str, ...]:
         "(decomposed GELU/LayerNorm/softmax as one kernel, attention scale and mask inside "
         "the softmax, residual Add inside the LayerNorm; GEMMs unchanged).",
         "Intervals: sum of per-layer P10/P90 (quantile LightGBM); the roofline has none.",
-        "Leave one GPU out, `lightgbm+probe`: the same refit plus 20 random op rows per kernel of "
-        "the left-out GPU as its probe (`fitting.split_probe_rows`): the transfer model corrected "
-        "per kernel (log offset + bounded slope on log base_ms), as `gpuplan train` does after a "
-        "short `gpuplan bench` on a new GPU type. It uses measurements of that GPU, so it is not "
-        "the spec-sheet-only case (`lightgbm`). It pulls predictions toward the GPU's own op data,"
-        " which on T4 runs large GEMMs slower than its whole-model labels imply (linear rows with "
-        "M 2-8k, N and K 0.7-5k: median 3.3 TFLOP/s; the BERT-large batch-8 label runs its 2.94 "
-        "TFLOP of GEMMs in under 694 ms, at least 4.2), hence the T4 rows.",
+        "Leave one GPU out, `lightgbm+probe`: the same refit plus 20 random op rows per kernel of"
+        " the left-out GPU as its probe (`training.fitting.split_probe_rows`): the transfer model"
+        " corrected per kernel (log offset + bounded slope on log base_ms), as `gpuplan train` "
+        "does after a short `gpuplan bench` on a new GPU type. It uses measurements of that GPU, "
+        "so it is not the spec-sheet-only case (`lightgbm`). It pulls predictions toward the "
+        "GPU's own op data, which on T4 runs large GEMMs slower than its whole-model labels imply"
+        " (linear rows with M 2-8k, N and K 0.7-5k: median 3.3 TFLOP/s; the BERT-large batch-8 "
+        "label runs its 2.94 TFLOP of GEMMs in under 694 ms, at least 4.2), hence the T4 rows.",
         "CPU: " + ("the bundle has CPU op models (onnxruntime backend)."
                    if has_cpu else
                    "the bundle has no CPU latency model, so CPU items fall back to the "
@@ -270,37 +333,18 @@ def notes(fitted: bundles.Bundle) -> tuple[str, ...]:
         "`pytorch-eager` (one kernel per node, as the op data was measured).",
         "Elementwise ops count only full-size inputs as operands: a broadcast bias or "
         "attention mask is priced like the scalar of a tensor-scalar op.",
-        "The CPU closed loop is one draw: on a shared VM the host's speed drifts by 10-20 % "
-        "within minutes (whole-model timings as well as the host speed index), so two runs of "
-        "the same command can differ by more than the targets; compare several runs before "
-        "reading a change into one (docs/latency-models.md, Method: the CPU rows).",
+        "CPU op data: the measurement files in `estimator/gpuplan_estimator/data/"
+        "cpu-measurements`; the JSON beside each records how and where it was measured.",
     )
 
 
-def cpu_data_notes(directory: Path) -> tuple[str, ...]:
-    """Report notes on the recorded conditions of the CPU op measurements the bundle learned from.
-
-    The closed loop compares against them, and a host measured under load prices every op
-    slower.
-    """
-    out = []
-    for meta in sorted(directory.glob("*.json")):
-        try:
-            note = json.loads(meta.read_text(encoding="utf-8")).get("note", "")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise errors.InvalidRequestError(str(meta), f"unreadable measurement metadata: {exc}"
-                                             ) from None
-        if note:
-            out.append(f"CPU op data `{meta.name}`: {note}")
-    return tuple(out)
-
-
-def command_line(args: argparse.Namespace) -> str:
-    """The `gpuplan eval` command line that reproduces this run, shell-quoted."""
+def command_line(args: argparse.Namespace, roots: Mapping[str, str]) -> str:
+    """The `gpuplan eval` command line that reproduces this run, shell-quoted, with the paths
+    under `roots` spelled as the page spells them."""
     parts = ["gpuplan", "eval"]
     for flag in ("labels", "bundle"):
         if getattr(args, flag) is not None:
-            parts += [f"--{flag}", str(getattr(args, flag))]
+            parts += [f"--{flag}", pages_path(getattr(args, flag), roots)]
     parts += ["--no-logo"] if args.no_logo else ["--logo-max-rows", str(args.logo_max_rows)]
     parts += ["--no-cpu"] if args.no_cpu else [
         "--cpu-runs", str(args.cpu_runs), "--cpu-sessions", str(args.cpu_sessions),

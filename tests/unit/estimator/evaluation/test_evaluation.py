@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from gpuplan_estimator import devices
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.cost import roofline
-from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, report
+from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, pages, publishing, report
 from gpuplan_estimator.graph import batching
 from gpuplan_estimator.interfaces.cli import estimating
 from gpuplan_estimator.interfaces.cli import evaluation as eval_cli
@@ -130,13 +130,16 @@ def test_probe_sample_takes_a_few_rows_of_every_kernel_deterministically() -> No
 def _report() -> report.Report:
     gpu = (_row("a", "t4", 100.0, 110.0), _row("b", "t4", 200.0, 180.0))
     cpu = (cpu_loop.CpuResult("resnet50", 1, "roofline", 50.0, 40.0, 60.0, 55.0, 3),)
-    return report.Report(commit="abc123", command="gpuplan eval", created="now", bundle="b",
-                         gpu=gpu, skipped=(), logo=gpu, cpu=cpu, notes=("a note",))
+    return report.Report(
+        measured=report.Provenance("2026-01-02T03:04:05+00:00", "abc123", "gpuplan eval"),
+        bundle="b", gpu=gpu, skipped=(), logo=gpu, cpu=cpu, notes=("a note",),
+        host=report.Host("Some CPU", 2, 100.0, 10.0),
+        cpu_models=(report.CpuModels("onnxruntime", "host-bench", 500, 1.07, 48),))
 
 
 def test_report_markdown_and_json() -> None:
     rep = _report()
-    text = report.to_markdown(rep)
+    text = pages.to_markdown(rep, roots={})
     assert "`gpuplan eval`" in text and "abc123" in text and "a note" in text
     assert "| t4 | inference | 2 | 10.0 | " in text
     doc = json.loads(json.dumps(report.to_json(rep)))
@@ -147,9 +150,11 @@ def test_report_markdown_and_json() -> None:
 
 @pytest.mark.slow  # importing matplotlib alone takes seconds on a loaded 2-core machine
 def test_report_files(tmp_path: Path) -> None:
-    md, js, png = report.write(_report(), tmp_path)
-    assert md.is_file() and json.loads(js.read_text(encoding="utf-8"))["commit"] == "abc123"
-    assert png.read_bytes()[:4] == b"\x89PNG"
+    written = publishing.write(_report(), tmp_path, roots={})
+    assert [p.name for p in written] == ["accuracy.md", "accuracy.json",
+                                         "accuracy-residuals.png", "accuracy-coverage.png"]
+    assert json.loads(written[1].read_text(encoding="utf-8"))["measured"]["commit"] == "abc123"
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written[2:])
 
 
 def _tiny_batch1_model() -> onnx.ModelProto:
@@ -192,15 +197,6 @@ def test_estimate_explain_lists_every_layer() -> None:
     assert lines[0].startswith("  explain t4")
     assert len(lines) == 1 + len(g.layers)
     assert lines[-1].rstrip().endswith("100.0")  # the running share ends at the whole step
-
-
-def test_cpu_data_notes_quote_the_measurement_conditions(tmp_path: Path) -> None:
-    (tmp_path / "b.json").write_text(json.dumps({"note": "load average 4-7"}), encoding="utf-8")
-    (tmp_path / "a.json").write_text(json.dumps({"rows": 3}), encoding="utf-8")
-    assert eval_cli.cpu_data_notes(tmp_path) == ("CPU op data `b.json`: load average 4-7",)
-    (tmp_path / "c.json").write_text("[1, 2", encoding="utf-8")
-    with pytest.raises(InvalidRequestError, match=r"c\.json"):
-        eval_cli.cpu_data_notes(tmp_path)
 
 
 def test_measure_keeps_the_median_session_and_checks_sessions() -> None:

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gpuplan_estimator.core import errors
+from gpuplan_estimator.core import errors, progress
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.devices import local_cpu
 from gpuplan_estimator.evaluation import cpu_loop, torch_loop
@@ -96,9 +96,11 @@ def test_bundle_without_torch_rows_is_refused_by_flag() -> None:
 
 
 def test_training_steps_loop_reports_progress_per_model_and_batch() -> None:
-    said: list[str] = []
+    said: list[progress.Step] = []
     results = torch_loop.evaluate_training_steps(
         device=local_cpu.local_cpu_device(), predictor=roofline.RooflinePredictor(),
         settings=FAST, models=("shufflenet",), batches=(1,), progress=said.append)
     assert [(r.model, r.mode, r.batch) for r in results] == [("shufflenet", "train", 1)]
-    assert len(said) == 1 and said[0].startswith("cpu train shufflenet b1: predicted")
+    assert [(s.task, s.done, s.total) for s in said] == [
+        ("eval: CPU training step", 0, 1), ("eval: CPU training step", 1, 1)]
+    assert said[1].item.startswith("shufflenet b1: predicted")

@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from gpuplan_estimator.core import options
+from gpuplan_estimator.core.durations import parse_duration_seconds
 from gpuplan_operator import errors, resources
 
 OPTIMIZERS = frozenset(options.OPTIMIZERS)
 PRECISIONS = frozenset(options.PRECISIONS)
 PREFERENCES = frozenset(options.OBJECTIVES)
 FORMATS = frozenset({"auto", "raw", "gzip", "xz", "zstd"})
-_DURATION = re.compile(r"^(?:[0-9]+[dhms])+$")
-_DURATION_PART = re.compile(r"([0-9]+)([dhms])")
-_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 MAX_DIMS = 32
-
-
-def parse_duration_seconds(text: str) -> int:
-    """'1h30m' → 5400. Raises ValueError for anything else (same grammar as the CRD's CEL rule)."""
-    if not _DURATION.match(text):
-        raise ValueError(f"not a duration like 4h, 90m or 1h30m: {text!r}")
-    return sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
 
 
 def validate_spec(spec: Mapping[str, Any]) -> list[str]:
@@ -161,7 +151,7 @@ def _check_objective(objective: object, out: list[str]) -> None:
     _check_int(objective, "maxGpus", path, 1, options.MAX_GPUS_CAP, out, required=False)
     if "deadline" in objective:
         d = objective["deadline"]
-        if not isinstance(d, str) or not _DURATION.match(d):
+        if not isinstance(d, str) or not _is_duration(d):
             out.append(f"{path}.deadline: must be a duration like 4h, 90m or 1h30m, got {d!r}")
         elif parse_duration_seconds(d) <= 0:
             out.append(f"{path}.deadline: must be longer than 0s")
@@ -212,3 +202,11 @@ def service_account(template: Mapping[str, Any]) -> str | None:
     pod_spec = template.get("spec") or {}
     name = pod_spec.get("serviceAccountName") or pod_spec.get("serviceAccount")
     return str(name) if name else None
+
+
+def _is_duration(text: str) -> bool:
+    try:
+        parse_duration_seconds(text)
+    except ValueError:
+        return False
+    return True

@@ -7,6 +7,7 @@ every distinct item: learned predictors batch by family inside that call.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,8 +19,10 @@ import numpy.typing as npt
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor, predict_on_each
 from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.models import basis
 from gpuplan_estimator.planning import calibrating
 from gpuplan_estimator.step.decomposition import (
     KernelDimsFn,
@@ -31,6 +34,11 @@ from gpuplan_estimator.step.memory import MemoryBreakdown, training_memory
 
 SCHEMA_VERSION = 1
 ROOFLINE_PREFIX = "roofline"
+TRAINING_FLOPS_PER_FORWARD_FLOP = 3
+"""Model FLOPs of a training step per forward FLOP: backward is about twice the forward (the
+convention of MFU, PaLM appendix B); the optimizer's FLOPs are not counted."""
+SEQUENCE_DIM = "sequence"
+"""The bound dim that makes throughput tokens/s (the name `graph.batching` binds)."""
 _PHASE_CODE = {Phase.FORWARD: 0, Phase.BACKWARD: 1, Phase.OPTIMIZER: 2}
 
 
@@ -71,6 +79,37 @@ class DeviceEstimate:
     uncovered_ops: tuple[str, ...]
     layers: tuple[LayerEstimate, ...]
     shape_only_layers: int
+    data_basis: str  # models.basis: measured, probed, extrapolated or roofline
+    samples_per_step: int  # the global batch
+    tokens_per_sample: int | None  # the sequence dim when bound, else None
+    model_flops_per_step: float  # forward FLOPs x TRAINING_FLOPS_PER_FORWARD_FLOP in training
+    peak_flops_per_s: float | None  # the device's datasheet peak at the precision
+    price_per_hour_usd: float | None  # None: no known price (never "free")
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples (batch elements) processed per second."""
+        return self.samples_per_step * 1000.0 / self.step_time_ms if self.step_time_ms else 0.0
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second for sequence models, else None."""
+        if self.tokens_per_sample is None:
+            return None
+        return self.samples_per_s * self.tokens_per_sample
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation: achieved model FLOP/s over the datasheet peak."""
+        if not self.peak_flops_per_s or not self.step_time_ms:
+            return None
+        return self.model_flops_per_step / (self.step_time_ms / 1000.0) / self.peak_flops_per_s
+
+    def cost_usd(self, seconds: float | None) -> float | None:
+        """What `seconds` on this device cost at its hourly price; None when either is unknown."""
+        if seconds is None or self.price_per_hour_usd is None:
+            return None
+        return self.price_per_hour_usd * seconds / 3600.0
 
     def top_layers(self, n: int = 5) -> tuple[LayerEstimate, ...]:
         """The `n` layers with the most forward+backward time, most expensive first."""
@@ -111,9 +150,31 @@ def estimate(
     preds: Sequence[LatencyPrediction | None] = (
         predict_on_each(predictor, plan.unique, devices) if plan.unique else [None] * len(devices))
     return tuple(
-        _price(graph, plan, device, pred, predictor, memory, steps, epochs)
+        _with_economics(_price(graph, plan, device, pred, predictor, memory, steps, epochs),
+                        graph, device, settings, predictor)
         for device, pred in zip(devices, preds, strict=True)
     )
+
+
+def model_flops_per_step(graph: ModelGraph, settings: TrainingSettings) -> float:
+    """Model FLOPs of one step (the MFU numerator): the graph's forward FLOPs, times
+    `TRAINING_FLOPS_PER_FORWARD_FLOP` when training."""
+    forward = float(sum(layer.flops for layer in graph.layers))
+    return forward * (TRAINING_FLOPS_PER_FORWARD_FLOP if settings.mode == "train" else 1)
+
+
+def _with_economics(r: DeviceEstimate, graph: ModelGraph, device: DeviceSpec,
+                    settings: TrainingSettings, predictor: LatencyPredictor) -> DeviceEstimate:
+    """`r` with what decisions need beyond time: basis, throughput units, FLOPs, peak, price."""
+    try:
+        peak: float | None = roofline.peak_flops_per_s(device, settings.precision)
+    except InvalidRequestError:  # a device without a rate at this precision: no MFU
+        peak = None
+    return dataclasses.replace(
+        r, data_basis=basis.data_basis(predictor, device), samples_per_step=settings.batch_size,
+        tokens_per_sample=graph.dim_bindings.get(SEQUENCE_DIM),
+        model_flops_per_step=model_flops_per_step(graph, settings), peak_flops_per_s=peak,
+        price_per_hour_usd=device.price_per_hour_usd if device.has_price else None)
 
 
 def _check_sizes(epochs: int | None, dataset_size: int | None) -> None:
@@ -210,6 +271,8 @@ def _price(
         uncovered_ops=uncovered,
         layers=_layers(graph, plan, med, p10, p90, label_names, label_of_item),
         shape_only_layers=len(plan.step.shape_only),
+        data_basis=basis.ROOFLINE, samples_per_step=0, tokens_per_sample=None,
+        model_flops_per_step=0.0, peak_flops_per_s=None, price_per_hour_usd=None,
     )
 
 
@@ -295,9 +358,12 @@ def to_json(
         "model": {
             "name": graph.name, "layers": len(graph.layers), "parameters": graph.parameter_count,
             "opset": graph.opset, "dim_bindings": dict(graph.dim_bindings),
+            "flops_per_step": model_flops_per_step(graph, settings),
         },
         "settings": {
-            "mode": settings.mode, "optimizer": settings.optimizer,
+            "mode": settings.mode,
+            # Inference updates no weights: no optimizer to name.
+            "optimizer": settings.optimizer if settings.mode == "train" else None,
             "precision": settings.precision, "batch_size": settings.batch_size,
             "epochs": epochs, "dataset_size": dataset_size,
         },
@@ -312,6 +378,7 @@ def _device_json(r: DeviceEstimate, include_layers: bool, cal: calibrating.Calib
     factor = c.correction.factor
     out: dict[str, Any] = {
         "device": r.device,
+        "data_basis": r.data_basis,
         "forward_ms": r.forward_ms,
         "backward_ms": r.backward_ms,
         "optimizer_ms": r.optimizer_ms,
@@ -327,6 +394,12 @@ def _device_json(r: DeviceEstimate, include_layers: bool, cal: calibrating.Calib
                                      if r.epoch_seconds is not None else None),
         "calibrated_total_seconds": (r.total_seconds * factor
                                      if r.total_seconds is not None else None),
+        "throughput": {"samples_per_s": r.samples_per_s, "tokens_per_s": r.tokens_per_s},
+        "mfu": r.mfu,
+        "cost_usd": {"price_per_hour": r.price_per_hour_usd,
+                     "per_step": r.cost_usd(r.step_time_ms / 1000.0),
+                     "per_epoch": r.cost_usd(r.epoch_seconds),
+                     "total": r.cost_usd(r.total_seconds)},
         "memory_bytes": r.memory.total_bytes,
         "memory": r.memory.as_dict(),
         "memory_available_bytes": r.memory_available_bytes,

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuplan_estimator.core import options
+from gpuplan_estimator.core.durations import format_duration
 from gpuplan_estimator.planning import calibrating
 from gpuplan_estimator.planning.scaling import ScalingModel
 
@@ -238,7 +239,8 @@ def evaluate(
 
 def _objective_violation(c: Candidate, obj: Objective) -> str:
     if obj.deadline_seconds is not None and c.estimated_seconds > obj.deadline_seconds:
-        return f"takes {c.estimated_seconds:.0f} s, deadline is {obj.deadline_seconds:.0f} s"
+        return (f"takes {format_duration(c.estimated_seconds)}, deadline is "
+                f"{format_duration(obj.deadline_seconds)}")
     if obj.budget_usd is not None and c.cost_usd > obj.budget_usd:
         return f"costs ${c.cost_usd:.2f}, budget is ${obj.budget_usd:.2f}"
     return ""

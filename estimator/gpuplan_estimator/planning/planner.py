@@ -167,8 +167,12 @@ def with_graph(req: _Request) -> _Request:
     return dataclasses.replace(req, model_onnx=model, model_hf_config=None)
 
 
-def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> dict[str, Any]:
-    """Plan JSON for a request, with notes; NoFeasiblePlanError listing why none fits."""
+def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
+                 max_candidates: int | None = 20) -> dict[str, Any]:
+    """Plan JSON for a request, with notes; NoFeasiblePlanError listing why none fits.
+
+    `max_candidates` bounds the ranked candidates listed (None: every one).
+    """
     req = with_graph(req)
     pools, skipped = _pools(req, ctx)
     if not pools:
@@ -181,7 +185,11 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> dict[str, An
     if result.chosen is None:
         raise NoFeasiblePlanError("no GPU type and count satisfies the request",
                                   [*skipped, *result.reasons_by_type.items()])
-    out = plan_json(result)
+    out = plan_json(result, max_candidates=max_candidates)
+    for c in [out["plan"], *out["candidates"]]:
+        # A device without a price is costed at 0: say so, so no reader takes it as free.
+        c["price_known"] = ctx.catalog.resolve(c["device"]).has_price
+    out["candidates_total"] = len(result.candidates)
     out["notes"] = [f"{t}: {why}" for t, why in skipped]
     return out
 
@@ -223,7 +231,7 @@ def candidate_json(c: placement.Candidate) -> dict[str, Any]:
     }
 
 
-def plan_json(result: placement.Plan, *, max_candidates: int = 20) -> dict[str, Any]:
+def plan_json(result: placement.Plan, *, max_candidates: int | None = 20) -> dict[str, Any]:
     """The plan JSON: the chosen candidate, the best others, and every rejection's reason."""
     return {
         "plan": candidate_json(result.chosen) if result.chosen else None,

@@ -6,7 +6,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-from gpuplan_estimator.core import limits
+from gpuplan_estimator.core import durations, limits
 
 MAX_COUNT = 10**12
 """Largest count any flag takes (the CRD's dataset-size bound); beyond it, a batch or a dim
@@ -59,3 +59,20 @@ def dim_binding(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(
             f"dim name longer than {limits.MAX_DIM_NAME_CHARS} characters")
     return name, _bounded(value, limits.MAX_DIM)
+
+
+def duration_seconds(text: str) -> float:
+    """A duration (argparse `type=`): ``2h``, ``90m``, ``1h30m``, ``45s`` as the CRD writes
+    them, or a plain number of seconds."""
+    try:
+        seconds = float(durations.parse_duration_seconds(text))
+    except ValueError:
+        try:
+            seconds = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a duration like 2h, 90m, 1h30m or seconds, got {text[:30]!r}"
+            ) from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"must be a duration longer than 0s, got {text[:30]}")
+    return seconds

@@ -9,9 +9,9 @@ from typing import Any
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.graph import examples
-from gpuplan_estimator.interfaces.cli import estimating, render
+from gpuplan_estimator.interfaces.cli import estimating
 from gpuplan_estimator.models import selection
-from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.planning import estimates, ranking
 from gpuplan_estimator.step.decomposition import TrainingSettings
 
 
@@ -35,6 +35,10 @@ GPT2 = DemoCase("GPT-2 medium (seq 1024, 1 epoch of OpenWebText-sized data)",
                 epochs=1, dataset_size=8_800_000)
 
 
+DEMO_OBJECTIVE = "fastest"
+"""The demo ranks by speed: it compares GPUs, and several catalog prices are unknown."""
+
+
 def register(sub: Any) -> None:
     """Add the `demo` subcommand."""
     p = sub.add_parser("demo", help="estimate ResNet-50 and GPT-2 medium on every catalog GPU")
@@ -49,16 +53,13 @@ def run_demo(args: argparse.Namespace) -> int:
     predictor, source = selection.select_predictor(None)
     for case, build in ((RESNET, examples.resnet50), (GPT2, examples.gpt2_medium)):
         g = build(case.settings.batch_size)
-        results = estimates.estimate(g, specs, case.settings, predictor=predictor,
-                                    epochs=case.epochs, dataset_size=case.dataset_size)
+        results = ranking.rank(
+            estimates.estimate(g, specs, case.settings, predictor=predictor, epochs=case.epochs,
+                               dataset_size=case.dataset_size), DEMO_OBJECTIVE)
         print(f"== {case.title}")
-        print(render.header(g, case.settings, source))
-        print(render.table(results))
-        fastest = min((r for r in results if r.fits), key=lambda r: r.step_time_ms,
-                      default=None)
-        if fastest is not None:
-            print()
-            print(render.device_detail(fastest))
+        estimating.print_estimate(g, results, case.settings, source,
+                                  ranking.recommend(results, DEMO_OBJECTIVE),
+                                  estimating.View(prefer=DEMO_OBJECTIVE))
         print()
     print(f"{len(specs)} devices from {devices.DEFAULT_CATALOG_PATH.name}; times are for one GPU."
           " Try: gpuplan estimate MODEL.onnx --batch N --device h100-sxm-80gb")

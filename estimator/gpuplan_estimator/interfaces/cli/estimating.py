@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.layers import ModelGraph
+from gpuplan_estimator.core.progress import Step
 from gpuplan_estimator.graph import batching, exporting, zoo
-from gpuplan_estimator.interfaces.cli import arguments, render
-from gpuplan_estimator.models import selection
-from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.interfaces.cli import arguments, exits, output, plots, progress, render
+from gpuplan_estimator.models import basis, selection
+from gpuplan_estimator.planning import estimates, ranking
 from gpuplan_estimator.step.decomposition import TrainingSettings
 
 
@@ -44,29 +46,53 @@ def _register_estimate(sub: Any) -> None:
                        help="catalog key, NVML name, GFD label or 'cpu' (repeatable)")
     where.add_argument("--all-devices", action="store_true",
                        help="every catalog GPU (the default when no --device is given)")
-    p.add_argument("--mode", choices=options.MODES, default=options.DEFAULT_MODE)
+    p.add_argument("--mode", choices=options.MODES, default=options.DEFAULT_MODE,
+                   help=f"train (forward, backward, optimizer) or inference (forward only); "
+                   f"default {options.DEFAULT_MODE}")
     p.add_argument("--batch", type=arguments.count_up_to(limits.MAX_BATCH_SIZE),
                    default=None,
-                   help="global batch; binds the model's symbolic batch dim")
+                   help="global batch; binds the model's symbolic batch dim, and a fixed-batch "
+                   "export is re-batched to it")
     p.add_argument("--dim", action="append", type=arguments.dim_binding, default=[],
                    metavar="NAME=V", help="bind a symbolic dim, e.g. sequence=1024 (repeatable)")
-    p.add_argument("--optimizer", choices=options.OPTIMIZERS, default=options.DEFAULT_OPTIMIZER)
-    p.add_argument("--precision", choices=options.PRECISIONS, default=options.DEFAULT_PRECISION)
+    p.add_argument("--optimizer", choices=options.OPTIMIZERS, default=options.DEFAULT_OPTIMIZER,
+                   help=f"optimizer whose update step and state are priced (training only; "
+                   f"default {options.DEFAULT_OPTIMIZER})")
+    p.add_argument("--precision", choices=options.PRECISIONS, default=options.DEFAULT_PRECISION,
+                   help=f"compute precision (default {options.DEFAULT_PRECISION})")
     p.add_argument("--framework", choices=options.FRAMEWORKS,
                    default=options.DEFAULT_FRAMEWORK,
-                   help="onnxruntime: inference with its graph fusions (BN folded, ...)")
-    p.add_argument("--epochs", type=arguments.count_up_to(limits.MAX_EPOCHS), default=None)
+                   help=f"how kernels are run (default {options.DEFAULT_FRAMEWORK}); "
+                   "onnxruntime: inference with its graph fusions (BN folded, ...)")
+    p.add_argument("--epochs", type=arguments.count_up_to(limits.MAX_EPOCHS), default=None,
+                   help="epochs of the run, for time and cost per run (needs --dataset-size; "
+                   "default: none, the table shows cost per epoch or per 1,000 steps)")
     p.add_argument("--dataset-size", type=arguments.count_up_to(limits.MAX_DATASET_SIZE),
                    default=None,
-                   help="samples per epoch")
-    p.add_argument("--layers", action="store_true", help="list every layer, not the top five")
+                   help="samples per epoch, for time and cost per epoch")
+    p.add_argument("--prefer", choices=options.OBJECTIVES, default=options.DEFAULT_OBJECTIVE,
+                   help="what the table is sorted by and the recommendation optimises: cost "
+                   "per step (cheapest), step time (fastest) or cost x time (balanced); "
+                   f"default {options.DEFAULT_OBJECTIVE}; unknown prices never count as free")
+    p.add_argument("--details", action="store_true",
+                   help="the detail block of every device, not only the recommended one")
     p.add_argument("--explain", action="store_true",
-                   help="every layer with its P10-P90 interval, predictor and share of the step")
-    p.add_argument("--json", action="store_true", help="JSON (docs/estimate-json.md)")
-    p.add_argument("--bundle", default=None, help="model bundle directory to predict with")
+                   help="where the step time goes: rolled up by op type and by block "
+                   "(transformer layer, ResNet stage)")
+    p.add_argument("--layers", action="store_true",
+                   help="with --explain: also every layer with its P10-P90 interval and "
+                   "predictor; in JSON/YAML: every layer, not the top five")
+    output.add_output_argument(p)
+    p.add_argument("--plot", default=None, metavar="FILE",
+                   help="also draw the step-time split and memory breakdown per device to FILE "
+                   "(.png, .svg or a self-contained .html; needs gpuplan[plot])")
+    p.add_argument("--bundle", default=None, metavar="DIR",
+                   help="model bundle directory to predict with (default: the newest in the "
+                   "data dir, else the shipped one)")
     p.add_argument("--cpu-backend", default=None, metavar="NAME",
                    help="bundle backend that prices CPU devices, or a unique prefix of one "
                    "(e.g. torch: PyTorch eager rows); default: the bundle's main CPU backend")
+    progress.add_flag(p)
     p.set_defaults(func=run_estimate)
 
 
@@ -121,90 +147,155 @@ def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
-    """`gpuplan estimate`: price the model on each device and print a table or JSON."""
+    """`gpuplan estimate`: price the model on each device; a ranked table, or a document."""
     specs = resolve_devices(args.device)
-    source = model_source(args)
-    try:  # a fixed-batch export is re-batched to --batch, as `gpuplan plan` does
+    with progress.for_args(args) as shown:
+        shown(Step("loading model", 0, None))
+        source = model_source(args)
+        g, batch = _load(source, args)
+        settings = TrainingSettings(batch_size=batch, mode=args.mode,
+                                    optimizer=args.optimizer, precision=args.precision,
+                                    framework=args.framework)
+        try:
+            predictor, predictor_source = selection.select_predictor(args.bundle,
+                                                                     args.cpu_backend)
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(f"--{exc.field.replace('_', '-')}", exc.message) from exc
+        shown(Step("loading model", 1, 1))
+        shown(Step(f"estimating on {len(specs)} device(s)", 0, 1))
+        results = ranking.rank(
+            estimates.estimate(g, specs, settings, predictor=predictor, epochs=args.epochs,
+                               dataset_size=args.dataset_size), args.prefer)
+        shown(Step(f"estimating on {len(specs)} device(s)", 1, 1))
+    rec = ranking.recommend(results, args.prefer)
+    doc = estimates.to_json(g, results, settings, predictor_source=predictor_source,
+                            epochs=args.epochs, dataset_size=args.dataset_size,
+                            include_layers=args.layers)
+    doc["objective"] = {"prefer": args.prefer, "recommended": rec.device.device
+                        if rec.device else None, "reason": rec.reason}
+    if args.plot:
+        plots.write_estimate(doc, args.plot)
+    if output.is_document(args.output):
+        output.emit_document(output.document("Estimate", doc), args.output)
+    else:
+        print_estimate(g, results, settings, predictor_source, rec, View(
+            prefer=args.prefer, wide=args.output == "wide", details=args.details,
+            explain=args.explain, layers=args.layers))
+    if rec.device is None:
+        raise exits.InfeasibleError(f"{g.name}: {rec.reason} (memory needs are in the table)")
+    return 0
+
+
+def _load(source: str | bytes, args: argparse.Namespace) -> tuple[ModelGraph, int]:
+    """The graph at --batch (a fixed-batch export re-batched, as `gpuplan plan` does)."""
+    try:
         g = graph.load_at_batch(source, args.batch, dict(args.dim), name=_model_name(args))
-        batch = graph.model_batch(g, args.batch)
+        return g, graph.model_batch(g, args.batch)
     except InvalidRequestError as exc:
         if exc.field != "batch":
             raise
         raise InvalidRequestError("--batch", exc.message) from exc
-    settings = TrainingSettings(batch_size=batch, mode=args.mode,
-                                optimizer=args.optimizer, precision=args.precision,
-                                framework=args.framework)
-    try:
-        predictor, source = selection.select_predictor(args.bundle, args.cpu_backend)
-    except InvalidRequestError as exc:
-        raise InvalidRequestError(f"--{exc.field.replace('_', '-')}", exc.message) from exc
-    results = estimates.estimate(g, specs, settings, predictor=predictor, epochs=args.epochs,
-                                dataset_size=args.dataset_size)
-    if args.json:
-        doc = estimates.to_json(g, results, settings, predictor_source=source, epochs=args.epochs,
-                               dataset_size=args.dataset_size, include_layers=args.layers)
-        print(json.dumps(doc, indent=2))
-        return 0
-    print(render.header(g, settings, source))
-    print(render.table(results))
-    for r in results:
-        print()
-        print(render.device_detail(r, all_layers=args.layers))
-        if args.explain:
-            print("\n".join(explain_lines(r)))
-    return 0
 
 
-def explain_lines(r: estimates.DeviceEstimate) -> list[str]:
-    """Per-layer predictions, most expensive first, with interval, predictor and running share."""
-    total = sum(layer.total_ms for layer in r.layers) or 1.0
-    lines = [f"  explain {r.device}: layer, op, fwd ms, bwd ms, p10-p90 ms, predictor, cum %"]
-    running = 0.0
-    for layer in sorted(r.layers, key=lambda x: -x.total_ms):
-        running += layer.total_ms
-        lines.append(
-            f"    {layer.name[:40]:<40} {layer.op_type:<14} {layer.forward_ms:9.3f} "
-            f"{layer.backward_ms:9.3f}  {layer.p10_ms:9.3f}-{layer.p90_ms:<9.3f} "
-            f"{layer.predictor:<22} {100 * running / total:5.1f}")
-    return lines
+@dataclass(frozen=True)
+class View:
+    """How much of an estimate the table output shows."""
+
+    prefer: str
+    wide: bool = False
+    details: bool = False
+    explain: bool = False
+    layers: bool = False
+
+
+def print_estimate(g: ModelGraph, results: Sequence[estimates.DeviceEstimate],
+                   settings: TrainingSettings, predictor_source: str,
+                   rec: ranking.Recommendation, view: View) -> None:
+    """The table, the recommendation and its detail (every device's with `view.details`)."""
+    flops_line = f"{render.flops(estimates.model_flops_per_step(g, settings))} per step"
+    output.print_lines([render.header(g, settings, predictor_source) + f"; {flops_line}", ""])
+    output.render_table(render.estimate_columns(results, settings),
+                        render.estimate_rows(results, settings, rec.device), wide=view.wide,
+                        marked_row=next((i for i, r in enumerate(results) if r is rec.device),
+                                        None))
+    lines = ["", *render.recommendation_lines(rec, view.prefer), *render.basis_lines(results)]
+    shown = results if view.details else [rec.device] if rec.device else results[:1]
+    for r in shown:
+        lines += ["", render.device_detail(r, mode=settings.mode), *render.top_layer_lines(r)]
+        if view.explain:
+            lines += render.explain_lines(r, layers=view.layers)
+    if not view.details and len(results) > 1:
+        lines += ["", "(--details: every device's detail; --explain: where the time goes; "
+                  "-o wide: more columns; -o json: everything)"]
+    output.print_lines(lines)
 
 
 def _register_strip(sub: Any) -> None:
-    p = sub.add_parser("strip", help="write a structure-only copy of a model (no weights)")
-    p.add_argument("source", help="ONNX file")
-    p.add_argument("dest", help="output file")
-    p.add_argument("--compress", choices=("gzip", "xz", "zstd"), default=None)
+    p = sub.add_parser("strip", help="write a structure-only copy of a model (no weights)",
+                       description="Write DEST: SOURCE's graph with every weight replaced by "
+                       "its shape, small enough for a ConfigMap; estimates are unchanged.")
+    p.add_argument("source", help="ONNX file to read")
+    p.add_argument("dest", help="file to write")
+    p.add_argument("--compress", choices=("gzip", "xz", "zstd"), default=None,
+                   help="compress DEST (gpuplan and the operator read all three; default: none)")
+    output.add_output_argument(p)
     p.set_defaults(func=run_strip)
 
 
 def run_strip(args: argparse.Namespace) -> int:
     """`gpuplan strip`: write a weight-free copy of the model and print both sizes."""
     in_bytes, out_bytes = graph.strip_weights(args.source, args.dest, compress=args.compress)
-    print(f"{args.source}: {in_bytes} bytes -> {args.dest}: {out_bytes} bytes "
-          f"({out_bytes / in_bytes:.1%})" if in_bytes else f"{args.dest}: {out_bytes} bytes")
+    if output.is_document(args.output):
+        output.emit_document(output.document("Strip", {
+            "source": args.source, "source_bytes": in_bytes, "dest": args.dest,
+            "dest_bytes": out_bytes, "compress": args.compress}), args.output)
+        return 0
+    print(f"{args.source}: {in_bytes:,} bytes -> {args.dest}: {out_bytes:,} bytes "
+          f"({out_bytes / in_bytes:.1%})" if in_bytes else f"{args.dest}: {out_bytes:,} bytes")
     return 0
 
 
 def _register_devices(sub: Any) -> None:
-    p = sub.add_parser("devices", help="list the device catalog")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("devices", help="list the device catalog, with what each GPU's "
+                       "estimates rest on")
+    output.add_output_argument(p)
+    p.add_argument("--bundle", default=None, metavar="DIR",
+                   help="model bundle whose coverage the BASIS column shows (default: the "
+                   "newest in the data dir, else the shipped one)")
     p.set_defaults(func=run_devices)
 
 
+DEVICE_COLUMNS = [
+    output.Column("KEY"), output.Column("NAME"), output.Column("MEMORY", numeric=True),
+    output.Column("GB/S", numeric=True), output.Column("FP32 TFLOPS", numeric=True),
+    output.Column("BF16 TFLOPS", numeric=True), output.Column("$/H", numeric=True),
+    output.Column("BASIS"), output.Column("SMS", numeric=True, wide_only=True),
+    output.Column("L2 MB", numeric=True, wide_only=True),
+    output.Column("INTERCONNECT", wide_only=True), output.Column("PRICE SOURCE", wide_only=True),
+]
+
+
 def run_devices(args: argparse.Namespace) -> int:
-    """`gpuplan devices`: print the device catalog as a table or JSON."""
+    """`gpuplan devices`: the device catalog as a table or a document."""
     catalog = devices.load_catalog()
-    if args.json:
-        print(json.dumps([_device_json(d) for d in catalog.devices], indent=2))
+    predictor, _ = selection.select_predictor(args.bundle)
+    bases = {d.key: basis.data_basis(predictor, d) for d in catalog.devices}
+    if output.is_document(args.output):
+        output.emit_document(output.document("DeviceList", {"devices": [
+            {**_device_json(d), "data_basis": bases[d.key]} for d in catalog.devices]}),
+            args.output)
         return 0
-    print(f"{'key':<22} {'name':<28} {'memory':>9} {'GB/s':>7} {'fp32':>6} {'fp16':>6} "
-          f"{'$/h':>6}")
-    for d in catalog.devices:
-        price = f"{d.price_per_hour_usd:.2f}" if d.price_per_hour_usd > 0 else "-"
-        print(f"{d.key:<22} {d.name[:28]:<28} {render.gib(d.memory_bytes):>9} "
-              f"{d.mem_bandwidth_gbps:>7.0f} {d.peak_tflops.get('fp32', 0):>6.1f} "
-              f"{d.peak_tflops.get('fp16', 0):>6.1f} {price:>6}")
+    output.render_table(DEVICE_COLUMNS, [
+        [d.key, d.name, render.gib(d.memory_bytes), f"{d.mem_bandwidth_gbps:,.0f}",
+         _tflops(d, "fp32"), _tflops(d, "bf16"),
+         f"{d.price_per_hour_usd:.2f}" if d.has_price else "?", bases[d.key],
+         str(d.sm_count), f"{d.l2_cache_mb:g}", f"{d.interconnect} {d.interconnect_gbps:g} GB/s",
+         d.price_source or "-"]
+        for d in catalog.devices], wide=args.output == "wide")
     return 0
+def _tflops(d: devices.DeviceSpec, precision: str) -> str:
+    value = d.peak_tflops.get(precision)
+    return f"{value:.1f}" if value else "-"
 
 
 def _device_json(d: devices.DeviceSpec) -> dict[str, Any]:

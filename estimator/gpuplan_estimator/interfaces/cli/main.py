@@ -2,8 +2,9 @@
 
 The built-in commands live in `estimating` and `demo`; other modules add subcommands by
 defining ``register(subparsers)`` (each parser sets ``func``: args → exit code) and being listed
-in `COMMAND_MODULES`. Every `GpuplanError` and usage error becomes one ``gpuplan: error: ...``
-line on stderr and exit code 2; ``--debug`` shows the traceback instead.
+in `COMMAND_MODULES`. Every failure becomes one ``gpuplan: error: ...`` line on stderr and the
+exit code of its kind (`exits`: 2 usage or invalid input, 3 infeasible, 4 unavailable, 1 a bug
+of ours); ``--debug`` shows the traceback too.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from typing import Any, NoReturn
 
 from gpuplan_estimator.core import extras
 from gpuplan_estimator.core.errors import GpuplanError
-from gpuplan_estimator.interfaces.cli import demo, estimating
+from gpuplan_estimator.interfaces.cli import completion, demo, estimating, exits, plans
 
 # Subcommands that other modules add with ``register(subparsers)``: command -> (module, the
 # extra its imports need, `core.extras`). A command imports only its own module, so a core
 # install (no pandas, onnxruntime, ...) runs `gpuplan plan`, and a missing extra is named (#20).
-# `plan` needs "serve" only while `serving` imports the HTTP service (aiohttp) at its top.
 _CLI = "gpuplan_estimator.interfaces.cli"
 COMMAND_MODULES: dict[str, tuple[str, str]] = {
     "bench": (f"{_CLI}.bench", "bench"),
@@ -32,11 +32,10 @@ COMMAND_MODULES: dict[str, tuple[str, str]] = {
     "models-report": (f"{_CLI}.training", "bench"),
     "train": (f"{_CLI}.training", "bench"),
     "serve": (f"{_CLI}.serving", "serve"),
-    "plan": (f"{_CLI}.serving", "serve"),
     "eval": (f"{_CLI}.evaluation", "bench"),
 }
-BUILTIN_COMMANDS = frozenset({"estimate", "strip", "devices", "demo"})
-EXIT_USAGE = 2
+BUILTIN_COMMANDS = frozenset({"estimate", "strip", "devices", "demo", "plan", "completion"})
+EXIT_USAGE = exits.ExitCode.USAGE
 
 
 class UsageError(GpuplanError):
@@ -60,23 +59,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
         return func(args)
-    except GpuplanError as exc:
-        if debug:
-            traceback.print_exc()
-        print(f"gpuplan: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except BrokenPipeError:  # `gpuplan ... | head`: the reader left, nothing to report
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
-        return 0
-    except OSError as exc:  # files the user named: unreadable input, unwritable output
-        if debug:
-            traceback.print_exc()
-        name = f"{exc.filename}: " if exc.filename else ""
-        print(f"gpuplan: error: {name}{exc.strerror or exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.ExitCode.OK
     except KeyboardInterrupt:
         print("gpuplan: interrupted", file=sys.stderr)
-        return 130
+        return exits.ExitCode.INTERRUPTED
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"gpuplan: error: {_describe(exc, debug)}", file=sys.stderr)
+        return exits.for_error(exc)
+
+
+def _describe(exc: Exception, debug: bool) -> str:
+    """One line for the user: the domain message, the file of an I/O error, or for a bug of
+    ours its type and where to look."""
+    code = exits.for_error(exc)
+    if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError):
+        name = f"{exc.filename}: " if exc.filename else ""
+        return f"{name}{exc.strerror or exc}"
+    if code == exits.ExitCode.INTERNAL:
+        hint = "" if debug else " (run again with --debug for the traceback, and report it)"
+        return f"internal error: {type(exc).__name__}: {exc}{hint}"
+    details = getattr(exc, "details", ())
+    if isinstance(details, tuple | list) and len(details) > 1:  # one line per field or type
+        head = str(exc).split(": ", 1)[0]
+        return "\n  ".join([f"{head}:", *map(str, details)])
+    return str(exc)
 
 
 def _wants_plugins(argv: Sequence[str]) -> bool | str:
@@ -120,14 +130,35 @@ def _raise(error: Exception, _: argparse.Namespace) -> int:
     raise error
 
 
+EPILOG = """exit codes: 0 success, 1 internal error, 2 usage or invalid input,
+3 infeasible (no plan; the model fits no device), 4 unavailable (database, service, optional
+package), 130 interrupted. Docs: README.md and docs/ in the source distribution."""
+
+
+def _version() -> str:
+    """The installed distribution's version (a source tree without metadata says so)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("gpuplan")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser(*, plugins: bool | str = True) -> argparse.ArgumentParser:
     """The whole parser; `plugins=False` leaves out the plugged-in subcommands, a command's
     name loads only its module (see `_wants_plugins`)."""
-    parser = _Parser(prog="gpuplan", description="GPU right-sizing for deep-learning training.")
+    parser = _Parser(prog="gpuplan", description="GPU right-sizing for deep-learning training: "
+                     "predict step time and memory per GPU type, then choose type and count.",
+                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="print the version and exit")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
     estimating.register(sub)
+    plans.register(sub)
     demo.register(sub)
+    completion.register(sub)
     _register_plugins(sub, plugins)
     return parser
 

@@ -1,40 +1,24 @@
-"""`gpuplan serve` (the estimator HTTP service) and `gpuplan plan` (the planner, offline)."""
+"""`gpuplan serve`: the estimator HTTP service."""
 
 from __future__ import annotations
 
 import argparse
-import base64
 import functools
-import json
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuplan_estimator import devices
-from gpuplan_estimator.core import limits, options
-from gpuplan_estimator.interfaces.cli import arguments
+from gpuplan_estimator.interfaces.cli import arguments, plans
 from gpuplan_estimator.interfaces.http import service, wire
-from gpuplan_estimator.models import selection
-from gpuplan_estimator.planning import calibrating, planner
+from gpuplan_estimator.planning import calibrating
 
 if TYPE_CHECKING:
     from gpuplan_estimator.perfdb import PerfStore
 
 
-def load_context(bundle_dir: str | None) -> planner.PlannerContext:
-    """Planner context: the device catalog and the predictor from `bundle_dir` or default."""
-    predictor, source = selection.select_predictor(bundle_dir)
-    manifest = getattr(getattr(predictor, "bundle", None), "manifest", {}) or {}
-    return planner.PlannerContext(
-        catalog=devices.load_catalog(), predictor=predictor, predictor_source=source,
-        manifest=manifest if isinstance(manifest, dict) else {},
-    )
-
-
 def register(sub: Any) -> None:
-    """Add the ``serve`` and ``plan`` subcommands to an argparse subparsers object."""
+    """Add the ``serve`` subcommand to an argparse subparsers object."""
     s = sub.add_parser("serve", help="run the estimator HTTP service")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=arguments.count_up_to(65535), default=8080)
@@ -60,26 +44,6 @@ def register(sub: Any) -> None:
                    "(default: $GPUPLAN_DB_URL, else SQLite in the data dir)")
     s.set_defaults(func=run_serve)
 
-    p = sub.add_parser("plan", help="choose GPU type and count for a model and an objective")
-    p.add_argument("model", help="ONNX file (may be gzip/xz/zstd-compressed)")
-    p.add_argument("--batch", type=arguments.count_up_to(limits.MAX_BATCH_SIZE), required=True,
-                   help="global batch size")
-    p.add_argument("--dataset-size", type=arguments.count_up_to(limits.MAX_DATASET_SIZE),
-                   required=True)
-    p.add_argument("--epochs", type=arguments.count_up_to(limits.MAX_EPOCHS), default=1)
-    p.add_argument("--dim", type=arguments.dim_binding, action="append", default=[])
-    p.add_argument("--optimizer", default=options.DEFAULT_OPTIMIZER, choices=options.OPTIMIZERS)
-    p.add_argument("--precision", default=options.DEFAULT_PRECISION, choices=options.PRECISIONS)
-    p.add_argument("--prefer", default=options.DEFAULT_OBJECTIVE, choices=options.OBJECTIVES)
-    p.add_argument("--max-gpus", type=arguments.count_up_to(options.MAX_GPUS_CAP),
-                   default=options.DEFAULT_MAX_GPUS)
-    p.add_argument("--deadline", type=arguments.positive_float, metavar="SECONDS")
-    p.add_argument("--budget", type=arguments.positive_float, metavar="USD")
-    p.add_argument("--pool", action="append", default=[], metavar="TYPE=NODESxGPUS",
-                   help="GPU pool, e.g. NVIDIA-H100-80GB-HBM3=2x8 (default: 1x8 of every GPU)")
-    p.add_argument("--bundle")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=run_plan)
 
 
 def _lazy_store(db_url: str | None) -> Callable[[], PerfStore]:
@@ -158,50 +122,10 @@ def run_serve(args: argparse.Namespace) -> int:
         queued_per_client=args.queued_per_client,
     )
     # A partial, not a lambda: every estimation worker process builds its context with it.
-    state = service.ServiceState(functools.partial(load_context, args.bundle))
+    state = service.ServiceState(functools.partial(plans.load_context, args.bundle))
     state.load()  # fail fast on a broken explicit bundle
     app = service.make_app(state, settings, outcome_sink=perfdb_outcome_sink(args.db),
                            coverage_source=perfdb_coverage_source(args.db),
                            outcome_history=perfdb_outcome_history(args.db))
     web.run_app(app, host=settings.host, port=settings.port)
-    return 0
-
-
-def _pools(specs: list[str]) -> list[dict[str, Any]]:
-    if not specs:
-        return [{"gpu_type": d.key, "gpus_per_node": 8, "nodes": 1, "free_gpus": 8}
-                for d in devices.load_catalog().devices]
-    pools = []
-    for text in specs:
-        name, _, shape = text.rpartition("=")
-        nodes, _, gpus = shape.partition("x")
-        if not name or not nodes.isdigit() or not gpus.isdigit():
-            raise wire.InvalidRequestError("--pool", f"expected TYPE=NODESxGPUS, got {text!r}")
-        pools.append({"gpu_type": name, "gpus_per_node": int(gpus), "nodes": int(nodes),
-                      "free_gpus": int(nodes) * int(gpus)})
-    return pools
-
-
-def run_plan(args: argparse.Namespace) -> int:
-    """`gpuplan plan`: choose GPU type and count for a model offline; print table or JSON."""
-    body = {
-        "model_onnx_b64": base64.b64encode(Path(args.model).read_bytes()).decode(),
-        "training": {"batch_size": args.batch, "dataset_size": args.dataset_size,
-                     "epochs": args.epochs, "optimizer": args.optimizer,
-                     "precision": args.precision, "dims": dict(args.dim)},
-        "objective": {"prefer": args.prefer, "max_gpus": args.max_gpus,
-                      "deadline_seconds": args.deadline, "budget_usd": args.budget},
-        "inventory": _pools(args.pool),
-    }
-    result = planner.plan_request(wire.parse_plan_request(body), load_context(args.bundle))
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    chosen = result["plan"]
-    print(f"plan: {chosen['gpu_count']} x {chosen['gpu_type']} ({chosen['nodes']} node(s)), "
-          f"{chosen['estimated_seconds'] / 3600:.2f} h, ${chosen['cost_usd']:.2f}")
-    print(f"{'GPU TYPE':<26}{'GPUS':>5}{'STEP ms':>11}{'HOURS':>9}{'COST $':>10}")
-    for c in result["candidates"][:10]:
-        print(f"{c['gpu_type']:<26}{c['gpu_count']:>5}{c['step_time_ms']:>11.1f}"
-              f"{c['estimated_seconds'] / 3600:>9.2f}{c['cost_usd']:>10.2f}")
     return 0

@@ -51,15 +51,26 @@ def tiny_model(path: Path, *, opset: int = 17) -> Path:
 def test_estimate_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(["estimate", str(RESNET), "--device", "h100-sxm-80gb", "--device",
                           "NVIDIA-A100-SXM4-80GB", "--json", "--epochs", "2",
-                          "--dataset-size", "100"], capsys)
+                          "--dataset-size", "100", "--prefer", "fastest"], capsys)
     assert code == 0, err
     doc = json.loads(out)
     assert doc["schema_version"] == estimates.SCHEMA_VERSION
     assert doc["predictor_source"] == "roofline" or doc["predictor_source"].startswith("bundle:")
     assert doc["settings"] == {"mode": "train", "optimizer": "adamw", "precision": "fp32",
                                "batch_size": 1, "epochs": 2, "dataset_size": 100}
+    assert doc["kind"] == "Estimate"
+    # Ranked by the objective: the H100 steps faster, and it is the recommendation.
     assert [d["device"] for d in doc["devices"]] == ["h100-sxm-80gb", "a100-sxm4-80gb"]
+    assert doc["objective"]["prefer"] == "fastest"
+    assert doc["objective"]["recommended"] == "h100-sxm-80gb"
     dev = doc["devices"][0]
+    assert dev["data_basis"] == "extrapolated" or doc["predictor_source"] == "roofline"
+    assert dev["throughput"]["samples_per_s"] == pytest.approx(1000 / dev["step_time_ms"])
+    # ResNet-50 forward is ~4.1 GMAC per image: 3 x 8.2 GFLOP for a training step of one.
+    assert 2.2e10 < doc["model"]["flops_per_step"] < 2.7e10
+    assert 0 < dev["mfu"] < 1
+    assert dev["cost_usd"]["total"] == pytest.approx(
+        dev["cost_usd"]["price_per_hour"] * dev["total_seconds"] / 3600)
     assert dev["step_time_ms"] == pytest.approx(
         dev["forward_ms"] + dev["backward_ms"] + dev["optimizer_ms"])
     assert dev["total_seconds"] == pytest.approx(2 * dev["epoch_seconds"])
@@ -69,10 +80,11 @@ def test_estimate_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_estimate_text_with_all_layers(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["estimate", str(RESNET), "--device", "t4", "--mode", "inference",
-                        "--layers", "--precision", "fp16"], capsys)
+                        "--explain", "--layers", "--precision", "fp16"], capsys)
     assert code == 0
     assert "inference, batch 1" in out and "precision fp16" in out
-    assert "all layers:" in out and out.count(" Conv ") >= 53
+    assert "optimizer" not in out  # inference updates no weights
+    assert "by op type:" in out and "every layer" in out and out.count(" Conv ") >= 53
     assert "memory" in out and "fits" in out
 
 
@@ -170,8 +182,12 @@ def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_devices_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["devices", "--json"], capsys)
-    rows = json.loads(out)
+    doc = json.loads(out)
+    assert doc["schema_version"] == 1 and doc["kind"] == "DeviceList"
+    rows = doc["devices"]
     assert code == 0 and len(rows) >= 10
+    assert {row["data_basis"] for row in rows} <= {"measured", "probed", "extrapolated",
+                                                    "roofline"}
     assert {"key", "memory_bytes", "mem_bandwidth_gbps", "peak_tflops"} <= set(rows[0])
     code, out, _ = run(["devices"], capsys)
     assert code == 0 and "h100-sxm-80gb" in out

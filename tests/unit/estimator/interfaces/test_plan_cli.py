@@ -5,6 +5,7 @@ import pathlib
 
 import onnx
 import pytest
+import yaml
 
 from gpuplan_estimator.interfaces.cli import main
 
@@ -28,8 +29,9 @@ def test_plan_json_respects_pools_and_deadline(capsys: pytest.CaptureFixture[str
     ("args", "message"),
     [
         (["--pool", "bad"], "--pool"),
-        (["--pool", "TPU-v9=1x8"], "not in the GPU catalog"),
-        (["--pool", "NVIDIA-L4=1x4", "--deadline", "0.001"], "deadline"),
+        (["--pool", "TPU-v9=1x8"], "unknown device 'TPU-v9'"),
+        (["--deadline", "2 hours"], "expected a duration like 2h, 90m, 1h30m or seconds"),
+        (["--deadline", "0s"], "must be a duration longer than 0s"),
     ],
 )
 def test_plan_errors_are_one_line_exit_2(args: list[str], message: str,
@@ -39,3 +41,48 @@ def test_plan_errors_are_one_line_exit_2(args: list[str], message: str,
     assert code == 2
     assert err.startswith("gpuplan: error:") and err.count("\n") == 1
     assert message in err
+
+
+def test_an_infeasible_plan_exits_3_with_one_line_per_gpu_type(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = main.main(["plan", str(RESNET50), "--batch", "64", "--dataset-size", "64000",
+                      "--pool", "NVIDIA-L4=1x4", "--pool", "t4=1x2", "--deadline", "1s"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 3
+    assert err[0] == "gpuplan: error: no GPU type and count satisfies the request:"
+    assert [line.split(":")[0].strip() for line in err[1:]] == ["NVIDIA-L4", "t4"]
+    assert all("deadline is 1.0 s" in line for line in err[1:])
+
+
+def test_deadline_durations_read_like_the_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    docs = []
+    for deadline in ("2h", "7200", "1h60m"):
+        code = main.main(["plan", str(RESNET50), "--batch", "64", "--dataset-size", "64000",
+                          "--pool", "NVIDIA-L4=1x4", "--deadline", deadline, "-o", "yaml"])
+        assert code == 0
+        docs.append(yaml.safe_load(capsys.readouterr().out))
+    assert {d["objective"]["deadline_seconds"] for d in docs} == {7200.0}
+    assert docs[0]["schema_version"] == 1 and docs[0]["kind"] == "Plan"
+
+
+def test_plan_table_shows_memory_interval_rejections_and_all_rows(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", str(RESNET50), "--batch", "256", "--dataset-size", "64000",
+            "--pool", "p4=1x8", "--pool", "NVIDIA-L4=2x4", "--pool", "t4=2x8",
+            "--max-gpus", "16"]
+    assert main.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan: ") and "p10-p90" in out and "memory" in out
+    assert "(--epochs defaults to 1)" in out
+    assert "MEMORY/GPU" in out and "P10-P90" in out
+    # P4s (8 GB) cannot hold batch 256 on one or two GPUs: the rejections say so.
+    assert "rejected (" in out and "p4 x 1" in out and "has 8.0 GiB" in out
+    shown = [line for line in out.splitlines()
+             if line.lstrip("* ").startswith(("NVIDIA-L4 ", "p4 ", "t4 ")) and " x " not in line]
+    assert len(shown) <= 10 and "--all lists every one" in out
+    assert main.main([*argv, "--all"]) == 0
+    every = capsys.readouterr().out
+    total = int(every.split("candidates (")[1].split(" of ")[1].split(",")[0])
+    rows = [line for line in every.splitlines()
+            if line.lstrip("* ").startswith(("NVIDIA-L4 ", "p4 ", "t4 ")) and " x " not in line]
+    assert len(rows) == total > 10

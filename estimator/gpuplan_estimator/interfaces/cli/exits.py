@@ -1,0 +1,52 @@
+"""Exit codes of `gpuplan`, one per kind of failure, so scripts can tell them apart.
+
+- 0: success
+- 1: internal error, a bug of ours (run again with ``--debug`` and report the traceback)
+- 2: usage or invalid input: a flag, a model file, a device name, a request field
+- 3: infeasible: no GPU type and count satisfies the plan request, or the model fits none of
+  the devices estimated
+- 4: unavailable: the performance database (or another service the command needs) cannot be
+  reached, or an optional package is not installed
+- 130: interrupted (Ctrl-C)
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from gpuplan_estimator.core.errors import DatabaseError, GpuplanError
+from gpuplan_estimator.core.extras import MissingExtraError
+from gpuplan_estimator.planning.planner import NoFeasiblePlanError
+
+
+class ExitCode(IntEnum):
+    """The process exit status of a `gpuplan` command."""
+
+    OK = 0
+    INTERNAL = 1
+    USAGE = 2
+    INFEASIBLE = 3
+    UNAVAILABLE = 4
+    INTERRUPTED = 130
+
+
+class InfeasibleError(GpuplanError):
+    """The command ran, and its answer is that nothing fits (exit 3)."""
+
+
+def for_error(exc: BaseException) -> ExitCode:
+    """The exit code a failure maps to (see the table above)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return ExitCode.INTERRUPTED
+    if isinstance(exc, NoFeasiblePlanError | InfeasibleError):
+        return ExitCode.INFEASIBLE
+    if isinstance(exc, DatabaseError | MissingExtraError) or _is_unavailable(exc):
+        return ExitCode.UNAVAILABLE
+    if isinstance(exc, GpuplanError | OSError):
+        return ExitCode.USAGE
+    return ExitCode.INTERNAL
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    """Network failures reaching a service (connection refused, timeouts)."""
+    return isinstance(exc, ConnectionError | TimeoutError)

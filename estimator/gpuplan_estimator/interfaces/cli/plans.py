@@ -1,0 +1,249 @@
+"""`gpuplan plan`: choose GPU type and count for a model, a dataset and an objective (offline).
+
+The same planner as the service's `POST /v1/plans`, run in-process on the catalog's GPUs (or
+the pools given). The table shows the choice, the best other candidates with memory and the
+P10-P90 range, and why each rejected GPU type and count was rejected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuplan_estimator import devices
+from gpuplan_estimator.core import limits, options
+from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.progress import Step
+from gpuplan_estimator.interfaces.cli import arguments, output, plots, progress, render
+from gpuplan_estimator.interfaces.http import wire
+from gpuplan_estimator.models import selection
+from gpuplan_estimator.planning import planner
+
+DEFAULT_EPOCHS = 1
+TABLE_CANDIDATES = 10
+"""Candidates the table lists without --all."""
+_NUMBERS = re.compile(r"[0-9][0-9.,]*")
+DOCUMENT_CANDIDATES = 20
+"""Candidates a JSON/YAML plan lists without --all: as many as the service returns."""
+DEFAULT_POOL_NODES = 1
+DEFAULT_POOL_GPUS_PER_NODE = 8
+
+
+def load_context(bundle_dir: str | None) -> planner.PlannerContext:
+    """Planner context: the device catalog and the predictor from `bundle_dir` or default."""
+    predictor, source = selection.select_predictor(bundle_dir)
+    manifest = getattr(getattr(predictor, "bundle", None), "manifest", {}) or {}
+    return planner.PlannerContext(
+        catalog=devices.load_catalog(), predictor=predictor, predictor_source=source,
+        manifest=manifest if isinstance(manifest, dict) else {},
+    )
+
+
+def register(sub: Any) -> None:
+    """Add the `plan` subcommand."""
+    p = sub.add_parser("plan", help="choose GPU type and count for a model and an objective",
+                       description="Choose the GPU type and count that meet the objective for "
+                       "training MODEL on --dataset-size samples for --epochs epochs.")
+    p.add_argument("model", help="ONNX file (may be gzip/xz/zstd-compressed)")
+    p.add_argument("--batch", type=arguments.count_up_to(limits.MAX_BATCH_SIZE), required=True,
+                   help="global batch size, split evenly over the GPUs of a candidate")
+    p.add_argument("--dataset-size", type=arguments.count_up_to(limits.MAX_DATASET_SIZE),
+                   required=True, help="samples per epoch")
+    p.add_argument("--epochs", type=arguments.count_up_to(limits.MAX_EPOCHS),
+                   default=DEFAULT_EPOCHS, help=f"epochs to train (default {DEFAULT_EPOCHS})")
+    p.add_argument("--dim", type=arguments.dim_binding, action="append", default=[],
+                   metavar="NAME=V", help="bind a symbolic dim, e.g. sequence=1024 (repeatable)")
+    p.add_argument("--optimizer", default=options.DEFAULT_OPTIMIZER, choices=options.OPTIMIZERS,
+                   help=f"optimizer (default {options.DEFAULT_OPTIMIZER})")
+    p.add_argument("--precision", default=options.DEFAULT_PRECISION, choices=options.PRECISIONS,
+                   help=f"compute precision (default {options.DEFAULT_PRECISION})")
+    p.add_argument("--prefer", default=options.DEFAULT_OBJECTIVE, choices=options.OBJECTIVES,
+                   help="cheapest: least cost meeting the deadline; fastest: least time within "
+                   "the budget; balanced: least cost x time "
+                   f"(default {options.DEFAULT_OBJECTIVE})")
+    p.add_argument("--max-gpus", type=arguments.count_up_to(options.MAX_GPUS_CAP),
+                   default=options.DEFAULT_MAX_GPUS,
+                   help=f"most GPUs a plan may use (default {options.DEFAULT_MAX_GPUS})")
+    p.add_argument("--deadline", type=arguments.duration_seconds, metavar="DURATION",
+                   help="time the whole run must finish in: 2h, 90m, 1h30m, 3d, or seconds")
+    p.add_argument("--budget", type=arguments.positive_float, metavar="USD",
+                   help="most the whole run may cost, in US dollars")
+    p.add_argument("--pool", action="append", default=[], metavar="TYPE=NODESxGPUS",
+                   help="GPU pool, e.g. NVIDIA-H100-80GB-HBM3=2x8 (repeatable; default: "
+                   f"{DEFAULT_POOL_NODES}x{DEFAULT_POOL_GPUS_PER_NODE} of every catalog GPU)")
+    p.add_argument("--all", action="store_true",
+                   help=f"every candidate and every rejection (default: the best "
+                   f"{TABLE_CANDIDATES} and one line per rejected GPU type)")
+    output.add_output_argument(p)
+    p.add_argument("--plot", default=None, metavar="FILE",
+                   help="also draw cost against time of every candidate, the Pareto front and "
+                   "the choice to FILE (.png, .svg or a self-contained .html; needs "
+                   "gpuplan[plot])")
+    p.add_argument("--bundle", default=None, metavar="DIR",
+                   help="model bundle directory (default: the newest in the data dir, else "
+                   "the shipped one)")
+    progress.add_flag(p)
+    p.set_defaults(func=run_plan)
+
+
+def pools(specs: Sequence[str]) -> list[dict[str, Any]]:
+    """`--pool` values as inventory entries (default: one node of 8 of every catalog GPU)."""
+    if not specs:
+        return [{"gpu_type": d.key, "gpus_per_node": DEFAULT_POOL_GPUS_PER_NODE,
+                 "nodes": DEFAULT_POOL_NODES,
+                 "free_gpus": DEFAULT_POOL_NODES * DEFAULT_POOL_GPUS_PER_NODE}
+                for d in devices.load_catalog().devices]
+    catalog = devices.load_catalog()
+    out = []
+    for text in specs:
+        name, _, shape = text.rpartition("=")
+        nodes, _, gpus = shape.partition("x")
+        if not name or not nodes.isdigit() or not gpus.isdigit():
+            raise InvalidRequestError("--pool", f"expected TYPE=NODESxGPUS, got {text!r}")
+        catalog.resolve(name)  # a name the catalog lacks is a typo here: one error, suggestions
+        out.append({"gpu_type": name, "gpus_per_node": int(gpus), "nodes": int(nodes),
+                    "free_gpus": int(nodes) * int(gpus)})
+    return out
+
+
+def request_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan request the flags describe, in the service's wire format."""
+    return {
+        "model_onnx_b64": base64.b64encode(Path(args.model).read_bytes()).decode(),
+        "training": {"batch_size": args.batch, "dataset_size": args.dataset_size,
+                     "epochs": args.epochs, "optimizer": args.optimizer,
+                     "precision": args.precision, "dims": dict(args.dim)},
+        "objective": {"prefer": args.prefer, "max_gpus": args.max_gpus,
+                      "deadline_seconds": args.deadline, "budget_usd": args.budget},
+        "inventory": pools(args.pool),
+    }
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """`gpuplan plan`: the plan as a table (choice, candidates, rejections) or a document."""
+    with progress.for_args(args) as shown:
+        shown(Step("planning", 0, 1))
+        body = request_body(args)
+        result = planner.plan_request(wire.parse_plan_request(body), load_context(args.bundle),
+                                      max_candidates=None)
+        shown(Step("planning", 1, 1))
+    doc = {**result, "objective": body["objective"],
+           "training": dict(body["training"])}
+    if args.plot:
+        plots.write_plan(doc, args.plot)
+    if output.is_document(args.output):
+        if not args.all:
+            doc["candidates"] = doc["candidates"][:DOCUMENT_CANDIDATES]
+        output.emit_document(output.document("Plan", doc), args.output)
+        return 0
+    _print_plan(doc, args)
+    return 0
+
+
+def _print_plan(doc: Mapping[str, Any], args: argparse.Namespace) -> None:
+    chosen = doc["plan"]
+    output.print_lines([*summary_lines(chosen, doc), ""])
+    candidates = doc["candidates"] if args.all else doc["candidates"][:TABLE_CANDIDATES]
+    shown = f"{len(candidates)} of {doc['candidates_total']}"
+    output.print_lines([f"candidates ({shown}, best first"
+                        + ("" if args.all else "; --all lists every one") + "):"])
+    output.render_table(CANDIDATE_COLUMNS, [candidate_row(c, chosen) for c in candidates],
+                        wide=args.output == "wide", marked_row=next(
+                            (i for i, c in enumerate(candidates) if _same(c, chosen)), None))
+    lines = ["", *rejection_lines(doc["rejected"], every=args.all)]
+    lines += [f"note: {n}" for n in doc.get("notes", [])]
+    output.print_lines(lines)
+
+
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return bool(a["gpu_type"] == b["gpu_type"] and a["gpu_count"] == b["gpu_count"])
+
+
+def _cost(c: Mapping[str, Any]) -> str:
+    return render.usd(c["cost_usd"]) if c.get("price_known", True) else "? (no price)"
+
+
+def summary_lines(chosen: Mapping[str, Any], doc: Mapping[str, Any]) -> list[str]:
+    """The choice in words: type, count, time with its range, cost, memory, the settings."""
+    lo, hi = chosen["interval_seconds"]
+    t = doc["training"]
+    obj = doc["objective"]
+    limits_text = "".join([
+        f", deadline {render.duration(obj['deadline_seconds'])}"
+        if obj.get("deadline_seconds") else "",
+        f", budget {render.usd(obj['budget_usd'])}" if obj.get("budget_usd") else ""])
+    return [
+        f"plan: {chosen['gpu_count']} x {chosen['gpu_type']} on {chosen['nodes']} node(s): "
+        f"{render.duration(chosen['estimated_seconds'])} (p10-p90 {render.duration(lo)} to "
+        f"{render.duration(hi)}), {_cost(chosen)}",
+        f"  per GPU: batch {chosen['per_gpu_batch']}, step {render.ms(chosen['step_time_ms'])} "
+        f"ms (all-reduce {render.ms(chosen['allreduce_ms'])} ms), memory "
+        f"{render.gib(chosen['memory_bytes_per_gpu'])}",
+        f"  objective {obj['prefer']}{limits_text}; {t['epochs']} epoch(s) of "
+        f"{t['dataset_size']:,} samples at batch {t['batch_size']}"
+        + (" (--epochs defaults to 1)" if t["epochs"] == DEFAULT_EPOCHS else ""),
+    ]
+
+
+CANDIDATE_COLUMNS = [
+    output.Column(""), output.Column("GPU TYPE"), output.Column("GPUS", numeric=True),
+    output.Column("NODES", numeric=True), output.Column("BATCH/GPU", numeric=True),
+    output.Column("STEP ms", numeric=True), output.Column("TIME", numeric=True),
+    output.Column("P10-P90", numeric=True), output.Column("MEMORY/GPU", numeric=True),
+    output.Column("COST", numeric=True),
+    output.Column("ALL-REDUCE ms", numeric=True, wide_only=True),
+    output.Column("CALIBRATION", wide_only=True),
+]
+
+
+def candidate_row(c: Mapping[str, Any], chosen: Mapping[str, Any]) -> list[str]:
+    """One candidate as a table row matching `CANDIDATE_COLUMNS`."""
+    lo, hi = c["interval_seconds"]
+    cal = c.get("calibration", {})
+    return [
+        render.RECOMMENDED_MARK if _same(c, chosen) else "", c["gpu_type"], str(c["gpu_count"]),
+        str(c["nodes"]), str(c["per_gpu_batch"]), render.ms(c["step_time_ms"]),
+        render.duration(c["estimated_seconds"]),
+        f"{render.duration(lo)}-{render.duration(hi)}",
+        render.gib(c["memory_bytes_per_gpu"]), _cost(c), render.ms(c["allreduce_ms"]),
+        f"x{cal.get('factor', 1.0):.2f} ({cal.get('level', 'none')})",
+    ]
+
+
+def rejection_lines(rejected: Sequence[Mapping[str, Any]], *, every: bool) -> list[str]:
+    """Why candidates were rejected: every one with `every`, else one line per GPU type (its
+    counts and the first reason)."""
+    if not rejected:
+        return ["rejected: none"]
+    if every:
+        return [f"rejected ({len(rejected)}):",
+                *(f"  {r['gpu_type']} x {r['gpu_count']}: {r['reason']}" for r in rejected)]
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in rejected:  # one group per GPU type and kind of reason (numbers aside)
+        groups.setdefault((r["gpu_type"], _NUMBERS.sub("#", r["reason"])), []).append(r)
+    lines = [f"rejected ({len(rejected)} type/count pairs, grouped by reason with the largest "
+             "count's figures; --all lists each):"]
+    for (gpu_type, _), rs in groups.items():
+        last = max(rs, key=lambda r: int(r["gpu_count"]))
+        lines.append(f"  {gpu_type} x {count_ranges([int(r['gpu_count']) for r in rs])}: "
+                     f"(x{last['gpu_count']}) {last['reason']}")
+    return lines
+
+
+def count_ranges(counts: Sequence[int]) -> str:
+    """GPU counts compactly: ``1-4,6,8``."""
+    parts: list[str] = []
+    ordered = sorted(set(counts))
+    start = prev = ordered[0]
+    for n in [*ordered[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ",".join(parts)

@@ -18,8 +18,8 @@ from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.evaluation import cpu_loop, gpu_labels, pages, publishing, report
 from gpuplan_estimator.graph import batching
-from gpuplan_estimator.interfaces.cli import estimating
 from gpuplan_estimator.interfaces.cli import evaluation as eval_cli
+from gpuplan_estimator.interfaces.cli import render
 
 HEADER = "gpu,model,mode,seq_len,batch,fusion,e2e_latency_ms,fw_ms,bw_ms,num_layer\n"
 TINY_GPT2 = {
@@ -193,9 +193,11 @@ def test_estimate_explain_lists_every_layer() -> None:
     (est,) = estimates.estimate(g, [devices.load_catalog().resolve("t4")],
                                TrainingSettings(batch_size=1, mode="inference"),
                                predictor=roofline.RooflinePredictor())
-    lines = estimating.explain_lines(est)
-    assert lines[0].startswith("  explain t4")
-    assert len(lines) == 1 + len(g.layers)
+    lines = render.explain_lines(est, layers=True)
+    assert lines[0] == "explain t4:" and "  by op type:" in lines
+    every = lines.index("  every layer (most expensive first): layer, op, fwd ms, bwd ms, "
+                        "p10-p90 ms, predictor, cum %")
+    assert len(lines) == every + 1 + len(g.layers)
     assert lines[-1].rstrip().endswith("100.0")  # the running share ends at the whole step
 
 

@@ -148,6 +148,7 @@ def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:
 
 def run_estimate(args: argparse.Namespace) -> int:
     """`gpuplan estimate`: price the model on each device; a ranked table, or a document."""
+    plots.check(args.plot)
     specs = resolve_devices(args.device)
     with progress.for_args(args) as shown:
         shown(Step("loading model", 0, None))

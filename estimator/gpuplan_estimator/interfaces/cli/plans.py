@@ -125,6 +125,7 @@ def request_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_plan(args: argparse.Namespace) -> int:
     """`gpuplan plan`: the plan as a table (choice, candidates, rejections) or a document."""
+    plots.check(args.plot)
     with progress.for_args(args) as shown:
         shown(Step("planning", 0, 1))
         body = request_body(args)

@@ -7,6 +7,17 @@ from collections.abc import Mapping
 from typing import Any
 
 
+def check(path: str | None) -> None:
+    """Before any work: a --plot FILE with an extension we cannot write, or without the
+    plotting extra installed, fails now rather than after a long estimate."""
+    if path is None:
+        return
+    from gpuplan_estimator.interfaces.cli import plotting
+
+    plotting.check_target(path)
+    plotting.check_available()
+
+
 def write_estimate(doc: Mapping[str, Any], path: str) -> None:
     """Draw an estimate document (step split and memory per device) to `path`."""
     from gpuplan_estimator.interfaces.cli import plotting

@@ -12,12 +12,13 @@ from gpuplan_estimator.interfaces.cli.plotting.figures import (
     estimate_figure,
     plan_figure,
 )
-from gpuplan_estimator.interfaces.cli.plotting.saving import FORMATS, save
+from gpuplan_estimator.interfaces.cli.plotting.saving import FORMATS, check_target, save
 
 __all__ = [
     "FORMATS",
     "Picture",
     "check_available",
+    "check_target",
     "estimate_figure",
     "pareto_front",
     "plan_figure",

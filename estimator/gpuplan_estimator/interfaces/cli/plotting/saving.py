@@ -13,6 +13,13 @@ PNG_DPI = 150
 FORMATS = (".png", ".svg", ".html")
 
 
+def check_target(path: str | Path) -> None:
+    """Raise InvalidRequestError("--plot", ...) unless `path` ends in one of `FORMATS`."""
+    if Path(path).suffix.lower() not in FORMATS:
+        raise InvalidRequestError(
+            "--plot", f"{str(path)!r}: the file name must end in {', '.join(FORMATS)}")
+
+
 def save(picture: figures.Picture, path: str | Path) -> Path:
     """Write `picture` as PNG, SVG or a self-contained HTML page, by `path`'s extension.
 
@@ -21,9 +28,7 @@ def save(picture: figures.Picture, path: str | Path) -> Path:
     """
     target = Path(path)
     suffix = target.suffix.lower()
-    if suffix not in FORMATS:
-        raise InvalidRequestError(
-            "--plot", f"{str(path)!r}: the file name must end in {', '.join(FORMATS)}")
+    check_target(target)
     if suffix == ".png":
         picture.figure.savefig(target, format="png", dpi=PNG_DPI)
     elif suffix == ".svg":

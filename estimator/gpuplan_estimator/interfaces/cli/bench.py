@@ -80,27 +80,32 @@ def register(subparsers: Any) -> None:
         "(or, with --backend torch, as PyTorch eager layers forward and forward+backward), "
         "store rows in the performance database. An interrupted run resumes.",
     )
-    bench.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    bench.add_argument("--families", type=_families, default=None,
+    bench.add_argument("--device", default="cpu", metavar="DEVICE",
+                       help="cpu, cuda or cuda:N (default: cpu)")
+    bench.add_argument("--families", type=_families, default=None, metavar="KERNELS",
                        help="comma-separated kernels, e.g. gemm,conv2d (default: all specs)")
-    bench.add_argument("--samples", type=_positive_int, default=200,
+    bench.add_argument("--samples", type=_positive_int, default=200, metavar="ROWS",
                        help="rows in the sampled plan (default: 200)")
-    bench.add_argument("--budget-minutes", type=float, default=3.0,
+    bench.add_argument("--budget-minutes", type=float, default=3.0, metavar="MINUTES",
                        help="stop starting rows after this long; resumable (default: 3)")
-    bench.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    bench.add_argument("--seed", type=int, default=0, metavar="SEED",
+                       help="sampling seed (default: 0)")
     bench.add_argument("--backend", choices=runner.BACKENDS, default="onnxruntime",
                        help="onnxruntime (single-node graphs) or torch (needs the torch extra; "
                        "rows also carry forward+backward with autograd) (default: onnxruntime)")
-    bench.add_argument("--db", default=None, help="database URL (default: $GPUPLAN_DB_URL or "
-                       "the SQLite file in the gpuplan data dir)")
+    bench.add_argument("--db", default=None, metavar="URL",
+                       help="database URL (default: $GPUPLAN_DB_URL or the SQLite file in the "
+                       "gpuplan data dir)")
     bench.add_argument("--sweep", action="append", default=None, metavar="PATH",
                        help="sweep spec file or directory (repeatable; default: the repo's "
                        "benchmark-jobs/sweeps)")
-    bench.add_argument("--repeats", type=_positive_int, default=5, help="R (default: 5)")
-    bench.add_argument("--sessions", type=_positive_int, default=1,
+    bench.add_argument("--repeats", type=_positive_int, default=5, metavar="R",
+                       help="independent timed repeats per row; the row keeps the median of their "
+                       "means (default: 5)")
+    bench.add_argument("--sessions", type=_positive_int, default=1, metavar="N",
                        help="fresh onnxruntime sessions the R repeats are spread over "
                        "(default: 1)")
-    bench.add_argument("--threads", type=int, default=0,
+    bench.add_argument("--threads", type=int, default=0, metavar="N",
                        help="intra-op threads (default 0: all cores)")
     bench.add_argument("--export", type=Path, default=None, metavar="PARQUET",
                        help="also write the run's rows to PARQUET plus a JSON sidecar")
@@ -110,8 +115,10 @@ def register(subparsers: Any) -> None:
     imp = subparsers.add_parser(
         "import", help="import measured GPU operator data (gpu-ops parquet/CSV) into the db",
     )
-    imp.add_argument("paths", nargs="+", type=Path, help="files or directories")
-    imp.add_argument("--db", default=None, help="database URL (default as for bench)")
+    imp.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                     help="parquet or CSV files, or directories of them")
+    imp.add_argument("--db", default=None, metavar="URL",
+                     help="database URL (default as for bench)")
     imp.set_defaults(func=run_import_command)
 
 

@@ -53,34 +53,41 @@ def register(subparsers: Any) -> None:
     p.add_argument("--from-json", type=Path, metavar="ACCURACY_JSON",
                    help="measure nothing: render the page and pictures again from a saved "
                    "accuracy.json (e.g. docs/accuracy.json)")
-    p.add_argument("--labels", type=Path, help="labels.csv (default: shared model-labels)")
-    p.add_argument("--bundle", type=Path, help="latency model bundle (default: as `estimate`)")
-    p.add_argument("--out-dir", type=Path, default=paths.REPO_ROOT / "docs")
+    p.add_argument("--labels", type=Path, metavar="CSV",
+                   help="labels.csv (default: shared model-labels)")
+    p.add_argument("--bundle", type=Path, metavar="DIR",
+                   help="latency model bundle (default: as `estimate`)")
+    p.add_argument("--out-dir", type=Path, default=paths.REPO_ROOT / "docs", metavar="DIR",
+                   help="where accuracy.md, accuracy.json and the pictures go "
+                   "(default: the repo's docs/)")
     p.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out retraining")
     p.add_argument("--no-cpu", action="store_true", help="skip the CPU closed loop")
-    p.add_argument("--cpu-runs", type=int, default=10, help="timed runs per CPU model session")
-    p.add_argument("--cpu-sessions", type=int, default=3,
+    p.add_argument("--cpu-runs", type=int, default=10, metavar="N",
+                   help="timed runs per CPU model session (default %(default)s)")
+    p.add_argument("--cpu-sessions", type=int, default=3, metavar="N",
                    help="onnxruntime sessions per CPU model; the median is kept (default 3)")
-    p.add_argument("--cpu-bench-minutes", type=float, default=10.0,
+    p.add_argument("--cpu-bench-minutes", type=float, default=10.0, metavar="MINUTES",
                    help="benchmark this host first and price the CPU loop with models fitted "
                    "on its rows (resumable); 0 = the bundle's CPU models (default %(default)s)")
-    p.add_argument("--cpu-bench-samples", type=int, default=4000,
+    p.add_argument("--cpu-bench-samples", type=int, default=4000, metavar="ROWS",
                    help="rows in the host's bench plan (default %(default)s)")
-    p.add_argument("--cpu-bench-seed", type=int, default=0,
+    p.add_argument("--cpu-bench-seed", type=int, default=0, metavar="SEED",
                    help="sampling seed of the host's bench plan (default %(default)s)")
-    p.add_argument("--cpu-db", default=None,
+    p.add_argument("--cpu-db", default=None, metavar="URL",
                    help="performance database for the host bench (default: as for bench)")
     p.add_argument("--no-torch", action="store_true",
                    help="skip the CPU training step (light models converted to PyTorch)")
-    p.add_argument("--torch-runs", type=int, default=5,
+    p.add_argument("--torch-runs", type=int, default=5, metavar="N",
                    help="timed SGD steps per model and batch (default %(default)s)")
-    p.add_argument("--torch-bench-minutes", type=float, default=10.0,
+    p.add_argument("--torch-bench-minutes", type=float, default=10.0, metavar="MINUTES",
                    help="`gpuplan bench --backend torch` budget on this host before the training "
-                   "step is priced (resumable); 0 = the bundle's torch CPU models")
-    p.add_argument("--torch-bench-samples", type=int, default=1500,
+                   "step is priced (resumable); 0 = the bundle's torch CPU models "
+                   "(default %(default)s)")
+    p.add_argument("--torch-bench-samples", type=int, default=1500, metavar="ROWS",
                    help="rows in the host's torch bench plan (default %(default)s)")
-    p.add_argument("--logo-max-rows", type=int, default=15_000,
-                   help="subsample cap per kernel for the leave-one-GPU-out refits")
+    p.add_argument("--logo-max-rows", type=int, default=15_000, metavar="ROWS",
+                   help="subsample cap per kernel for the leave-one-GPU-out refits, in rows "
+                   "(default %(default)s)")
     progress.add_flag(p)
     p.set_defaults(func=run)
 

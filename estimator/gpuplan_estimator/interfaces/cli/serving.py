@@ -19,28 +19,39 @@ if TYPE_CHECKING:
 
 def register(sub: Any) -> None:
     """Add the ``serve`` subcommand to an argparse subparsers object."""
-    s = sub.add_parser("serve", help="run the estimator HTTP service")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=arguments.count_up_to(65535), default=8080)
-    s.add_argument("--bundle", help="model bundle directory (default: newest, else shipped)")
+    s = sub.add_parser("serve", help="run the estimator HTTP service",
+                       description="Answer plans and estimates over HTTP (POST /v1/plans, "
+                       "/v1/estimate, /v1/outcomes; GET /v1/models, /v1/coverage, /healthz, "
+                       "/readyz, /metrics, /openapi.json) until stopped; the operator calls it.")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; 0.0.0.0 for every interface (default %(default)s)")
+    s.add_argument("--port", type=arguments.count_up_to(65535), default=8080,
+                   help="TCP port to listen on (default %(default)s)")
+    s.add_argument("--bundle", metavar="DIR",
+                   help="model bundle directory (default: the newest in the data dir, else the "
+                   "shipped one)")
     s.add_argument("--request-timeout", type=arguments.positive_float, default=60.0,
                    metavar="SECONDS", help="per-request deadline, queueing included; the "
                    "worker running a request past it is killed (default 60)")
-    s.add_argument("--workers", type=arguments.count_up_to(256), default=2,
+    s.add_argument("--workers", type=arguments.count_up_to(256), default=2, metavar="N",
                    help="estimation worker processes (default 2)")
     s.add_argument("--worker-memory-gib", type=arguments.positive_float, default=3.0,
-                   help="data segment one worker may grow to (RLIMIT_DATA), model bundle "
-                   "included; a model needing more is answered 422 (default 3)")
+                   metavar="GIB", help="data segment one worker may grow to (RLIMIT_DATA), in "
+                   "GiB, model bundle included; a model needing more is answered 422 (default 3)")
     s.add_argument("--running-per-client", type=arguments.count_up_to(256), default=None,
-                   help="hard cap on the estimates one client (peer address + X-Gpuplan-Client "
-                   "header) runs at once (default: none; a client already running never takes "
-                   "the last free worker, and freed workers go to the client running fewest)")
+                   metavar="N", help="hard cap on the estimates one client (peer address + "
+                   "X-Gpuplan-Client header) runs at once (default: none; a client already "
+                   "running never takes the last free worker, and freed workers go to the client "
+                   "running fewest)")
     s.add_argument("--queued-per-client", type=arguments.count_up_to(10_000), default=64,
+                   metavar="N",
                    help="requests a client may have waiting; more get 429 (default 64)")
-    s.add_argument("--max-body-bytes", type=arguments.positive_int, default=64 * 2**20)
+    s.add_argument("--max-body-bytes", type=arguments.positive_int, default=64 * 2**20,
+                   metavar="BYTES", help="largest request body, in bytes; a larger one is "
+                   "answered 413 (default %(default)s = 64 MiB)")
     s.add_argument("--bundle-poll", type=arguments.positive_float, default=30.0, metavar="SECONDS",
-                   help="how often to look for a newer bundle")
-    s.add_argument("--db", help="performance database URL for job outcomes "
+                   help="how often to look for a newer bundle (default 30)")
+    s.add_argument("--db", metavar="URL", help="performance database URL for job outcomes "
                    "(default: $GPUPLAN_DB_URL, else SQLite in the data dir)")
     s.set_defaults(func=run_serve)
 

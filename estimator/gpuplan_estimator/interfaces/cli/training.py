@@ -26,18 +26,23 @@ def register(subparsers: Any) -> None:
     """Add the `train` and `models-report` subcommands."""
     r = subparsers.add_parser("models-report",
                               help="write the latency models' accuracy report from a bundle")
-    r.add_argument("--bundle", type=Path, default=bundles.SHIPPED_BUNDLE)
-    r.add_argument("--doc", type=Path, default=Path("docs/latency-models.md"))
+    r.add_argument("--bundle", type=Path, default=bundles.SHIPPED_BUNDLE, metavar="DIR",
+                   help="model bundle directory to report on (default: the shipped bundle)")
+    r.add_argument("--doc", type=Path, default=Path("docs/latency-models.md"), metavar="PATH",
+                   help="Markdown file the report is also written to (default %(default)s)")
     r.set_defaults(func=run_report)
     p = subparsers.add_parser("train", help="fit the per-kernel latency models into a bundle")
     p.add_argument("--data", action="append", default=[], metavar="DIR_OR_DB_URL",
                    help="gpu-ops dir, measurement parquet file/dir, or database URL (repeatable)")
-    p.add_argument("--out", type=Path, help="bundle directory (default: a new one in the data dir)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="bundle directory (default: a new one in the data dir)")
     p.add_argument("--shipped", action="store_true",
                    help="rebuild the shipped default bundle from the shared data + CPU rows")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-rows", type=int, default=recipe.SHIPPED_MAX_ROWS,
-                   help="subsample cap per kernel (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed of subsampling, the held-out split and LightGBM "
+                   "(default %(default)s)")
+    p.add_argument("--max-rows", type=int, default=recipe.SHIPPED_MAX_ROWS, metavar="ROWS",
+                   help="subsample cap per kernel, in rows (default %(default)s)")
     p.add_argument("--no-validate", action="store_true", help="skip held-out validation")
     progress.add_flag(p)
     p.set_defaults(func=run)

@@ -207,3 +207,26 @@ def test_help_lists_the_commands_whose_extra_is_missing(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert re.search(r"bench\s+\(not installed: pip install 'gpuplan\[bench\]'\)", result.stdout)
     assert re.search(r"estimate\s+predict", result.stdout)
+
+
+# What each extra is for: the modules its entry points import. With only that extra's packages
+# importable (every other extra blocked), they must import.
+EST = "gpuplan_estimator"
+ENTRY_MODULES = {
+    "bench": [f"{EST}.interfaces.cli.bench", f"{EST}.interfaces.cli.training",
+              f"{EST}.interfaces.cli.evaluation", f"{EST}.perfdb.importing"],
+    "serve": [f"{EST}.interfaces.cli.serving", f"{EST}.interfaces.http.service",
+              f"{EST}.perfdb.store"],
+    "operator": ["gpuplan_operator.__main__", "gpuplan_operator.handlers",
+                 "gpuplan_operator.extender.cli", "gpuplan_operator.extender.watcher"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", sorted(ENTRY_MODULES))
+def test_an_extra_alone_brings_what_its_commands_import(extra: str, tmp_path: Path) -> None:
+    env = _without(set(EVERY_EXTRA_MODULE) - extras.extra_modules(extra), tmp_path)
+    code = "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)"
+    result = subprocess.run([sys.executable, "-c", code, *ENTRY_MODULES[extra]], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -4,28 +4,29 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
 SHELLS: tuple[str, ...] = ("bash", "zsh", "tcsh")
 
 
-def register(sub: Any) -> None:
-    """Add the `completion` subcommand."""
+def register(sub: Any, whole_parser: Callable[[], argparse.ArgumentParser]) -> None:
+    """Add the `completion` subcommand; `whole_parser` builds the parser it completes."""
     p = sub.add_parser(
         "completion", help="print a shell completion script",
         description="Print a completion script for SHELL. bash: "
         "`gpuplan completion bash > ~/.local/share/bash-completion/completions/gpuplan`; "
         "zsh: `gpuplan completion zsh > \"${fpath[1]}/_gpuplan\"`.")
     p.add_argument("shell", choices=SHELLS, help="the shell to complete for")
-    p.set_defaults(func=run_completion)
+    p.set_defaults(func=functools.partial(run_completion, whole_parser))
 
 
-def run_completion(args: argparse.Namespace) -> int:
+def run_completion(whole_parser: Callable[[], argparse.ArgumentParser],
+                   args: argparse.Namespace) -> int:
     """Print the completion script of the whole parser for `args.shell`."""
     import shtab
 
-    from gpuplan_estimator.interfaces.cli import main  # the parser that main runs
-
-    sys.stdout.write(shtab.complete(main.build_parser(plugins=True), shell=args.shell))
+    sys.stdout.write(shtab.complete(whole_parser(), shell=args.shell))
     return 0

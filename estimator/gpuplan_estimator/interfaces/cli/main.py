@@ -158,7 +158,7 @@ def build_parser(*, plugins: bool | str = True) -> argparse.ArgumentParser:
     estimating.register(sub)
     plans.register(sub)
     demo.register(sub)
-    completion.register(sub)
+    completion.register(sub, functools.partial(build_parser, plugins=True))
     _register_plugins(sub, plugins)
     return parser
 

@@ -110,8 +110,7 @@ def test_forward_backward_reaches_every_input_and_parameter() -> None:
 
 def test_torch_run_records_forward_and_forward_backward(sweep_dir: Path,
                                                          store: PerfStore) -> None:
-    report = runner.run_bench(settings(sweep_dir, backend="torch"), store, target=TARGET,
-                              progress=False)
+    report = runner.run_bench(settings(sweep_dir, backend="torch"), store, target=TARGET)
     assert (report.status, report.rows_added) == ("done", 8)
     assert report.backend == f"torch-{torch.__version__}-cpu"
     frame = store.measurements(run_id=report.run_id)
@@ -119,15 +118,13 @@ def test_torch_run_records_forward_and_forward_backward(sweep_dir: Path,
     assert set(frame["backend"]) == {report.backend}
     (run,) = store.runs()
     assert run.backend_version == torch.__version__
-    again = runner.run_bench(settings(sweep_dir, backend="torch"), store, target=TARGET,
-                             progress=False)
+    again = runner.run_bench(settings(sweep_dir, backend="torch"), store, target=TARGET)
     assert again.resumed and again.rows_added == 0
 
 
 def test_onnxruntime_rows_have_no_forward_backward_time(sweep_dir: Path,
                                                         store: PerfStore) -> None:
-    report = runner.run_bench(settings(sweep_dir, samples=2), store, target=TARGET,
-                              progress=False)
+    report = runner.run_bench(settings(sweep_dir, samples=2), store, target=TARGET)
     rows = store.measurements(run_id=report.run_id)
     assert report.rows_added > 0 and len(rows) == report.rows_added
     assert rows["fwd_bwd_latency_ms"].isna().all()

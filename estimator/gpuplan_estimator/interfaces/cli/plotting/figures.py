@@ -103,7 +103,7 @@ def _draw_cost_axes(ax: Axes, priced: Sequence[documents.PlanPoint], colours: Ma
     budget = [budget_usd] if budget_usd is not None else []
     # The budget counts in the spread: a far budget on a linear axis squeezes the points.
     if documents.wide_spread([_usd(p) for p in priced] + budget):
-        ax.set_yscale("log")
+        _log_axis(ax.yaxis, ax.set_yscale)
     ax.grid(True, alpha=0.3)
 
 
@@ -199,13 +199,24 @@ def _finish_plan_axes(axes: Sequence[Axes], points: Sequence[documents.PlanPoint
                       colours: Mapping[str, Any], limits: documents.PlanLimits) -> None:
     deadline = [limits.deadline_hours] if limits.deadline_hours is not None else []
     if documents.wide_spread([p.hours for p in points] + deadline):
-        axes[0].set_xscale("log")
+        _log_axis(axes[0].xaxis, axes[0].set_xscale)
     axes[-1].set_xlabel("time to train (hours; whiskers P10–P90)")
     priced_types = {p.gpu_type for p in points if p.cost_usd is not None}
     for gpu_type, colour in colours.items():
         if gpu_type not in priced_types:  # its colour appears only on the "price unknown" row
             axes[0].scatter([], [], color=colour, marker="x", label=f"{gpu_type} ({UNKNOWN_PRICE})")
-    axes[0].legend(fontsize=7, loc="best")
+    # Outside the axes: inside, it covers the cheap-and-fast corner people look at.
+    axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+
+
+def _log_axis(axis: Any, set_scale: Any) -> None:
+    """A log scale labelled in plain numbers (2, 5, 10, 20), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    set_scale("log")
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda *_: ""))
 
 
 def _draw_phases(ax: Axes, rows: Sequence[documents.DeviceRow]) -> None:

@@ -37,22 +37,39 @@ class ServeSettings:
     command line turns it on; a process embedding `serve` (a test) keeps its collector as is."""
 
 
+PROG = "gpuplan-extender"
+DESCRIPTION = (
+    "The gpuplan-scheduler HTTP extender: kube-scheduler calls POST /extender/filter and "
+    "/extender/prioritize for pods of planned TrainingJobs, and it answers from an inventory of "
+    "nodes and pods kept by watches (GET /readyz is ready once that inventory is fresh; "
+    "/healthz, /metrics).")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the extender's flags to `parser`."""
-    parser.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster config)")
-    parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8888, help="listen port (default 8888)")
-    parser.add_argument("--stale-after-seconds", type=float, default=120.0,
-                        help="relist and report not-ready when the inventory is older than this")
-    parser.add_argument("--resync-seconds", type=float, default=600.0,
-                        help="relist nodes and pods this often even when watches are healthy")
-    parser.add_argument("--watch-timeout-seconds", type=int, default=60,
-                        help="server-side timeout of each watch call")
-    parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
-                        help="reject larger request bodies with HTTP 413")
+    parser.add_argument("--kubeconfig", metavar="PATH",
+                        help="kubeconfig path (default: the in-cluster service account)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="listen address; 0.0.0.0 for every interface (default %(default)s)")
+    parser.add_argument("--port", type=int, default=8888,
+                        help="listen TCP port (default %(default)s)")
+    parser.add_argument("--stale-after-seconds", type=float, default=120.0, metavar="SECONDS",
+                        help="relist and report not-ready when the inventory is older than this "
+                        "(default %(default)g)")
+    parser.add_argument("--resync-seconds", type=float, default=600.0, metavar="SECONDS",
+                        help="relist nodes and pods this often even when watches are healthy "
+                        "(default %(default)g)")
+    parser.add_argument("--watch-timeout-seconds", type=int, default=60, metavar="SECONDS",
+                        help="server-side timeout of each watch call (default %(default)s)")
+    parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, metavar="BYTES",
+                        help="largest request body, in bytes; a larger one is answered 413 "
+                        "(default %(default)s = 8 MiB)")
     parser.add_argument("--no-gc-freeze", action="store_true",
-                        help="do not gc.freeze() the startup objects after the first sync")
-    parser.add_argument("--log-level", default="INFO", help="Python logging level")
+                        help="do not gc.freeze() the startup objects after the first sync "
+                        "(default: freeze them, which keeps collector pauses off the p99)")
+    parser.add_argument("--log-level", default="INFO", metavar="LEVEL",
+                        help="Python logging level: DEBUG, INFO, WARNING or ERROR "
+                        "(default %(default)s)")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -148,7 +165,23 @@ def main_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `gpuplan-extender` and `python -m gpuplan_operator.extender`."""
-    parser = argparse.ArgumentParser(prog="python -m gpuplan_operator.extender",
-                                     description="gpuplan-scheduler HTTP extender")
+    return main_from_args(build_parser().parse_args(argv))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `gpuplan-extender` command line (also `python -m gpuplan_operator.extender`)."""
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="print the version and exit")
     add_arguments(parser)
-    return main_from_args(parser.parse_args(argv))
+    return parser
+
+
+def _version() -> str:
+    """The installed `gpuplan` distribution's version (a source tree without metadata says so)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("gpuplan")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"

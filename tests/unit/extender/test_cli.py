@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import pathlib
+import subprocess
+import sys
+from importlib import metadata
 
 import pytest
 
@@ -64,3 +68,44 @@ def test_gc_is_frozen_once_the_inventory_synced() -> None:
         assert asyncio.run(go()) > 0
     finally:
         gc.unfreeze()
+
+
+SCRIPT = pathlib.Path(sys.executable).with_name("gpuplan-extender")
+
+
+def test_the_command_line_parser_gives_the_same_settings() -> None:
+    args = cli.build_parser().parse_args(["--port", "9999", "--max-body-bytes", "1024"])
+    settings = cli.settings_from_args(args)
+    assert (settings.port, settings.app.max_body_bytes, settings.freeze_gc) == (9999, 1024, True)
+
+
+def test_installed_script_help_names_it_and_explains_every_option() -> None:
+    assert SCRIPT.is_file(), f"{SCRIPT} missing: pip install -e . into this venv"
+    done = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: gpuplan-extender ")
+    actions = [a for a in cli.build_parser()._actions if not isinstance(a, argparse._HelpAction)]
+    assert [a.dest for a in actions if not (a.help or "").strip()] == []
+    text = " ".join(done.stdout.split())  # argparse wraps lines at any space
+    for action in actions:
+        assert action.option_strings[0] in text
+    for words in ("(default 8888)", "(default 127.0.0.1)", "BYTES", "(default 8388608 = 8 MiB)",
+                  "--stale-after-seconds SECONDS", "(default 120)", "(default INFO)"):
+        assert words in text
+
+
+def test_installed_script_version_and_usage_error() -> None:
+    version = subprocess.run([str(SCRIPT), "--version"], capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert (version.returncode, version.stdout.strip()) == (
+        0, f"gpuplan-extender {metadata.version('gpuplan')}")
+    bad = subprocess.run([str(SCRIPT), "--bogus"], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert bad.returncode == 2 and "gpuplan-extender: error: unrecognized arguments" in bad.stderr
+
+
+def test_python_m_names_the_same_program() -> None:
+    done = subprocess.run([sys.executable, "-m", "gpuplan_operator.extender", "--help"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("usage: gpuplan-extender ")

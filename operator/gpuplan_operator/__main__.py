@@ -16,6 +16,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
+from gpuplan_estimator.core import provenance
 from gpuplan_operator import settings
 
 HANDLERS = pathlib.Path(__file__).with_name("handlers.py")
@@ -98,14 +99,6 @@ def _wrap(text: str, indent: int = 0) -> str:
                          break_on_hyphens=False, break_long_words=False)
 
 
-def _version() -> str:
-    """The installed `gpuplan` distribution's version (a source tree without metadata says so)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("gpuplan")
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=_wrap(DESCRIPTION), epilog=environment_epilog())
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {provenance.installed_version()}",
                         help="print the version and exit")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", metavar="NS",

@@ -19,3 +19,14 @@ def git_commit(cwd: Path = paths.REPO_ROOT, *, short: bool = False) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def installed_version() -> str:
+    """The installed `gpuplan` distribution's version, for every entry point's --version (a
+    source tree without package metadata says so)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("gpuplan")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"

@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from gpuplan_estimator import devices
+from gpuplan_estimator.core import provenance
 from gpuplan_operator.extender import app as app_module
 from gpuplan_operator.extender import plans, store, watcher
 
@@ -171,17 +172,10 @@ def main(argv: list[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The `gpuplan-extender` command line (also `python -m gpuplan_operator.extender`)."""
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {provenance.installed_version()}",
                         help="print the version and exit")
     add_arguments(parser)
     return parser
 
 
-def _version() -> str:
-    """The installed `gpuplan` distribution's version (a source tree without metadata says so)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("gpuplan")
-    except metadata.PackageNotFoundError:
-        return "(not installed)"

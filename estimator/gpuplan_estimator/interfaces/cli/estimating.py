@@ -50,7 +50,7 @@ def _register_estimate(sub: Any) -> None:
                    help=f"train (forward, backward, optimizer) or inference (forward only); "
                    f"default {options.DEFAULT_MODE}")
     p.add_argument("--batch", type=arguments.count_up_to(limits.MAX_BATCH_SIZE),
-                   default=None,
+                   default=None, metavar="N",
                    help="global batch; binds the model's symbolic batch dim, and a fixed-batch "
                    "export is re-batched to it")
     p.add_argument("--dim", action="append", type=arguments.dim_binding, default=[],
@@ -65,10 +65,11 @@ def _register_estimate(sub: Any) -> None:
                    help=f"how kernels are run (default {options.DEFAULT_FRAMEWORK}); "
                    "onnxruntime: inference with its graph fusions (BN folded, ...)")
     p.add_argument("--epochs", type=arguments.count_up_to(limits.MAX_EPOCHS), default=None,
+                   metavar="N",
                    help="epochs of the run, for time and cost per run (needs --dataset-size; "
                    "default: none, the table shows cost per epoch or per 1,000 steps)")
     p.add_argument("--dataset-size", type=arguments.count_up_to(limits.MAX_DATASET_SIZE),
-                   default=None,
+                   default=None, metavar="SAMPLES",
                    help="samples per epoch, for time and cost per epoch")
     p.add_argument("--prefer", choices=options.OBJECTIVES, default=options.DEFAULT_OBJECTIVE,
                    help="what the table is sorted by and the recommendation optimises: cost "

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from gpuplan_estimator.core import extras
+from gpuplan_estimator.core import extras, provenance
 from gpuplan_estimator.core.errors import GpuplanError
 from gpuplan_estimator.interfaces.cli import completion, demo, estimating, exits, plans
 
@@ -43,6 +43,12 @@ class UsageError(GpuplanError):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No prefix matching: `--dat 9` must not silently become --dataset-size, and a flag
+        # added later must not change what an abbreviation in a user's script means.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}")
 
@@ -135,14 +141,6 @@ EPILOG = """exit codes: 0 success, 1 internal error, 2 usage or invalid input,
 package), 130 interrupted. Docs: README.md and docs/ in the source distribution."""
 
 
-def _version() -> str:
-    """The installed distribution's version (a source tree without metadata says so)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("gpuplan")
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
 
 
 def build_parser(*, plugins: bool | str = True) -> argparse.ArgumentParser:
@@ -151,7 +149,8 @@ def build_parser(*, plugins: bool | str = True) -> argparse.ArgumentParser:
     parser = _Parser(prog="gpuplan", description="GPU right-sizing for deep-learning training: "
                      "predict step time and memory per GPU type, then choose type and count.",
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {provenance.installed_version()}",
                         help="print the version and exit")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)

@@ -50,11 +50,13 @@ def register(sub: Any) -> None:
                        "training MODEL on --dataset-size samples for --epochs epochs.")
     p.add_argument("model", help="ONNX file (may be gzip/xz/zstd-compressed)")
     p.add_argument("--batch", type=arguments.count_up_to(limits.MAX_BATCH_SIZE), required=True,
+                   metavar="N",
                    help="global batch size, split evenly over the GPUs of a candidate")
     p.add_argument("--dataset-size", type=arguments.count_up_to(limits.MAX_DATASET_SIZE),
-                   required=True, help="samples per epoch")
+                   required=True, metavar="SAMPLES", help="samples per epoch")
     p.add_argument("--epochs", type=arguments.count_up_to(limits.MAX_EPOCHS),
-                   default=DEFAULT_EPOCHS, help=f"epochs to train (default {DEFAULT_EPOCHS})")
+                   default=DEFAULT_EPOCHS, metavar="N",
+                   help=f"epochs to train (default {DEFAULT_EPOCHS})")
     p.add_argument("--dim", type=arguments.dim_binding, action="append", default=[],
                    metavar="NAME=V", help="bind a symbolic dim, e.g. sequence=1024 (repeatable)")
     p.add_argument("--optimizer", default=options.DEFAULT_OPTIMIZER, choices=options.OPTIMIZERS,
@@ -66,7 +68,7 @@ def register(sub: Any) -> None:
                    "the budget; balanced: least cost x time "
                    f"(default {options.DEFAULT_OBJECTIVE})")
     p.add_argument("--max-gpus", type=arguments.count_up_to(options.MAX_GPUS_CAP),
-                   default=options.DEFAULT_MAX_GPUS,
+                   default=options.DEFAULT_MAX_GPUS, metavar="N",
                    help=f"most GPUs a plan may use (default {options.DEFAULT_MAX_GPUS})")
     p.add_argument("--deadline", type=arguments.duration_seconds, metavar="DURATION",
                    help="time the whole run must finish in: 2h, 90m, 1h30m, 3d, or seconds")

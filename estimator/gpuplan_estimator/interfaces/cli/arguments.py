@@ -76,3 +76,20 @@ def duration_seconds(text: str) -> float:
     if not (math.isfinite(seconds) and seconds > 0):
         raise argparse.ArgumentTypeError(f"must be a duration longer than 0s, got {text[:30]}")
     return seconds
+
+
+def duration_minutes(text: str) -> float:
+    """A time budget in minutes (argparse `type=`): a plain number of minutes (0 allowed: no
+    budget to spend), or a duration like ``90m``, ``2h``, ``1h30m``."""
+    try:
+        minutes = durations.parse_duration_seconds(text) / 60.0
+    except ValueError:
+        try:
+            minutes = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected minutes or a duration like 90m, 2h, 1h30m, got {text[:30]!r}"
+            ) from None
+    if not (math.isfinite(minutes) and minutes >= 0):
+        raise argparse.ArgumentTypeError(f"must be 0 or more minutes, got {text[:30]}")
+    return minutes

@@ -3,7 +3,7 @@
 The main CLI calls `register(subparsers)`; each subcommand sets ``func`` (args → exit code).
 `main(argv)` runs them standalone (``python -m gpuplan_estimator.bench``).
 
-`gpuplan bench` exits 0 when the plan is measured, `EXIT_BUDGET_SPENT` (3) when the budget ran
+`gpuplan bench` exits 0 when the plan is measured, `EXIT_BUDGET_SPENT` (5) when the budget ran
 out, and 128 + the signal number (130 for SIGINT, 143 for SIGTERM, the shell's convention) when
 a signal stopped it. The first SIGTERM or SIGINT lets the row being timed finish, writes the
 buffered rows and marks the run ``interrupted``; a second one abandons that row at once.
@@ -14,6 +14,7 @@ SIGKILL, which is longer than one row takes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import shlex
@@ -26,11 +27,11 @@ from typing import Any
 
 from gpuplan_estimator.bench import runner, timing
 from gpuplan_estimator.core import errors, provenance
-from gpuplan_estimator.interfaces.cli import progress
+from gpuplan_estimator.interfaces.cli import arguments, exits, output, progress
 from gpuplan_estimator.perfdb.store import PerfStore
 
-EXIT_DONE = 0
-EXIT_BUDGET_SPENT = 3
+EXIT_DONE = exits.ExitCode.OK
+EXIT_BUDGET_SPENT = exits.ExitCode.INCOMPLETE
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -86,8 +87,10 @@ def register(subparsers: Any) -> None:
                        help="comma-separated kernels, e.g. gemm,conv2d (default: all specs)")
     bench.add_argument("--samples", type=_positive_int, default=200, metavar="ROWS",
                        help="rows in the sampled plan (default: 200)")
-    bench.add_argument("--budget-minutes", type=float, default=3.0, metavar="MINUTES",
-                       help="stop starting rows after this long; resumable (default: 3)")
+    bench.add_argument("--budget-minutes", type=arguments.duration_minutes, default=3.0,
+                       metavar="MINUTES", help="stop starting rows after this long: minutes, or "
+                       f"a duration like 90m or 2h; run again to resume, exit "
+                       f"{exits.ExitCode.INCOMPLETE} until done (default: 3)")
     bench.add_argument("--seed", type=int, default=0, metavar="SEED",
                        help="sampling seed (default: 0)")
     bench.add_argument("--backend", choices=runner.BACKENDS, default="onnxruntime",
@@ -110,6 +113,7 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--export", type=Path, default=None, metavar="PARQUET",
                        help="also write the run's rows to PARQUET plus a JSON sidecar")
     progress.add_flag(bench)
+    output.add_output_argument(bench)
     bench.set_defaults(func=run_bench_command)
 
     imp = subparsers.add_parser(
@@ -119,6 +123,7 @@ def register(subparsers: Any) -> None:
                      help="parquet or CSV files, or directories of them")
     imp.add_argument("--db", default=None, metavar="URL",
                      help="database URL (default as for bench)")
+    output.add_output_argument(imp)
     imp.set_defaults(func=run_import_command)
 
 
@@ -165,13 +170,18 @@ def run_bench_command(args: argparse.Namespace) -> int:
             print(f"gpuplan: bench stopped by {signal.Signals(signum).name} (twice); run the "
                   f"same command again to resume", file=sys.stderr)
             return exit_code_for_signal(signum)
-        print(
-            f"run {report.run_id} on {report.device} ({report.backend}, "
-            f"{report.intra_op_threads} threads): {report.status}, "
-            f"{report.rows_added} rows added in {report.elapsed_s:.0f} s "
-            f"({report.rows_per_min:.0f} rows/min), {report.rows_total}/{report.planned} "
-            f"measured{' (resumed)' if report.resumed else ''}; db {store.url}"
-        )
+        if output.is_document(args.output):
+            output.emit_document(output.document("BenchRun", {
+                **dataclasses.asdict(report), "rows_per_min": report.rows_per_min,
+                "db": store.url}), args.output)
+        else:
+            print(
+                f"run {report.run_id} on {report.device} ({report.backend}, "
+                f"{report.intra_op_threads} threads): {report.status}, "
+                f"{report.rows_added} rows added in {report.elapsed_s:.0f} s "
+                f"({report.rows_per_min:.0f} rows/min), {report.rows_total}/{report.planned} "
+                f"measured{' (resumed)' if report.resumed else ''}; db {store.url}"
+            )
         if args.export is not None:
             run = next(r for r in store.runs(device=report.device) if r.id == report.run_id)
             sidecar = {
@@ -189,7 +199,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
             }
             n = runner.export_run(store, report.run_id, args.export, sidecar)
-            print(f"wrote {n} rows to {args.export}")
+            output.note(args.output, f"wrote {n} rows to {args.export}")
     if report.status == "done":  # a signal after the last row changes nothing
         return EXIT_DONE
     if stop.signum is not None:
@@ -204,8 +214,12 @@ def run_import_command(args: argparse.Namespace) -> int:
     from gpuplan_estimator.perfdb import importing
 
     with PerfStore.open(args.db) as store:
-        for path in args.paths:
-            report = importing.import_gpu_ops(path, store)
+        reports = [importing.import_gpu_ops(path, store) for path in args.paths]
+    if output.is_document(args.output):
+        output.emit_document(output.document("Import", {
+            "imports": [dataclasses.asdict(r) for r in reports]}), args.output)
+    else:
+        for report in reports:
             print(report.summary())
     return 0
 

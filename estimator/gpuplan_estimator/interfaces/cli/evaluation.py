@@ -36,7 +36,7 @@ from gpuplan_estimator.evaluation import (
     torch_loop,
 )
 from gpuplan_estimator.evaluation.gpu_labels import RowResult
-from gpuplan_estimator.interfaces.cli import progress, training
+from gpuplan_estimator.interfaces.cli import arguments, output, progress, training
 from gpuplan_estimator.models import bundles, learned, selection
 from gpuplan_estimator.planning import calibrating
 from gpuplan_estimator.training import fitting, recipe
@@ -66,9 +66,11 @@ def register(subparsers: Any) -> None:
                    help="timed runs per CPU model session (default %(default)s)")
     p.add_argument("--cpu-sessions", type=int, default=3, metavar="N",
                    help="onnxruntime sessions per CPU model; the median is kept (default 3)")
-    p.add_argument("--cpu-bench-minutes", type=float, default=10.0, metavar="MINUTES",
+    p.add_argument("--cpu-bench-minutes", type=arguments.duration_minutes, default=10.0,
+                   metavar="MINUTES",
                    help="benchmark this host first and price the CPU loop with models fitted "
-                   "on its rows (resumable); 0 = the bundle's CPU models (default %(default)s)")
+                   "on its rows (resumable; minutes, or a duration like 1h); 0 = the bundle's "
+                   "CPU models (default %(default)s)")
     p.add_argument("--cpu-bench-samples", type=int, default=4000, metavar="ROWS",
                    help="rows in the host's bench plan (default %(default)s)")
     p.add_argument("--cpu-bench-seed", type=int, default=0, metavar="SEED",
@@ -79,7 +81,8 @@ def register(subparsers: Any) -> None:
                    help="skip the CPU training step (light models converted to PyTorch)")
     p.add_argument("--torch-runs", type=int, default=5, metavar="N",
                    help="timed SGD steps per model and batch (default %(default)s)")
-    p.add_argument("--torch-bench-minutes", type=float, default=10.0, metavar="MINUTES",
+    p.add_argument("--torch-bench-minutes", type=arguments.duration_minutes, default=10.0,
+                   metavar="MINUTES",
                    help="`gpuplan bench --backend torch` budget on this host before the training "
                    "step is priced (resumable); 0 = the bundle's torch CPU models "
                    "(default %(default)s)")
@@ -89,6 +92,7 @@ def register(subparsers: Any) -> None:
                    help="subsample cap per kernel for the leave-one-GPU-out refits, in rows "
                    "(default %(default)s)")
     progress.add_flag(p)
+    output.add_output_argument(p)
     p.set_defaults(func=run)
 
 
@@ -108,16 +112,41 @@ def _now() -> str:
 def run(args: argparse.Namespace) -> int:
     """`gpuplan eval`: price and measure every loop (or re-render a saved run), write docs."""
     if args.from_json is not None:
-        return render_saved(args.from_json, args.out_dir)
+        return render_saved(args.from_json, args.out_dir, args.output)
     with progress.for_args(args) as bars:
         rep = measure(args, bars)
-    for path in publishing.write(rep, args.out_dir, roots=public_roots()):
-        print(f"wrote {path}")
-    print_summary(rep)
+    return publish(rep, args.out_dir, args.output)
+
+
+def publish(rep: report.Report, out_dir: Path, fmt: str) -> int:
+    """Write the page, JSON and pictures; print the headline numbers as text or a document."""
+    written = [str(path) for path in publishing.write(rep, out_dir, roots=public_roots())]
+    for path in written:
+        output.note(fmt, f"wrote {path}")
+    if output.is_document(fmt):
+        output.emit_document(output.document("Accuracy", {
+            "written": written, "summary": summary_json(rep)}), fmt)
+    else:
+        print_summary(rep)
     return 0
 
 
-def render_saved(source: Path, out_dir: Path) -> int:
+def summary_json(rep: report.Report) -> dict[str, Any]:
+    """The headline numbers of `print_summary` as data: per predictor, over all devices."""
+    def as_dict(s: Any) -> dict[str, float]:
+        return {"mape_pct": s.mape_pct, "p90_ape_pct": s.p90_ape_pct,
+                "coverage_pct": s.coverage_pct}
+
+    return {
+        "gpu": {p: as_dict(s) for (p, d), s in report.summarise_by_device(rep.gpu).items()
+                if d == "all"},
+        "leave_one_gpu_out": {p: as_dict(s) for (p, d), s
+                              in report.summarise_by_device(rep.logo).items() if d == "all"},
+        "cpu": {k: as_dict(s) for k, s in report.summarise_cpu(rep.cpu).items()},
+    }
+
+
+def render_saved(source: Path, out_dir: Path, fmt: str) -> int:
     """Write the page and pictures from a saved accuracy JSON, stamped with this rendering."""
     try:
         saved = publishing.read(source)
@@ -127,10 +156,7 @@ def render_saved(source: Path, out_dir: Path) -> int:
                           pages_path(source, public_roots())])
     rep = dataclasses.replace(saved, rendered=report.Provenance(
         created=_now(), commit=provenance.git_commit(short=True), command=command))
-    for path in publishing.write(rep, out_dir, roots=public_roots()):
-        print(f"wrote {path}")
-    print_summary(rep)
-    return 0
+    return publish(rep, out_dir, fmt)
 
 
 def pages_path(path: Path, roots: Mapping[str, str]) -> str:

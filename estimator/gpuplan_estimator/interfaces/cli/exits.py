@@ -7,7 +7,9 @@
   the devices estimated
 - 4: unavailable: the performance database (or another service the command needs) cannot be
   reached, or an optional package is not installed
-- 130: interrupted (Ctrl-C)
+- 5: incomplete: a budgeted run (`gpuplan bench --budget-minutes`) stopped at its budget before
+  it finished; the same command resumes it
+- 130: interrupted (Ctrl-C); 128 + N: stopped by signal N (`bench` after a clean stop)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class ExitCode(IntEnum):
     USAGE = 2
     INFEASIBLE = 3
     UNAVAILABLE = 4
+    INCOMPLETE = 5
     INTERRUPTED = 130
 
 

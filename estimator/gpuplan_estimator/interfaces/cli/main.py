@@ -138,7 +138,8 @@ def _raise(error: Exception, _: argparse.Namespace) -> int:
 
 EPILOG = """exit codes: 0 success, 1 internal error, 2 usage or invalid input,
 3 infeasible (no plan; the model fits no device), 4 unavailable (database, service, optional
-package), 130 interrupted. Docs: README.md and docs/ in the source distribution."""
+package), 5 incomplete (a budgeted bench stopped; run it again to resume), 130 interrupted.
+Docs: README.md and docs/ in the source distribution."""
 
 
 

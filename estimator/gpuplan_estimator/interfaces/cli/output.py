@@ -110,6 +110,12 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], *, wi
     out.writelines(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
 
 
+def note(args_output: str, message: str) -> None:
+    """A side remark (``wrote FILE``): on stdout under a table, on stderr when stdout carries a
+    document, so `-o json` output always parses."""
+    print(message, file=sys.stderr if is_document(args_output) else sys.stdout)
+
+
 def print_lines(lines: Sequence[str], stream: IO[str] | None = None) -> None:
     """Plain lines around a table (headers, notes): written as they are, no markup."""
     out = stream or sys.stdout

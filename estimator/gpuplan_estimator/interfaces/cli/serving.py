@@ -30,9 +30,10 @@ def register(sub: Any) -> None:
     s.add_argument("--bundle", metavar="DIR",
                    help="model bundle directory (default: the newest in the data dir, else the "
                    "shipped one)")
-    s.add_argument("--request-timeout", type=arguments.positive_float, default=60.0,
-                   metavar="SECONDS", help="per-request deadline, queueing included; the "
-                   "worker running a request past it is killed (default 60)")
+    s.add_argument("--request-timeout", type=arguments.duration_seconds, default=60.0,
+                   metavar="DURATION", help="per-request deadline, queueing included (seconds, "
+                   "or a duration like 2m); the worker running a request past it is killed "
+                   "(default 60)")
     s.add_argument("--workers", type=arguments.count_up_to(256), default=2, metavar="N",
                    help="estimation worker processes (default 2)")
     s.add_argument("--worker-memory-gib", type=arguments.positive_float, default=3.0,
@@ -49,8 +50,9 @@ def register(sub: Any) -> None:
     s.add_argument("--max-body-bytes", type=arguments.positive_int, default=64 * 2**20,
                    metavar="BYTES", help="largest request body, in bytes; a larger one is "
                    "answered 413 (default %(default)s = 64 MiB)")
-    s.add_argument("--bundle-poll", type=arguments.positive_float, default=30.0, metavar="SECONDS",
-                   help="how often to look for a newer bundle (default 30)")
+    s.add_argument("--bundle-poll", type=arguments.duration_seconds, default=30.0,
+                   metavar="DURATION", help="how often to look for a newer bundle (seconds, or "
+                   "a duration like 1m; default 30)")
     s.add_argument("--db", metavar="URL", help="performance database URL for job outcomes "
                    "(default: $GPUPLAN_DB_URL, else SQLite in the data dir)")
     s.set_defaults(func=run_serve)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan_estimator.core import errors, provenance
-from gpuplan_estimator.interfaces.cli import progress
+from gpuplan_estimator.interfaces.cli import output, progress
 from gpuplan_estimator.models import bundles
 from gpuplan_estimator.training import fitting, recipe, report, sources
 
@@ -45,6 +45,7 @@ def register(subparsers: Any) -> None:
                    help="subsample cap per kernel, in rows (default %(default)s)")
     p.add_argument("--no-validate", action="store_true", help="skip held-out validation")
     progress.add_flag(p)
+    output.add_output_argument(p)
     p.set_defaults(func=run)
 
 
@@ -75,12 +76,20 @@ def run(args: argparse.Namespace) -> int:
         fitted, manifest={**fitted.manifest, "training_seconds": elapsed_s})
     out = out or bundles.default_data_dir() / datetime.now().strftime("bundle-%Y%m%dT%H%M%S")
     bundles.save_bundle(fitted, out)
+    metrics = fitted.manifest.get("metrics", {})
+    probes = fitted.manifest.get("probe_offsets", {})
+    if output.is_document(args.output):
+        output.emit_document(output.document("TrainedBundle", {
+            "bundle": str(out), "rows": len(frame), "kernels": sorted(fitted.models),
+            "training_seconds": elapsed_s, "metrics": metrics, "probe_offsets": probes}),
+            args.output)
+        return 0
     print(f"wrote bundle {out} ({', '.join(sorted(fitted.models))}; {len(frame)} rows)")
-    for kernel, m in fitted.manifest.get("metrics", {}).items():
+    for kernel, m in metrics.items():
         rs = m["random_split"]
         print(f"  {kernel:12s} held-out MAPE {rs['mape_pct']:6.2f} %  "
               f"P90 APE {rs['p90_ape_pct']:6.2f} %")
-    for device, kernels in sorted(fitted.manifest.get("probe_offsets", {}).items()):
+    for device, kernels in sorted(probes.items()):
         parts = ", ".join(f"{k} ({v['rows']} rows, x{math.exp(v['log_offset']):.2f} at 1 ms "
                           f"base)" for k, v in sorted(kernels.items()))
         print(f"  probed {device}: {parts}")

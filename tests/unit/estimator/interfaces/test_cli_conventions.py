@@ -205,3 +205,24 @@ def test_plot_writes_the_picture_the_extension_names(
     code, _, err = run(["estimate", str(RESNET), "--device", "t4", "--batch", "8", "--plot",
                         str(tmp_path / "x.gif")], capsys)
     assert code == exits.ExitCode.USAGE and "--plot" in err
+
+
+def test_every_time_flag_takes_durations() -> None:
+    parser = main.build_parser(plugins=True)
+    serve = parser.parse_args(["serve", "--request-timeout", "2m", "--bundle-poll", "45"])
+    assert (serve.request_timeout, serve.bundle_poll) == (120.0, 45.0)
+    bench = parser.parse_args(["bench", "--budget-minutes", "1h30m"])
+    assert bench.budget_minutes == 90.0
+    evaluation = parser.parse_args(["eval", "--cpu-bench-minutes", "0", "--torch-bench-minutes",
+                                    "2h"])
+    assert (evaluation.cpu_bench_minutes, evaluation.torch_bench_minutes) == (0.0, 120.0)
+    with pytest.raises(main.UsageError, match="duration like 90m"):
+        parser.parse_args(["bench", "--budget-minutes", "soon"])
+
+
+def test_the_readme_lists_every_exit_code() -> None:
+    readme = (Path(__file__).parents[4] / "README.md").read_text()
+    scripting = readme[readme.index("## Scripting"):]
+    for code in exits.ExitCode:
+        word = "success" if code == exits.ExitCode.OK else code.name.lower()
+        assert re.search(rf"\b{int(code)} {word}", scripting), code

@@ -83,7 +83,8 @@ def test_help_of_each_command_exits_0_and_names_it(
     [("serve", "--port", "(default 8080)"),
      ("serve", "--host", "(default 127.0.0.1)"),
      ("serve", "--max-body-bytes", "BYTES"),
-     ("serve", "--bundle-poll", "SECONDS"),
+     ("serve", "--bundle-poll", "a duration like 1m"),
+     ("bench", "--budget-minutes", "a duration like 90m or 2h"),
      ("train", "--seed", "(default 0)"),
      ("eval", "--out-dir", "docs/")],
 )

@@ -234,6 +234,7 @@ def candidate_json(c: placement.Candidate) -> dict[str, Any]:
 def plan_json(result: placement.Plan, *, max_candidates: int | None = 20) -> dict[str, Any]:
     """The plan JSON: the chosen candidate, the best others, and every rejection's reason."""
     return {
+        "schema_version": estimates.SCHEMA_VERSION,
         "plan": candidate_json(result.chosen) if result.chosen else None,
         "candidates": [candidate_json(c) for c in result.candidates[:max_candidates]],
         "rejected": [

@@ -16,11 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from gpuplan_estimator.planning import estimates
+
 FORMATS: tuple[str, ...] = ("table", "wide", "json", "yaml")
 DEFAULT_FORMAT = "table"
-SCHEMA_VERSION = 1
-"""Version of every JSON/YAML document the CLI prints; bumped when a field changes meaning or
-goes away (new fields do not bump it)."""
+SCHEMA_VERSION = estimates.SCHEMA_VERSION
+"""Version of every JSON/YAML document the CLI prints (the service's estimate and plan
+answers carry the same); bumped when a field changes meaning or goes away (new fields do not
+bump it)."""
 PIPE_WIDTH_CHARS = 1000
 """Table width when stdout is not a terminal: wide enough that nothing is cut for a script."""
 

@@ -91,6 +91,7 @@ class CandidateRejection(_Response):
 class PlanResponse(_Response):
     """`POST /v1/plans` 200: the chosen candidate, the best others and every rejection."""
 
+    schema_version: int = Field(description="Bumped when a field changes meaning or goes away.")
     plan: Candidate
     candidates: list[Candidate] = Field(description="Feasible ones, best first (at most 20).")
     candidates_total: int = Field(description="Feasible candidates in all, listed or not.")

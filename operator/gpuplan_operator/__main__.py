@@ -139,8 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of `gpuplan-operator`: `kopf run` over the handlers module."""
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    """`python -m gpuplan_operator`: `kopf run` over the handlers module."""
+    run(build_parser().parse_args(sys.argv[1:] if argv is None else argv))
+
+
+def run(args: argparse.Namespace) -> None:
+    """`kopf run` with the parsed options."""
     from kopf import cli  # imported late: `--help` of a broken install still prints usage
 
     cli.main(args=kopf_argv(kopf_options(args)), prog_name=PROG)

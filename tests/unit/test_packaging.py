@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuplan_estimator.core import extras
+from gpuplan_estimator.core.exit_codes import ExitCode
 from gpuplan_estimator.graph import examples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,6 +208,25 @@ def test_help_lists_the_commands_whose_extra_is_missing(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert re.search(r"bench\s+\(not installed: pip install 'gpuplan\[bench\]'\)", result.stdout)
     assert re.search(r"estimate\s+predict", result.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "args"), [
+    ("gpuplan-operator", []), ("gpuplan-extender", ["--port", "0"])])
+def test_the_operator_programs_without_their_extra_name_it(script: str, args: list[str],
+                                                            tmp_path: Path) -> None:
+    program = Path(sys.executable).with_name(script)
+    env = _without(extras.extra_modules("operator"), tmp_path)
+    result = subprocess.run([str(program), *args], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == ExitCode.UNAVAILABLE, result.stderr
+    assert result.stderr.strip() == (
+        f"{script}: error: {script} needs the 'aiohttp' package, which is not installed: "
+        "pip install 'gpuplan[operator]'")
+    if script == "gpuplan-operator":  # its help needs none of the extra
+        shown = subprocess.run([str(program), "--help"], env=env, capture_output=True,
+                               text=True, timeout=120)
+        assert shown.returncode == 0 and shown.stdout.startswith("usage: gpuplan-operator")
 
 
 # What each extra is for: the modules its entry points import. With only that extra's packages

@@ -14,23 +14,10 @@
 
 from __future__ import annotations
 
-from enum import IntEnum
-
 from gpuplan_estimator.core.errors import DatabaseError, GpuplanError
+from gpuplan_estimator.core.exit_codes import ExitCode
 from gpuplan_estimator.core.extras import MissingExtraError
 from gpuplan_estimator.planning.planner import NoFeasiblePlanError
-
-
-class ExitCode(IntEnum):
-    """The process exit status of a `gpuplan` command."""
-
-    OK = 0
-    INTERNAL = 1
-    USAGE = 2
-    INFEASIBLE = 3
-    UNAVAILABLE = 4
-    INCOMPLETE = 5
-    INTERRUPTED = 130
 
 
 class InfeasibleError(GpuplanError):

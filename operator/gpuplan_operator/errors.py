@@ -118,3 +118,17 @@ class AwaitingCapacityError(OperatorError):
     later, without asking the estimator (the condition still says NoFeasiblePlan)."""
 
     reason = "NoFeasiblePlan"
+
+
+class QueueNotFoundError(OperatorError):
+    """The Kueue LocalQueue a TrainingJob names, or its ClusterQueue, does not exist (yet), or
+    Kueue is not installed. Retried with backoff: queues are often created after the jobs."""
+
+    reason = "QueueNotFound"
+
+
+class NoQueueQuotaError(OperatorError):
+    """The named queue's ClusterQueue has no GPU quota for any GPU type of the cluster: no plan
+    is feasible within it (re-checked at the capacity check interval, as quotas change)."""
+
+    reason = "NoFeasiblePlan"

@@ -33,7 +33,7 @@ TRAINING_JOBS = (resources.GROUP, resources.VERSION, resources.PLURAL)
 # Domain errors worth retrying: the world may change (estimator back, ConfigMap created).
 TEMPORARY = (errors.EstimatorUnavailableError, errors.ModelSourceUnavailableError,
              errors.JobNameConflictError, errors.ServiceAccountNotFoundError,
-             errors.KubeApiUnavailableError)
+             errors.KubeApiUnavailableError, errors.QueueNotFoundError)
 
 
 JOB_EVENT_ATTEMPTS = 5

@@ -13,7 +13,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpuplan_operator import errors, gpu_accounting, resources
+from gpuplan_operator import errors, gpu_accounting, kueue, resources
 
 ApiError = ApiException
 """What the Kubernetes client raises for a 4xx answer; callers catch this, not the client.
@@ -105,6 +105,22 @@ class Kube:
         """Create, or return the existing object of that name; the bool says whether it is new."""
         return await _create(self._batch.create_namespaced_job, self._batch.read_namespaced_job,
                              namespace, body)
+
+    async def get_local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Kueue's LocalQueue, or None when it (or Kueue's CRD) does not exist."""
+        return await _call_or_none(self._custom.get_namespaced_custom_object, kueue.GROUP,
+                                   kueue.VERSION, namespace, kueue.LOCAL_QUEUES, name)
+
+    async def get_cluster_queue(self, name: str) -> dict[str, Any] | None:
+        """Kueue's ClusterQueue, or None when it does not exist."""
+        return await _call_or_none(self._custom.get_cluster_custom_object, kueue.GROUP,
+                                   kueue.VERSION, kueue.CLUSTER_QUEUES, name)
+
+    async def list_resource_flavors(self) -> list[dict[str, Any]]:
+        """Kueue's ResourceFlavors (cluster-scoped, few: one per node pool)."""
+        out = await _call(self._custom.list_cluster_custom_object, kueue.GROUP, kueue.VERSION,
+                          kueue.RESOURCE_FLAVORS)
+        return list(out.get("items", []))
 
     async def create_service(self, namespace: str,
                              body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuplan_operator import annotations as plan_keys
-from gpuplan_operator import gpu_accounting, resources
+from gpuplan_operator import gpu_accounting, kueue, resources
 
 # Pods of an Indexed Job are named <job>-<index>-<5 random> and use <job>-<index> as hostname
 # (a 63-char DNS label), so the Job name leaves room for both.
@@ -72,9 +72,16 @@ def owner_references(owner: Owner) -> list[dict[str, Any]]:
 
 def build_job(
     *, owner: Owner, namespace: str, plan: resources.Plan, template: Mapping[str, Any],
-    scheduler_name: str = "", master_port: int = 29500,
+    scheduler_name: str = "", master_port: int = 29500, local_queue: str | None = None,
 ) -> dict[str, Any]:
-    """batch/v1 Job running `template` on the planned GPU type and count."""
+    """batch/v1 Job running `template` on the planned GPU type and count.
+
+    With `local_queue` the Job is created suspended and labelled for Kueue, which unsuspends
+    it on admission. Suspended from creation, not by Kueue's webhook: a Job that started
+    unsuspended could create pods before the webhook (if installed at all) had seen it. A
+    multi-node plan is one Indexed Job whose pods are one Kueue PodSet of `nodes` pods, so
+    admission reserves quota for all of them or none.
+    """
     name = job_name(owner.name)
     pod = _pod_template(owner, plan, template, scheduler_name)
     spec: dict[str, Any] = {
@@ -91,11 +98,15 @@ def build_job(
         extra = []
     for container in pod["spec"]["containers"]:
         _set_env(container, _plan_env(plan) + extra)
+    labels = {resources.OWNER_LABEL: owner.name}
+    if local_queue is not None:
+        spec["suspend"] = True
+        labels[kueue.QUEUE_NAME_LABEL] = local_queue
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {
             "name": name, "namespace": namespace,
-            "labels": {resources.OWNER_LABEL: owner.name},
+            "labels": labels,
             "annotations": plan_annotations(plan),
             "ownerReferences": owner_references(owner),
         },

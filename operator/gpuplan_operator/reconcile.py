@@ -22,6 +22,7 @@ from gpuplan_operator import (
     estimator_client,
     inventory,
     kube,
+    kueue,
     manifests,
     metrics,
     modelsource,
@@ -67,6 +68,9 @@ class Context:
     """Job uids whose outcome was sent to the estimator, oldest first."""
     started: set[str] = dataclasses.field(default_factory=set)
     """Uids of running Jobs whose first container start is already in their TrainingJob."""
+    admitted: dict[str, bool] = dataclasses.field(default_factory=dict)
+    """Uids of queued (Kueue) Jobs → whether the TrainingJob's Queued condition says admitted,
+    so a Job's further events do not re-read its TrainingJob."""
     gpu_pools: coalescing.Coalesced[list[inventory.GpuPool]] = dataclasses.field(init=False)
     """The GPU pools of the latest node and pod lists, shared by concurrent plans."""
 
@@ -230,6 +234,10 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
                 spec: resources.TrainingJobSpec) -> resources.Plan:
     model = await _load_model(ctx, tj, spec.model)
     pools = await ctx.gpu_pools.get(lambda: _read_gpu_pools(ctx))
+    quota = None
+    if spec.local_queue is not None:
+        quota = await _read_queue_quota(ctx, tj.namespace, spec.local_queue)
+        pools = _queue_pools(pools, quota)
     body = estimator_client.build_request(spec, model, pools)
     try:
         plan = await estimator_client.request_plan(
@@ -237,17 +245,52 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
             timeout_seconds=ctx.settings.estimator_timeout_seconds, tenant=tj.namespace)
     except errors.OperatorError as exc:
         ctx.metrics.count_request(exc.reason)
-        if exc.reason == Reason.NO_FEASIBLE_PLAN:
+        if exc.reason == Reason.NO_FEASIBLE_PLAN and quota is None:
+            # A queued job's feasibility also depends on its ClusterQueue's quota, which the
+            # capacity record does not cover: it re-plans at every capacity check instead.
             ctx.infeasible_at[tj.uid] = inventory.capacity(pools)
+        if quota is not None and isinstance(exc, errors.EstimatorRejectedError):
+            raise errors.EstimatorRejectedError(
+                exc.reason, f"within {quota.name}: {exc}", exc.details) from exc
         raise
     ctx.metrics.count_request("ok")
     message = (f"{plan.gpu_count}x {plan.gpu_type} ({plan.nodes} node(s)), "
                f"estimated {plan.estimated_seconds:.0f}s, predictor {plan.predictor}")
+    if quota is not None:
+        message += f"; {quota.name}: {kueue.describe_quota(quota)}"
     await _set(ctx, tj, type_=Condition.ESTIMATED, ok=True, reason=Reason.PLANNED, message=message,
                extra={"plan": plan.to_status()})
     ctx.metrics.observe_plan(tj.namespace, tj.name, plan.gpu_type, plan.estimated_seconds)
     tj.emit(warning=False, reason=Reason.PLANNED, message=message)
     return plan
+
+
+async def _read_queue_quota(ctx: Context, namespace: str, name: str) -> kueue.QueueQuota:
+    """The GPU quota of LocalQueue `name`'s ClusterQueue, read from Kueue's API."""
+    local_queue = await ctx.kube.get_local_queue(namespace, name)
+    if local_queue is None:
+        raise errors.QueueNotFoundError(
+            f"LocalQueue {namespace}/{name} not found (spec.kueue.localQueue; is Kueue "
+            "installed?)")
+    try:
+        cq_name = kueue.cluster_queue_name(local_queue)
+    except kueue.QueueError as exc:
+        raise errors.QueueNotFoundError(str(exc)) from exc
+    cluster_queue, flavors = await asyncio.gather(ctx.kube.get_cluster_queue(cq_name),
+                                                  ctx.kube.list_resource_flavors())
+    if cluster_queue is None:
+        raise errors.QueueNotFoundError(
+            f"ClusterQueue {cq_name} of LocalQueue {namespace}/{name} not found")
+    return kueue.queue_quota(local_queue, cluster_queue, flavors)
+
+
+def _queue_pools(pools: list[inventory.GpuPool],
+                 quota: kueue.QueueQuota) -> list[inventory.GpuPool]:
+    """The pools the queue's quota allows; NoQueueQuotaError naming the queue when none."""
+    allowed = kueue.restrict_pools(pools, quota)
+    if not allowed:
+        raise errors.NoQueueQuotaError(kueue.describe_no_gpu_types(quota, pools))
+    return allowed
 
 
 async def _launch(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobSpec,
@@ -257,7 +300,7 @@ async def _launch(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobS
     await _check_service_account(ctx, tj, spec.template)
     job = manifests.build_job(owner=owner, namespace=tj.namespace, plan=plan,
                               template=spec.template, scheduler_name=ctx.settings.scheduler_name,
-                              master_port=port)
+                              master_port=port, local_queue=spec.local_queue)
     name = job["metadata"]["name"]
     try:
         if plan.multi_node:
@@ -274,11 +317,56 @@ async def _launch(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobS
         await _set(ctx, tj, type_=Condition.LAUNCHED, ok=False, reason=conflict.reason,
                    message=str(conflict))
         raise conflict
+    if spec.local_queue is not None:
+        # Before jobName: the Job's events attribute admission to this TrainingJob only once
+        # jobName is written, so a fast admission cannot be overwritten by this condition.
+        await _set_queued(ctx, tj, existing, spec.local_queue)
     message = f"Job {name}: {plan.gpu_count}x {plan.gpu_type}"
     await _set(ctx, tj, type_=Condition.LAUNCHED, ok=True, reason=Reason.JOB_CREATED,
                message=message, extra={"jobName": name})
     if created:
         tj.emit(warning=False, reason=Reason.JOB_CREATED, message=message)
+
+
+async def _set_queued(ctx: Context, tj: TrainingJobRef, job: Mapping[str, Any],
+                      local_queue: str) -> None:
+    """The Queued condition from the Job's `suspend`: True while Kueue has not admitted it."""
+    name = job["metadata"]["name"]
+    if kueue.is_suspended(job):
+        await _set(ctx, tj, type_=Condition.QUEUED, ok=True, reason=Reason.WAITING_FOR_ADMISSION,
+                   message=f"Job {name} waits for Kueue admission in LocalQueue "
+                           f"{tj.namespace}/{local_queue}")
+        tj.emit(warning=False, reason=Reason.WAITING_FOR_ADMISSION,
+                message=f"Job {name} queued in LocalQueue {local_queue}")
+    else:
+        await _set(ctx, tj, type_=Condition.QUEUED, ok=False, reason=Reason.ADMITTED,
+                   message=f"Kueue admitted Job {name} (LocalQueue {tj.namespace}/{local_queue})")
+        tj.emit(warning=False, reason=Reason.ADMITTED,
+                message=f"Kueue admitted Job {name} from LocalQueue {local_queue}")
+
+
+async def _note_admission(ctx: Context, job: Mapping[str, Any], tj_name: str,
+                          emit_for: Callable[[Mapping[str, Any]], EventSink]) -> None:
+    """Bring the TrainingJob's Queued condition in line with a queued Job's `suspend`: Kueue
+    unsuspends on admission and suspends again when it evicts (preemption, pods not ready)."""
+    meta = job["metadata"]
+    job_uid = str(meta.get("uid", ""))
+    admitted = not kueue.is_suspended(job)
+    if ctx.admitted.get(job_uid) == admitted:
+        return
+    body = await ctx.kube.get_trainingjob(meta["namespace"], tj_name)
+    if body is None:
+        return
+    status = dict(body.get("status") or {})
+    if status.get("jobName") != meta["name"]:
+        return  # not launched yet, or another Job: a later event of this Job comes back here
+    tj = TrainingJobRef(meta["namespace"], tj_name, body["metadata"]["uid"],
+                        int(body["metadata"].get("generation", 1)), status, emit_for(body))
+    queued = resources.find_condition(tj.conditions, Condition.QUEUED)
+    says_admitted = queued is not None and queued.get("status") == "False"
+    if says_admitted != admitted:
+        await _set_queued(ctx, tj, job, str(kueue.queue_of(job)))
+    ctx.admitted[job_uid] = admitted
 
 
 async def _check_service_account(ctx: Context, tj: TrainingJobRef,
@@ -345,6 +433,8 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
         return
     finished = tracking.job_outcome(job) is not None
     job_uid = str(meta.get("uid", ""))
+    if kueue.queue_of(job) is not None and not finished:
+        await _note_admission(ctx, job, tj_name, emit_for)
     if not finished and (job_uid in ctx.started or not _has_pods(job)):
         return  # nothing new to learn from a running Job's event
     body = await ctx.kube.get_trainingjob(meta["namespace"], tj_name)
@@ -376,6 +466,7 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
                else f"{outcome.message}; {measured}")
     await _set(ctx, tj, type_=type_, ok=True, reason=reason, message=message, extra=extra)
     ctx.started.discard(job_uid)
+    ctx.admitted.pop(job_uid, None)
     now = ctx.clock()
     ctx.metrics.expire(now, ctx.settings.finished_job_metrics_seconds)
     ctx.metrics.observe_finished(tj.namespace, tj.name, plan.gpu_type, outcome.actual.seconds,

@@ -22,6 +22,8 @@ class ConditionType:
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SPEC_CHANGED = "SpecChangedAfterLaunch"
+    QUEUED = "Queued"
+    """True while the Job waits for Kueue to admit it (spec.kueue); False once admitted."""
 
 
 class Reason:
@@ -41,6 +43,9 @@ class Reason:
     CAPACITY_CHANGED = "CapacityChanged"
     JOB_REJECTED = "JobRejected"
     SERVICE_ACCOUNT_NOT_FOUND = "ServiceAccountNotFound"
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    ADMITTED = "Admitted"
+    QUEUE_NOT_FOUND = "QueueNotFound"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +92,9 @@ class TrainingJobSpec:
     objective: Objective
     gpu_types: tuple[str, ...]
     template: Mapping[str, Any]
+    local_queue: str | None = None
+    """`spec.kueue.localQueue`: the Kueue LocalQueue of the Job, in the TrainingJob's namespace;
+    None runs the Job directly, unqueued."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +15,8 @@ PRECISIONS = frozenset(options.PRECISIONS)
 PREFERENCES = frozenset(options.OBJECTIVES)
 FORMATS = frozenset({"auto", "raw", "gzip", "xz", "zstd"})
 MAX_DIMS = 32
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""RFC 1123 label: a LocalQueue name must also be a label value (`kueue.x-k8s.io/queue-name`)."""
 
 
 def validate_spec(spec: Mapping[str, Any]) -> list[str]:
@@ -24,6 +27,7 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
     _check_objective(spec.get("objective", {}), out)
     _check_gpu_types(spec.get("gpuTypes", []), out)
     _check_template(spec.get("template"), out)
+    _check_kueue(spec.get("kueue", {}), out)
     return out
 
 
@@ -59,6 +63,7 @@ def parse_spec(spec: Mapping[str, Any]) -> resources.TrainingJobSpec:
         ),
         gpu_types=tuple(spec.get("gpuTypes") or ()),
         template=spec["template"],
+        local_queue=(spec.get("kueue") or {}).get("localQueue"),
     )
 
 
@@ -194,6 +199,19 @@ def _check_template(template: object, out: list[str]) -> None:
         account = pod_spec.get(key) if isinstance(pod_spec, Mapping) else None
         if account is not None and (not isinstance(account, str) or not account):
             out.append(f"{path}.spec.{key}: must be a non-empty string")
+
+
+def _check_kueue(kueue: object, out: list[str]) -> None:
+    path = "spec.kueue"
+    if not isinstance(kueue, Mapping):
+        out.append(f"{path}: must be an object")
+        return
+    if not kueue:
+        return
+    name = kueue.get("localQueue")
+    if not isinstance(name, str) or not DNS_LABEL.fullmatch(name):
+        out.append(f"{path}.localQueue: must be a DNS label (lower-case letters, digits and '-', "
+                   f"at most 63 characters), got {name!r}")
 
 
 def service_account(template: Mapping[str, Any]) -> str | None:

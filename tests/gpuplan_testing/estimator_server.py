@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 from aiohttp import web
 
-from gpuplan_estimator.interfaces.cli import serving
+from gpuplan_estimator.interfaces.cli import plans, serving
 from gpuplan_estimator.interfaces.http import service
 from gpuplan_estimator.perfdb import PerfStore
 
@@ -50,7 +50,7 @@ class EstimatorServer:
         return response
 
     async def _start(self) -> None:
-        state = service.ServiceState(functools.partial(serving.load_context, None))
+        state = service.ServiceState(functools.partial(plans.load_context, None))
         app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600),
                                outcome_sink=serving.perfdb_outcome_sink(self.db_url),
                                coverage_source=serving.perfdb_coverage_source(self.db_url),

@@ -20,6 +20,7 @@ from gpuplan_estimator.devices.catalog import (
     parse_entry,
     with_prices,
 )
+from gpuplan_estimator.devices.prices import prices_from_env, read_prices_file
 from gpuplan_estimator.devices.resolution import resolve_device
 
 __all__ = [
@@ -35,6 +36,8 @@ __all__ = [
     "normalize_name",
     "parse_catalog",
     "parse_entry",
+    "prices_from_env",
+    "read_prices_file",
     "resolve_device",
     "with_prices",
 ]

@@ -1,7 +1,8 @@
 """Pure planner: step profiles per GPU type + cluster inventory + objective → ranked plans.
 
-Data parallel only: each of `n` GPUs runs `ceil(global_batch / n)` samples per step, then the
-gradients are ring-all-reduced. Every candidate that is not chosen keeps the reason why.
+Data parallel only: each of `n` GPUs runs `global_batch / n` samples per step (a batch that does
+not split evenly is rejected), then the gradients are ring-all-reduced. Every candidate that is
+not chosen keeps the reason why; one without a known price is never ranked as free.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class StepProfile:
     device_key: str
     memory_capacity_bytes: int
     gradient_bytes: int  # bytes all-reduced per step
-    price_per_gpu_hour_usd: float
+    price_per_gpu_hour_usd: float | None  # None: no known price (never taken as free)
     interconnect_gbps: float
     points: tuple[StepPoint, ...]
     predictor: str = ""
@@ -148,7 +149,7 @@ class Candidate:
     estimated_seconds: float
     interval_seconds: tuple[float, float]
     memory_bytes_per_gpu: int
-    cost_usd: float
+    cost_usd: float | None  # None when the GPU type has no known price
     predictor: str = ""
     calibration: calibrating.Correction = calibrating.IDENTITY
 
@@ -189,7 +190,12 @@ def evaluate(
     scaling: ScalingModel,
 ) -> Candidate | Rejection:
     """Price `gpu_count` GPUs of `pool` for the job, or reject it when memory does not fit."""
-    per_gpu_batch = math.ceil(shape.global_batch / gpu_count)
+    if shape.global_batch % gpu_count:
+        # Data parallelism needs equal shards: a padded or ragged batch is another experiment.
+        return Rejection(pool.gpu_type, gpu_count,
+                         f"batch {shape.global_batch} does not split evenly over {gpu_count} "
+                         f"GPUs ({shape.global_batch / gpu_count:.1f} per GPU)")
+    per_gpu_batch = shape.global_batch // gpu_count
     point = profile.at(per_gpu_batch)
     if point.memory_bytes > profile.memory_capacity_bytes:
         need_gib = point.memory_bytes / 2**30
@@ -217,7 +223,8 @@ def evaluate(
     ratio_lo = point.p10_ms / point.step_time_ms if point.step_time_ms else 1.0
     ratio_hi = point.p90_ms / point.step_time_ms if point.step_time_ms else 1.0
     seconds = step_ms * shape.total_steps / 1000.0
-    cost = seconds / 3600.0 * gpu_count * profile.price_per_gpu_hour_usd
+    cost = (seconds / 3600.0 * gpu_count * profile.price_per_gpu_hour_usd
+            if profile.price_per_gpu_hour_usd is not None else None)
     return Candidate(
         gpu_type=pool.gpu_type,
         device_key=pool.device_key,
@@ -241,19 +248,30 @@ def _objective_violation(c: Candidate, obj: Objective) -> str:
     if obj.deadline_seconds is not None and c.estimated_seconds > obj.deadline_seconds:
         return (f"takes {format_duration(c.estimated_seconds)}, deadline is "
                 f"{format_duration(obj.deadline_seconds)}")
-    if obj.budget_usd is not None and c.cost_usd > obj.budget_usd:
+    if obj.budget_usd is not None and c.cost_usd is None:
+        return f"no known price for {c.device_key}, so the budget of ${obj.budget_usd:.2f} " \
+               "cannot be checked (give one with --prices)"
+    if obj.budget_usd is not None and c.cost_usd is not None and c.cost_usd > obj.budget_usd:
         return f"costs ${c.cost_usd:.2f}, budget is ${obj.budget_usd:.2f}"
     return ""
 
 
 def rank_key(c: Candidate, prefer: str) -> tuple[float, ...]:
-    """Sort key of a candidate under `prefer`: lower is better, GPU count breaks the last tie."""
+    """Sort key of a candidate under `prefer`: lower is better, GPU count breaks the last tie.
+
+    A candidate without a known price is never ranked as free: under the cost objectives it
+    comes after every priced one (ordered by time among themselves).
+    """
+    unpriced = 1.0 if c.cost_usd is None else 0.0
+    cost = math.inf if c.cost_usd is None else c.cost_usd
     if prefer == "fastest":
-        return (c.estimated_seconds, c.cost_usd, c.gpu_count)
+        return (c.estimated_seconds, cost, c.gpu_count)
     if prefer == "balanced":
         # Cost x time: a 2x faster plan may cost up to 2x more.
-        return (c.cost_usd * c.estimated_seconds, c.gpu_count)
-    return (c.cost_usd, c.estimated_seconds, c.gpu_count)
+        return (unpriced, cost * c.estimated_seconds if c.cost_usd is not None
+                else c.estimated_seconds, c.gpu_count)
+    return (unpriced, cost if c.cost_usd is not None else c.estimated_seconds,
+            c.estimated_seconds, c.gpu_count)
 
 
 def plan(

@@ -122,7 +122,7 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
             device_key=spec.key,
             memory_capacity_bytes=spec.memory_bytes,
             gradient_bytes=first.memory.gradients_bytes,
-            price_per_gpu_hour_usd=spec.price_per_hour_usd,
+            price_per_gpu_hour_usd=spec.price_per_hour_usd if spec.has_price else None,
             interconnect_gbps=spec.interconnect_gbps,
             points=tuple(_point(by_batch[b][i], b, c)
                          for b, c in zip(batches, calibrated, strict=True)),
@@ -186,9 +186,6 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
         raise NoFeasiblePlanError("no GPU type and count satisfies the request",
                                   [*skipped, *result.reasons_by_type.items()])
     out = plan_json(result, max_candidates=max_candidates)
-    for c in [out["plan"], *out["candidates"]]:
-        # A device without a price is costed at 0: say so, so no reader takes it as free.
-        c["price_known"] = ctx.catalog.resolve(c["device"]).has_price
     out["candidates_total"] = len(result.candidates)
     out["notes"] = [f"{t}: {why}" for t, why in skipped]
     return out
@@ -223,7 +220,8 @@ def candidate_json(c: placement.Candidate) -> dict[str, Any]:
         "estimated_seconds": round(c.estimated_seconds, 3),
         "interval_seconds": [round(c.interval_seconds[0], 3), round(c.interval_seconds[1], 3)],
         "memory_bytes_per_gpu": c.memory_bytes_per_gpu,
-        "cost_usd": round(c.cost_usd, 4),
+        "cost_usd": round(c.cost_usd, 4) if c.cost_usd is not None else None,
+        "price_known": c.cost_usd is not None,
         "predictor": c.predictor,
         # Unrounded: the operator reports it back with the job's outcome, and the estimator
         # divides the (calibrated) estimated_seconds by it to store the model's own estimate.

@@ -6,6 +6,7 @@ import argparse
 import math
 from collections.abc import Callable
 
+from gpuplan_estimator import devices
 from gpuplan_estimator.core import durations, limits
 
 MAX_COUNT = 10**12
@@ -93,3 +94,18 @@ def duration_minutes(text: str) -> float:
     if not (math.isfinite(minutes) and minutes >= 0):
         raise argparse.ArgumentTypeError(f"must be 0 or more minutes, got {text[:30]}")
     return minutes
+
+
+PRICES_HELP = ("YAML/JSON file with a 'prices:' mapping of GPU type to USD per GPU hour (the "
+               "chart's values schema); overrides the catalog's indicative prices")
+
+
+def add_prices_flag(parser: argparse.ArgumentParser) -> None:
+    """``--prices FILE``, the same on every command that prices GPUs."""
+    parser.add_argument("--prices", default=None, metavar="FILE", help=PRICES_HELP)
+
+
+def catalog(prices_file: str | None) -> devices.Catalog:
+    """The device catalog with the prices of `prices_file` (``--prices``) applied."""
+    overrides = devices.read_prices_file(prices_file) if prices_file else None
+    return devices.load_catalog(price_overrides=overrides)

@@ -93,6 +93,7 @@ def _register_estimate(sub: Any) -> None:
     p.add_argument("--cpu-backend", default=None, metavar="NAME",
                    help="bundle backend that prices CPU devices, or a unique prefix of one "
                    "(e.g. torch: PyTorch eager rows); default: the bundle's main CPU backend")
+    arguments.add_prices_flag(p)
     progress.add_flag(p)
     p.set_defaults(func=run_estimate)
 
@@ -135,9 +136,10 @@ def _progress(message: str) -> None:
     print(f"gpuplan: {message} ...", file=sys.stderr, flush=True)
 
 
-def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:
+def resolve_devices(names: Sequence[str], catalog: devices.Catalog | None = None
+                    ) -> list[devices.DeviceSpec]:
     """Named devices (deduplicated by canonical key), or every catalog GPU when none given."""
-    catalog = devices.load_catalog()
+    catalog = catalog if catalog is not None else devices.load_catalog()
     if not names:
         return list(catalog.devices)
     specs: dict[str, devices.DeviceSpec] = {}
@@ -150,7 +152,7 @@ def resolve_devices(names: Sequence[str]) -> list[devices.DeviceSpec]:
 def run_estimate(args: argparse.Namespace) -> int:
     """`gpuplan estimate`: price the model on each device; a ranked table, or a document."""
     plots.check(args.plot)
-    specs = resolve_devices(args.device)
+    specs = resolve_devices(args.device, arguments.catalog(args.prices))
     with progress.for_args(args) as shown:
         shown(Step("loading model", 0, None))
         source = model_source(args)
@@ -264,6 +266,7 @@ def _register_devices(sub: Any) -> None:
     p.add_argument("--bundle", default=None, metavar="DIR",
                    help="model bundle whose coverage the BASIS column shows (default: the "
                    "newest in the data dir, else the shipped one)")
+    arguments.add_prices_flag(p)
     p.set_defaults(func=run_devices)
 
 
@@ -279,7 +282,7 @@ DEVICE_COLUMNS = [
 
 def run_devices(args: argparse.Namespace) -> int:
     """`gpuplan devices`: the device catalog as a table or a document."""
-    catalog = devices.load_catalog()
+    catalog = arguments.catalog(args.prices)
     predictor, _ = selection.select_predictor(args.bundle)
     bases = {d.key: basis.data_basis(predictor, d) for d in catalog.devices}
     if output.is_document(args.output):

@@ -33,12 +33,15 @@ DEFAULT_POOL_NODES = 1
 DEFAULT_POOL_GPUS_PER_NODE = 8
 
 
-def load_context(bundle_dir: str | None) -> planner.PlannerContext:
-    """Planner context: the device catalog and the predictor from `bundle_dir` or default."""
+def load_context(bundle_dir: str | None,
+                 prices: Mapping[str, float] | None = None) -> planner.PlannerContext:
+    """Planner context: the catalog (with `prices` applied) and the predictor from
+    `bundle_dir` or the default bundle."""
     predictor, source = selection.select_predictor(bundle_dir)
     manifest = getattr(getattr(predictor, "bundle", None), "manifest", {}) or {}
     return planner.PlannerContext(
-        catalog=devices.load_catalog(), predictor=predictor, predictor_source=source,
+        catalog=devices.load_catalog(price_overrides=prices), predictor=predictor,
+        predictor_source=source,
         manifest=manifest if isinstance(manifest, dict) else {},
     )
 
@@ -88,6 +91,7 @@ def register(sub: Any) -> None:
     p.add_argument("--bundle", default=None, metavar="DIR",
                    help="model bundle directory (default: the newest in the data dir, else "
                    "the shipped one)")
+    arguments.add_prices_flag(p)
     progress.add_flag(p)
     p.set_defaults(func=run_plan)
 
@@ -131,8 +135,9 @@ def run_plan(args: argparse.Namespace) -> int:
     with progress.for_args(args) as shown:
         shown(Step("planning", 0, 1))
         body = request_body(args)
-        result = planner.plan_request(wire.parse_plan_request(body), load_context(args.bundle),
-                                      max_candidates=None)
+        prices = devices.read_prices_file(args.prices) if args.prices else None
+        result = planner.plan_request(wire.parse_plan_request(body),
+                                      load_context(args.bundle, prices), max_candidates=None)
         shown(Step("planning", 1, 1))
     doc = {**result, "objective": body["objective"],
            "training": dict(body["training"])}
@@ -167,7 +172,7 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def _cost(c: Mapping[str, Any]) -> str:
-    return render.usd(c["cost_usd"]) if c.get("price_known", True) else "? (no price)"
+    return render.usd(c["cost_usd"]) if c["cost_usd"] is not None else "? (no price)"
 
 
 def summary_lines(chosen: Mapping[str, Any], doc: Mapping[str, Any]) -> list[str]:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from gpuplan_estimator import devices
+from gpuplan_estimator.devices.prices import PRICES_ENV
 from gpuplan_estimator.interfaces.cli import arguments, plans
 from gpuplan_estimator.interfaces.http import service, wire
 from gpuplan_estimator.planning import calibrating
@@ -55,6 +58,9 @@ def register(sub: Any) -> None:
                    "a duration like 1m; default 30)")
     s.add_argument("--db", metavar="URL", help="performance database URL for job outcomes "
                    "(default: $GPUPLAN_DB_URL, else SQLite in the data dir)")
+    s.add_argument("--prices", default=None, metavar="FILE",
+                   help=f"{arguments.PRICES_HELP} (default: ${PRICES_ENV}, which the "
+                   "Helm chart sets from its prices value)")
     s.set_defaults(func=run_serve)
 
 
@@ -84,10 +90,21 @@ def perfdb_outcome_sink(db_url: str | None) -> service.OutcomeSink:
     store = _lazy_store(db_url)
 
     def sink(req: wire.OutcomeRequest, device: str) -> tuple[int, bool]:
+        factor = req.calibration_factor
+        sc = req.scaling
+
+        def own(planned_ms: float | None) -> float | None:
+            # The plan's step parts carry the calibration like its estimated_seconds.
+            return planned_ms / factor if planned_ms is not None else None
+
         stored = store().record_job_outcome(
             job_uid=req.job_uid, device=device, gpu_count=req.gpu_count,
-            estimated_seconds=req.estimated_seconds / req.calibration_factor,
-            actual_seconds=req.actual_seconds, model_digest=req.model_digest)
+            estimated_seconds=req.estimated_seconds / factor,
+            actual_seconds=req.actual_seconds, model_digest=req.model_digest,
+            gpus_per_node=sc.gpus_per_node, nodes=sc.nodes, per_gpu_batch=sc.per_gpu_batch,
+            steps=sc.steps, forward_ms=own(sc.forward_ms), backward_ms=own(sc.backward_ms),
+            optimizer_ms=own(sc.optimizer_ms), gradient_bytes=sc.gradient_bytes,
+            intra_node_gbps=sc.intra_node_gbps)
         return stored.id, stored.created
 
     return sink
@@ -108,6 +125,18 @@ def perfdb_outcome_history(db_url: str | None) -> service.OutcomeHistory:
                 for device, estimated, actual, digest in zip(
                     frame["device"], frame["estimated_seconds"], frame["actual_seconds"],
                     frame["model_digest"], strict=True)]
+
+    return history
+
+
+def perfdb_scaling_history(db_url: str | None) -> service.ScalingHistory:
+    """Stored job outcomes as records (every column, NULL as None or NaN) for the scaling fit
+    (`planning.scaling.fit_from_outcomes`), from the database opened on first use."""
+    store = _lazy_store(db_url)
+
+    def history() -> list[Mapping[str, Any]]:
+        return [{str(k): v for k, v in r.items()}
+                for r in store().job_outcomes().to_dict("records")]
 
     return history
 
@@ -135,10 +164,13 @@ def run_serve(args: argparse.Namespace) -> int:
         queued_per_client=args.queued_per_client,
     )
     # A partial, not a lambda: every estimation worker process builds its context with it.
-    state = service.ServiceState(functools.partial(plans.load_context, args.bundle))
+    prices = (devices.read_prices_file(args.prices) if args.prices
+              else devices.prices_from_env(os.environ))
+    state = service.ServiceState(functools.partial(plans.load_context, args.bundle, prices))
     state.load()  # fail fast on a broken explicit bundle
     app = service.make_app(state, settings, outcome_sink=perfdb_outcome_sink(args.db),
                            coverage_source=perfdb_coverage_source(args.db),
-                           outcome_history=perfdb_outcome_history(args.db))
+                           outcome_history=perfdb_outcome_history(args.db),
+                           scaling_history=perfdb_scaling_history(args.db))
     web.run_app(app, host=settings.host, port=settings.port)
     return 0

@@ -74,8 +74,9 @@ class Candidate(_Response):
     interval_seconds: list[float] = Field(min_length=2, max_length=2,
                                           description="[p10, p90] of estimated_seconds.")
     memory_bytes_per_gpu: int
-    cost_usd: float = Field(description="0 when the GPU type has no known price.")
-    price_known: bool = Field(description="False: cost_usd is 0 for lack of a price, not free.")
+    cost_usd: float | None = Field(description="null when the GPU type has no known price "
+                                   "(never read as free).")
+    price_known: bool = Field(description="False: no price is known for this GPU type.")
     predictor: str
     calibration: Calibration
 

@@ -32,7 +32,7 @@ SLOW_L4 = [calibrating.Outcome("l4", "train", 1000.0, 2000.0, model=f"m{i}") for
 def plan_body(*, max_gpus: int = 4) -> dict[str, Any]:
     return {
         "model_onnx_b64": RESNET50_B64,
-        "training": {"batch_size": 1, "dataset_size": 1000, "epochs": 1, "optimizer": "sgd"},
+        "training": {"batch_size": 12, "dataset_size": 1200, "epochs": 1, "optimizer": "sgd"},
         "objective": {"prefer": "cheapest", "max_gpus": max_gpus},
         "inventory": [L4],
     }

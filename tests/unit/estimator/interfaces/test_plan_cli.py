@@ -67,7 +67,7 @@ def test_deadline_durations_read_like_the_crd(capsys: pytest.CaptureFixture[str]
 
 def test_plan_table_shows_memory_interval_rejections_and_all_rows(
         capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["plan", str(RESNET50), "--batch", "256", "--dataset-size", "64000",
+    argv = ["plan", str(RESNET50), "--batch", "240", "--dataset-size", "64000",
             "--pool", "p4=1x8", "--pool", "NVIDIA-L4=2x4", "--pool", "t4=2x8",
             "--max-gpus", "16"]
     assert main.main(argv) == 0
@@ -75,8 +75,10 @@ def test_plan_table_shows_memory_interval_rejections_and_all_rows(
     assert out.startswith("plan: ") and "p10-p90" in out and "memory" in out
     assert "(--epochs defaults to 1)" in out
     assert "MEMORY/GPU" in out and "P10-P90" in out
-    # P4s (8 GB) cannot hold batch 256 on one or two GPUs: the rejections say so.
+    # P4s (8 GB) cannot hold batch 240 on one or two GPUs, and 240 does not split over 7:
+    # the rejections say so.
     assert "rejected (" in out and "p4 x 1" in out and "has 8.0 GiB" in out
+    assert "does not split evenly over 7 GPUs" in out
     shown = [line for line in out.splitlines()
              if line.lstrip("* ").startswith(("NVIDIA-L4 ", "p4 ", "t4 ")) and " x " not in line]
     assert len(shown) <= 10 and "--all lists every one" in out

@@ -147,6 +147,29 @@ def contract_model_versions_and_job_outcomes(store: PerfStore) -> None:
                                  estimated_seconds=1.0, actual_seconds=1.0)
 
 
+def contract_job_outcome_scaling_fields_round_trip(store: PerfStore) -> None:
+    # 2**40 gradient bytes and 2**40 steps do not fit PostgreSQL's int4: the columns are BIGINT.
+    scaling = {"gpus_per_node": 8, "nodes": 2, "per_gpu_batch": 32, "steps": 2**40,
+               "forward_ms": 10.5, "backward_ms": 21.0, "optimizer_ms": 0.0,
+               "gradient_bytes": 2**40, "intra_node_gbps": 300.0}
+    store.record_job_outcome(job_uid="s1", device="h100", gpu_count=16,
+                             estimated_seconds=100.0, actual_seconds=120.0, **scaling)
+    store.record_job_outcome(job_uid="s0", device="h100", gpu_count=1,
+                             estimated_seconds=10.0, actual_seconds=12.0)
+    frame = store.job_outcomes()
+    new, old = frame.iloc[0], frame.iloc[1]
+    assert {k: new[k] for k in scaling} == scaling
+    assert all(pd.isna(old[k]) for k in scaling)
+    with pytest.raises(errors.InvalidRequestError, match="gradient_bytes"):
+        store.record_job_outcome(job_uid="s2", device="h100", gpu_count=2,
+                                 estimated_seconds=1.0, actual_seconds=1.0, gradient_bytes=-1)
+    with pytest.raises(errors.InvalidRequestError, match="intra_node_gbps"):
+        store.record_job_outcome(job_uid="s2", device="h100", gpu_count=2,
+                                 estimated_seconds=1.0, actual_seconds=1.0,
+                                 intra_node_gbps=math.inf)
+    assert len(store.job_outcomes()) == 2
+
+
 def contract_bad_frames_are_rejected(store: PerfStore) -> None:
     run = store.add_run(device="t4", backend="b")
     with pytest.raises(errors.GpuplanError, match="dims"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    BigInteger,
     DateTime,
     Float,
     ForeignKey,
@@ -122,3 +123,15 @@ class JobOutcome(Base):
     actual_seconds: Mapped[float] = mapped_column(Float)
     model_digest: Mapped[str] = mapped_column(String(128), default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # Added in revision 0005, for fitting multi-GPU scaling (`planning.scaling`); NULL from
+    # operators that predate it. The parts are the model's own (uncalibrated) per-step ms at
+    # `per_gpu_batch`; `steps` is how many optimizer steps the job ran.
+    gpus_per_node: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    nodes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    per_gpu_batch: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    steps: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    forward_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    backward_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    optimizer_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gradient_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    intra_node_gbps: Mapped[float | None] = mapped_column(Float, nullable=True)

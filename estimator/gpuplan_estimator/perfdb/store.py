@@ -31,6 +31,14 @@ RUN_STATUSES = frozenset({"running", "done", "failed", "interrupted"})
 # int4), checked before writing so an oversized value is a named field error, not a DataError.
 MAX_KEY_CHARS = 128
 MAX_GPU_COUNT = 2**31 - 1
+MAX_BIGINT = 2**63 - 1
+"""Range of the job_outcomes BIGINT columns (steps, gradient_bytes)."""
+SCALING_INT_FIELDS = {"gpus_per_node": (1, MAX_GPU_COUNT), "nodes": (1, MAX_GPU_COUNT),
+                      "per_gpu_batch": (1, MAX_GPU_COUNT), "steps": (1, MAX_BIGINT),
+                      "gradient_bytes": (0, MAX_BIGINT)}
+SCALING_MS_FIELDS = ("forward_ms", "backward_ms", "optimizer_ms")
+"""Optional job outcome fields for the scaling fit (revision 0005): ranges, and the per-step
+parts in ms (finite, >= 0); `intra_node_gbps` must be finite and positive."""
 
 
 def _utcnow() -> datetime:
@@ -378,8 +386,22 @@ class PerfStore:
         estimated_seconds: float,
         actual_seconds: float,
         model_digest: str = "",
+        gpus_per_node: int | None = None,
+        nodes: int | None = None,
+        per_gpu_batch: int | None = None,
+        steps: int | None = None,
+        forward_ms: float | None = None,
+        backward_ms: float | None = None,
+        optimizer_ms: float | None = None,
+        gradient_bytes: int | None = None,
+        intra_node_gbps: float | None = None,
     ) -> StoredOutcome:
         """Record one finished job's estimated and actual seconds, once per `job_uid`.
+
+        The optional fields are what a multi-GPU scaling fit needs (`planning.scaling`): the
+        node shape, the per-GPU batch, the optimizer steps run, and the model's own
+        (uncalibrated) per-step forward, backward and optimizer ms, gradient bytes and
+        intra-node GB/s of the plan; None is stored as NULL (older operators send none).
 
         A job uid already stored writes nothing and returns that row (``created=False``), so a
         retried or replayed report never counts twice in the calibration. `estimated_seconds`
@@ -399,6 +421,12 @@ class PerfStore:
             )
         _check_seconds("estimated_seconds", estimated_seconds)
         _check_seconds("actual_seconds", actual_seconds)
+        scaling: dict[str, int | float | None] = {
+            "gpus_per_node": gpus_per_node, "nodes": nodes, "per_gpu_batch": per_gpu_batch,
+            "steps": steps, "gradient_bytes": gradient_bytes, "forward_ms": forward_ms,
+            "backward_ms": backward_ms, "optimizer_ms": optimizer_ms,
+            "intra_node_gbps": intra_node_gbps}
+        _check_scaling(scaling)
         row = {
             "job_uid": job_uid,
             "device": device,
@@ -407,6 +435,7 @@ class PerfStore:
             "actual_seconds": float(actual_seconds),
             "model_digest": model_digest,
             "created_at": self.clock(),
+            **scaling,
         }
         stmt = connections.insert_ignoring_duplicates(
             self.engine, JobOutcome, index_elements=["job_uid"]
@@ -474,3 +503,26 @@ def _check_seconds(name: str, value: object) -> None:
         raise errors.InvalidRequestError(name, f"must be a number, got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise errors.InvalidRequestError(name, f"must be finite and positive, got {value!r}")
+
+
+def _check_scaling(values: Mapping[str, int | float | None]) -> None:
+    """The optional scaling fields: integers in their column's range, finite non-negative ms,
+    positive GB/s; None passes (NULL)."""
+    for name, (low, high) in SCALING_INT_FIELDS.items():
+        value = values[name]
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise errors.InvalidRequestError(name, f"must be an integer, got {value!r}")
+        if not low <= value <= high:
+            raise errors.InvalidRequestError(name, f"must be in {low}..{high}, got {value}")
+    for name in (*SCALING_MS_FIELDS, "intra_node_gbps"):
+        value = values[name]
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise errors.InvalidRequestError(name, f"must be a number, got {value!r}")
+        positive = name == "intra_node_gbps"
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            kind = "positive" if positive else "non-negative"
+            raise errors.InvalidRequestError(name, f"must be finite and {kind}, got {value!r}")

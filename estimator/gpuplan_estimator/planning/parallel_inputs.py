@@ -1,0 +1,95 @@
+"""What the parallelism model reads from an estimate and a graph: the step cut into regions and
+layer kinds (`SingleGpuSplit`), and the model's widths (`ModelDims`).
+
+Layers are assigned by name and op family: blocks are found as `rollup.block_of` finds them;
+inside a block, GEMMs, the attention core and everything under an attention or MLP sub-module
+are split by Megatron's TP (Shoeybi et al. 2019 §3: column-parallel first GEMM, row-parallel
+second, attention split by heads), layer norms and residual adds are replicated. Outside the
+blocks, GEMMs (the output layer, vocab-parallel in Megatron) are split, the rest (embedding
+gathers, the final norm) replicated.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.layers import ModelGraph, OpFamily
+from gpuplan_estimator.planning import rollup
+from gpuplan_estimator.planning.estimates import SEQUENCE_DIM, DeviceEstimate, LayerEstimate
+from gpuplan_estimator.planning.parallelism import ModelDims, RegionTime, SingleGpuSplit
+
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+"""Activation element size per compute precision (mixed precision keeps activations at 16 bit)."""
+_ALWAYS_SPLIT = frozenset({OpFamily.MATMUL.value, OpFamily.SOFTMAX.value})
+_NEVER_SPLIT = frozenset({OpFamily.NORMALIZATION.value, OpFamily.EMBEDDING.value})
+_TP_SUBMODULE = re.compile(
+    r"(?:^|[/._])(?:attn|attention|self_attn|mlp|ffn|feed_forward|fc1|fc2|intermediate)"
+    r"(?=$|[/._])")
+
+
+def tp_splits(layer: LayerEstimate, *, in_block: bool) -> bool:
+    """Whether Megatron's TP divides `layer`'s work over the tp GPUs."""
+    if layer.family in _NEVER_SPLIT:
+        return False
+    if layer.family in _ALWAYS_SPLIT:
+        return True
+    return in_block and _TP_SUBMODULE.search(layer.name) is not None
+
+
+def _region(layers: Sequence[LayerEstimate], *, in_block: bool) -> RegionTime:
+    split = sum((layer.total_ms for layer in layers if tp_splits(layer, in_block=in_block)), 0.0)
+    replicated = sum((layer.total_ms for layer in layers
+                      if not tp_splits(layer, in_block=in_block)), 0.0)
+    return RegionTime(tp_split_ms=split, replicated_ms=replicated)
+
+
+def split_from_estimate(estimate: DeviceEstimate) -> SingleGpuSplit:
+    """The estimate's step cut into embedding / blocks / output regions and TP-split /
+    replicated layers; `InvalidRequestError` when the layer names carry no blocks."""
+    in_block = [rollup.block_of(layer.name) != rollup.OUTSIDE_BLOCKS
+                for layer in estimate.layers]
+    if not any(in_block):
+        raise InvalidRequestError("model", "the layer names carry no repeated blocks "
+                                  "(transformer layers): tensor and pipeline parallelism "
+                                  "cannot be priced")
+    first = in_block.index(True)
+    last = len(in_block) - 1 - in_block[::-1].index(True)
+    layers = estimate.layers
+    pre = _region(layers[:first], in_block=False)
+    blocks = _region([x for x, b in zip(layers, in_block, strict=True) if b], in_block=True)
+    # Layers between blocks but outside any (rare) are counted with the blocks' replicated part.
+    stray = [x for x, b in zip(layers[first:last + 1], in_block[first:last + 1], strict=True)
+             if not b]
+    blocks = RegionTime(blocks.tp_split_ms, blocks.replicated_ms + sum(x.total_ms for x in stray))
+    post = _region(layers[last + 1:], in_block=False)
+    return SingleGpuSplit(
+        batch=estimate.samples_per_step, forward_ms=estimate.forward_ms,
+        backward_ms=estimate.backward_ms, optimizer_ms=estimate.optimizer_ms,
+        gradient_bytes=estimate.memory.gradients_bytes, pre=pre, blocks=blocks, post=post)
+
+
+def model_dims_from_graph(graph: ModelGraph, *, precision: str) -> ModelDims:
+    """Hidden size (a block's first norm's width), sequence (the bound dim), block count and
+    heads (the attention softmax's [batch, heads, seq, seq]) of a transformer graph."""
+    if precision not in ELEMENT_BYTES:
+        raise InvalidRequestError("precision", f"must be one of {', '.join(ELEMENT_BYTES)}, "
+                                  f"got {precision!r}")
+    sequence = graph.dim_bindings.get(SEQUENCE_DIM)
+    if sequence is None:
+        raise InvalidRequestError(f"dims.{SEQUENCE_DIM}", "must be bound (e.g. --dim "
+                                  "sequence=1024): TP and PP messages scale with it")
+    names = [rollup.block_of(layer.name) for layer in graph.layers]
+    blocks = [n for n in dict.fromkeys(names) if n != rollup.OUTSIDE_BLOCKS]
+    inside = [layer for layer, n in zip(graph.layers, names, strict=True)
+              if n != rollup.OUTSIDE_BLOCKS]
+    norms = [layer for layer in inside if layer.family is OpFamily.NORMALIZATION]
+    if not blocks or not norms:
+        raise InvalidRequestError("model", "no transformer blocks with a normalization layer "
+                                  "found: the hidden size cannot be read from the graph")
+    softmax = [layer for layer in inside
+               if layer.family is OpFamily.SOFTMAX and len(layer.outputs[0].shape) == 4]
+    return ModelDims(hidden=norms[0].inputs[0].shape[-1], sequence=sequence, blocks=len(blocks),
+                     element_bytes=ELEMENT_BYTES[precision],
+                     heads=softmax[0].outputs[0].shape[1] if softmax else None)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from gpuplan_estimator.interfaces.http import admission, caching, work, workers
 from gpuplan_estimator.interfaces.http.metrics import Metrics
-from gpuplan_estimator.planning import calibrating
+from gpuplan_estimator.planning import calibrating, scaling
 
 LARGE_BODY_BYTES = 1 << 20
 """Bodies above this are hashed off the event loop."""
@@ -24,9 +24,12 @@ class Ask:
     """The service's bundle version (`predictor_source`); workers follow it."""
     calibration: calibrating.Calibration
     calibration_generation: int
+    """Counts swaps of the calibration and of the scaling model (both key the cache)."""
     client: str
     deadline: float
     """Event-loop time by which the answer must be given."""
+    scaling_model: scaling.ScalingModel | None = None
+    """The service's multi-GPU scaling model (fitted or analytic); None: the context's own."""
 
 
 class Front:
@@ -70,7 +73,7 @@ class Front:
                 ran = True
                 remaining = ask.deadline - asyncio.get_running_loop().time()
                 reply = await self.pool.run(ask.endpoint, ask.body, ask.bundle,
-                                            ask.calibration, remaining)
+                                            ask.calibration, remaining, ask.scaling_model)
         except admission.Busy as exc:
             reply = work.error_reply(429, "TooManyRequests", str(exc))
         except (TimeoutError, workers.WorkTimeout):

@@ -44,3 +44,23 @@ class Metrics:
             "gpuplan_estimator_calibration_outcomes",
             "Job outcomes the calibration in use was fitted from", registry=registry,
         )
+        self.scaling_refit_failures = Counter(
+            "gpuplan_estimator_scaling_refit_failures_total",
+            "Scaling-model refits from job outcomes that failed (the last good one is kept)",
+            registry=registry,
+        )
+        self.scaling_stale = Gauge(
+            "gpuplan_estimator_scaling_stale",
+            "1 while the last scaling refit failed and an older scaling model is served",
+            registry=registry,
+        )
+        self.scaling_samples = Gauge(
+            "gpuplan_estimator_scaling_samples",
+            "Multi-GPU job outcomes with scaling fields available to the scaling model in use",
+            registry=registry,
+        )
+        self.scaling_fitted = Gauge(
+            "gpuplan_estimator_scaling_fitted",
+            "1 when plans use the scaling model fitted from outcomes, 0 for the analytic one",
+            registry=registry,
+        )

@@ -243,14 +243,35 @@ class CalibrationSummary(_Response):
     factors: dict[str, float] = Field(description="\"device/mode\" (or */mode, */*) -> factor.")
 
 
+class ScalingSummary(_Response):
+    """The multi-GPU scaling model in use: fitted from job outcomes, or the analytic one."""
+
+    source: str = Field(json_schema_extra={"enum": ["fitted", "analytic"]})
+    samples: int = Field(description="Multi-GPU outcomes with the scaling fields.")
+    held_out_error_pct: float | None = Field(
+        description="Mean absolute step-time error (%) on runs the model was not fitted to; "
+                    "null without samples.")
+    analytic_error_pct: float | None = Field(
+        description="The analytic model's error (%) on the same runs.")
+    inter_node_source: str = Field(json_schema_extra={"enum": ["fitted", "default"]})
+    inter_node_gbps: float
+    overlap: float
+    bandwidth_efficiency: float
+    hop_latency_us: float
+    reason: str = Field(description="Why this source (too few runs, a fit no better held out).")
+    stale: bool = Field(description="The last refit failed; the previous one is in use.")
+
+
 class ModelsResponse(_Response):
-    """`GET /v1/models`: the predictor, its bundle manifest, the catalog and the calibration."""
+    """`GET /v1/models`: the predictor, its bundle manifest, the catalog, the calibration and
+    the scaling model."""
 
     predictor: str
     source: str
     manifest: dict[str, Any]
     devices: list[str]
     calibration: CalibrationSummary
+    scaling: ScalingSummary
 
 
 class HealthResponse(_Response):

@@ -7,7 +7,9 @@ estimates it and is killed when the request's deadline passes. In front of the w
 computation, and a fair queue hands out the workers (`admission`). The model bundle is loaded once
 and swapped atomically when a newer one appears (workers follow on their next task). The
 calibration from job outcomes is refitted at start-up and after every new outcome, swapped the
-same way, and a failed refit keeps the last good one and says so on /metrics.
+same way, and a failed refit keeps the last good one and says so on /metrics. The multi-GPU
+scaling model is refitted from the same outcomes with the same lifecycle (issue #19), in the
+background after an outcome because a fit with its held-out check takes seconds.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from gpuplan_estimator.interfaces.http import (
     workers,
 )
 from gpuplan_estimator.interfaces.http.metrics import Metrics
-from gpuplan_estimator.planning import calibrating, planner
+from gpuplan_estimator.planning import calibrating, planner, scaling
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +84,18 @@ class ServiceSettings:
     queued_total: int = 512
     cache_entries: int = 512
     cache_bytes: int = 256 * 2**20
+    scaling_min_samples: int = scaling.MIN_FIT_SAMPLES
+    """Multi-GPU outcomes with scaling fields needed before the scaling model is fitted."""
+    scaling_random_state: int = 0
+    """Seed of the scaling fit (differential evolution and its held-out folds)."""
 
 
 class ServiceState:
     """What handlers share: the current planner context and the outcome calibration.
 
-    The context is swapped whole on a new bundle, the calibration fitted from job outcomes
-    swapped whole on a new outcome; `calibration_generation` counts the swaps (cache keys).
+    The context is swapped whole on a new bundle, the calibration and the scaling fitted from
+    job outcomes swapped whole on a new outcome; `calibration_generation` counts the swaps of
+    either (it keys the answer cache).
     `loader` also builds each worker's context, so it must pickle (`work.ContextLoader`).
     """
 
@@ -98,6 +105,8 @@ class ServiceState:
         self.calibration = calibrating.Calibration()
         self.calibration_generation = 0
         self.calibration_stale = False
+        self.scaling: scaling.FittedScaling = scaling.ANALYTIC
+        self.scaling_stale = False
 
     def load(self) -> bool:
         """(Re)load; returns True when a different bundle is now in use."""
@@ -114,6 +123,12 @@ class ServiceState:
         self.calibration = fitted
         self.calibration_generation += 1
         self.calibration_stale = False
+
+    def set_scaling(self, fitted: scaling.FittedScaling) -> None:
+        """Swap in a refitted scaling model (a new cache generation, like the calibration)."""
+        self.scaling = fitted
+        self.calibration_generation += 1
+        self.scaling_stale = False
 
 
 def _reply(reply: work.Reply) -> web.Response:
@@ -134,6 +149,10 @@ whether it is new (False: this job uid was already recorded, nothing changed).""
 
 OutcomeHistory = Callable[[], Sequence[calibrating.Outcome]]
 """Every stored job outcome, against the model's uncalibrated estimate — `PerfStore`."""
+
+
+ScalingHistory = Callable[[], Sequence[Mapping[str, Any]]]
+"""Every stored job outcome as a record (`PerfStore.job_outcomes`), for the scaling fit."""
 
 
 CoverageSource = Callable[[], Mapping[str, tuple[int, datetime | None]]]
@@ -162,16 +181,25 @@ def make_app(
     outcome_sink: OutcomeSink | None = None,
     coverage_source: CoverageSource | None = None,
     outcome_history: OutcomeHistory | None = None,
+    scaling_history: ScalingHistory | None = None,
 ) -> web.Application:
-    """The service; without `outcome_history` (no database) predictions stay uncalibrated."""
+    """The service; without `outcome_history` (no database) predictions stay uncalibrated,
+    without `scaling_history` multi-GPU plans use the analytic scaling model."""
     metrics = Metrics(registry or CollectorRegistry())
     metrics.calibration_stale.set_function(lambda: float(state.calibration_stale))
     metrics.calibration_outcomes.set_function(lambda: state.calibration.overall.outcomes)
+    metrics.scaling_samples.set_function(lambda: state.scaling.samples)
+    metrics.scaling_fitted.set_function(lambda: float(state.scaling.source == "fitted"))
+    metrics.scaling_stale.set_function(lambda: float(state.scaling_stale))
     # Database reads and bundle loads: I/O, bounded by their own timeouts, fine in threads.
     io_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="io")
     front_box: list[front.Front] = []
     # One refit at a time, so a slow earlier read never replaces a newer calibrating.
     refitting = asyncio.Lock()
+    refitting_scaling = asyncio.Lock()
+    # The background scaling refit, and whether outcomes arrived while it ran (one more then).
+    scaling_task: list[asyncio.Task[None]] = []
+    scaling_again = [False]
     document = openapi.document()
 
     @web.middleware
@@ -217,6 +245,44 @@ def make_app(
         log.info("calibration from %d job outcomes: %s", fitted.overall.outcomes,
                  calibrating.summary(fitted))
 
+    def fit_scaling(rows: Sequence[Mapping[str, Any]]) -> scaling.FittedScaling:
+        return scaling.fit_from_outcomes(
+            rows, min_samples=settings.scaling_min_samples,
+            random_state=settings.scaling_random_state,
+            compute_factor=scaling.single_gpu_compute_factor(rows))
+
+    async def refit_scaling() -> None:
+        """Refit the scaling model from every stored outcome; on failure keep the one in use."""
+        if scaling_history is None:
+            return
+        history = scaling_history
+        async with refitting_scaling:
+            try:
+                fitted = await in_threads(lambda: fit_scaling(history()))
+            except Exception:  # the outcome is stored either way; the next poll retries
+                log.exception("refitting the scaling model from job outcomes failed; keeping "
+                              "the current one")
+                state.scaling_stale = True
+                metrics.scaling_refit_failures.inc()
+                return
+            state.set_scaling(fitted)
+        log.info("scaling model: %s (%s)", fitted.source, fitted.reason)
+
+    async def scaling_refits() -> None:
+        while True:
+            scaling_again[0] = False
+            await refit_scaling()
+            if not scaling_again[0]:
+                return
+
+    def request_scaling_refit() -> None:
+        """Refit in the background; outcomes arriving meanwhile make one more refit, not one
+        each (a burst of outcomes must not queue a fit per outcome)."""
+        if scaling_task and not scaling_task[0].done():
+            scaling_again[0] = True
+            return
+        scaling_task[:] = [asyncio.create_task(scaling_refits())]
+
     async def estimation(endpoint: str, request: web.Request) -> web.Response:
         context = state.context
         if context is None or not front_box:
@@ -225,6 +291,7 @@ def make_app(
         ask = front.Ask(
             endpoint=endpoint, body=await request.read(), bundle=context.predictor_source,
             calibration=state.calibration, calibration_generation=state.calibration_generation,
+            scaling_model=state.scaling.model,
             client=admission.client_key(request.headers.get(admission.CLIENT_HEADER),
                                         request.remote),
             deadline=deadline)
@@ -270,6 +337,7 @@ def make_app(
             return web.json_response({"id": row, "device": device, "duplicate": True})
         # Before answering, so the plan the operator asks for next already learned from it.
         await refit_calibration()
+        request_scaling_refit()
         return web.json_response({"id": row, "device": device, "duplicate": False},
                                  status=201)
 
@@ -297,6 +365,7 @@ def make_app(
             "calibration": {"outcomes": fitted.overall.outcomes,
                             "stale": state.calibration_stale,
                             "factors": dict(calibrating.summary(fitted))},
+            "scaling": {**state.scaling.as_dict(), "stale": state.scaling_stale},
         })
 
     async def healthz(_: web.Request) -> web.Response:
@@ -324,6 +393,8 @@ def make_app(
                     log.exception("reloading the model bundle failed; keeping the current one")
                 if state.calibration_stale:
                     await refit_calibration()
+                if state.scaling_stale:
+                    request_scaling_refit()
 
         if state.context is None:
             await asyncio.get_running_loop().run_in_executor(io_threads, state.load)
@@ -340,9 +411,12 @@ def make_app(
             pool, gate, caching.ReplyCache(settings.cache_entries, settings.cache_bytes),
             metrics, settings.request_timeout_s))
         await refit_calibration()
+        await refit_scaling()
         task = asyncio.create_task(poll())
         yield
         task.cancel()
+        for pending in scaling_task:
+            pending.cancel()
         front_box[0].close()
         io_threads.shutdown(wait=False, cancel_futures=True)
 

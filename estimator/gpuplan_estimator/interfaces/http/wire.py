@@ -42,6 +42,12 @@ MAX_DEADLINE_SECONDS = 10 * 365 * 86400.0
 MAX_BUDGET_USD = 1e12
 MAX_CALIBRATION_FACTOR = 1e3
 """Largest calibration factor an outcome may carry (the planner clips factors to x4 anyway)."""
+MAX_OUTCOME_STEPS = limits.MAX_DATASET_SIZE * limits.MAX_EPOCHS
+"""Most optimizer steps an outcome may report: every sample of the largest dataset, one per
+step, for the most epochs."""
+MAX_GRADIENT_BYTES = 2**50
+"""A petabyte of gradients: far beyond any model, bounded so the database's BIGINT holds it."""
+MAX_INTERCONNECT_GBPS = 1e5
 BODY_FIELD = "body"
 """The `field` of an error about the body as a whole (not an object, no model given)."""
 
@@ -95,6 +101,7 @@ DimValue = Annotated[int, Field(ge=1, le=limits.MAX_DIM)]
 Names = Annotated[list[Annotated[str, Field(min_length=1)]],
                   BeforeValidator(_at_most(MAX_NAMES, "names")), Field(max_length=MAX_NAMES)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_DEADLINE_SECONDS, allow_inf_nan=False)]
+StepPartMs = Annotated[float, Field(ge=0, le=MAX_DEADLINE_SECONDS * 1000.0, allow_inf_nan=False)]
 
 
 class _Body(BaseModel):
@@ -188,6 +195,41 @@ class OutcomeBody(_Body):
     calibration_factor: Annotated[
         float, Field(gt=0, le=MAX_CALIBRATION_FACTOR, allow_inf_nan=False)] | None = Field(
         None, description="The plan's calibration.factor; absent: 1.")
+    # For the multi-GPU scaling fit (issue #19); each optional, as planned (the plan's
+    # step parts are calibrated like estimated_seconds, so the factor is divided out too).
+    gpus_per_node: int | None = Field(None, ge=1, le=limits.MAX_GPUS_PER_NODE,
+                                      description="GPUs of each pod (node) of the job.")
+    nodes: int | None = Field(None, ge=1, le=limits.MAX_NODES_PER_POOL)
+    per_gpu_batch: int | None = Field(None, ge=1, le=limits.MAX_BATCH_SIZE)
+    steps: int | None = Field(None, ge=1, le=MAX_OUTCOME_STEPS,
+                              description="Optimizer steps the job ran.")
+    forward_ms: StepPartMs | None = Field(
+        None, description="The plan's forward ms per step at per_gpu_batch, on one GPU.")
+    backward_ms: StepPartMs | None = Field(
+        None, description="The plan's backward ms per step at per_gpu_batch, on one GPU.")
+    optimizer_ms: StepPartMs | None = Field(
+        None, description="The plan's optimizer ms per step, on one GPU.")
+    gradient_bytes: int | None = Field(None, ge=0, le=MAX_GRADIENT_BYTES,
+                                       description="Gradient bytes all-reduced per step.")
+    intra_node_gbps: Annotated[
+        float, Field(gt=0, le=MAX_INTERCONNECT_GBPS, allow_inf_nan=False)] | None = Field(
+        None, description="The GPU type's intra-node interconnect GB/s the plan assumed.")
+
+
+@dataclass(frozen=True)
+class OutcomeScaling:
+    """What a finished job adds for the scaling fit, as planned (calibrated like its
+    estimated_seconds); each None when an older operator did not send it."""
+
+    gpus_per_node: int | None = None
+    nodes: int | None = None
+    per_gpu_batch: int | None = None
+    steps: int | None = None
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+    gradient_bytes: int | None = None
+    intra_node_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +243,7 @@ class OutcomeRequest:
     actual_seconds: float
     model_digest: str = ""
     calibration_factor: float = 1.0  # the plan's `calibration.factor`; 1 from older operators
+    scaling: OutcomeScaling = OutcomeScaling()
 
 
 def json_path(loc: Sequence[int | str]) -> str:
@@ -298,4 +341,10 @@ def parse_outcome_request(body: Any) -> OutcomeRequest:
         estimated_seconds=valid.estimated_seconds, actual_seconds=valid.actual_seconds,
         model_digest=valid.model_digest,
         calibration_factor=(valid.calibration_factor
-                            if valid.calibration_factor is not None else 1.0))
+                            if valid.calibration_factor is not None else 1.0),
+        scaling=OutcomeScaling(
+            gpus_per_node=valid.gpus_per_node, nodes=valid.nodes,
+            per_gpu_batch=valid.per_gpu_batch, steps=valid.steps,
+            forward_ms=valid.forward_ms, backward_ms=valid.backward_ms,
+            optimizer_ms=valid.optimizer_ms, gradient_bytes=valid.gradient_bytes,
+            intra_node_gbps=valid.intra_node_gbps))

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuplan_estimator.core.errors import GpuplanError, InvalidModelError, InvalidRequestError
 from gpuplan_estimator.interfaces.http import responses, wire
-from gpuplan_estimator.planning import calibrating, planner
+from gpuplan_estimator.planning import calibrating, planner, scaling
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,11 @@ def _context_for(source: str) -> planner.PlannerContext:
 
 
 def handle(endpoint: str, body: bytes, source: str,
-           calibration: calibrating.Calibration) -> Reply:
-    """The pool's task: `answer` with this worker's context and the service's calibration."""
+           calibration: calibrating.Calibration,
+           scaling_model: scaling.ScalingModel | None = None) -> Reply:
+    """The pool's task: `answer` with this worker's context and the service's calibration and
+    scaling model (None: the context's own)."""
     context = dataclasses.replace(_context_for(source), calibration=calibration)
+    if scaling_model is not None:
+        context = dataclasses.replace(context, scaling=scaling_model)
     return answer(endpoint, body, context)

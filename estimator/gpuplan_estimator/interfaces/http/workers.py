@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pebble
 
 from gpuplan_estimator.interfaces.http import work
-from gpuplan_estimator.planning import calibrating
+from gpuplan_estimator.planning import calibrating, scaling
 
 PRELOAD = ["gpuplan_estimator.interfaces.http.work"]
 """Imported once by the forkserver, so a new worker starts in a fork, not a fresh interpreter."""
@@ -56,10 +56,12 @@ class WorkerPool:
             initargs=(self._loader, self._settings.memory_bytes), context=context)
 
     async def run(self, endpoint: str, body: bytes, source: str,
-                  calibration: calibrating.Calibration, timeout_s: float) -> work.Reply:
+                  calibration: calibrating.Calibration, timeout_s: float,
+                  scaling_model: scaling.ScalingModel | None = None) -> work.Reply:
         """One request in a worker; WorkTimeout past `timeout_s`. Cancelling the awaiting
         task (the client went away) terminates the worker too."""
-        future = self._pool.schedule(work.handle, args=(endpoint, body, source, calibration),
+        future = self._pool.schedule(work.handle,
+                                     args=(endpoint, body, source, calibration, scaling_model),
                                      timeout=timeout_s)
         try:
             return await asyncio.wrap_future(future)

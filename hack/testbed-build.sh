@@ -7,6 +7,7 @@ K8S_VERSION=v1.34.4
 ETCD_VERSION=v3.6.4
 KWOK_VERSION=v0.7.0
 HELM_VERSION=v3.21.4
+KUEUE_VERSION=v0.17.0
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cache=${GPUPLAN_TESTBED_CACHE:-$HOME/.cache/gpuplan/testbed}
@@ -59,9 +60,32 @@ build_helm() {
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
+build_kueue() {
+  # Kueue's controller manager and CRDs, for the Kueue integration test (docs/kueue.md). Not in
+  # the bin directory's name: adding it must not invalidate the other binaries' cache.
+  have kueue && [ -d "$bin/kueue-crds" ] && return 0
+  log "building Kueue $KUEUE_VERSION"
+  local dir work=$cache/kueue-$KUEUE_VERSION-main
+  dir=$(cd "$repo/testbed/kueue" && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" \
+        | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  mkdir -p "$work" "$bin/kueue-crds"
+  # The wrapper module (testbed/kueue/go.mod, Kueue's own dependency versions) builds a copy of
+  # cmd/kueue/main.go with one change: without internal cert management Kueue reads the metrics
+  # server's certificate from a fixed /etc/kueue/metrics/certs, and $KUEUE_METRICS_CERT_DIR
+  # names another directory, so the testbed writes nothing outside its own directories.
+  cp "$repo/testbed/kueue/go.mod" "$repo/testbed/kueue/go.sum" "$work/"
+  sed 's|metricsCertPath := "/etc/kueue/metrics/certs"|metricsCertPath := os.Getenv("KUEUE_METRICS_CERT_DIR")|' \
+    "$dir/cmd/kueue/main.go" > "$work/main.go"
+  grep -q KUEUE_METRICS_CERT_DIR "$work/main.go"  # fail loudly if a new release moved it
+  (cd "$work" && go build -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+      -o "$bin/kueue" .)
+  cp "$dir"/config/components/crd/bases/*.yaml "$bin/kueue-crds/"
+}
+
 start=$(date +%s)
 build_etcd
 build_k8s
 build_kwok
 build_helm
+build_kueue
 log "all binaries present in $bin ($(( $(date +%s) - start )) s)"

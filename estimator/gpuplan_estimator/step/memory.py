@@ -53,6 +53,9 @@ _OTHER_OPERAND_OPS = frozenset({"MatMul", "Gemm", "Einsum", "Conv", "ConvTranspo
                                 "Div"})
 # Ops whose backward reads their output rather than their input.
 _SAVES_OUTPUT = frozenset({"Relu", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Exp", "Sqrt"})
+# Max pooling also keeps the argmax of every output element as int64 (ATen's
+# max_pool2d_with_indices saves `indices` for its backward); measured on CPU in docs/memory.md.
+_SAVES_INDICES = frozenset({"MaxPool"})
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,10 @@ def saved_tensors(layer: Layer, needs_grad: frozenset[str]) -> tuple[TensorInfo,
     if layer.op_type == "Where":  # gradients are dY masked by the condition
         return layer.inputs[:1]
     params = set(layer.parameter_inputs)
+    if layer.op_type in _SAVES_INDICES:
+        indices = tuple(TensorInfo(f"{t.name}#indices", t.shape, "int64")
+                        for t in layer.outputs[:1])
+        return tuple(t for t in layer.inputs if t.name not in params) + indices
     if layer.op_type not in _OTHER_OPERAND_OPS:
         return tuple(t for t in layer.inputs if t.name not in params)
     grads = [t.name in needs_grad for t in layer.inputs]

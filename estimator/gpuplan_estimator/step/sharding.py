@@ -1,0 +1,253 @@
+"""Per-GPU memory under a memory-saving strategy and model parallelism (issue #19).
+
+Starting from `memory.MemoryBreakdown` at the micro-batch (plain data parallelism, whole
+model on each GPU), each part is divided by the group that shares it:
+
+- Tensor parallelism (Megatron, Shoeybi et al. 2019) and pipeline parallelism (Narayanan et
+  al. SC'21) split the model states (parameters, gradients, optimizer state) over tp x pp
+  ranks. We divide all of them evenly: embeddings and layer norms that Megatron replicates
+  over tp, and uneven stage splits, are ignored (both small for large transformers).
+- ZeRO (Rajbhandari et al. SC'20, §5.1-5.3 and Figure 1) then shards over the data-parallel
+  group: stage 1 the optimizer state, which for mixed precision includes the fp32 master
+  weights (ZeRO's K = 12 bytes/param for Adam = master 4 + momentum 4 + variance 4); stage 2
+  also the gradients; stage 3 also the half-precision parameters. With fp32 training the
+  weights are the master copy and are sharded only by stage 3. FSDP full = ZeRO-3; hybrid
+  shards within a node (`strategies.shard_group_size`).
+- ZeRO-3/FSDP gather parameters one unit at a time (a transformer block, FSDP's usual wrap):
+  two units at compute width, since FSDP's `limit_all_gathers` lets the next unit's
+  all-gather run while the current one computes.
+- Offload (ZeRO-Offload, Ren et al. ATC'21 §3): optimizer state and fp32 master weights move
+  to host memory (`host_bytes`); gradients stay on the GPU until copied out, so we keep them.
+- Activations at the micro-batch: tensor parallelism splits them as `block_activations`
+  explains (Korthikanti et al. 2022, Table 2); with sequence parallelism everything in the
+  blocks is split. Full checkpointing keeps each block's input plus, during backward, one
+  block's activations being recomputed; per-block checkpointing does so for the first
+  fraction of the blocks. Pipeline 1F1B holds the stage's activations (1/pp of the model's)
+  for up to `in_flight_micro_batches` micro-batches on the first stage (Narayanan et al. 2021
+  §2.2: at most pp in flight), but recomputes only one block at a time.
+- Workspace and the framework overhead stay as they were at the micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.layers import ModelGraph
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.step import block_activations, memory, strategies
+from gpuplan_estimator.step.block_activations import ActivationLayout
+from gpuplan_estimator.step.decomposition import TrainingSettings
+from gpuplan_estimator.step.strategies import MemoryStrategy
+
+# FSDP (torch.distributed.fsdp, limit_all_gathers=True) keeps at most two all-gathered units.
+GATHERED_UNITS = 2
+MASTER_WEIGHT_BYTES = 4  # fp32 master copy kept by torch.amp-style mixed precision
+
+
+@dataclass(frozen=True)
+class StrategyMemory:
+    """Bytes one GPU needs for a training step under a strategy, by part (as MemoryBreakdown)."""
+
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    """Includes `recompute_bytes`."""
+    workspace_bytes: int
+    framework_overhead_bytes: int
+    gathered_parameters_bytes: int
+    """ZeRO-3/FSDP: full parameters of the units gathered at once."""
+    recompute_bytes: int
+    """Checkpointing: one block's activations rebuilt during backward (part of activations)."""
+    host_bytes: int
+    """Offload: optimizer state and master weights held in host memory (not in the total)."""
+    micro_batch: int
+    strategy: MemoryStrategy
+
+    @property
+    def total_bytes(self) -> int:
+        """GPU bytes: every part but host memory."""
+        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes
+                + self.activations_bytes + self.workspace_bytes
+                + self.framework_overhead_bytes + self.gathered_parameters_bytes)
+
+    def fits(self, device: DeviceSpec) -> bool:
+        """Whether the GPU total fits in the device's memory."""
+        return self.total_bytes <= device.memory_bytes
+
+    def as_dict(self) -> dict[str, int]:
+        """Every part and the total, in bytes (MemoryBreakdown's keys plus the new parts)."""
+        return {
+            "parameters_bytes": self.parameters_bytes,
+            "gradients_bytes": self.gradients_bytes,
+            "optimizer_state_bytes": self.optimizer_state_bytes,
+            "activations_bytes": self.activations_bytes,
+            "workspace_bytes": self.workspace_bytes,
+            "framework_overhead_bytes": self.framework_overhead_bytes,
+            "gathered_parameters_bytes": self.gathered_parameters_bytes,
+            "recompute_bytes": self.recompute_bytes,
+            "host_bytes": self.host_bytes,
+            "total_bytes": self.total_bytes,
+        }
+
+
+def memory_under(
+    breakdown_at_micro_batch: memory.MemoryBreakdown,
+    strategy: MemoryStrategy,
+    *,
+    settings: TrainingSettings,
+    data_parallel: int,
+    gpus_per_node: int,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    in_flight_micro_batches: int = 1,
+    sequence_parallel: bool = False,
+    layout: ActivationLayout | None = None,
+) -> StrategyMemory:
+    """Per-GPU bytes of a step under `strategy` and tp x pp model parallelism.
+
+    `breakdown_at_micro_batch` is `memory.training_memory` at the micro-batch (per-GPU batch /
+    gradient accumulation) for the whole model; `settings` the precision it was built with.
+    `layout` (at the same batch) is needed for checkpointing, tensor parallelism and ZeRO-3/FSDP.
+    """
+    strategy.check()
+    settings.check()
+    _check_counts(data_parallel=data_parallel, gpus_per_node=gpus_per_node,
+                  tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
+                  in_flight_micro_batches=in_flight_micro_batches)
+    if in_flight_micro_batches > pipeline_parallel:
+        raise InvalidRequestError("in_flight_micro_batches", f"1F1B keeps at most "
+                                  f"pipeline_parallel={pipeline_parallel} micro-batches in "
+                                  f"flight, got {in_flight_micro_batches}")
+    needs_layout = (strategy.checkpointing != "none" or tensor_parallel > 1
+                    or strategy.shards_parameters)
+    if needs_layout and layout is None:
+        raise InvalidRequestError("layout", "checkpointing, tensor parallelism and ZeRO-3/FSDP "
+                                  "need the activation layout by block")
+    if layout is not None and layout.per_gpu_batch != breakdown_at_micro_batch.per_gpu_batch:
+        raise InvalidRequestError("layout", f"built at batch {layout.per_gpu_batch}, the "
+                                  f"breakdown at {breakdown_at_micro_batch.per_gpu_batch}")
+    m = breakdown_at_micro_batch
+    model_split = tensor_parallel * pipeline_parallel
+    shard = strategies.shard_group_size(strategy, data_parallel=data_parallel,
+                                        gpus_per_node=gpus_per_node,
+                                        tensor_parallel=tensor_parallel)
+    state_shard = shard if strategy.shards_optimizer_state else 1
+    grad_shard = shard if strategy.shards_gradients else 1
+    param_shard = shard if strategy.shards_parameters else 1
+
+    def split(n: int, group: int) -> int:
+        return math.ceil(n / model_split / group)
+
+    master = _master_weight_bytes(m, settings)
+    working = m.parameters_bytes - master  # the weights the kernels read
+    state = m.optimizer_state_bytes
+    host = 0
+    if strategy.offload_optimizer:
+        # ZeRO-Offload: state and master weights on the CPU; with fp32 the CPU updates its
+        # own copy of the weights and sends them back, so the host holds them too.
+        host = split(state, state_shard) + split(master or working, state_shard)
+        state, master = 0, 0
+    gathered = 0
+    if strategy.shards_parameters and layout is not None and param_shard > 1:
+        unit = layout.gather_unit_parameter_count * settings.activation_bytes
+        gathered = GATHERED_UNITS * math.ceil(unit / tensor_parallel)
+    activations, recompute = _activation_bytes(
+        m.activations_bytes, layout, strategy, tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel, in_flight=in_flight_micro_batches,
+        sequence_parallel=sequence_parallel)
+    return StrategyMemory(
+        parameters_bytes=split(working, param_shard) + split(master, state_shard),
+        gradients_bytes=split(m.gradients_bytes, grad_shard),
+        optimizer_state_bytes=split(state, state_shard),
+        activations_bytes=activations,
+        workspace_bytes=m.workspace_bytes,
+        framework_overhead_bytes=m.framework_overhead_bytes,
+        gathered_parameters_bytes=gathered,
+        recompute_bytes=recompute,
+        host_bytes=host,
+        micro_batch=m.per_gpu_batch,
+        strategy=strategy,
+    )
+
+
+def strategy_memory(
+    graph: ModelGraph,
+    settings: TrainingSettings,
+    strategy: MemoryStrategy,
+    *,
+    data_parallel: int,
+    gpus_per_node: int,
+    block_of: Callable[[str], str],
+    outside_label: str,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    in_flight_micro_batches: int = 1,
+    sequence_parallel: bool = False,
+) -> StrategyMemory:
+    """`memory_under` from a graph built at the global batch `settings.batch_size`.
+
+    The per-GPU batch is ceil(global / data_parallel), as in `memory.training_memory`; the
+    accumulation steps must divide it (`strategies.micro_batch_size`).
+    """
+    strategy.check()
+    _check_counts(data_parallel=data_parallel)
+    per_gpu = math.ceil(settings.batch_size / data_parallel)
+    micro = strategies.micro_batch_size(per_gpu, strategy)
+    # ceil(ceil(B/d)/k) = ceil(B/(d·k)): the breakdown at d·k "replicas" is the micro-batch's.
+    breakdown = memory.training_memory(
+        graph, settings, data_parallel=data_parallel * strategy.gradient_accumulation)
+    layout = block_activations.activation_layout(
+        graph, settings, block_of=block_of, outside_label=outside_label).at_batch(micro)
+    return memory_under(
+        breakdown, strategy, settings=settings, data_parallel=data_parallel,
+        gpus_per_node=gpus_per_node, tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel, in_flight_micro_batches=in_flight_micro_batches,
+        sequence_parallel=sequence_parallel, layout=layout)
+
+
+def _master_weight_bytes(m: memory.MemoryBreakdown, settings: TrainingSettings) -> int:
+    """The fp32 master copy inside `parameters_bytes` (0 when the weights are fp32 already)."""
+    if not settings.training:
+        raise InvalidRequestError("mode", "memory strategies apply to training only")
+    if not settings.mixed_precision:
+        return 0
+    # memory.training_memory: parameters = P·(4 + w), gradients = P·w.
+    parameter_count = m.gradients_bytes // settings.activation_bytes
+    return MASTER_WEIGHT_BYTES * parameter_count
+
+
+def _activation_bytes(total: int, layout: ActivationLayout | None, strategy: MemoryStrategy,
+                      *, tensor_parallel: int, pipeline_parallel: int, in_flight: int,
+                      sequence_parallel: bool) -> tuple[int, int]:
+    """(activations, of which recomputed) per GPU at the micro-batch."""
+    if layout is None:  # no checkpointing and no tensor parallelism (checked by the caller)
+        return math.ceil(total / pipeline_parallel * in_flight), 0
+
+    def tp_split(saved: int, replicated: int) -> float:
+        if sequence_parallel:
+            return saved / tensor_parallel
+        return replicated + (saved - replicated) / tensor_parallel
+
+    blocks = layout.blocks
+    checkpointed = math.ceil(strategy.checkpointed_fraction * len(blocks))
+    kept = float(layout.outside_saved_bytes)  # replicated: embeddings and head (see module)
+    recompute = 0.0
+    for index, block in enumerate(blocks):
+        if index < checkpointed:
+            kept += block.input_bytes / (tensor_parallel if sequence_parallel else 1)
+            recompute = max(recompute, tp_split(block.saved_bytes, block.replicated_bytes))
+        else:
+            kept += tp_split(block.saved_bytes, block.replicated_bytes)
+    kept_per_gpu = math.ceil(kept / pipeline_parallel * in_flight)
+    recompute_bytes = math.ceil(recompute)
+    return kept_per_gpu + recompute_bytes, recompute_bytes
+
+
+def _check_counts(**values: int) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidRequestError(name, f"must be a positive integer, got {value!r}")

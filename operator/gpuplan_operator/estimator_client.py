@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -66,6 +67,7 @@ def parse_plan(body: Mapping[str, Any], *, generation: int) -> resources.Plan:
             alternatives=tuple(_alternative(c) for c in body.get("candidates") or ())[:16],
             rejected=tuple(rejection(r) for r in body.get("rejected") or ()),
             calibration_factor=_calibration_factor(p.get("calibration")),
+            scaling_inputs=_scaling_inputs(p),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.EstimatorProtocolError(
@@ -85,6 +87,36 @@ def _calibration_factor(calibration: Any) -> float:
             or not (raw > 0 and math.isfinite(raw))):
         raise ValueError(f"'calibration.factor' {raw!r}: must be a positive number")
     return float(raw)
+
+
+def _scaling_inputs(p: Mapping[str, Any]) -> resources.ScalingInputs:
+    """The plan's per-step figures for the scaling fit, each absent (None) in an estimator that
+    does not send it; a present one must be a finite non-negative number (an integer where the
+    field counts)."""
+    values: dict[str, Any] = {}
+    for key in resources.SCALING_INPUT_KEYS:
+        raw = p.get(key)
+        if raw is None:
+            continue
+        integer = key in resources.SCALING_INPUT_INTS
+        kinds = int if integer else int | float
+        if (isinstance(raw, bool) or not isinstance(raw, kinds)
+                or not (math.isfinite(raw) and raw >= 0)):
+            raise ValueError(f"'{key}' {raw!r}: must be a non-negative "
+                             f"{'integer' if integer else 'number'}")
+        values[key] = raw if integer else float(raw)
+    return resources.ScalingInputs(**values)
+
+
+def with_planned_steps(plan: resources.Plan, training: resources.Training) -> resources.Plan:
+    """`plan` with the optimizer steps the job runs, when the estimator did not say: every
+    epoch takes ceil(dataset / global batch) steps, the last batch partial (the estimator's
+    `TrainingRequest.steps_per_epoch`)."""
+    if plan.scaling_inputs.steps is not None:
+        return plan
+    steps = math.ceil(training.dataset_size / training.batch_size) * training.epochs
+    inputs = dataclasses.replace(plan.scaling_inputs, steps=steps)
+    return dataclasses.replace(plan, scaling_inputs=inputs)
 
 
 def _alternative(c: Mapping[str, Any]) -> dict[str, Any]:
@@ -181,11 +213,15 @@ def build_outcome(*, job_uid: str, plan: resources.Plan, actual_seconds: float) 
     """The calibration sample of a finished job (`POST /v1/outcomes`).
 
     `estimated_seconds` is what the plan said, already calibrated; the factor goes with it so
-    the estimator can divide it out instead of learning its own correction a second time.
+    the estimator can divide it out instead of learning its own correction a second time. The
+    node shape and the plan's per-step figures it knows (`resources.ScalingInputs`) go too:
+    they make a multi-GPU job a sample for the estimator's scaling fit (issue #19).
     """
     return {"job_uid": job_uid, "gpu_type": plan.gpu_type, "gpu_count": plan.gpu_count,
             "estimated_seconds": plan.estimated_seconds, "actual_seconds": actual_seconds,
-            "calibration_factor": plan.calibration_factor}
+            "calibration_factor": plan.calibration_factor,
+            "gpus_per_node": plan.gpus_per_node, "nodes": plan.nodes,
+            **plan.scaling_inputs.present()}
 
 
 async def report_outcome(base_url: str, body: Mapping[str, Any], *,

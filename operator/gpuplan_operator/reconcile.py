@@ -254,6 +254,7 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
                 exc.reason, f"within {quota.name}: {exc}", exc.details) from exc
         raise
     ctx.metrics.count_request("ok")
+    plan = estimator_client.with_planned_steps(plan, spec.training)
     message = (f"{plan.gpu_count}x {plan.gpu_type} ({plan.nodes} node(s)), "
                f"estimated {plan.estimated_seconds:.0f}s, predictor {plan.predictor}")
     if quota is not None:

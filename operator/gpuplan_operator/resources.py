@@ -106,6 +106,43 @@ class Rejection:
     reason: str
 
 
+SCALING_INPUT_KEYS = {"per_gpu_batch": "perGpuBatch", "steps": "steps",
+                      "forward_ms": "forwardMs", "backward_ms": "backwardMs",
+                      "optimizer_ms": "optimizerMs", "gradient_bytes": "gradientBytes",
+                      "intra_node_gbps": "intraNodeGbps"}
+"""Plan JSON key -> `status.plan.scalingInputs` key of each `ScalingInputs` field."""
+SCALING_INPUT_INTS = frozenset({"per_gpu_batch", "steps", "gradient_bytes"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingInputs:
+    """What the plan assumed per step, reported with the outcome so the estimator can fit its
+    multi-GPU scaling model (issue #19); None where the estimator's plan did not say."""
+
+    per_gpu_batch: int | None = None
+    steps: int | None = None
+    """Optimizer steps the job runs."""
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+    gradient_bytes: int | None = None
+    intra_node_gbps: float | None = None
+
+    def present(self) -> dict[str, int | float]:
+        """The known fields by their plan JSON (and outcome) names."""
+        return {k: v for k in SCALING_INPUT_KEYS
+                if (v := getattr(self, k)) is not None}
+
+
+def _scaling_inputs(stored: Mapping[str, Any]) -> ScalingInputs:
+    """`status.plan.scalingInputs` (camelCase) as ScalingInputs; absent keys stay None."""
+    values: dict[str, Any] = {}
+    for key, camel in SCALING_INPUT_KEYS.items():
+        if stored.get(camel) is not None:
+            values[key] = (int if key in SCALING_INPUT_INTS else float)(stored[camel])
+    return ScalingInputs(**values)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The estimator's choice, as stored in `status.plan`."""
@@ -128,6 +165,7 @@ class Plan:
 
     Reported back with the outcome so the estimator can store its model's own estimate.
     """
+    scaling_inputs: ScalingInputs = ScalingInputs()
 
     @property
     def multi_node(self) -> bool:
@@ -149,6 +187,9 @@ class Plan:
         }
         if self.cost_usd is not None:
             out["costUsd"] = self.cost_usd
+        inputs = self.scaling_inputs.present()
+        if inputs:
+            out["scalingInputs"] = {SCALING_INPUT_KEYS[k]: v for k, v in inputs.items()}
         return out
 
     @classmethod
@@ -167,6 +208,8 @@ class Plan:
                                      str(r.get("reason", ""))) for r in data.get("rejected") or ()),
             # Plans stored before calibration existed were uncalibrated.
             calibration_factor=float(data.get("calibrationFactor", 1.0)),
+            # Plans stored before issue #19 carry none: their outcomes only calibrate.
+            scaling_inputs=_scaling_inputs(data.get("scalingInputs") or {}),
         )
 
 

@@ -32,7 +32,7 @@ def test_outcome_body_carries_plan_and_actual() -> None:
     body = estimator_client.build_outcome(job_uid="u1", plan=PLAN, actual_seconds=130.0)
     assert body == {"job_uid": "u1", "gpu_type": "NVIDIA-L4", "gpu_count": 2,
                     "estimated_seconds": 100.0, "actual_seconds": 130.0,
-                    "calibration_factor": 1.0}
+                    "calibration_factor": 1.0, "gpus_per_node": 2, "nodes": 1}
 
 
 def test_outcome_body_carries_the_factor_the_plan_was_calibrated_with() -> None:

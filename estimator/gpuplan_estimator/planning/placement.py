@@ -10,11 +10,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuplan_estimator.core import options
 from gpuplan_estimator.core.durations import format_duration
-from gpuplan_estimator.planning import calibrating
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.planning import calibrating, setups
+from gpuplan_estimator.planning.parallelism import ParallelLayout, SingleGpuSplit
 from gpuplan_estimator.planning.scaling import ScalingModel
+from gpuplan_estimator.step.sharding import StrategyMemory
+from gpuplan_estimator.step.strategies import MemoryStrategy
 
 OBJECTIVES = options.OBJECTIVES
 
@@ -56,6 +61,10 @@ class StepProfile:
     predictor: str = ""
     calibration: calibrating.Correction = calibrating.IDENTITY
     """The correction already applied to `points`; `evaluate` applies it to the all-reduce."""
+    device: DeviceSpec | None = None
+    """The catalog entry (memory, interconnect); needed to search layouts and strategies."""
+    split: SingleGpuSplit | None = None
+    """The step cut into the regions tensor/pipeline parallelism sees; None: no blocks."""
 
     def at(self, per_gpu_batch: int) -> StepPoint:
         """The step at `per_gpu_batch`: a stored point, else inter-/extrapolated."""
@@ -152,6 +161,17 @@ class Candidate:
     cost_usd: float | None  # None when the GPU type has no known price
     predictor: str = ""
     calibration: calibrating.Correction = calibrating.IDENTITY
+    steps: int = 0  # over the whole run
+    forward_ms: float = 0.0  # the single-GPU step at per_gpu_batch, as planned (calibrated)
+    backward_ms: float = 0.0
+    optimizer_ms: float = 0.0
+    gradient_bytes: int = 0  # all-reduced by data parallelism (whole model)
+    intra_node_gbps: float = 0.0
+    layout: ParallelLayout | None = None  # None: plain data parallelism, no strategy search
+    strategy: MemoryStrategy | None = None
+    micro_batch: int | None = None
+    memory: StrategyMemory | None = None
+    parts_ms: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -160,6 +180,8 @@ class Rejection:
     gpu_type: str
     gpu_count: int
     reason: str
+    uneven: bool = False
+    """The batch does not split over this count: says nothing about the GPU type itself."""
 
 
 @dataclass(frozen=True)
@@ -188,13 +210,88 @@ def evaluate(
     shape: TrainingShape,
     gpu_count: int,
     scaling: ScalingModel,
+    facts: setups.ModelFacts | None = None,
 ) -> Candidate | Rejection:
-    """Price `gpu_count` GPUs of `pool` for the job, or reject it when memory does not fit."""
-    if shape.global_batch % gpu_count:
-        # Data parallelism needs equal shards: a padded or ragged batch is another experiment.
+    """Price `gpu_count` GPUs of `pool` for the job, or reject it (memory, uneven batch).
+
+    With `facts` (the model's memory under every strategy) and the profile's device, layouts
+    and memory strategies are searched (`setups`); without them, plain data parallelism.
+    """
+    if facts is not None and profile.device is not None:
+        return _searched(profile, pool, shape, gpu_count, scaling, facts, profile.device)
+    return _data_parallel(profile, pool, shape, gpu_count, scaling)
+
+
+def _searched(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count: int,
+              scaling: ScalingModel, facts: setups.ModelFacts, device: DeviceSpec
+              ) -> Candidate | Rejection:
+    def step_at(micro: int) -> tuple[float, float, float]:
+        p = profile.at(micro)
+        return p.forward_ms, p.backward_ms, p.optimizer_ms
+
+    found = setups.search(n=gpu_count, gpus_per_node=min(gpu_count, pool.gpus_per_node),
+                          global_batch=shape.global_batch, device=device, facts=facts,
+                          step_at=step_at, split=profile.split, scaling=scaling,
+                          comm_factor=profile.calibration.factor)
+    if found is None:
+        return _uneven(pool, shape, gpu_count)
+    if isinstance(found, setups.NoSetup):
+        need_gib = found.leanest.total_bytes / 2**30
         return Rejection(pool.gpu_type, gpu_count,
-                         f"batch {shape.global_batch} does not split evenly over {gpu_count} "
-                         f"GPUs ({shape.global_batch / gpu_count:.1f} per GPU)")
+                         f"needs {need_gib:.1f} GiB per GPU even with "
+                         f"{found.leanest.strategy.label} ({found.layout.describe()}), has "
+                         f"{device.memory_bytes / 2**30:.1f} GiB")
+    ref = profile.at(found.micro_batch)
+    ratio_lo = ref.p10_ms / ref.step_time_ms if ref.step_time_ms else 1.0
+    ratio_hi = ref.p90_ms / ref.step_time_ms if ref.step_time_ms else 1.0
+    seconds = found.step_ms * shape.total_steps / 1000.0
+    return Candidate(
+        gpu_type=pool.gpu_type, device_key=pool.device_key, gpu_count=gpu_count,
+        gpus_per_node=min(gpu_count, pool.gpus_per_node),
+        nodes=max(1, math.ceil(gpu_count / pool.gpus_per_node)),
+        per_gpu_batch=shape.global_batch // found.layout.dp,
+        step_time_ms=found.step_ms,
+        compute_ms=found.step_ms - found.parts_ms.get("dp_comm", 0.0),
+        allreduce_ms=found.parts_ms.get("dp_comm", 0.0),
+        estimated_seconds=seconds,
+        interval_seconds=(seconds * min(ratio_lo, 1.0), seconds * max(ratio_hi, 1.0)),
+        memory_bytes_per_gpu=found.memory.total_bytes,
+        cost_usd=_cost(seconds, gpu_count, profile),
+        predictor=profile.predictor, calibration=profile.calibration,
+        layout=found.layout, strategy=found.strategy, micro_batch=found.micro_batch,
+        memory=found.memory, parts_ms=found.parts_ms,
+        **_scaling_inputs(profile, shape, shape.global_batch // found.layout.dp),
+    )
+
+
+def _scaling_inputs(profile: StepProfile, shape: TrainingShape, per_gpu_batch: int
+                    ) -> dict[str, Any]:
+    """What an outcome must carry back for the scaling fit (`Candidate.steps` ...)."""
+    point = profile.at(per_gpu_batch)
+    return {"steps": shape.total_steps, "forward_ms": point.forward_ms,
+            "backward_ms": point.backward_ms, "optimizer_ms": point.optimizer_ms,
+            "gradient_bytes": profile.gradient_bytes,
+            "intra_node_gbps": profile.interconnect_gbps}
+
+
+def _uneven(pool: GpuPool, shape: TrainingShape, gpu_count: int) -> Rejection:
+    # Data parallelism needs equal shards: a padded or ragged batch is another experiment.
+    return Rejection(pool.gpu_type, gpu_count,
+                     f"batch {shape.global_batch} does not split evenly over {gpu_count} "
+                     f"GPUs ({shape.global_batch / gpu_count:.1f} per GPU)", uneven=True)
+
+
+def _cost(seconds: float, gpu_count: int, profile: StepProfile) -> float | None:
+    if profile.price_per_gpu_hour_usd is None:
+        return None
+    return seconds / 3600.0 * gpu_count * profile.price_per_gpu_hour_usd
+
+
+def _data_parallel(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count: int,
+                   scaling: ScalingModel) -> Candidate | Rejection:
+    """Plain data parallelism at the profile's own memory figures (no strategy search)."""
+    if shape.global_batch % gpu_count:
+        return _uneven(pool, shape, gpu_count)
     per_gpu_batch = shape.global_batch // gpu_count
     point = profile.at(per_gpu_batch)
     if point.memory_bytes > profile.memory_capacity_bytes:
@@ -223,8 +320,7 @@ def evaluate(
     ratio_lo = point.p10_ms / point.step_time_ms if point.step_time_ms else 1.0
     ratio_hi = point.p90_ms / point.step_time_ms if point.step_time_ms else 1.0
     seconds = step_ms * shape.total_steps / 1000.0
-    cost = (seconds / 3600.0 * gpu_count * profile.price_per_gpu_hour_usd
-            if profile.price_per_gpu_hour_usd is not None else None)
+    cost = _cost(seconds, gpu_count, profile)
     return Candidate(
         gpu_type=pool.gpu_type,
         device_key=pool.device_key,
@@ -241,6 +337,7 @@ def evaluate(
         cost_usd=cost,
         predictor=profile.predictor,
         calibration=profile.calibration,
+        **_scaling_inputs(profile, shape, per_gpu_batch),
     )
 
 
@@ -280,8 +377,12 @@ def plan(
     shape: TrainingShape,
     objective: Objective,
     scaling: ScalingModel,
+    facts: setups.ModelFacts | None = None,
 ) -> Plan:
-    """Enumerate GPU type x count, reject with reasons, rank feasible ones by the objective."""
+    """Enumerate GPU type x count, reject with reasons, rank feasible ones by the objective.
+
+    With `facts`, each count's layout and memory strategy are searched (`evaluate`).
+    """
     if objective.prefer not in OBJECTIVES:
         raise ValueError(f"objective.prefer: must be one of {', '.join(OBJECTIVES)}")
     feasible: list[Candidate] = []
@@ -299,10 +400,11 @@ def plan(
                 rejected.append(Rejection(pool.gpu_type, n, f"cluster has only "
                                           f"{pool.gpus_per_node * pool.nodes} GPUs of this type"))
                 continue
-            outcome = evaluate(profile, pool, shape, n, scaling)
+            outcome = evaluate(profile, pool, shape, n, scaling, facts)
             if isinstance(outcome, Rejection):
                 rejected.append(outcome)
-                evaluated.append(f"x{n}: {outcome.reason}")
+                if not outcome.uneven:
+                    evaluated.append(f"x{n}: {outcome.reason}")
                 continue
             violation = _objective_violation(outcome, objective)
             if violation:

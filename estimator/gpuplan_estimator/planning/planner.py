@@ -14,7 +14,16 @@ from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError, Unk
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.graph import batching, exporting
-from gpuplan_estimator.planning import calibrating, estimates, placement, requests
+from gpuplan_estimator.planning import (
+    calibrating,
+    estimates,
+    model_facts,
+    parallel_inputs,
+    parallelism,
+    placement,
+    requests,
+)
+from gpuplan_estimator.planning import scaling as scaling_fits
 from gpuplan_estimator.planning.scaling import ScalingModel
 from gpuplan_estimator.step.decomposition import TrainingSettings
 
@@ -36,6 +45,8 @@ class PlannerContext:
     predictor: LatencyPredictor
     predictor_source: str  # e.g. "bundle:/path (shipped)" or "roofline"
     scaling: ScalingModel = field(default_factory=ScalingModel)
+    scaling_fit: scaling_fits.FittedScaling = scaling_fits.ANALYTIC
+    """Where `scaling` comes from (fitted to outcomes or analytic), reported on every plan."""
     manifest: Mapping[str, Any] = field(default_factory=dict)
     calibration: calibrating.Calibration = field(default_factory=calibrating.Calibration)
     """Fitted from job outcomes by the service; identity (factor 1) when there are none."""
@@ -108,6 +119,8 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
     A model exported with a fixed batch is re-batched to both, or refused (`graph_at`).
     Step times are calibrated per device by `ctx.calibration`; the profile carries the
     correction so the planner scales its all-reduce by the same factor (see `placement`).
+    Each profile also carries its device and the step cut into the regions tensor and pipeline
+    parallelism see (from the smaller batch's estimate; None for a model without blocks).
     """
     t = req.training
     mode = calibrating.mode_of(t.mode)
@@ -128,8 +141,21 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
                          for b, c in zip(batches, calibrated, strict=True)),
             predictor=ctx.predictor_source,
             calibration=calibrated[0].correction,  # per device and mode: equal at every batch
+            device=spec,
+            split=_split(first, calibrated[0].correction.factor),
         )
     return profiles
+
+
+def _split(e: estimates.DeviceEstimate, factor: float) -> parallelism.SingleGpuSplit | None:
+    """The estimate's step by region, calibrated like the points; None without blocks."""
+    try:
+        split = parallel_inputs.split_from_estimate(e)
+    except InvalidRequestError:
+        return None
+    return parallelism.with_step(split, batch=split.batch, forward_ms=split.forward_ms * factor,
+                                 backward_ms=split.backward_ms * factor,
+                                 optimizer_ms=split.optimizer_ms * factor)
 
 
 def _pools(
@@ -180,13 +206,17 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
     specs = [ctx.catalog.resolve(k) for k in dict.fromkeys(p.device_key for p in pools)]
     shape = placement.TrainingShape(req.training.batch_size, req.training.steps_per_epoch,
                                     req.training.epochs)
+    facts = model_facts.model_facts(graph_at(req.model_onnx, req.training,
+                                             req.training.batch_size),
+                                    training_settings(req.training, req.training.batch_size))
     result = placement.plan(step_profiles(req, specs, ctx), pools, shape, req.objective,
-                            ctx.scaling)
+                            ctx.scaling, facts)
     if result.chosen is None:
         raise NoFeasiblePlanError("no GPU type and count satisfies the request",
                                   [*skipped, *result.reasons_by_type.items()])
     out = plan_json(result, max_candidates=max_candidates)
     out["candidates_total"] = len(result.candidates)
+    out["scaling"] = ctx.scaling_fit.as_dict()
     out["notes"] = [f"{t}: {why}" for t, why in skipped]
     return out
 
@@ -226,6 +256,32 @@ def candidate_json(c: placement.Candidate) -> dict[str, Any]:
         # Unrounded: the operator reports it back with the job's outcome, and the estimator
         # divides the (calibrated) estimated_seconds by it to store the model's own estimate.
         "calibration": c.calibration.as_dict(),
+        # What a scaling fit needs back with the job's outcome (`scaling.samples_from_outcomes`):
+        # the single-GPU step at the per-GPU batch, as planned, and what was communicated.
+        "steps": c.steps,
+        "forward_ms": round(c.forward_ms, 4),
+        "backward_ms": round(c.backward_ms, 4),
+        "optimizer_ms": round(c.optimizer_ms, 4),
+        "gradient_bytes": c.gradient_bytes,
+        "intra_node_gbps": c.intra_node_gbps,
+        **_setup_json(c),
+    }
+
+
+def _setup_json(c: placement.Candidate) -> dict[str, Any]:
+    """How the candidate runs: layout, memory strategy, memory by part, step time by part."""
+    if c.layout is None or c.strategy is None or c.memory is None:
+        return {}
+    return {
+        "parallelism": {"dp": c.layout.dp, "tp": c.layout.tp, "pp": c.layout.pp,
+                        "micro_batches": c.layout.micro_batches, "micro_batch": c.micro_batch},
+        "strategy": {"label": c.strategy.label, "zero_stage": c.strategy.zero_stage,
+                     "fsdp": c.strategy.fsdp, "checkpointing": c.strategy.checkpointing,
+                     "checkpoint_fraction": c.strategy.checkpoint_fraction,
+                     "gradient_accumulation": c.strategy.gradient_accumulation,
+                     "offload_optimizer": c.strategy.offload_optimizer},
+        "memory": c.memory.as_dict(),
+        "step_ms": {name: round(ms, 4) for name, ms in c.parts_ms.items()},
     }
 
 

@@ -18,6 +18,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.progress import Step
+from gpuplan_estimator.graph import zoo
 from gpuplan_estimator.interfaces.cli import arguments, output, plots, progress, render
 from gpuplan_estimator.interfaces.http import wire
 from gpuplan_estimator.models import selection
@@ -51,7 +52,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("plan", help="choose GPU type and count for a model and an objective",
                        description="Choose the GPU type and count that meet the objective for "
                        "training MODEL on --dataset-size samples for --epochs epochs.")
-    p.add_argument("model", help="ONNX file (may be gzip/xz/zstd-compressed)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="ONNX file (may be gzip/xz/zstd-compressed)")
+    p.add_argument("--hf-config", default=None, metavar="CONFIG_JSON",
+                   help="instead of an ONNX file: a Hugging Face config.json (GPT-2, BERT and "
+                   "OPT without torch; needs --dim sequence=N)")
     p.add_argument("--batch", type=arguments.count_up_to(limits.MAX_BATCH_SIZE), required=True,
                    metavar="N",
                    help="global batch size, split evenly over the GPUs of a candidate")
@@ -118,8 +123,14 @@ def pools(specs: Sequence[str]) -> list[dict[str, Any]]:
 
 def request_body(args: argparse.Namespace) -> dict[str, Any]:
     """The plan request the flags describe, in the service's wire format."""
+    if (args.model is None) == (args.hf_config is None):
+        raise InvalidRequestError("model", "give an ONNX file or --hf-config CONFIG_JSON "
+                                  "(exactly one)")
+    model: dict[str, Any] = (
+        {"model_onnx_b64": base64.b64encode(Path(args.model).read_bytes()).decode()}
+        if args.model is not None else {"model_hf_config": zoo.load_hf_config(args.hf_config)})
     return {
-        "model_onnx_b64": base64.b64encode(Path(args.model).read_bytes()).decode(),
+        **model,
         "training": {"batch_size": args.batch, "dataset_size": args.dataset_size,
                      "epochs": args.epochs, "optimizer": args.optimizer,
                      "precision": args.precision, "dims": dict(args.dim)},
@@ -176,7 +187,8 @@ def _cost(c: Mapping[str, Any]) -> str:
 
 
 def summary_lines(chosen: Mapping[str, Any], doc: Mapping[str, Any]) -> list[str]:
-    """The choice in words: type, count, time with its range, cost, memory, the settings."""
+    """The choice in words: type, count, time with its range, cost, how it runs (layout and
+    memory strategy), memory and step time by part, the settings."""
     lo, hi = chosen["interval_seconds"]
     t = doc["training"]
     obj = doc["objective"]
@@ -188,21 +200,51 @@ def summary_lines(chosen: Mapping[str, Any], doc: Mapping[str, Any]) -> list[str
         f"plan: {chosen['gpu_count']} x {chosen['gpu_type']} on {chosen['nodes']} node(s): "
         f"{render.duration(chosen['estimated_seconds'])} (p10-p90 {render.duration(lo)} to "
         f"{render.duration(hi)}), {_cost(chosen)}",
-        f"  per GPU: batch {chosen['per_gpu_batch']}, step {render.ms(chosen['step_time_ms'])} "
-        f"ms (all-reduce {render.ms(chosen['allreduce_ms'])} ms), memory "
-        f"{render.gib(chosen['memory_bytes_per_gpu'])}",
+        *setup_lines(chosen),
         f"  objective {obj['prefer']}{limits_text}; {t['epochs']} epoch(s) of "
         f"{t['dataset_size']:,} samples at batch {t['batch_size']}"
         + (" (--epochs defaults to 1)" if t["epochs"] == DEFAULT_EPOCHS else ""),
     ]
 
 
+def setup_lines(c: Mapping[str, Any]) -> list[str]:
+    """How a candidate runs: parallelism and strategy, step and memory by part."""
+    par = c.get("parallelism")
+    if par is None:  # a plan without the search: plain data parallelism
+        return [f"  per GPU: batch {c['per_gpu_batch']}, step {render.ms(c['step_time_ms'])} ms "
+                f"(all-reduce {render.ms(c['allreduce_ms'])} ms), memory "
+                f"{render.gib(c['memory_bytes_per_gpu'])}"]
+    parts = ", ".join(f"{name.replace('_', ' ')} {render.ms(ms)}"
+                      for name, ms in c["step_ms"].items() if ms > 0)
+    memory = c["memory"]
+    shown = ("parameters", "gradients", "optimizer_state", "activations",
+             "gathered_parameters", "workspace", "framework_overhead")
+    memory_parts = ", ".join(f"{name.replace('_', ' ')} {render.gib(memory[f'{name}_bytes'])}"
+                             for name in shown if memory.get(f"{name}_bytes"))
+    host = (f"; {render.gib(memory['host_bytes'])} of optimizer state in host memory"
+            if memory.get("host_bytes") else "")
+    return [
+        f"  runs as {layout_text(par)}, memory strategy: {c['strategy']['label']}",
+        f"  step {render.ms(c['step_time_ms'])} ms: {parts}",
+        f"  memory per GPU {render.gib(c['memory_bytes_per_gpu'])}: {memory_parts}{host}",
+    ]
+
+
+def layout_text(par: Mapping[str, Any]) -> str:
+    """``dp=2 tp=4 pp=1``, with the micro-batching when there is any."""
+    text = f"dp={par['dp']} tp={par['tp']} pp={par['pp']}"
+    if par["micro_batches"] > 1:
+        text += f", {par['micro_batches']} micro-batches of {par['micro_batch']}"
+    return text
+
+
 CANDIDATE_COLUMNS = [
     output.Column(""), output.Column("GPU TYPE"), output.Column("GPUS", numeric=True),
-    output.Column("NODES", numeric=True), output.Column("BATCH/GPU", numeric=True),
-    output.Column("STEP ms", numeric=True), output.Column("TIME", numeric=True),
-    output.Column("P10-P90", numeric=True), output.Column("MEMORY/GPU", numeric=True),
-    output.Column("COST", numeric=True),
+    output.Column("NODES", numeric=True), output.Column("LAYOUT"),
+    output.Column("STRATEGY"), output.Column("STEP ms", numeric=True),
+    output.Column("TIME", numeric=True), output.Column("P10-P90", numeric=True),
+    output.Column("MEMORY/GPU", numeric=True), output.Column("COST", numeric=True),
+    output.Column("BATCH/GPU", numeric=True, wide_only=True),
     output.Column("ALL-REDUCE ms", numeric=True, wide_only=True),
     output.Column("CALIBRATION", wide_only=True),
 ]
@@ -212,12 +254,17 @@ def candidate_row(c: Mapping[str, Any], chosen: Mapping[str, Any]) -> list[str]:
     """One candidate as a table row matching `CANDIDATE_COLUMNS`."""
     lo, hi = c["interval_seconds"]
     cal = c.get("calibration", {})
+    par = c.get("parallelism")
+    layout = (f"{par['dp']}x{par['tp']}x{par['pp']}"
+              + (f" m={par['micro_batches']}" if par["micro_batches"] > 1 else "")
+              if par else f"{c['gpu_count']}x1x1")
     return [
         render.RECOMMENDED_MARK if _same(c, chosen) else "", c["gpu_type"], str(c["gpu_count"]),
-        str(c["nodes"]), str(c["per_gpu_batch"]), render.ms(c["step_time_ms"]),
-        render.duration(c["estimated_seconds"]),
+        str(c["nodes"]), layout, c["strategy"]["label"] if par else "none",
+        render.ms(c["step_time_ms"]), render.duration(c["estimated_seconds"]),
         f"{render.duration(lo)}-{render.duration(hi)}",
-        render.gib(c["memory_bytes_per_gpu"]), _cost(c), render.ms(c["allreduce_ms"]),
+        render.gib(c["memory_bytes_per_gpu"]), _cost(c), str(c["per_gpu_batch"]),
+        render.ms(c["allreduce_ms"]),
         f"x{cal.get('factor', 1.0):.2f} ({cal.get('level', 'none')})",
     ]
 

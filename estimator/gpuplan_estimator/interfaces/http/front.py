@@ -28,8 +28,8 @@ class Ask:
     client: str
     deadline: float
     """Event-loop time by which the answer must be given."""
-    scaling_model: scaling.ScalingModel | None = None
-    """The service's multi-GPU scaling model (fitted or analytic); None: the context's own."""
+    scaling_fit: scaling.FittedScaling | None = None
+    """The service's multi-GPU scaling fit (fitted or analytic); None: the context's own."""
 
 
 class Front:
@@ -73,7 +73,7 @@ class Front:
                 ran = True
                 remaining = ask.deadline - asyncio.get_running_loop().time()
                 reply = await self.pool.run(ask.endpoint, ask.body, ask.bundle,
-                                            ask.calibration, remaining, ask.scaling_model)
+                                            ask.calibration, remaining, ask.scaling_fit)
         except admission.Busy as exc:
             reply = work.error_reply(429, "TooManyRequests", str(exc))
         except (TimeoutError, workers.WorkTimeout):

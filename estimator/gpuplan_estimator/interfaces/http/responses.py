@@ -79,6 +79,58 @@ class Candidate(_Response):
     price_known: bool = Field(description="False: no price is known for this GPU type.")
     predictor: str
     calibration: Calibration
+    steps: int = Field(description="Steps of the whole run.")
+    forward_ms: float = Field(description="The single-GPU step at per_gpu_batch, as planned "
+                              "(calibrated): what a scaling fit compares the outcome with.")
+    backward_ms: float
+    optimizer_ms: float
+    gradient_bytes: int = Field(description="Gradients of the whole model, all-reduced by data "
+                                "parallelism.")
+    intra_node_gbps: float = Field(description="The GPU type's interconnect, GB/s.")
+    parallelism: Parallelism | None = None
+    strategy: Strategy | None = None
+    memory: StrategyMemory | None = None
+    step_ms: dict[str, float] | None = Field(
+        None, description="The step by part: compute, recompute, tp_comm, pp_bubble, pp_p2p, "
+        "dp_comm, optimizer, offload_copies (absent parts are 0).")
+
+
+class Parallelism(_Response):
+    """How the GPUs split the work: data x tensor x pipeline ranks, and micro-batching."""
+
+    dp: int
+    tp: int
+    pp: int
+    micro_batches: int = Field(description="Per step, pipeline micro-batches and gradient "
+                               "accumulation together.")
+    micro_batch: int = Field(description="Samples per micro-batch.")
+
+
+class Strategy(_Response):
+    """The memory-saving strategy the planner chose (the first that fits, cheapest in time)."""
+
+    label: str
+    zero_stage: int
+    fsdp: str
+    checkpointing: str
+    checkpoint_fraction: float | None
+    gradient_accumulation: int
+    offload_optimizer: bool
+
+
+class StrategyMemory(_Response):
+    """Memory one GPU needs under the strategy and layout, by part."""
+
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    workspace_bytes: int
+    framework_overhead_bytes: int
+    gathered_parameters_bytes: int
+    recompute_bytes: int
+    host_bytes: int = Field(description="Offloaded to host memory; not in total_bytes.")
+    total_bytes: int
 
 
 class CandidateRejection(_Response):
@@ -99,6 +151,8 @@ class PlanResponse(_Response):
     rejected: list[CandidateRejection]
     reasons_by_type: dict[str, str] = Field(description="GPU type -> why it has no candidate.")
     notes: list[str] = Field(description="Inventory entries left out, and why.")
+    scaling: FittedScalingSummary = Field(description="The multi-GPU scaling model the plan "
+                                          "used.")
 
 
 class ModelSummary(_Response):
@@ -243,7 +297,7 @@ class CalibrationSummary(_Response):
     factors: dict[str, float] = Field(description="\"device/mode\" (or */mode, */*) -> factor.")
 
 
-class ScalingSummary(_Response):
+class FittedScalingSummary(_Response):
     """The multi-GPU scaling model in use: fitted from job outcomes, or the analytic one."""
 
     source: str = Field(json_schema_extra={"enum": ["fitted", "analytic"]})
@@ -259,6 +313,11 @@ class ScalingSummary(_Response):
     bandwidth_efficiency: float
     hop_latency_us: float
     reason: str = Field(description="Why this source (too few runs, a fit no better held out).")
+
+
+class ScalingSummary(FittedScalingSummary):
+    """The scaling model in use, and whether its last refit failed."""
+
     stale: bool = Field(description="The last refit failed; the previous one is in use.")
 
 

@@ -291,7 +291,7 @@ def make_app(
         ask = front.Ask(
             endpoint=endpoint, body=await request.read(), bundle=context.predictor_source,
             calibration=state.calibration, calibration_generation=state.calibration_generation,
-            scaling_model=state.scaling.model,
+            scaling_fit=state.scaling,
             client=admission.client_key(request.headers.get(admission.CLIENT_HEADER),
                                         request.remote),
             deadline=deadline)

@@ -147,10 +147,10 @@ def _context_for(source: str) -> planner.PlannerContext:
 
 def handle(endpoint: str, body: bytes, source: str,
            calibration: calibrating.Calibration,
-           scaling_model: scaling.ScalingModel | None = None) -> Reply:
+           scaling_fit: scaling.FittedScaling | None = None) -> Reply:
     """The pool's task: `answer` with this worker's context and the service's calibration and
-    scaling model (None: the context's own)."""
+    scaling fit (None: the context's own)."""
     context = dataclasses.replace(_context_for(source), calibration=calibration)
-    if scaling_model is not None:
-        context = dataclasses.replace(context, scaling=scaling_model)
+    if scaling_fit is not None:
+        context = dataclasses.replace(context, scaling=scaling_fit.model, scaling_fit=scaling_fit)
     return answer(endpoint, body, context)

@@ -57,11 +57,11 @@ class WorkerPool:
 
     async def run(self, endpoint: str, body: bytes, source: str,
                   calibration: calibrating.Calibration, timeout_s: float,
-                  scaling_model: scaling.ScalingModel | None = None) -> work.Reply:
+                  scaling_fit: scaling.FittedScaling | None = None) -> work.Reply:
         """One request in a worker; WorkTimeout past `timeout_s`. Cancelling the awaiting
         task (the client went away) terminates the worker too."""
         future = self._pool.schedule(work.handle,
-                                     args=(endpoint, body, source, calibration, scaling_model),
+                                     args=(endpoint, body, source, calibration, scaling_fit),
                                      timeout=timeout_s)
         try:
             return await asyncio.wrap_future(future)

@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import re
 
 import onnx
 import pytest
@@ -75,10 +76,12 @@ def test_plan_table_shows_memory_interval_rejections_and_all_rows(
     assert out.startswith("plan: ") and "p10-p90" in out and "memory" in out
     assert "(--epochs defaults to 1)" in out
     assert "MEMORY/GPU" in out and "P10-P90" in out
-    # P4s (8 GB) cannot hold batch 240 on one or two GPUs, and 240 does not split over 7:
-    # the rejections say so.
-    assert "rejected (" in out and "p4 x 1" in out and "has 8.0 GiB" in out
-    assert "does not split evenly over 7 GPUs" in out
+    # 240 does not split over 7 GPUs: the rejections say so. One T4 (15 GB) holds batch 240
+    # only by accumulating gradients over two micro-batches: the plan says how it runs.
+    assert "rejected (" in out and "t4 x 7: (x7) batch 240 does not split evenly" in out
+    assert "LAYOUT" in out and "STRATEGY" in out
+    assert re.search(r"t4 +1 +1 +1x1x1 m=2 +accumulate x2", out)
+    assert "runs as dp=" in out and "memory strategy:" in out
     shown = [line for line in out.splitlines()
              if line.lstrip("* ").startswith(("NVIDIA-L4 ", "p4 ", "t4 ")) and " x " not in line]
     assert len(shown) <= 10 and "--all lists every one" in out

@@ -1,0 +1,195 @@
+"""How a job runs on `n` GPUs of one type: the parallel layout and memory strategy the planner
+picks, with its per-GPU memory and step time (pure).
+
+For each layout (dp, tp, pp, micro-batches; `parallelism.layouts`) the memory strategies are
+tried cheapest in time first (`strategies.candidate_strategies`) and the first that fits the
+GPU is kept; of the layouts that fit, the fastest step wins. Plain data parallelism is one
+layout among them (tp = pp = 1, micro-batches = the strategy's gradient accumulation). Tensor
+and pipeline layouts are tried only for models whose blocks and widths the graph shows
+(`ModelFacts.dims`), with the strategies Megatron-style training uses beside them (none,
+ZeRO-1, activation checkpointing).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.planning import parallelism
+from gpuplan_estimator.planning.parallelism import ModelDims, ParallelLayout, SingleGpuSplit
+from gpuplan_estimator.planning.scaling import ScalingModel
+from gpuplan_estimator.step import strategies, strategy_time
+from gpuplan_estimator.step.decomposition import TrainingSettings
+from gpuplan_estimator.step.sharding import StrategyMemory
+from gpuplan_estimator.step.strategies import NO_STRATEGY, MemoryStrategy
+
+MODEL_PARALLEL_STRATEGIES = (
+    NO_STRATEGY, MemoryStrategy(zero_stage=1), MemoryStrategy(checkpointing="full"),
+    MemoryStrategy(zero_stage=1, checkpointing="full"))
+"""Beside tensor/pipeline parallelism: Megatron's distributed optimizer and recomputation."""
+PIPELINE_MICRO_BATCH_FACTORS = (1, 2, 4, 8)
+"""Micro-batches per step tried for pp stages: pp x these (fewer bubbles, smaller batches)."""
+
+MemoryFn = Callable[[int, MemoryStrategy, ParallelLayout, int], StrategyMemory]
+"""(micro-batch, strategy, layout, GPUs per node) → per-GPU memory; built from the graph by
+the planner, cached by micro-batch there."""
+StepFn = Callable[[int], tuple[float, float, float]]
+"""micro-batch → (forward, backward, optimizer) ms of one GPU's whole-model step."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the search needs of the model beyond one device's step times."""
+
+    settings: TrainingSettings  # precision, optimizer, mode (its batch is the global batch)
+    parameter_count: int
+    dims: ModelDims | None  # None: no transformer blocks found, data parallelism only
+    memory: MemoryFn
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One way to run the step on `layout.gpu_count` GPUs, with its memory and time."""
+
+    layout: ParallelLayout  # micro_batches includes the strategy's gradient accumulation
+    strategy: MemoryStrategy
+    micro_batch: int
+    memory: StrategyMemory
+    step_ms: float
+    backward_ms: float  # of the step, what hides the data-parallel communication
+    parts_ms: dict[str, float]  # compute, recompute, tp_comm, pp_bubble, pp_p2p, dp_comm, ...
+
+
+@dataclass(frozen=True)
+class NoSetup:
+    """Nothing fits: the leanest setup tried, to say by how much."""
+
+    leanest: StrategyMemory
+    layout: ParallelLayout
+
+
+def search(*, n: int, gpus_per_node: int, global_batch: int, device: DeviceSpec,
+           facts: ModelFacts, step_at: StepFn, split: SingleGpuSplit | None,
+           scaling: ScalingModel, comm_factor: float = 1.0) -> Setup | NoSetup | None:
+    """The fastest setup of `n` GPUs that fits `device`'s memory (see the module docstring);
+    None when no layout of `n` GPUs splits the batch evenly.
+
+    `comm_factor` scales communication as the calibration scales compute.
+    """
+    best: Setup | None = None
+    leanest: tuple[StrategyMemory, ParallelLayout] | None = None
+    for layout, choices in _layouts(n, gpus_per_node, global_batch, facts, split):
+        for strategy in choices:
+            micro = global_batch // (layout.dp * layout.micro_batches
+                                     * strategy.gradient_accumulation)
+            full = ParallelLayout(layout.dp, layout.tp, layout.pp,
+                                  layout.micro_batches * strategy.gradient_accumulation)
+            mem = facts.memory(micro, strategy, full, gpus_per_node)
+            if leanest is None or mem.total_bytes < leanest[0].total_bytes:
+                leanest = (mem, full)
+            if mem.total_bytes > device.memory_bytes:
+                continue
+            setup = _timed(full, strategy, micro, mem, device=device, facts=facts,
+                           step_at=step_at, split=split, scaling=scaling,
+                           gpus_per_node=gpus_per_node, comm_factor=comm_factor)
+            if best is None or setup.step_ms < best.step_ms:
+                best = setup
+            break  # later strategies of this layout only cost more time
+    if best is not None:
+        return best
+    return NoSetup(*leanest) if leanest is not None else None
+
+
+def _layouts(n: int, gpus_per_node: int, global_batch: int, facts: ModelFacts,
+             split: SingleGpuSplit | None
+             ) -> Iterable[tuple[ParallelLayout, tuple[MemoryStrategy, ...]]]:
+    """Plain data parallelism first, then tensor/pipeline layouts when the model allows."""
+    if global_batch % n == 0:
+        per_gpu = global_batch // n
+        yield ParallelLayout(dp=n, tp=1, pp=1, micro_batches=1), _dp_strategies(
+            facts.settings, per_gpu, n, gpus_per_node)
+    if facts.dims is None or split is None or n == 1 or not facts.settings.training:
+        return
+    for layout in parallelism.layouts(n, gpus_per_node, global_batch,
+                                      max_tp=min(gpus_per_node, n), dims=facts.dims):
+        if layout.tp == 1 and layout.pp == 1:
+            continue  # data parallelism, above
+        wanted = {layout.pp * f for f in PIPELINE_MICRO_BATCH_FACTORS} if layout.pp > 1 else {1}
+        if layout.micro_batches in wanted:
+            yield layout, MODEL_PARALLEL_STRATEGIES
+
+
+@functools.lru_cache(maxsize=4096)
+def _dp_strategies(settings: TrainingSettings, per_gpu: int, dp: int, gpus_per_node: int
+                   ) -> tuple[MemoryStrategy, ...]:
+    if not settings.training:
+        return (NO_STRATEGY,)
+    return strategies.candidate_strategies(per_gpu_batch=per_gpu, data_parallel=dp,
+                                           gpus_per_node=min(gpus_per_node, dp))
+
+
+def _timed(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, mem: StrategyMemory,
+           *, device: DeviceSpec, facts: ModelFacts, step_at: StepFn,
+           split: SingleGpuSplit | None, scaling: ScalingModel, gpus_per_node: int,
+           comm_factor: float) -> Setup:
+    forward, backward, optimizer = step_at(micro)
+    if layout.tp == 1 and layout.pp == 1:
+        return _data_parallel(layout, strategy, micro, mem, forward, backward, optimizer,
+                              facts=facts, device=device, scaling=scaling,
+                              gpus_per_node=gpus_per_node, comm_factor=comm_factor)
+    assert split is not None and facts.dims is not None  # _layouts yields none otherwise
+    moved = parallelism.with_step(split, batch=micro, forward_ms=forward, backward_ms=backward,
+                                  optimizer_ms=optimizer)
+    step = parallelism.step_time(layout, moved, facts.dims, device,
+                                 _scaled_comm(scaling, comm_factor),
+                                 gpus_per_node=gpus_per_node)
+    forward_share = forward / (forward + backward) if forward + backward > 0 else 0.0
+    recompute = strategy.checkpointed_fraction * step.compute_ms * forward_share
+    optimizer_ms = step.optimizer_ms / (layout.dp if strategy.shards_optimizer_state else 1)
+    total = step.total_ms - step.optimizer_ms + optimizer_ms + recompute
+    parts = {"compute": step.compute_ms, "recompute": recompute, "tp_comm": step.tp_comm_ms,
+             "pp_bubble": step.pp_bubble_ms, "pp_p2p": step.pp_p2p_ms,
+             "dp_comm": step.dp_allreduce_ms, "optimizer": optimizer_ms}
+    return Setup(layout, strategy, micro, mem, total,
+                 step.compute_ms * (1.0 - forward_share), parts)
+
+
+def _data_parallel(layout: ParallelLayout, strategy: MemoryStrategy, micro: int,
+                   mem: StrategyMemory, forward: float, backward: float, optimizer: float, *,
+                   facts: ModelFacts, device: DeviceSpec, scaling: ScalingModel,
+                   gpus_per_node: int, comm_factor: float) -> Setup:
+    t = strategy_time.time_overheads(
+        strategy_time.StepSplit(forward, backward, optimizer), strategy,
+        settings=facts.settings, parameter_count=facts.parameter_count,
+        data_parallel=layout.dp, gpus_per_node=min(gpus_per_node, layout.dp))
+    comm = comm_factor * sum(collective_ms(c, scaling, gpus_per_node=gpus_per_node,
+                                           intra_node_gbps=device.interconnect_gbps)
+                             for c in t.collectives)
+    # What backward (and, with parameter gathers, forward) computes while communicating.
+    hidden_behind = t.backward_ms + (t.forward_ms if strategy.shards_parameters else 0.0)
+    exposed = max(0.0, comm - scaling.overlap * hidden_behind)
+    parts = {"compute": t.forward_ms + t.backward_ms, "recompute": t.recompute_ms,
+             "dp_comm": exposed, "optimizer": t.optimizer_ms + t.host_optimizer_ms,
+             "offload_copies": t.pcie_ms}
+    return Setup(layout, strategy, micro, mem, t.compute_ms + exposed, t.backward_ms, parts)
+
+
+def collective_ms(c: strategy_time.Collective, scaling: ScalingModel, *, gpus_per_node: int,
+                  intra_node_gbps: float) -> float:
+    """Time of a strategy's collective, `count` times: a ring all-reduce as `scaling` prices
+    it; a reduce-scatter or an all-gather moves half of that (one of its two phases)."""
+    ring = scaling.allreduce_ms(gradient_bytes=c.payload_bytes, gpu_count=c.group_size,
+                                gpus_per_node=gpus_per_node, intra_node_gbps=intra_node_gbps)
+    return c.count * (ring if c.kind == "all-reduce" else ring / 2.0)
+
+
+def _scaled_comm(scaling: ScalingModel, factor: float) -> ScalingModel:
+    """`scaling` with communication `factor` times slower (the calibration's)."""
+    if factor == 1.0:
+        return scaling
+    from dataclasses import replace
+
+    return replace(scaling, bandwidth_efficiency=scaling.bandwidth_efficiency / factor,
+                   hop_latency_us=scaling.hop_latency_us * factor)

@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test unit integration lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
+.PHONY: help install demo test unit integration lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -58,6 +58,15 @@ abuse: $(STAMP) ## hostile-client reproducers against a real `gpuplan serve` (64
 
 bench-extender: $(STAMP) ## extender load benchmark: 5,000 nodes, filter/prioritize p50/p95/p99, server CPU per request
 	PYTHONPATH=tests $(PYTHON) -m gpuplan_testing.extender_loadbench $(BENCH_EXTENDER_ARGS)
+
+plans-report: $(STAMP) ## plans for GPT-2 medium, GPT-3 2.7B, LLaMA-7B over A100/H100/L4 pools -> docs/plans.md (~30 s)
+	$(PYTHON) -m gpuplan_estimator.evaluation.plans_report
+
+memory-check: $(STAMP) ## predicted vs measured per-component training memory (PyTorch on CPU, ~10 s) -> paste into docs/memory.md
+	$(PYTHON) -m gpuplan_estimator.evaluation.memory_check
+
+parallel-check: $(STAMP) ## DP/TP/PP step model vs published 4-GPU steps (NeuSight, for comparison) -> docs/parallelism.md table (~30 s)
+	$(PYTHON) -m gpuplan_estimator.evaluation.parallel_check
 
 eval: $(STAMP) ## accuracy evaluation -> docs/accuracy.md
 	$(BIN)/gpuplan eval

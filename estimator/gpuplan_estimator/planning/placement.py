@@ -67,16 +67,20 @@ class StepProfile:
     """The step cut into the regions tensor/pipeline parallelism sees; None: no blocks."""
 
     def at(self, per_gpu_batch: int) -> StepPoint:
-        """The step at `per_gpu_batch`: a stored point, else inter-/extrapolated."""
+        """The step at `per_gpu_batch`: a stored point, else interpolated between the two
+        stored points around it; below the smallest it scales that one proportionally, above
+        the largest it extrapolates the last two linearly (never below zero)."""
         pts = sorted(self.points, key=lambda p: p.per_gpu_batch)
         exact = [p for p in pts if p.per_gpu_batch == per_gpu_batch]
         if exact:
             return exact[0]
-        if len(pts) == 1:
-            only = pts[0]
-            frac = per_gpu_batch / only.per_gpu_batch  # proportional: no fixed part known
-            return _scaled(only, per_gpu_batch, frac)
-        lo, hi = pts[0], pts[-1]
+        if len(pts) == 1 or per_gpu_batch < pts[0].per_gpu_batch:
+            # Proportional: a linear fit through larger batches can reach zero or below here.
+            near = pts[0]
+            return _scaled(near, per_gpu_batch, per_gpu_batch / near.per_gpu_batch)
+        above = [p for p in pts if p.per_gpu_batch > per_gpu_batch]
+        hi = above[0] if above else pts[-1]
+        lo = pts[pts.index(hi) - 1]
         t = (per_gpu_batch - lo.per_gpu_batch) / (hi.per_gpu_batch - lo.per_gpu_batch)
         return _interpolated(lo, hi, per_gpu_batch, t)
 

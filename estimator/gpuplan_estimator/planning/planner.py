@@ -114,9 +114,9 @@ def _calibrated(e: estimates.DeviceEstimate, cal: calibrating.Calibration, mode:
 
 def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec],
                   ctx: PlannerContext) -> dict[str, placement.StepProfile]:
-    """Estimate at the largest and smallest per-GPU batch the plan can use; interpolate between.
+    """Estimate at the global batch, the smallest per-GPU batch and batch 1; interpolate between.
 
-    A model exported with a fixed batch is re-batched to both, or refused (`graph_at`).
+    A model exported with a fixed batch is re-batched to each, or refused (`graph_at`).
     Step times are calibrated per device by `ctx.calibration`; the profile carries the
     correction so the planner scales its all-reduce by the same factor (see `placement`).
     Each profile also carries its device and the step cut into the regions tensor and pipeline
@@ -124,7 +124,9 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
     """
     t = req.training
     mode = calibrating.mode_of(t.mode)
-    wanted = sorted({t.batch_size, math.ceil(t.batch_size / req.objective.max_gpus)})
+    # Micro-batches (accumulation, pipelines) reach below the smallest per-GPU batch: a point
+    # at batch 1 anchors them.
+    wanted = sorted({t.batch_size, math.ceil(t.batch_size / req.objective.max_gpus), 1})
     by_batch = dict(_estimates_at(req.model_onnx, t, b, specs, ctx) for b in wanted)
     batches = sorted(by_batch)
     profiles = {}
@@ -142,7 +144,9 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
             predictor=ctx.predictor_source,
             calibration=calibrated[0].correction,  # per device and mode: equal at every batch
             device=spec,
-            split=_split(first, calibrated[0].correction.factor),
+            # The regions' shares at a per-GPU batch (batch 1 is the anchor, not typical).
+            split=_split(by_batch[batches[min(1, len(batches) - 1)]][i],
+                         calibrated[0].correction.factor),
         )
     return profiles
 
@@ -181,13 +185,14 @@ def _pools(
 _Request = TypeVar("_Request", requests.PlanRequest, requests.EstimateRequest)
 
 
-def with_graph(req: _Request) -> _Request:
+def with_graph(req: _Request, *, export_batch: int | None = None) -> _Request:
     """`req` with its model as ONNX bytes: a Hugging Face config becomes its graph
-    (`graph.exporting`), built at the request's batch and `sequence` dim."""
+    (`graph.exporting`), built at `export_batch` (default: the request's batch) and the
+    `sequence` dim."""
     if req.model_hf_config is None:
         return req
     t = req.training
-    model = exporting.hf_config_graph(req.model_hf_config, batch=t.batch_size,
+    model = exporting.hf_config_graph(req.model_hf_config, batch=export_batch or t.batch_size,
                                       sequence=t.dims.get(batching.SEQUENCE_DIM),
                                       label="model_hf_config")
     return dataclasses.replace(req, model_onnx=model, model_hf_config=None)
@@ -199,7 +204,10 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
 
     `max_candidates` bounds the ranked candidates listed (None: every one).
     """
-    req = with_graph(req)
+    # A plan estimates many batches, re-batching one graph: an export at batch 1 re-batches up
+    # cleanly, while one at a large batch keeps it in constants (measured: LLaMA exported at
+    # 512 and re-batched to 1 came out 200x slower and larger than exported at 1).
+    req = with_graph(req, export_batch=1)
     pools, skipped = _pools(req, ctx)
     if not pools:
         raise NoFeasiblePlanError("no usable GPU type in the inventory", skipped)

@@ -1,9 +1,9 @@
 """How a job runs on `n` GPUs of one type: the parallel layout and memory strategy the planner
 picks, with its per-GPU memory and step time (pure).
 
-For each layout (dp, tp, pp, micro-batches; `parallelism.layouts`) the memory strategies are
-tried cheapest in time first (`strategies.candidate_strategies`) and the first that fits the
-GPU is kept; of the layouts that fit, the fastest step wins. Plain data parallelism is one
+For each layout (dp, tp, pp, micro-batches; `parallelism.layouts`) every memory strategy
+(`strategies.candidate_strategies`, plus ZeRO-1 under accumulation) that fits the GPU is timed,
+and the fastest setup of all wins. Plain data parallelism is one
 layout among them (tp = pp = 1, micro-batches = the strategy's gradient accumulation). Tensor
 and pipeline layouts are tried only for models whose blocks and widths the graph shows
 (`ModelFacts.dims`), with the strategies Megatron-style training uses beside them (none,
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.planning import parallelism
@@ -73,7 +73,8 @@ class NoSetup:
 def search(*, n: int, gpus_per_node: int, global_batch: int, device: DeviceSpec,
            facts: ModelFacts, step_at: StepFn, split: SingleGpuSplit | None,
            scaling: ScalingModel, comm_factor: float = 1.0) -> Setup | NoSetup | None:
-    """The fastest setup of `n` GPUs that fits `device`'s memory (see the module docstring);
+    """The fastest setup of `n` GPUs that fits `device`'s memory (every strategy that fits is
+    timed, for every layout; see the module docstring);
     None when no layout of `n` GPUs splits the batch evenly.
 
     `comm_factor` scales communication as the calibration scales compute.
@@ -91,12 +92,13 @@ def search(*, n: int, gpus_per_node: int, global_batch: int, device: DeviceSpec,
                 leanest = (mem, full)
             if mem.total_bytes > device.memory_bytes:
                 continue
+            # Every strategy that fits is timed: which is fastest depends on the network (ZeRO-2
+            # reduces every micro-step, ZeRO-1 once per step), not only on the list's order.
             setup = _timed(full, strategy, micro, mem, device=device, facts=facts,
                            step_at=step_at, split=split, scaling=scaling,
                            gpus_per_node=gpus_per_node, comm_factor=comm_factor)
             if best is None or setup.step_ms < best.step_ms:
                 best = setup
-            break  # later strategies of this layout only cost more time
     if best is not None:
         return best
     return NoSetup(*leanest) if leanest is not None else None
@@ -126,8 +128,15 @@ def _dp_strategies(settings: TrainingSettings, per_gpu: int, dp: int, gpus_per_n
                    ) -> tuple[MemoryStrategy, ...]:
     if not settings.training:
         return (NO_STRATEGY,)
-    return strategies.candidate_strategies(per_gpu_batch=per_gpu, data_parallel=dp,
-                                           gpus_per_node=min(gpus_per_node, dp))
+    listed = strategies.candidate_strategies(per_gpu_batch=per_gpu, data_parallel=dp,
+                                             gpus_per_node=min(gpus_per_node, dp))
+    if dp == 1:
+        return listed
+    # ZeRO-1 with accumulation reduces gradients once per step, ZeRO-2 every micro-step: across
+    # nodes the first is often much faster, so both are tried.
+    zero_one = tuple(replace(s, zero_stage=1) for s in listed
+                     if s.zero_stage == 2 and s.fsdp == "none" and not s.offload_optimizer)
+    return tuple(dict.fromkeys(listed + zero_one))
 
 
 def _timed(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, mem: StrategyMemory,
@@ -189,7 +198,5 @@ def _scaled_comm(scaling: ScalingModel, factor: float) -> ScalingModel:
     """`scaling` with communication `factor` times slower (the calibration's)."""
     if factor == 1.0:
         return scaling
-    from dataclasses import replace
-
     return replace(scaling, bandwidth_efficiency=scaling.bandwidth_efficiency / factor,
                    hop_latency_us=scaling.hop_latency_us * factor)

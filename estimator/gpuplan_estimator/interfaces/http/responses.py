@@ -107,7 +107,7 @@ class Parallelism(_Response):
 
 
 class Strategy(_Response):
-    """The memory-saving strategy the planner chose (the first that fits, cheapest in time)."""
+    """The memory-saving strategy the planner chose (the fastest that fits)."""
 
     label: str
     zero_stage: int

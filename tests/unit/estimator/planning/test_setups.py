@@ -80,7 +80,7 @@ def test_model_parallel_layouts_are_searched_when_the_model_shows_blocks() -> No
         assert c["step_time_ms"] == pytest.approx(sum(c["step_ms"].values()), rel=1e-3)
 
 
-def test_search_keeps_the_first_strategy_that_fits_per_layout() -> None:
+def test_search_keeps_the_fastest_setup_that_fits() -> None:
     g = build(GPT2_MEDIUM, batch=16, sequence=512)
     facts = model_facts.model_facts(g, TrainingSettings(batch_size=16, precision="bf16"))
     from gpuplan_estimator import devices
@@ -92,4 +92,6 @@ def test_search_keeps_the_first_strategy_that_fits_per_layout() -> None:
     assert isinstance(found, setups.Setup)
     assert found.memory.total_bytes <= device.memory_bytes
     leaner = facts.memory(found.micro_batch, NO_STRATEGY, found.layout, 2)
+    # No strategy only costs time: the plan uses one only when plain data parallelism does
+    # not fit.
     assert found.strategy == NO_STRATEGY or leaner.total_bytes > device.memory_bytes

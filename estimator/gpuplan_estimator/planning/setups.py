@@ -32,6 +32,10 @@ MODEL_PARALLEL_STRATEGIES = (
 PIPELINE_MICRO_BATCH_FACTORS = (1, 2, 4, 8)
 """Micro-batches per step tried for pp stages: pp x these (fewer bubbles, smaller batches)."""
 
+SIMPLER_WINS_WITHIN = 0.02
+"""A later setup (more sharding, accumulation, model parallelism) replaces an earlier one only
+when its step is more than 2 % faster: within the model's error, the simpler one to run wins."""
+
 MemoryFn = Callable[[int, MemoryStrategy, ParallelLayout, int], StrategyMemory]
 """(micro-batch, strategy, layout, GPUs per node) → per-GPU memory; built from the graph by
 the planner, cached by micro-batch there."""
@@ -97,7 +101,8 @@ def search(*, n: int, gpus_per_node: int, global_batch: int, device: DeviceSpec,
             setup = _timed(full, strategy, micro, mem, device=device, facts=facts,
                            step_at=step_at, split=split, scaling=scaling,
                            gpus_per_node=gpus_per_node, comm_factor=comm_factor)
-            if best is None or setup.step_ms < best.step_ms:
+            # Tried simplest first: a more involved setup must be clearly faster to win.
+            if best is None or setup.step_ms < best.step_ms * (1.0 - SIMPLER_WINS_WITHIN):
                 best = setup
     if best is not None:
         return best

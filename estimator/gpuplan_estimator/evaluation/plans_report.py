@@ -9,7 +9,6 @@ multi-GPU accuracy table lives in docs/parallelism.md (`parallel_check`).
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -22,9 +21,8 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import paths, provenance
 from gpuplan_estimator.core.durations import format_duration
 from gpuplan_estimator.graph import exporting
-from gpuplan_estimator.interfaces.http import wire
 from gpuplan_estimator.models import selection
-from gpuplan_estimator.planning import planner
+from gpuplan_estimator.planning import placement, planner, requests
 
 GIB = 2**30
 POOLS = (("a100-sxm4-80gb", 4, 8), ("h100-sxm-80gb", 4, 8), ("l4", 4, 8))
@@ -74,17 +72,17 @@ def plan_case(case: Case, ctx: planner.PlannerContext) -> dict[str, Any]:
     # Batch 1, as `planner.with_graph` exports for plans: re-batched up to each batch needed.
     model = exporting.hf_config_graph(case.config, batch=1, sequence=case.sequence,
                                       label=case.title)
-    body = {
-        "model_onnx_b64": base64.b64encode(model).decode(),
-        "training": {"batch_size": case.batch, "dataset_size": case.dataset_size, "epochs": 1,
-                     "optimizer": "adamw", "precision": "bf16",
-                     "dims": {"sequence": case.sequence}},
-        "objective": {"prefer": "cheapest", "max_gpus": 32,
-                      "deadline_seconds": DEADLINE_SECONDS},
-        "inventory": [{"gpu_type": t, "gpus_per_node": g, "nodes": n, "free_gpus": n * g}
-                      for t, n, g in POOLS],
-    }
-    return planner.plan_request(wire.parse_plan_request(body), ctx, max_candidates=None)
+    request = requests.PlanRequest(
+        model_onnx=model,
+        training=requests.TrainingRequest(
+            batch_size=case.batch, dataset_size=case.dataset_size, epochs=1, optimizer="adamw",
+            precision="bf16", dims={"sequence": case.sequence}),
+        objective=placement.Objective(prefer="cheapest", max_gpus=32,
+                                      deadline_seconds=DEADLINE_SECONDS),
+        inventory=tuple(requests.InventoryEntry(gpu_type=t, gpus_per_node=g, nodes=n,
+                                                free_gpus=n * g) for t, n, g in POOLS),
+        gpu_types=())
+    return planner.plan_request(request, ctx, max_candidates=None)
 
 
 def _usd(c: Mapping[str, Any]) -> str:

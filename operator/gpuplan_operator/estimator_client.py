@@ -6,6 +6,7 @@ import base64
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -68,6 +69,9 @@ def parse_plan(body: Mapping[str, Any], *, generation: int) -> resources.Plan:
             rejected=tuple(rejection(r) for r in body.get("rejected") or ()),
             calibration_factor=_calibration_factor(p.get("calibration")),
             scaling_inputs=_scaling_inputs(p),
+            parallelism=_parallelism(p.get("parallelism"), gpu_count=int(p["gpu_count"])),
+            strategy=_strategy(p.get("strategy")),
+            memory_bytes_by_part=_memory_parts(p.get("memory")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.EstimatorProtocolError(
@@ -106,6 +110,93 @@ def _scaling_inputs(p: Mapping[str, Any]) -> resources.ScalingInputs:
                              f"{'integer' if integer else 'number'}")
         values[key] = raw if integer else float(raw)
     return resources.ScalingInputs(**values)
+
+
+# The CRD's bounds on status.plan.memoryStrategy: a value past them would be refused by the
+# API server when the plan is stored, so the client refuses it first, naming the field.
+MAX_ZERO_STAGE = 3
+MAX_LABEL_CHARS = 256
+MAX_MODE_CHARS = 64
+
+
+def _int_at_least(obj: Mapping[str, Any], section: str, key: str, *, minimum: int = 1,
+                  maximum: int | None = None) -> int:
+    """`obj[key]` as an integer in [minimum, maximum] (never a bool); KeyError when absent."""
+    raw = obj[key]
+    if (isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum
+            or (maximum is not None and raw > maximum)):
+        bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+        raise ValueError(f"'{section}.{key}' {raw!r}: must be an integer {bound}")
+    return raw
+
+
+def _text(obj: Mapping[str, Any], section: str, key: str, *, max_chars: int) -> str:
+    raw = obj[key]
+    if not isinstance(raw, str) or not 0 < len(raw) <= max_chars:
+        raise ValueError(f"'{section}.{key}' {raw!r}: must be a string of 1 to {max_chars} "
+                         "characters")
+    return raw
+
+
+def _object(raw: Any, section: str) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"'{section}' {raw!r}: must be an object")
+    return raw
+
+
+def _parallelism(raw: Any, *, gpu_count: int) -> resources.Parallelism | None:
+    """`plan.parallelism` (issue #19); None from an estimator that does not send it. Present, every
+    field must be a positive integer and dp x tp x pp the plan's GPU count: a trainer launched
+    with another world size would not run the plan."""
+    if raw is None:
+        return None
+    obj = _object(raw, "parallelism")
+    par = resources.Parallelism(**{key: _int_at_least(obj, "parallelism", key) for key in
+                                   ("dp", "tp", "pp", "micro_batches", "micro_batch")})
+    if par.dp * par.tp * par.pp != gpu_count:
+        raise ValueError(f"'parallelism' dp={par.dp} x tp={par.tp} x pp={par.pp}: must make "
+                         f"gpu_count {gpu_count}")
+    return par
+
+
+def _strategy(raw: Any) -> resources.MemoryStrategy | None:
+    """`plan.strategy` (issue #19); None from an estimator that does not send it. Present, its
+    fields must have the estimator's types (`interfaces/http/responses.py` `Strategy`)."""
+    if raw is None:
+        return None
+    obj = _object(raw, "strategy")
+    fraction = obj.get("checkpoint_fraction")
+    if fraction is not None and (isinstance(fraction, bool)
+                                 or not isinstance(fraction, int | float)
+                                 or not 0.0 < fraction <= 1.0):
+        raise ValueError(f"'strategy.checkpoint_fraction' {fraction!r}: must be in (0, 1]")
+    offload = obj["offload_optimizer"]
+    if not isinstance(offload, bool):
+        raise ValueError(f"'strategy.offload_optimizer' {offload!r}: must be true or false")
+    return resources.MemoryStrategy(
+        label=_text(obj, "strategy", "label", max_chars=MAX_LABEL_CHARS),
+        zero_stage=_int_at_least(obj, "strategy", "zero_stage", minimum=0,
+                                 maximum=MAX_ZERO_STAGE),
+        fsdp=_text(obj, "strategy", "fsdp", max_chars=MAX_MODE_CHARS),
+        checkpointing=_text(obj, "strategy", "checkpointing", max_chars=MAX_MODE_CHARS),
+        checkpoint_fraction=float(fraction) if fraction is not None else None,
+        gradient_accumulation=_int_at_least(obj, "strategy", "gradient_accumulation"),
+        offload_optimizer=offload)
+
+
+def _memory_parts(raw: Any) -> dict[str, int] | None:
+    """`plan.memory`: per-GPU bytes by part; None from an estimator that does not send it."""
+    if raw is None:
+        return None
+    obj = _object(raw, "memory")
+    if len(obj) > resources.MAX_MEMORY_PARTS:
+        raise ValueError(f"'memory': {len(obj)} parts, at most {resources.MAX_MEMORY_PARTS}")
+    parts = {}
+    for key in obj:
+        if not isinstance(key, str) or not re.fullmatch(resources.MEMORY_PART_PATTERN, key):
+            raise ValueError(f"'memory' part {key!r}: must be snake case letters")
+        parts[key] = _int_at_least(obj, "memory", key, minimum=0)
+    return parts
 
 
 def with_planned_steps(plan: resources.Plan, training: resources.Training) -> resources.Plan:

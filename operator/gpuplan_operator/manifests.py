@@ -199,7 +199,34 @@ def _plan_env(plan: resources.Plan) -> list[dict[str, Any]]:
         # torchrun convention: WORLD_SIZE counts processes (one per GPU), NNODES counts pods.
         {"name": "WORLD_SIZE", "value": str(plan.gpu_count)},
         {"name": "NNODES", "value": str(plan.nodes)},
+        *setup_env(plan),
     ]
+
+
+def setup_env(plan: resources.Plan) -> list[dict[str, str]]:
+    """How the plan runs, as the trainer's GPUPLAN_* variables (docs/trainingjob.md); only
+    what the plan carries (an estimator before issue #19 sends no layout or strategy).
+
+    The plan's memory figures hold only if the trainer honours these: a plan that fits with
+    ZeRO-2 and 4x accumulation runs out of memory as plain data parallelism.
+    """
+    env: dict[str, str] = {}
+    if plan.parallelism is not None:
+        par = plan.parallelism
+        env.update(GPUPLAN_DATA_PARALLEL=str(par.dp), GPUPLAN_TENSOR_PARALLEL=str(par.tp),
+                   GPUPLAN_PIPELINE_PARALLEL=str(par.pp),
+                   GPUPLAN_MICRO_BATCHES=str(par.micro_batches),
+                   GPUPLAN_MICRO_BATCH_SIZE=str(par.micro_batch))
+    if plan.strategy is not None:
+        strategy = plan.strategy
+        env.update(GPUPLAN_GRADIENT_ACCUMULATION=str(strategy.gradient_accumulation),
+                   GPUPLAN_ZERO_STAGE=str(strategy.zero_stage), GPUPLAN_FSDP=strategy.fsdp,
+                   GPUPLAN_ACTIVATION_CHECKPOINTING=strategy.checkpointing,
+                   GPUPLAN_OFFLOAD_OPTIMIZER=str(strategy.offload_optimizer).lower(),
+                   GPUPLAN_MEMORY_STRATEGY=strategy.label)
+        if strategy.checkpoint_fraction is not None:
+            env["GPUPLAN_CHECKPOINT_FRACTION"] = f"{strategy.checkpoint_fraction:g}"
+    return [{"name": name, "value": value} for name, value in env.items()]
 
 
 def _distributed_env(job: str, namespace: str, plan: resources.Plan,

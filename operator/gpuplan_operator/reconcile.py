@@ -257,6 +257,9 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
     plan = estimator_client.with_planned_steps(plan, spec.training)
     message = (f"{plan.gpu_count}x {plan.gpu_type} ({plan.nodes} node(s)), "
                f"estimated {plan.estimated_seconds:.0f}s, predictor {plan.predictor}")
+    if plan.setup_summary():
+        # The strategy is what the trainer must honour (GPUPLAN_* env) for the plan to fit.
+        message += f"; {plan.setup_summary()}"
     if quota is not None:
         message += f"; {quota.name}: {kueue.describe_quota(quota)}"
     await _set(ctx, tj, type_=Condition.ESTIMATED, ok=True, reason=Reason.PLANNED, message=message,

@@ -144,6 +144,93 @@ def _scaling_inputs(stored: Mapping[str, Any]) -> ScalingInputs:
 
 
 @dataclasses.dataclass(frozen=True)
+class Parallelism:
+    """How the plan splits the GPUs: data x tensor x pipeline ranks and micro-batching (the
+    estimator's `Parallelism`, issue #19)."""
+
+    dp: int
+    tp: int
+    pp: int
+    micro_batches: int
+    """Micro-batches per optimizer step and data-parallel rank: pipeline micro-batches and
+    gradient accumulation together (global batch = dp x micro_batches x micro_batch)."""
+    micro_batch: int
+    """Samples per micro-batch on one data-parallel rank."""
+
+    def to_status(self) -> dict[str, int]:
+        """As `status.plan.parallelism` (camelCase)."""
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp,
+                "microBatches": self.micro_batches, "microBatch": self.micro_batch}
+
+    @classmethod
+    def from_status(cls, data: Mapping[str, Any]) -> Parallelism:
+        """Inverse of `to_status`."""
+        return cls(dp=int(data["dp"]), tp=int(data["tp"]), pp=int(data["pp"]),
+                   micro_batches=int(data["microBatches"]), micro_batch=int(data["microBatch"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryStrategy:
+    """What the trainer must do for the plan's memory figures to hold (the estimator's
+    `Strategy`, issue #19): ZeRO stage or FSDP sharding, activation checkpointing, gradient
+    accumulation and optimizer offload."""
+
+    label: str
+    """Short human name, e.g. "zero-2 + accumulate x4"; "none" for plain data parallelism."""
+    zero_stage: int
+    fsdp: str
+    """"none", "full" or "hybrid" (PyTorch FSDP sharding)."""
+    checkpointing: str
+    """"none", "full" or "per-block" activation checkpointing."""
+    checkpoint_fraction: float | None
+    """Per-block checkpointing only: the fraction of blocks checkpointed; None otherwise."""
+    gradient_accumulation: int
+    offload_optimizer: bool
+
+    def to_status(self) -> dict[str, Any]:
+        """As `status.plan.memoryStrategy` (camelCase; no checkpointFraction when None)."""
+        out: dict[str, Any] = {
+            "label": self.label, "zeroStage": self.zero_stage, "fsdp": self.fsdp,
+            "checkpointing": self.checkpointing,
+            "gradientAccumulation": self.gradient_accumulation,
+            "offloadOptimizer": self.offload_optimizer}
+        if self.checkpoint_fraction is not None:
+            out["checkpointFraction"] = self.checkpoint_fraction
+        return out
+
+    @classmethod
+    def from_status(cls, data: Mapping[str, Any]) -> MemoryStrategy:
+        """Inverse of `to_status`."""
+        fraction = data.get("checkpointFraction")
+        return cls(label=str(data["label"]), zero_stage=int(data["zeroStage"]),
+                   fsdp=str(data["fsdp"]), checkpointing=str(data["checkpointing"]),
+                   checkpoint_fraction=float(fraction) if fraction is not None else None,
+                   gradient_accumulation=int(data["gradientAccumulation"]),
+                   offload_optimizer=bool(data["offloadOptimizer"]))
+
+
+NO_STRATEGY_LABEL = "none"
+"""The estimator's label of plain data parallelism (`step.strategies.MemoryStrategy.label`)."""
+MAX_MEMORY_PARTS = 32
+"""Bound on `status.plan.memoryBytesByPart` entries (the estimator sends ten); the client
+refuses more, the CRD's maxProperties says the same."""
+MEMORY_PART_PATTERN = r"[a-z]+(_[a-z]+)*"
+"""Estimator memory part names: snake case of letters, so the camelCase key maps back."""
+
+
+def memory_part_key(part: str) -> str:
+    """An estimator memory part (`optimizer_state_bytes`) as its status key
+    (`optimizerStateBytes`)."""
+    head, *rest = part.split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+def memory_part_name(key: str) -> str:
+    """Inverse of `memory_part_key`."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """The estimator's choice, as stored in `status.plan`."""
 
@@ -166,6 +253,25 @@ class Plan:
     Reported back with the outcome so the estimator can store its model's own estimate.
     """
     scaling_inputs: ScalingInputs = ScalingInputs()
+    parallelism: Parallelism | None = None
+    """None when the estimator predates issue #19's layouts (or the plan was stored before)."""
+    strategy: MemoryStrategy | None = None
+    """None when the estimator predates issue #19's memory strategies."""
+    memory_bytes_by_part: Mapping[str, int] | None = None
+    """Per-GPU bytes by part under the strategy, keyed as the estimator sends them
+    (`parameters_bytes`, ..., `host_bytes` offloaded to host memory, `total_bytes`)."""
+
+    def setup_summary(self) -> str:
+        """The layout and strategy for people, e.g. "dp=8 tp=1 pp=1, zero-2 + accumulate x2";
+        empty when the plan carries neither."""
+        parts = []
+        if self.parallelism is not None:
+            par = self.parallelism
+            parts.append(f"dp={par.dp} tp={par.tp} pp={par.pp}")
+        if self.strategy is not None:
+            label = self.strategy.label
+            parts.append("no memory-saving strategy" if label == NO_STRATEGY_LABEL else label)
+        return ", ".join(parts)
 
     @property
     def multi_node(self) -> bool:
@@ -190,6 +296,13 @@ class Plan:
         inputs = self.scaling_inputs.present()
         if inputs:
             out["scalingInputs"] = {SCALING_INPUT_KEYS[k]: v for k, v in inputs.items()}
+        if self.parallelism is not None:
+            out["parallelism"] = self.parallelism.to_status()
+        if self.strategy is not None:
+            out["memoryStrategy"] = self.strategy.to_status()
+        if self.memory_bytes_by_part is not None:
+            out["memoryBytesByPart"] = {memory_part_key(k): v
+                                        for k, v in self.memory_bytes_by_part.items()}
         return out
 
     @classmethod
@@ -210,6 +323,14 @@ class Plan:
             calibration_factor=float(data.get("calibrationFactor", 1.0)),
             # Plans stored before issue #19 carry none: their outcomes only calibrate.
             scaling_inputs=_scaling_inputs(data.get("scalingInputs") or {}),
+            # Plans stored before issue #19's layouts and strategies carry none of these.
+            parallelism=(Parallelism.from_status(data["parallelism"])
+                         if data.get("parallelism") is not None else None),
+            strategy=(MemoryStrategy.from_status(data["memoryStrategy"])
+                      if data.get("memoryStrategy") is not None else None),
+            memory_bytes_by_part=(
+                {memory_part_name(k): int(v) for k, v in data["memoryBytesByPart"].items()}
+                if data.get("memoryBytesByPart") is not None else None),
         )
 
 

@@ -122,9 +122,9 @@ def _run(kube: FakeKube, spec: dict[str, Any], status: dict[str, Any] | None = N
     return events
 
 
-def _estimator() -> web.Application:
+def _estimator(answer: dict[str, Any] = PLAN) -> web.Application:
     async def plans(_: web.Request) -> web.Response:
-        return web.json_response(PLAN)
+        return web.json_response(answer)
     app = web.Application()
     app.router.add_post("/v1/plans", plans)
     return app
@@ -147,6 +147,41 @@ def test_stored_plan_of_this_generation_is_reused_without_the_estimator() -> Non
     # no estimator route: a call would fail
     _run(kube, SpecBuilder().obj(), status=status, annotations=manifests.plan_annotations(plan))
     assert kube.calls == ["create_job", "status:conditions,jobName,observedGeneration"]
+
+
+SETUP = {"parallelism": {"dp": 2, "tp": 1, "pp": 1, "micro_batches": 2, "micro_batch": 4},
+         "strategy": {"label": "zero-2 + accumulate x2", "zero_stage": 2, "fsdp": "none",
+                      "checkpointing": "none", "checkpoint_fraction": None,
+                      "gradient_accumulation": 2, "offload_optimizer": False}}
+
+
+def _trainer_env(job: dict[str, Any]) -> dict[str, str]:
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def test_the_planned_condition_names_the_layout_and_strategy_the_job_gets() -> None:
+    """A plan that fits only with ZeRO-2 and accumulation says so, and the trainer is told."""
+    kube = FakeKube(CM)
+    _run(kube, SpecBuilder().obj(), estimator=_estimator({"plan": {**PLAN["plan"], **SETUP}}))
+    (estimated,) = [c for c in kube.status["conditions"] if c["type"] == "Estimated"]
+    assert estimated["message"] == ("2x NVIDIA-L4 (1 node(s)), estimated 100s, predictor p; "
+                                    "dp=2 tp=1 pp=1, zero-2 + accumulate x2")
+    assert kube.status["plan"]["memoryStrategy"]["label"] == "zero-2 + accumulate x2"
+    env = _trainer_env(kube.jobs["tj-train"])
+    assert (env["GPUPLAN_ZERO_STAGE"], env["GPUPLAN_GRADIENT_ACCUMULATION"],
+            env["GPUPLAN_DATA_PARALLEL"]) == ("2", "2", "2")
+
+
+def test_a_restarted_operator_launches_the_stored_strategy() -> None:
+    """The Job made from status.plan alone (no estimator) still carries the strategy."""
+    kube = FakeKube(CM)
+    _run(kube, SpecBuilder().obj(), estimator=_estimator({"plan": {**PLAN["plan"], **SETUP}}))
+    first = kube.jobs.pop("tj-train")
+    status = {"plan": kube.status["plan"],
+              "conditions": [{"type": "Estimated", "status": "True"}]}
+    _run(kube, SpecBuilder().obj(), status=status, annotations=dict(kube.annotations))
+    assert _trainer_env(kube.jobs["tj-train"]) == _trainer_env(first)
 
 
 def test_crash_after_the_plan_status_leaves_nothing_undone() -> None:

@@ -74,3 +74,25 @@ def _bounds(value: Any, schema: Mapping[str, Any], path: str) -> list[str]:
     if "enum" in schema and value not in schema["enum"]:
         out.append(f"{path}: {value!r} not in {schema['enum']}")
     return out
+
+
+SCHEMA_KEYWORDS = frozenset({
+    "type", "format", "description", "properties", "required", "items", "enum", "default",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+    "pattern", "minItems", "maxItems", "minProperties", "maxProperties", "additionalProperties",
+    "nullable", "oneOf", "anyOf", "allOf", "not", "x-kubernetes-validations",
+    "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string",
+    "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-map-type",
+    "x-kubernetes-embedded-resource"})
+
+
+def unknown_keywords(schema: Mapping[str, Any], path: str = "") -> list[str]:
+    """Keys of schema nodes that are no OpenAPI keyword (the API server refuses the CRD), e.g.
+    a YAML flow mapping whose unquoted description held a comma."""
+    out = [f"{path}.{key}" for key in schema if key not in SCHEMA_KEYWORDS]
+    for key, sub in schema.get("properties", {}).items():
+        out += unknown_keywords(sub, f"{path}.properties.{key}")
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(schema.get(key), Mapping):
+            out += unknown_keywords(schema[key], f"{path}.{key}")
+    return out

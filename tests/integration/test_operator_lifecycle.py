@@ -33,6 +33,7 @@ def test_resnet50_is_planned_launched_and_measured(
                                            label_selector="gpuplan.io/trainingjob=resnet",
                                            _request_timeout=30).items
         table = kubectl("get", "tj", "-n", namespace).stdout
+        wide = kubectl("get", "tj", "-n", namespace, "-o", "wide").stdout
         # Deleting the TrainingJob drops its per-job gauges and garbage-collects its Job.
         tjs.delete("resnet")
         wait_for(lambda: 'trainingjob="resnet"' not in scrape(), 30, "per-job gauges dropped")
@@ -80,6 +81,13 @@ def test_resnet50_is_planned_launched_and_measured(
     assert 'gpuplan_estimator_requests_total{outcome="ok"} 1.0' in text
     assert "gpuplan_actual_seconds{" in text and "gpuplan_estimate_seconds{" in text
     assert "GPU TYPE" in table and "NVIDIA-L4" in table and "DRIFT" in table
+    # How the plan runs survives the API server's pruning and reaches the trainer (issue #19).
+    layout, strategy = plan["parallelism"], plan["memoryStrategy"]
+    assert layout["dp"] * layout["tp"] * layout["pp"] == plan["gpuCount"]
+    assert "STRATEGY" in wide and "STRATEGY" not in table and strategy["label"] in wide
+    env = {e.name: e.value for e in container.env}
+    assert env["GPUPLAN_DATA_PARALLEL"] == str(layout["dp"])
+    assert env["GPUPLAN_MEMORY_STRATEGY"] == strategy["label"]
     events = core_v1.list_namespaced_event(namespace, _request_timeout=30).items
     assert {"Planned", "JobCreated", "JobCompleted"} <= {e.reason for e in events}
 

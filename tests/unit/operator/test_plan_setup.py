@@ -145,6 +145,14 @@ def test_the_schema_check_sees_what_the_api_server_would_prune_or_refuse() -> No
         ".parallelism.pp: required", ".parallelism.tp: required"]
 
 
+def test_every_schema_node_holds_only_openapi_keywords() -> None:
+    """An unquoted comma in a flow-style description splits it into a stray key, which the API
+    server refuses (the whole CRD); seen in this schema once."""
+    assert crd_schema.unknown_keywords(crd_schema.trainingjob_schema()) == []
+    assert crd_schema.unknown_keywords({"properties": {"x": {"type": "number", "b c": None}}}) == [
+        ".properties.x.b c"]
+
+
 def test_the_client_refuses_what_the_crd_would() -> None:
     """A plan the client accepts must be one the API server stores (else the status patch
     fails at every retry): the client's bounds are the CRD's."""

@@ -28,6 +28,37 @@ class LoopContext:
     metrics: metrics.OperatorMetrics
     clock: Callable[[], datetime.datetime]
     resolve: benchmarks.Resolver
+    outcomes: OutcomeLedger = dataclasses.field(default_factory=lambda: OutcomeLedger())
+    """Which finished Jobs were counted (this process's counters only)."""
+
+
+@dataclasses.dataclass
+class OutcomeLedger:
+    """Counts each finished benchmark Job once, by uid.
+
+    The first pass only records the Jobs that had already finished: the previous operator
+    process counted them (or they ended while none ran), and counting them again after a restart
+    would read as new failures to anyone looking at the totals.
+    """
+
+    seen: set[str] = dataclasses.field(default_factory=set)
+    baselined: bool = False
+
+    def new(self, finished: list[benchmarks.FinishedJob]) -> list[benchmarks.FinishedJob]:
+        """The Jobs of `finished` not seen before (none on the first call); remembers them."""
+        fresh = [job for job in finished if job.uid not in self.seen]
+        self.seen = {job.uid for job in finished}  # Jobs past their TTL are forgotten
+        first, self.baselined = not self.baselined, True
+        return [] if first else fresh
+
+
+def job_options(s: operator_settings.Settings) -> benchmarks.JobOptions:
+    """The benchmark Jobs' options from validated operator settings."""
+    return benchmarks.JobOptions(
+        image=s.benchmark_image, db_secret=s.benchmark_db_secret,
+        budget_minutes=s.benchmark_budget_minutes, backend=s.benchmark_backend,
+        tolerations=s.benchmark_tolerations(), priority_class_name=s.benchmark_priority_class_name,
+        node_selector=s.benchmark_node_selector(), resources=s.benchmark_resources())
 
 
 async def refresh(ctx: LoopContext) -> list[benchmarks.GpuTypeCoverage]:
@@ -42,6 +73,9 @@ async def refresh(ctx: LoopContext) -> list[benchmarks.GpuTypeCoverage]:
         jobs = await ctx.kube.list_jobs(
             s.benchmark_namespace, f"{benchmarks.COMPONENT_LABEL}={benchmarks.COMPONENT}")
         running = benchmarks.running_gpu_types(jobs)
+        for job in ctx.outcomes.new(benchmarks.finished_jobs(jobs)):
+            ctx.metrics.count_benchmark_job(job.gpu_type, job.outcome)
+            LOG.info("benchmark Job for %s finished: %s", job.gpu_type, job.outcome)
     now = ctx.clock()
     assessed = benchmarks.assess(
         gpu_types, coverage, ctx.resolve, now_unix=now.timestamp(),
@@ -52,9 +86,8 @@ async def refresh(ctx: LoopContext) -> list[benchmarks.GpuTypeCoverage]:
             LOG.warning("GPU type %r is not in the device catalog: no benchmark Job", c.gpu_type)
         if not (s.benchmarks_enabled and c.needs_benchmark):
             continue
-        body = benchmarks.build_job(
-            c.gpu_type, now=now, namespace=s.benchmark_namespace, image=s.benchmark_image,
-            db_secret=s.benchmark_db_secret, budget_minutes=s.benchmark_budget_minutes)
+        body = benchmarks.build_job(c.gpu_type, now=now, namespace=s.benchmark_namespace,
+                                    options=job_options(s))
         _, created = await ctx.kube.create_job(s.benchmark_namespace, body)
         if created:
             LOG.info("benchmark Job %s/%s created for %s (%s)", s.benchmark_namespace,

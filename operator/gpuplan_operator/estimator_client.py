@@ -343,10 +343,13 @@ def parse_coverage(body: Mapping[str, Any]) -> dict[str, benchmarks.DeviceCovera
     for key, d in devices.items():
         try:
             newest = d["newest_run_unix"]
+            # Per-GPU bundle rows are newer than the rest of the answer (issue #17): optional.
+            bundle_rows = d.get("bundle_rows")
             out[str(key)] = benchmarks.DeviceCoverage(
                 measurements=int(d["measurements"]),
                 newest_run_unix=float(newest) if newest is not None else None,
-                in_bundle=bool(d["in_bundle"]))
+                in_bundle=bool(d["in_bundle"]),
+                bundle_rows=int(bundle_rows) if bundle_rows is not None else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise errors.EstimatorProtocolError(
                 f"estimator coverage response: devices.{key}: bad or missing {exc}") from exc

@@ -54,6 +54,16 @@ class OperatorMetrics:
             "gpuplan_gpu_type_measurements",
             "Measurement rows in the performance database per cluster GPU type (0 = no data)",
             ["gpu_type"], registry=registry)
+        self.gpu_type_in_bundle = Gauge(
+            "gpuplan_gpu_type_in_bundle",
+            "1 when the served model bundle covers the cluster GPU type (estimates use learned "
+            "models even without database rows), else 0",
+            ["gpu_type"], registry=registry)
+        self.benchmark_jobs = Counter(
+            "gpuplan_benchmark_jobs",
+            "Benchmark Jobs that finished, by GPU type and outcome (succeeded, failed, "
+            "budget_spent: stopped by --budget-minutes, resumed by the next Job)",
+            ["gpu_type", "outcome"], registry=registry)
         # Per-job label sets: (namespace, trainingjob) → (gpu_type, when it finished or None).
         self._jobs: dict[tuple[str, str], tuple[str, datetime.datetime | None]] = {}
 
@@ -61,10 +71,19 @@ class OperatorMetrics:
         """Replace both gauges: a GPU type that left the cluster must stop alerting."""
         self.benchmark_age_seconds.clear()
         self.gpu_type_measurements.clear()
+        self.gpu_type_in_bundle.clear()
         for c in coverage:
             self.gpu_type_measurements.labels(c.gpu_type).set(c.measurements)
+            self.gpu_type_in_bundle.labels(c.gpu_type).set(1 if c.in_bundle else 0)
+            # Counters start at 0 for every type seen, so increase() sees a first failure.
+            for outcome in benchmarks.Outcome.ALL:
+                self.benchmark_jobs.labels(c.gpu_type, outcome)
             if c.age_seconds is not None:
                 self.benchmark_age_seconds.labels(c.gpu_type).set(c.age_seconds)
+
+    def count_benchmark_job(self, gpu_type: str, outcome: str) -> None:
+        """Count one finished benchmark Job by its `benchmarks.Outcome`."""
+        self.benchmark_jobs.labels(gpu_type, outcome).inc()
 
     def observe_plan(self, namespace: str, name: str, gpu_type: str, seconds: float) -> None:
         """Record the estimated seconds of a new plan (a re-plan replaces the old labels)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -14,6 +15,7 @@ from gpuplan_operator import errors
 ENV_PREFIX = "GPUPLAN_"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+BENCHMARK_BACKENDS = ("torch", "onnxruntime")  # `gpuplan bench --backend`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +84,41 @@ class Settings:
 
     benchmark_budget_minutes: int = 90
     """`gpuplan bench --budget-minutes`; the Job's activeDeadlineSeconds adds a margin to it."""
+
+    benchmark_backend: str = "torch"
+    """`gpuplan bench --backend` of the Jobs: torch (PyTorch eager forward+backward, what the
+    training jobs run and the shipped GPU models are for) or onnxruntime."""
+
+    benchmark_priority_class_name: str = ""
+    """priorityClassName of the benchmark pods; empty leaves the cluster's default."""
+
+    benchmark_tolerations_json: str = "[]"
+    """JSON list of pod tolerations for the benchmark pods (GPU pools are usually tainted)."""
+
+    benchmark_node_selector_json: str = "{}"
+    """JSON object of node labels the benchmark pods also select (beside the GPU product)."""
+
+    benchmark_resources_json: str = "{}"
+    """JSON object of container resources (requests/limits) of the benchmark pods; the one GPU
+    limit is always added."""
+
+    def benchmark_tolerations(self) -> list[dict[str, object]]:
+        """`benchmark_tolerations_json` decoded (call after `validate()`)."""
+        value = json.loads(self.benchmark_tolerations_json)
+        assert isinstance(value, list)
+        return value
+
+    def benchmark_node_selector(self) -> dict[str, str]:
+        """`benchmark_node_selector_json` decoded (call after `validate()`)."""
+        value = json.loads(self.benchmark_node_selector_json)
+        assert isinstance(value, dict)
+        return value
+
+    def benchmark_resources(self) -> dict[str, dict[str, object]]:
+        """`benchmark_resources_json` decoded (call after `validate()`)."""
+        value = json.loads(self.benchmark_resources_json)
+        assert isinstance(value, dict)
+        return value
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -159,6 +196,28 @@ def _problems(s: Settings) -> list[str]:
     return out
 
 
+def _json_problems(s: Settings) -> list[str]:
+    out: list[str] = []
+    decoded: dict[str, object] = {}
+    for name in ("benchmark_tolerations_json", "benchmark_node_selector_json",
+                 "benchmark_resources_json"):
+        try:
+            decoded[name] = json.loads(getattr(s, name))
+        except ValueError as exc:
+            out.append(f"{name}: not JSON ({exc})")
+    tolerations = decoded.get("benchmark_tolerations_json", [])
+    if not (isinstance(tolerations, list) and all(isinstance(t, dict) for t in tolerations)):
+        out.append("benchmark_tolerations_json: need a JSON list of toleration objects")
+    selector = decoded.get("benchmark_node_selector_json", {})
+    if not (isinstance(selector, dict) and all(isinstance(v, str) for v in selector.values())):
+        out.append("benchmark_node_selector_json: need a JSON object of string labels")
+    resources = decoded.get("benchmark_resources_json", {})
+    if not (isinstance(resources, dict) and set(resources) <= {"requests", "limits"}
+            and all(isinstance(v, dict) for v in resources.values())):
+        out.append("benchmark_resources_json: need a JSON object with requests and/or limits")
+    return out
+
+
 def _benchmark_problems(s: Settings) -> list[str]:
     out: list[str] = []
     if not s.benchmark_max_age_days > 0:
@@ -168,6 +227,14 @@ def _benchmark_problems(s: Settings) -> list[str]:
     if not 1 <= s.benchmark_budget_minutes <= 24 * 60:
         out.append("benchmark_budget_minutes: must be in 1..1440, "
                    f"got {s.benchmark_budget_minutes}")
+    if s.benchmark_backend not in BENCHMARK_BACKENDS:
+        out.append(f"benchmark_backend: need one of {', '.join(BENCHMARK_BACKENDS)}, "
+                   f"got {s.benchmark_backend!r}")
+    if s.benchmark_priority_class_name and not DNS_SUBDOMAIN.match(
+            s.benchmark_priority_class_name):
+        out.append("benchmark_priority_class_name: need a PriorityClass name, "
+                   f"got {s.benchmark_priority_class_name!r}")
+    out.extend(_json_problems(s))
     if not s.benchmarks_enabled:
         return out
     if not s.benchmark_image or any(c.isspace() for c in s.benchmark_image):

@@ -30,6 +30,7 @@ DAY = 86400.0
 KNOWN = {"NVIDIA-L4": "l4", "NVIDIA-H100-80GB-HBM3": "h100-sxm-80gb", "Tesla-T4": "t4"}
 Cov = benchmarks.DeviceCoverage
 A = benchmarks.Action
+OPTIONS = benchmarks.JobOptions(image="img:1", db_secret="perfdb", budget_minutes=60)
 
 
 def _resolve(gpu_type: str) -> str | None:
@@ -38,7 +39,15 @@ def _resolve(gpu_type: str) -> str | None:
 
 @pytest.mark.parametrize(("coverage", "running", "action", "rows", "age"), [
     ({}, (), A.MISSING, 0, None),
-    ({"l4": Cov(0, None, True)}, (), A.MISSING, 0, None),
+    # The served bundle covers the type: no benchmark Job, no "without data" (issue #17).
+    ({"l4": Cov(0, None, True)}, (), A.BUNDLED, 0, None),
+    ({"l4": Cov(12, NOW.timestamp() - 31 * DAY, True)}, (), A.BUNDLED, 12, 31 * DAY),
+    # Per-GPU bundle rows, when the estimator reports them, decide over `in_bundle`.
+    ({"l4": Cov(0, None, False, bundle_rows=480)}, (), A.BUNDLED, 0, None),
+    ({"l4": Cov(0, None, True, bundle_rows=0)}, (), A.MISSING, 0, None),
+    ({"l4": Cov(12, NOW.timestamp() - 31 * DAY, True, bundle_rows=0)}, (), A.STALE, 12, 31 * DAY),
+    ({"l4": Cov(12, NOW.timestamp() - 2 * DAY, True)}, (), A.OK, 12, 2 * DAY),
+    ({"l4": Cov(0, None, True)}, ("NVIDIA-L4",), A.RUNNING, 0, None),
     ({"l4": Cov(0, NOW.timestamp() - DAY, False)}, (), A.MISSING, 0, DAY),
     ({"l4": Cov(12, None, False)}, (), A.MISSING, 12, None),  # rows, but no finished run
     ({"l4": Cov(12, NOW.timestamp() - 2 * DAY, False)}, (), A.OK, 12, 2 * DAY),
@@ -55,6 +64,9 @@ def test_assess_one_known_type(coverage: Mapping[str, benchmarks.DeviceCoverage]
         "NVIDIA-L4", "l4", action, rows)
     assert got.age_seconds == age
     assert got.needs_benchmark == (action in {A.MISSING, A.STALE})
+    cov = coverage.get("l4")
+    assert got.in_bundle == (cov is not None and (
+        cov.bundle_rows > 0 if cov.bundle_rows is not None else cov.in_bundle))
 
 
 def test_assess_dedupes_sorts_and_flags_unknown_types() -> None:
@@ -94,8 +106,7 @@ def settings_dns_label(name: str) -> bool:
 
 
 def test_build_job_pins_one_gpu_of_the_type_and_reads_the_db_secret() -> None:
-    job = benchmarks.build_job("NVIDIA-L4", now=NOW, namespace="gpuplan", image="img:1",
-                               db_secret="perfdb", budget_minutes=60)
+    job = benchmarks.build_job("NVIDIA-L4", now=NOW, namespace="gpuplan", options=OPTIONS)
     assert job["metadata"]["name"] == "gpuplan-bench-nvidia-l4-20260615"
     assert job["metadata"]["namespace"] == "gpuplan"
     assert job["metadata"]["labels"][benchmarks.PRODUCT_LABEL] == "NVIDIA-L4"
@@ -109,10 +120,10 @@ def test_build_job_pins_one_gpu_of_the_type_and_reads_the_db_secret() -> None:
     assert pod["restartPolicy"] == "Never"
     [c] = pod["containers"]
     assert c["image"] == "img:1" and c["resources"]["limits"] == {"nvidia.com/gpu": 1}
-    assert c["args"] == ["bench", "--device", "cuda", "--budget-minutes", "60",
-                         "--sweep", "/sweeps"]
-    assert c["env"] == [{"name": "GPUPLAN_DB_URL",
-                         "valueFrom": {"secretKeyRef": {"name": "perfdb", "key": "url"}}}]
+    assert c["args"] == ["bench", "--device", "cuda", "--backend", "torch",
+                         "--budget-minutes", "60", "--sweep", "/sweeps"]
+    assert c["env"][0] == {"name": "GPUPLAN_DB_URL",
+                           "valueFrom": {"secretKeyRef": {"name": "perfdb", "key": "url"}}}
 
 
 def _job(product: str, *conditions: str) -> dict[str, Any]:
@@ -175,8 +186,14 @@ def test_gauges_follow_the_latest_assessment() -> None:
     assert 'gpuplan_gpu_type_measurements{gpu_type="Tesla-T4"} 9.0' in text
     assert 'gpuplan_benchmark_age_seconds{gpu_type="Tesla-T4"} 100.0' in text
     assert 'gpuplan_benchmark_age_seconds{gpu_type="NVIDIA-L4"}' not in text
+    assert 'gpuplan_gpu_type_in_bundle{gpu_type="Tesla-T4"} 1.0' in text
+    assert 'gpuplan_gpu_type_in_bundle{gpu_type="NVIDIA-L4"} 0.0' in text
+    # Job counters exist at 0 for every type seen, so increase() sees the first failure.
+    assert 'gpuplan_benchmark_jobs_total{gpu_type="NVIDIA-L4",outcome="failed"} 0.0' in text
     m.observe_coverage(first[1:])  # the L4 nodes left the cluster
-    assert 'gpu_type="NVIDIA-L4"' not in prometheus_client.generate_latest(registry).decode()
+    gauges = [line for line in prometheus_client.generate_latest(registry).decode().splitlines()
+              if 'gpu_type="NVIDIA-L4"' in line]
+    assert gauges and all(line.startswith("gpuplan_benchmark_jobs_") for line in gauges)
 
 
 class FakeKube:
@@ -266,14 +283,14 @@ def test_built_job_matches_the_documented_template() -> None:
     text = (root / "benchmark-jobs" / "job-template.yaml").read_text()
     template = yaml.safe_load(string.Template(text).substitute(
         NAME="n", NAMESPACE="gpuplan", GPU_PRODUCT="NVIDIA-L4", IMAGE="img:1",
-        DB_SECRET="perfdb", BUDGET_MINUTES="60"))
-    built = benchmarks.build_job("NVIDIA-L4", now=NOW, namespace="gpuplan", image="img:1",
-                                 db_secret="perfdb", budget_minutes=60)
+        DB_SECRET="perfdb", BUDGET_MINUTES="60", BACKEND="torch"))
+    built = benchmarks.build_job("NVIDIA-L4", now=NOW, namespace="gpuplan", options=OPTIONS)
     assert template["metadata"]["labels"].items() <= built["metadata"]["labels"].items()
     t_pod, b_pod = template["spec"]["template"]["spec"], built["spec"]["template"]["spec"]
-    for key in ("restartPolicy", "nodeSelector"):
-        assert b_pod[key] == t_pod[key]
+    for key in ("restartPolicy", "nodeSelector", "securityContext", "volumes"):
+        assert b_pod[key] == t_pod[key], key
     t_c, b_c = t_pod["containers"][0], b_pod["containers"][0]
-    for key in ("image", "args", "env", "resources"):
+    for key in ("image", "args", "env", "resources", "securityContext", "volumeMounts"):
         assert b_c[key] == t_c[key], key
-    assert built["spec"]["backoffLimit"] == template["spec"]["backoffLimit"]
+    for key in ("backoffLimit", "podFailurePolicy"):
+        assert built["spec"][key] == template["spec"][key], key

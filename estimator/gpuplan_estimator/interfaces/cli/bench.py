@@ -146,7 +146,7 @@ def _command(argv: Sequence[str] | None) -> str:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    """`gpuplan bench`: measure the plan into the db; 0 when done, 3 when the budget ran out,
+    """`gpuplan bench`: measure the plan into the db; 0 when done, 5 when the budget ran out,
     128 + N when signal N stopped it (the rows measured are stored either way)."""
     settings = runner.BenchSettings(
         device=args.device,

@@ -3,10 +3,12 @@ them, and enables benchmark Jobs only when they have a database to write to."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 import yaml
 
-from gpuplan_operator import settings
+from gpuplan_operator import benchmark_loop, benchmarks, settings
 from gpuplan_testing.helm_render import render
 
 
@@ -46,5 +48,55 @@ def test_own_secret_overrides_and_no_secret_disables_jobs() -> None:
     ("operator.benchmarks.image.repository=", "repository"),
 ])
 def test_bad_benchmark_values_are_rejected(setting: str, field: str) -> None:
+    out = render(setting, namespace="ml-infra")
+    assert out.returncode != 0 and field in out.stderr
+
+
+def test_pod_values_reach_the_benchmark_job() -> None:
+    """values.yaml → operator env → Settings → the Job the operator creates (issue #17)."""
+    env = _operator_env(
+        "estimator.database.urlSecret=perfdb",
+        "operator.benchmarks.tolerations[0].key=nvidia.com/gpu",
+        "operator.benchmarks.tolerations[0].operator=Exists",
+        "operator.benchmarks.tolerations[0].effect=NoSchedule",
+        "operator.benchmarks.priorityClassName=gpu-batch-low",
+        "operator.benchmarks.nodeSelector.pool=a100",
+        "operator.benchmarks.resources.requests.cpu=4",
+        "operator.benchmarks.resources.limits.memory=32Gi",
+        "operator.benchmarks.backend=onnxruntime",
+        "operator.benchmarks.budgetMinutes=45")
+    cfg = settings.Settings.from_env(env).validate()
+    job = benchmarks.build_job("NVIDIA-A100-SXM4-80GB", now=datetime.datetime.now(datetime.UTC),
+                               namespace=cfg.benchmark_namespace,
+                               options=benchmark_loop.job_options(cfg))
+    pod = job["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                   "effect": "NoSchedule"}]
+    assert pod["priorityClassName"] == "gpu-batch-low"
+    assert pod["nodeSelector"] == {"pool": "a100",
+                                   "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    [c] = pod["containers"]
+    assert c["resources"] == {"requests": {"cpu": 4},
+                              "limits": {"memory": "32Gi", "nvidia.com/gpu": 1}}
+    assert c["args"] == ["bench", "--device", "cuda", "--backend", "onnxruntime",
+                         "--budget-minutes", "45", "--sweep", "/sweeps"]
+
+
+def test_default_values_give_torch_jobs_without_extras() -> None:
+    cfg = settings.Settings.from_env(_operator_env("estimator.database.urlSecret=perfdb"))
+    cfg.validate()
+    assert (cfg.benchmark_backend, cfg.benchmark_priority_class_name) == ("torch", "")
+    assert (cfg.benchmark_tolerations(), cfg.benchmark_node_selector(),
+            cfg.benchmark_resources()) == ([], {}, {})
+
+
+@pytest.mark.parametrize(("setting", "field"), [
+    ("operator.benchmarks.backend=tensorrt", "backend"),
+    ("operator.benchmarks.priorityClassName=Not_A_Class", "priorityClassName"),
+    ("operator.benchmarks.tolerations[0].operator=Maybe", "operator"),
+    ("operator.benchmarks.tolerations[0].colour=blue", "colour"),
+    ("operator.benchmarks.resources.requestz.cpu=1", "requestz"),
+])
+def test_bad_benchmark_pod_values_are_rejected(setting: str, field: str) -> None:
     out = render(setting, namespace="ml-infra")
     assert out.returncode != 0 and field in out.stderr

@@ -9,9 +9,14 @@ load). No pickle: a bundle is inert data that any LightGBM of the same major ver
 from __future__ import annotations
 
 import gzip
+import hashlib
+import io
 import json
 import os
 import re
+import shutil
+import tarfile
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +37,13 @@ MAX_MODEL_FILE_BYTES = 64 * 1024 * 1024  # per model text (after gunzip); refuse
 # reads the bundle: gunzip of a 29 MB model takes ~0.1 s, unxz ~0.7 s on these hosts.
 MODEL_SUFFIX = ".txt.gz"
 _KERNEL_RE = re.compile(r"^[a-z0-9_]+$")
+MAX_PACKED_BUNDLE_BYTES = 64 * 2**20
+"""Largest packed bundle stored or unpacked: the shipped one packs to ~16 MB (its model files
+are already gzip), so four times that leaves room to grow and refuses a runaway directory."""
+MAX_UNPACKED_BUNDLE_BYTES = 256 * 2**20
+"""Largest sum of member sizes a packed bundle may unpack to (a tar bomb stops here)."""
+MAX_BUNDLE_MEMBERS = 256
+_MEMBER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
@@ -41,7 +53,7 @@ class Bundle:
     models: Mapping[str, LayerLatencyModel]
     manifest: Mapping[str, Any]
     path: Path | None = None
-    origin: str = field(default="memory")  # explicit | data-dir | shipped | memory
+    origin: str = field(default="memory")  # explicit | data-dir | shipped | database | memory
     transfer_models: Mapping[str, LayerLatencyModel] = field(default_factory=dict)
     """Per kernel, on `features.transfer_columns`: used for devices the bundle never saw."""
     cpu_models: Mapping[str, LayerLatencyModel] = field(default_factory=dict)
@@ -109,6 +121,97 @@ def save_bundle(bundle: Bundle, directory: Path) -> Path:
     tmp = directory / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, directory / MANIFEST)
+    return directory
+
+
+def pack_bundle(directory: Path) -> bytes:
+    """The bundle directory as a gzip-compressed tar (flat: the manifest and model files).
+
+    Reproducible: members sorted, times, owners and modes fixed, so the same bundle gives the
+    same bytes (and digest). The manifest is checked first; a bundle over
+    `MAX_PACKED_BUNDLE_BYTES` is refused.
+    """
+    read_manifest(directory)
+    names = sorted(p.name for p in directory.iterdir()
+                   if p.is_file() and _MEMBER_RE.match(p.name) and not p.name.endswith(".tmp"))
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as zipped, \
+            tarfile.open(fileobj=zipped, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for name in names:
+            data = (directory / name).read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    packed = buffer.getvalue()
+    if len(packed) > MAX_PACKED_BUNDLE_BYTES:
+        raise errors.BundleError(f"{directory}: packed bundle is {len(packed)} bytes, over the "
+                                 f"{MAX_PACKED_BUNDLE_BYTES}-byte cap")
+    return packed
+
+
+def packed_digest(data: bytes) -> str:
+    """Hex SHA-256 of a packed bundle."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _packed_members(data: bytes) -> list[tuple[str, bytes]]:
+    """(name, content) of every member of a packed bundle, checked: regular files with plain
+    names only, at most `MAX_BUNDLE_MEMBERS` and `MAX_UNPACKED_BUNDLE_BYTES` in all."""
+    if len(data) > MAX_PACKED_BUNDLE_BYTES:
+        raise errors.BundleError(f"packed bundle is {len(data)} bytes, over the "
+                                 f"{MAX_PACKED_BUNDLE_BYTES}-byte cap")
+    members: list[tuple[str, bytes]] = []
+    total = 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for info in tar:
+                if not info.isfile() or not _MEMBER_RE.match(info.name):
+                    raise errors.BundleError(
+                        f"packed bundle member {info.name[:100]!r} is not a plain file name")
+                total += info.size
+                if len(members) >= MAX_BUNDLE_MEMBERS or total > MAX_UNPACKED_BUNDLE_BYTES:
+                    raise errors.BundleError(
+                        f"packed bundle unpacks to over {MAX_BUNDLE_MEMBERS} files or "
+                        f"{MAX_UNPACKED_BUNDLE_BYTES} bytes")
+                handle = tar.extractfile(info)
+                if handle is None:  # pragma: no cover - isfile() members always have one
+                    raise errors.BundleError(f"packed bundle member {info.name!r} unreadable")
+                members.append((info.name, handle.read()))
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise errors.BundleError(f"not a packed model bundle: {exc}") from None
+    return members
+
+
+def packed_manifest(data: bytes) -> dict[str, Any]:
+    """The checked manifest of a packed bundle, without unpacking the models to disk."""
+    found = dict(_packed_members(data))
+    if MANIFEST not in found:
+        raise errors.BundleError("packed bundle has no manifest.json; not a model bundle")
+    with tempfile.TemporaryDirectory(prefix="gpuplan-manifest-") as tmp:
+        (Path(tmp) / MANIFEST).write_bytes(found[MANIFEST])
+        manifest = read_manifest(Path(tmp))
+    return manifest
+
+
+def unpack_bundle(data: bytes, directory: Path) -> Path:
+    """Unpack a packed bundle into `directory` (which must not exist yet) and check it loads
+    as far as its manifest. Written beside it and renamed, so a reader never sees half."""
+    members = _packed_members(data)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        for name, content in members:
+            (staging / name).write_bytes(content)
+        read_manifest(staging)
+        try:
+            os.replace(staging, directory)
+        except OSError:
+            if not (directory / MANIFEST).is_file():
+                raise
+            shutil.rmtree(staging)  # another process unpacked the same version first
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return directory
 
 

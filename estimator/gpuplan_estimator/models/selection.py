@@ -1,11 +1,14 @@
 """Which predictor prices a request: an explicit bundle, the newest one in the data dir, the
-shipped one, or (a build without a bundle) the roofline."""
+shipped one, or (a build without a bundle) the roofline; the service puts the performance
+database's active bundle first (`sync_active_bundle`, `select_cached_predictor`)."""
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.cost.predictors import LatencyPredictor
@@ -49,3 +52,89 @@ def cpu_backend_name(manifest: Mapping[str, Any], wanted: str) -> str:
             "cpu_backend", f"{wanted!r}: {found}; the bundle's CPU backends are "
             f"{', '.join(cpu) or 'none'}")
     return matches[0]
+
+
+# -- the database's active bundle (issue #17) ----------------------------------------------
+
+ACTIVE_POINTER = "ACTIVE"
+"""File in the bundle cache naming the active database version; the service writes it, every
+worker's context loader reads it, so workers never need the database themselves."""
+_DB_SOURCE_RE = re.compile(r"\(database v(\d+)\)$")
+
+
+class BundleSource(Protocol):
+    """Where the active bundle comes from: `perfdb.PerfStore` (kept a protocol, so this layer
+    does not import the database one)."""
+
+    def active_bundle(self) -> tuple[int, bytes] | None:
+        """(version, packed bytes) of the active bundle, or None."""
+
+    def bundle_changed_since(self, version: int | None) -> bool:
+        """Whether the active version is no longer `version`."""
+
+
+def cached_bundle_dir(cache_dir: Path, version: int) -> Path:
+    """Where version `version` is unpacked: versions never change, so the directory is its
+    key and is unpacked once."""
+    return cache_dir / f"v{version}"
+
+
+def cached_active_version(cache_dir: Path) -> int | None:
+    """The version the cache's pointer names, when its directory holds a bundle; else None."""
+    try:
+        text = (cache_dir / ACTIVE_POINTER).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    if not text.isdigit():
+        return None
+    version = int(text)
+    manifest = cached_bundle_dir(cache_dir, version) / "manifest.json"
+    return version if manifest.is_file() else None
+
+
+def sync_active_bundle(cache_dir: Path, source: BundleSource) -> int | None:
+    """Make the cache hold the database's active bundle and point at it; returns its version,
+    or None when the database has no active bundle (the pointer is removed: the data-dir or
+    shipped bundle serves). Fetches the bytes only when the active version changed."""
+    current = cached_active_version(cache_dir)
+    if current is not None and not source.bundle_changed_since(current):
+        return current
+    active = source.active_bundle()
+    pointer = cache_dir / ACTIVE_POINTER
+    if active is None:
+        pointer.unlink(missing_ok=True)
+        return None
+    version, data = active
+    from gpuplan_estimator.models import bundles
+
+    target = cached_bundle_dir(cache_dir, version)
+    if not (target / bundles.MANIFEST).is_file():
+        bundles.unpack_bundle(data, target)
+    tmp = cache_dir / f".{ACTIVE_POINTER}.tmp"
+    tmp.write_text(f"{version}\n", encoding="utf-8")
+    os.replace(tmp, pointer)  # atomic: a worker reads the old or the new version, never half
+    return version
+
+
+def database_source(directory: Path, version: int) -> str:
+    """`predictor_source` of a database bundle, e.g. ``bundle:/cache/v7 (database v7)``."""
+    return f"bundle:{directory} (database v{version})"
+
+
+def bundle_version_of(predictor_source: str) -> int | None:
+    """The database version a `predictor_source` names (see `database_source`), else None."""
+    found = _DB_SOURCE_RE.search(predictor_source)
+    return int(found.group(1)) if found else None
+
+
+def select_cached_predictor(cache_dir: Path) -> tuple[LatencyPredictor, str] | None:
+    """The predictor of the cache's active database bundle and its source, or None when the
+    cache points at none (the caller falls back to `select_predictor`)."""
+    from gpuplan_estimator.models import bundles
+
+    version = cached_active_version(cache_dir)
+    if version is None:
+        return None
+    directory = cached_bundle_dir(cache_dir, version)
+    loaded = bundles.load_bundle(directory, origin="database")
+    return learned.LearnedPredictor(loaded), database_source(directory, version)

@@ -10,14 +10,17 @@ from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
+    CheckConstraint,
     DateTime,
     Float,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -135,3 +138,34 @@ class JobOutcome(Base):
     optimizer_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     gradient_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     intra_node_gbps: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+BUNDLE_STATES = ("candidate", "active", "retired")
+"""A bundle's life: stored as a candidate, served while active (at most one), retired when
+another is activated; a retired or candidate bundle can be activated again (rollback)."""
+
+
+class ModelBundle(Base):
+    """A model bundle stored whole (revision 0006): its bytes, provenance, metrics and state."""
+    __tablename__ = "model_bundles"
+    __table_args__ = (
+        CheckConstraint("state IN ('candidate', 'active', 'retired')",
+                        name="ck_model_bundles_state"),
+        Index("uq_model_bundles_one_active", "state", unique=True,
+              sqlite_where=text("state = 'active'"), postgresql_where=text("state = 'active'")),
+        {"sqlite_autoincrement": True},
+    )
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # A gzip-compressed tar of the bundle directory (`models.bundles.pack_bundle`).
+    bundle_bytes: Mapped[bytes] = mapped_column(LargeBinary)
+    bundle_sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    data_digest: Mapped[str] = mapped_column(String(128), server_default="")
+    rows: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    git_commit: Mapped[str] = mapped_column(String(64), server_default="")
+    metrics_json: Mapped[str] = mapped_column(Text, server_default="{}")
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, server_default="")
+    state_changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -7,10 +7,11 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Select, delete, func, insert, select, update
+from sqlalchemy import Select, delete, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 
 from gpuplan_estimator.core import errors, paths
@@ -18,10 +19,12 @@ from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.perfdb import connections, frames
 from gpuplan_estimator.perfdb.models import (
+    BUNDLE_STATES,
     BenchmarkRun,
     Device,
     JobOutcome,
     Measurement,
+    ModelBundle,
     ModelVersion,
 )
 
@@ -77,6 +80,42 @@ class StoredOutcome:
     recorded, in which case `id` is the earlier row's and nothing was written."""
     id: int
     created: bool
+
+
+class UnknownBundleError(errors.GpuplanError, LookupError):
+    """No model bundle has the requested version (a LookupError too, so callers that do not
+    import the database layer, such as the HTTP service, can answer 404)."""
+
+    def __init__(self, version: int, where: str) -> None:
+        self.version = version
+        super().__init__(f"no model bundle version {version} in {where}")
+
+
+@dataclass(frozen=True)
+class StoredBundle:
+    """A model bundle as stored (without its bytes): version, provenance, metrics, state."""
+    version: int
+    created_at: datetime
+    state: str
+    reason: str
+    state_changed_at: datetime
+    size_bytes: int
+    bundle_sha256: str
+    data_digest: str
+    rows: int | None
+    git_commit: str
+    metrics: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: times as ISO 8601."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["created_at"] = self.created_at.isoformat()
+        out["state_changed_at"] = self.state_changed_at.isoformat()
+        return out
+
+
+_BUNDLE_INFO_COLUMNS = tuple(c for c in ModelBundle.__table__.columns if c.name != "bundle_bytes")
+MAX_REASON_CHARS = 4000
 
 
 class PerfStore:
@@ -468,6 +507,135 @@ class PerfStore:
         frame["drift_ratio"] = frame["actual_seconds"] / frame["estimated_seconds"]
         return frame
 
+    # -- model bundles (revision 0006) -----------------------------------------------------
+
+    def add_bundle(
+        self, bundle: Path | bytes, *, state: str = "candidate", reason: str = ""
+    ) -> int:
+        """Store a bundle (its directory, or the bytes of `bundles.pack_bundle`); returns its
+        version. With ``state="active"`` it is activated in the same transaction (the
+        active one before it is retired). The manifest's ``data_digest``, ``rows``, ``commit``
+        and ``metrics`` are stored beside the bytes."""
+        from gpuplan_estimator.models import bundles  # LightGBM: only for bundle writers
+
+        if state not in BUNDLE_STATES or state == "retired":
+            raise errors.InvalidRequestError(
+                "state", f"a new bundle is 'candidate' or 'active', not {state!r}")
+        _check_reason(reason)
+        data = bundles.pack_bundle(bundle) if isinstance(bundle, Path) else bytes(bundle)
+        manifest = bundles.packed_manifest(data)
+        rows = manifest.get("rows")
+        now = self.clock()
+        row = {
+            "created_at": now, "bundle_bytes": data,
+            "bundle_sha256": bundles.packed_digest(data), "size_bytes": len(data),
+            "data_digest": str(manifest.get("data_digest", ""))[:128],
+            "rows": int(rows) if isinstance(rows, int) and not isinstance(rows, bool) else None,
+            "git_commit": str(manifest.get("commit", ""))[:64],
+            "metrics_json": json.dumps(manifest.get("metrics", {}), sort_keys=True,
+                                       default=frames.jsonable),
+            "state": "candidate", "reason": reason, "state_changed_at": now,
+        }
+
+        def _do() -> int:
+            with self.engine.begin() as conn:
+                if state == "active":
+                    self._lock_bundles(conn)
+                result = conn.execute(insert(ModelBundle).values(**row))
+                version = int(result.inserted_primary_key[0])  # type: ignore[index]
+                if state == "active":
+                    self._activate_in(conn, version, reason, now)
+                return version
+
+        return int(self._retry(_do))
+
+    def bundles(self) -> list[StoredBundle]:
+        """Every stored bundle without its bytes, oldest version first."""
+        stmt = select(*_BUNDLE_INFO_COLUMNS).order_by(ModelBundle.version)
+
+        def _do() -> list[StoredBundle]:
+            with self.engine.connect() as conn:
+                return [_stored_bundle(r) for r in conn.execute(stmt).mappings().all()]
+
+        return list(self._retry(_do))
+
+    def bundle(self, version: int) -> tuple[StoredBundle, bytes]:
+        """One bundle and its bytes; `UnknownBundleError` naming the version when absent."""
+        stmt = select(ModelBundle.__table__).where(ModelBundle.version == version)
+
+        def _do() -> Any:
+            with self.engine.connect() as conn:
+                return conn.execute(stmt).mappings().one_or_none()
+
+        found = self._retry(_do)
+        if found is None:
+            raise UnknownBundleError(version, self.url)
+        return _stored_bundle(found), bytes(found["bundle_bytes"])
+
+    def active_bundle(self) -> tuple[int, bytes] | None:
+        """(version, bytes) of the active bundle, or None when no bundle is active."""
+        stmt = (select(ModelBundle.version, ModelBundle.bundle_bytes)
+                .where(ModelBundle.state == "active"))
+
+        def _do() -> tuple[int, bytes] | None:
+            with self.engine.connect() as conn:
+                found = conn.execute(stmt).one_or_none()
+            return None if found is None else (int(found[0]), bytes(found[1]))
+
+        active: tuple[int, bytes] | None = self._retry(_do)
+        return active
+
+    def active_version(self) -> int | None:
+        """The active bundle's version (a cheap query: no bytes), or None."""
+        stmt = select(ModelBundle.version).where(ModelBundle.state == "active")
+
+        def _do() -> int | None:
+            with self.engine.connect() as conn:
+                found = conn.execute(stmt).scalar_one_or_none()
+            return None if found is None else int(found)
+
+        version: int | None = self._retry(_do)
+        return version
+
+    def bundle_changed_since(self, version: int | None) -> bool:
+        """Whether the active bundle is no longer `version` (None: there was none active)."""
+        return self.active_version() != version
+
+    def activate(self, version: int, reason: str = "") -> int:
+        """Make `version` the active bundle and retire the one active before, in one
+        transaction (activating a retired or candidate version is the rollback). Returns the
+        version; `UnknownBundleError` naming it when it does not exist."""
+        _check_reason(reason)
+
+        def _do() -> int:
+            with self.engine.begin() as conn:
+                self._lock_bundles(conn)
+                self._activate_in(conn, version, reason, self.clock())
+            return version
+
+        return int(self._retry(_do))
+
+    def _lock_bundles(self, conn: Any) -> None:
+        """Serialise activations: on PostgreSQL two concurrent ones would each retire the old
+        active row and then both set theirs active (the unique index would refuse the second);
+        SQLite already takes its write lock at the first UPDATE."""
+        if self.engine.dialect.name == "postgresql":
+            conn.execute(text("LOCK TABLE model_bundles IN SHARE ROW EXCLUSIVE MODE"))
+
+    def _activate_in(self, conn: Any, version: int, reason: str, now: datetime) -> None:
+        exists = conn.execute(
+            select(ModelBundle.version).where(ModelBundle.version == version)
+        ).scalar_one_or_none()
+        if exists is None:
+            raise UnknownBundleError(version, self.url)
+        # Retire first: the partial unique index allows one active row at any moment.
+        conn.execute(update(ModelBundle)
+                     .where(ModelBundle.state == "active", ModelBundle.version != version)
+                     .values(state="retired", state_changed_at=now,
+                             reason=f"replaced by version {version}"))
+        conn.execute(update(ModelBundle).where(ModelBundle.version == version)
+                     .values(state="active", state_changed_at=now, reason=reason))
+
     def _insert(self, table: type[Any], row: Mapping[str, Any]) -> int:
         def _do() -> int:
             with self.engine.begin() as conn:
@@ -484,6 +652,25 @@ class PerfStore:
 
         frame: pd.DataFrame = self._retry(_do)
         return frame
+
+
+def _stored_bundle(row: Any) -> StoredBundle:
+    return StoredBundle(
+        version=int(row["version"]), created_at=_aware(row["created_at"]) or row["created_at"],
+        state=str(row["state"]), reason=str(row["reason"]),
+        state_changed_at=_aware(row["state_changed_at"]) or row["state_changed_at"],
+        size_bytes=int(row["size_bytes"]), bundle_sha256=str(row["bundle_sha256"]),
+        data_digest=str(row["data_digest"]),
+        rows=None if row["rows"] is None else int(row["rows"]),
+        git_commit=str(row["git_commit"]), metrics=json.loads(row["metrics_json"] or "{}"))
+
+
+def _check_reason(reason: object) -> None:
+    if not isinstance(reason, str):
+        raise errors.InvalidRequestError("reason", f"must be a string, got {reason!r}")
+    if len(reason) > MAX_REASON_CHARS:
+        raise errors.InvalidRequestError(
+            "reason", f"must be at most {MAX_REASON_CHARS} characters, got {len(reason)}")
 
 
 def _check_text(name: str, value: object, *, required: bool) -> None:

@@ -33,6 +33,7 @@ COMMAND_MODULES: dict[str, tuple[str, str]] = {
     "train": (f"{_CLI}.training", "bench"),
     "serve": (f"{_CLI}.serving", "serve"),
     "eval": (f"{_CLI}.evaluation", "bench"),
+    "models": (f"{_CLI}.models", "bench"),
 }
 BUILTIN_COMMANDS = frozenset({"estimate", "strip", "devices", "demo", "plan", "completion"})
 EXIT_USAGE = exits.ExitCode.USAGE

@@ -8,9 +8,11 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuplan_estimator import devices
+from gpuplan_estimator.core import paths
 from gpuplan_estimator.devices.prices import PRICES_ENV
 from gpuplan_estimator.interfaces.cli import arguments, plans
 from gpuplan_estimator.interfaces.http import service, wire
@@ -24,15 +26,19 @@ def register(sub: Any) -> None:
     """Add the ``serve`` subcommand to an argparse subparsers object."""
     s = sub.add_parser("serve", help="run the estimator HTTP service",
                        description="Answer plans and estimates over HTTP (POST /v1/plans, "
-                       "/v1/estimate, /v1/outcomes; GET /v1/models, /v1/coverage, /healthz, "
-                       "/readyz, /metrics, /openapi.json) until stopped; the operator calls it.")
+                       "/v1/estimate, /v1/outcomes, /v1/models/VERSION/activate; GET "
+                       "/v1/models, /v1/coverage, /healthz, /readyz, /metrics, /openapi.json) "
+                       "until stopped; the operator calls it.")
     s.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 for every interface (default %(default)s)")
     s.add_argument("--port", type=arguments.count_up_to(65535), default=8080,
                    help="TCP port to listen on (default %(default)s)")
     s.add_argument("--bundle", metavar="DIR",
-                   help="model bundle directory (default: the newest in the data dir, else the "
-                   "shipped one)")
+                   help="model bundle directory (default: the performance database's active "
+                   "bundle, else the newest in the data dir, else the shipped one)")
+    s.add_argument("--bundle-cache", metavar="DIR", default=None,
+                   help="where database bundles are unpacked, one directory per version "
+                   "(default: bundle-cache in the gpuplan data dir)")
     s.add_argument("--request-timeout", type=arguments.duration_seconds, default=60.0,
                    metavar="DURATION", help="per-request deadline, queueing included (seconds, "
                    "or a duration like 2m); the worker running a request past it is killed "
@@ -54,8 +60,9 @@ def register(sub: Any) -> None:
                    metavar="BYTES", help="largest request body, in bytes; a larger one is "
                    "answered 413 (default %(default)s = 64 MiB)")
     s.add_argument("--bundle-poll", type=arguments.duration_seconds, default=30.0,
-                   metavar="DURATION", help="how often to look for a newer bundle (seconds, or "
-                   "a duration like 1m; default 30)")
+                   metavar="DURATION", help="how often to ask the database for its active "
+                   "bundle and look for a newer one in the data dir (seconds, or a duration "
+                   "like 1m; default 30)")
     s.add_argument("--db", metavar="URL", help="performance database URL for job outcomes "
                    "(default: $GPUPLAN_DB_URL, else SQLite in the data dir)")
     s.add_argument("--prices", default=None, metavar="FILE",
@@ -141,6 +148,37 @@ def perfdb_scaling_history(db_url: str | None) -> service.ScalingHistory:
     return history
 
 
+BUNDLE_SYNC_RETRIES = 1
+"""The bundle poll retries a failing database once: the next poll comes soon anyway, and a
+database that is down must not hold up start-up for the store's full backoff."""
+
+
+def perfdb_bundle_sync(db_url: str | None, cache_dir: Path) -> service.BundleSync:
+    """Keeps `cache_dir` on the database's active bundle (`selection.sync_active_bundle`)."""
+    from gpuplan_estimator.models import selection
+    from gpuplan_estimator.perfdb import PerfStore
+
+    stores: list[PerfStore] = []
+
+    def sync() -> int | None:
+        if not stores:
+            stores.append(PerfStore.open(db_url, retries=BUNDLE_SYNC_RETRIES))
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        return selection.sync_active_bundle(cache_dir, stores[0])
+
+    return sync
+
+
+def perfdb_bundle_activator(db_url: str | None) -> service.BundleActivator:
+    """`POST /v1/models/{version}/activate` activates in the database, opened on first use."""
+    store = _lazy_store(db_url)
+
+    def activate(version: int, reason: str) -> int:
+        return store().activate(version, reason)
+
+    return activate
+
+
 def perfdb_coverage_source(db_url: str | None) -> service.CoverageSource:
     """Coverage per device from the performance database, opened on first use."""
     store = _lazy_store(db_url)
@@ -166,11 +204,19 @@ def run_serve(args: argparse.Namespace) -> int:
     # A partial, not a lambda: every estimation worker process builds its context with it.
     prices = (devices.read_prices_file(args.prices) if args.prices
               else devices.prices_from_env(os.environ))
-    state = service.ServiceState(functools.partial(plans.load_context, args.bundle, prices))
+    file_context = functools.partial(plans.load_context, args.bundle, prices)
+    if args.bundle is not None:  # an explicit bundle is pinned: the database's is not served
+        state = service.ServiceState(file_context)
+    else:
+        cache = Path(args.bundle_cache) if args.bundle_cache else paths.data_dir() / "bundle-cache"
+        state = service.ServiceState(
+            functools.partial(service.database_bundle_context, str(cache), file_context, prices),
+            bundle_sync=perfdb_bundle_sync(args.db, cache))
     state.load()  # fail fast on a broken explicit bundle
     app = service.make_app(state, settings, outcome_sink=perfdb_outcome_sink(args.db),
                            coverage_source=perfdb_coverage_source(args.db),
                            outcome_history=perfdb_outcome_history(args.db),
-                           scaling_history=perfdb_scaling_history(args.db))
+                           scaling_history=perfdb_scaling_history(args.db),
+                           bundle_activator=perfdb_bundle_activator(args.db))
     web.run_app(app, host=settings.host, port=settings.port)
     return 0

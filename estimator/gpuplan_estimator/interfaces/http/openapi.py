@@ -48,6 +48,9 @@ class Operation:
     answers: Mapping[int, Answer]
     request: type[BaseModel] | None = None
     tags: Sequence[str] = field(default_factory=lambda: ("estimator",))
+    parameters: Sequence[Mapping[str, Any]] = ()
+    """Path parameters, as OpenAPI parameter objects."""
+    request_required: bool = True
 
 
 _INVALID_JSON = Answer("InvalidJSON: the body is not JSON (not UTF-8, nested too deeply, an "
@@ -85,6 +88,20 @@ OPERATIONS: tuple[Operation, ...] = (
               request=wire.OutcomeBody),
     Operation("get", "/v1/models", "The predictor, bundle manifest, catalog and calibration",
               {200: Answer("In use now.", responses.ModelsResponse), 503: _NOT_READY}),
+    Operation("post", "/v1/models/{version}/activate",
+              "Activate a stored model bundle version (rollback: activate an older one)",
+              {200: Answer("Activated; this replica reloaded, the others follow within their "
+                           "bundle poll.", responses.ActivateResponse),
+               400: _INVALID_JSON, 413: _TOO_LARGE,
+               404: Answer("NotFound: no bundle has this version."),
+               422: Answer("InvalidRequest (FieldError details)."),
+               503: Answer("NotReady (no performance database) or DatabaseUnavailable."),
+               504: Answer("Timeout: the database did not answer in time.")},
+              request=wire.ActivateBody, request_required=False,
+              parameters=({"name": "version", "in": "path", "required": True,
+                           "description": "The bundle version (gpuplan models list).",
+                           "schema": {"type": "integer", "minimum": 1,
+                                      "maximum": wire.MAX_BUNDLE_VERSION}},)),
     Operation("get", "/v1/coverage", "Benchmark rows and bundle coverage per device",
               {200: Answer("Every catalog, bundle or database device.",
                            responses.CoverageResponse),
@@ -124,11 +141,14 @@ def _content(model: type[BaseModel] | None, media_type: str) -> dict[str, Any]:
 def _operation(op: Operation) -> dict[str, Any]:
     out: dict[str, Any] = {
         "summary": op.summary,
-        "operationId": op.method + op.path.replace("/", "_").replace(".", "_"),
+        "operationId": op.method + "".join(c if c.isalnum() else "_" for c in op.path),
         "tags": list(op.tags),
     }
+    if op.parameters:
+        out["parameters"] = [dict(p) for p in op.parameters]
     if op.request is not None:
-        out["requestBody"] = {"required": True, "content": _content(op.request, JSON)}
+        out["requestBody"] = {"required": op.request_required,
+                              "content": _content(op.request, JSON)}
     answers = {str(status): {"description": a.description,
                              "content": _content(a.model, a.media_type)}
                for status, a in sorted(op.answers.items())}

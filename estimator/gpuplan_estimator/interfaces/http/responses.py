@@ -51,6 +51,11 @@ class ErrorEnvelope(_Response):
     error: ErrorBody
 
 
+BUNDLE_VERSION_TEXT = ("Version of the performance database's model bundle that answered "
+                       "(gpuplan models list); null: the data-dir or shipped bundle, named by "
+                       "predictor_source.")
+
+
 class Calibration(_Response):
     """The correction learned from job outcomes that a figure includes."""
 
@@ -153,6 +158,7 @@ class PlanResponse(_Response):
     notes: list[str] = Field(description="Inventory entries left out, and why.")
     scaling: FittedScalingSummary = Field(description="The multi-GPU scaling model the plan "
                                           "used.")
+    bundle_version: int | None = Field(description=BUNDLE_VERSION_TEXT)
 
 
 class ModelSummary(_Response):
@@ -265,6 +271,7 @@ class EstimateResponse(_Response):
     settings: EstimateSettings
     predictor_source: str
     devices: list[DeviceEstimate] = Field(description="In request order.")
+    bundle_version: int | None = Field(description=BUNDLE_VERSION_TEXT)
 
 
 class OutcomeResponse(_Response):
@@ -281,12 +288,27 @@ class DeviceCoverage(_Response):
     measurements: int = Field(description="Benchmark rows in the performance database.")
     newest_run_unix: float | None = Field(description="End of the newest finished run.")
     in_bundle: bool = Field(description="The model bundle has learned latency models for it.")
+    bundle_heldout_rows: int = Field(
+        description="This device's held-out rows in the bundle manifest's random-split "
+                    "metrics, summed over kernels (0: none); the manifest records no per-device "
+                    "training rows, and these are what its accuracy for the device rests on.")
 
 
 class CoverageResponse(_Response):
     """`GET /v1/coverage`: every catalog, bundle or database device (absent means 0 rows)."""
 
+    bundle_version: int | None = Field(description=BUNDLE_VERSION_TEXT)
     devices: dict[str, DeviceCoverage]
+
+
+class ActivateResponse(_Response):
+    """`POST /v1/models/{version}/activate` 200: the database's active bundle now."""
+
+    active_version: int = Field(description="The version now active in the database.")
+    serving_version: int | None = Field(
+        description="The version this replica answers with after reloading; another "
+                    "replica follows within its bundle poll. Differs from active_version only "
+                    "when the reload failed (the service log says why).")
 
 
 class CalibrationSummary(_Response):
@@ -329,6 +351,7 @@ class ModelsResponse(_Response):
     source: str
     manifest: dict[str, Any]
     devices: list[str]
+    bundle_version: int | None = Field(description=BUNDLE_VERSION_TEXT)
     calibration: CalibrationSummary
     scaling: ScalingSummary
 

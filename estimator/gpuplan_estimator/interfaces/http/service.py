@@ -10,17 +10,25 @@ calibration from job outcomes is refitted at start-up and after every new outcom
 same way, and a failed refit keeps the last good one and says so on /metrics. The multi-GPU
 scaling model is refitted from the same outcomes with the same lifecycle (issue #19), in the
 background after an outcome because a fit with its held-out check takes seconds.
+
+With a performance database, its active model bundle comes first (issue #17): each poll asks the
+database for the active version, unpacks a new one into a cache directory keyed by version and
+points the cache at it (`models.selection.sync_active_bundle`); the context loader, here and in
+every worker, serves what the cache points at (`database_bundle_context`). Every estimate, plan
+and coverage answer names the database version (`bundle_version`, null for a file bundle).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -30,6 +38,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from gpuplan_estimator import devices
 from gpuplan_estimator.core.errors import (
     DatabaseError,
     GpuplanError,
@@ -46,6 +55,7 @@ from gpuplan_estimator.interfaces.http import (
     workers,
 )
 from gpuplan_estimator.interfaces.http.metrics import Metrics
+from gpuplan_estimator.models import selection
 from gpuplan_estimator.planning import calibrating, planner, scaling
 
 log = logging.getLogger(__name__)
@@ -90,6 +100,31 @@ class ServiceSettings:
     """Seed of the scaling fit (differential evolution and its held-out folds)."""
 
 
+BundleSync = Callable[[], int | None]
+"""Brings the bundle cache in line with the database's active bundle; returns its version, or
+None when none is active (`models.selection.sync_active_bundle` over a `PerfStore`)."""
+
+
+BundleActivator = Callable[[int, str], int]
+"""Activates a stored bundle version with a reason and returns it; raises LookupError for an
+unknown version — `PerfStore.activate`."""
+
+
+def database_bundle_context(
+    cache_dir: str, fallback: work.ContextLoader, prices: Mapping[str, float] | None = None
+) -> planner.PlannerContext:
+    """The context of the database bundle the cache points at, else `fallback()` (the data-dir
+    or shipped bundle). Module-level, so a `functools.partial` of it pickles to the workers."""
+    found = selection.select_cached_predictor(Path(cache_dir))
+    if found is None:
+        return fallback()
+    predictor, source = found
+    manifest = getattr(getattr(predictor, "bundle", None), "manifest", {}) or {}
+    return planner.PlannerContext(
+        catalog=devices.load_catalog(price_overrides=prices), predictor=predictor,
+        predictor_source=source, manifest=dict(manifest))
+
+
 class ServiceState:
     """What handlers share: the current planner context and the outcome calibration.
 
@@ -97,10 +132,14 @@ class ServiceState:
     job outcomes swapped whole on a new outcome; `calibration_generation` counts the swaps of
     either (it keys the answer cache).
     `loader` also builds each worker's context, so it must pickle (`work.ContextLoader`).
+    `bundle_sync`, when given, runs before each load: when the database's active version is the
+    one in use, the load is skipped (no bundle is re-read every poll).
     """
 
-    def __init__(self, context_loader: work.ContextLoader) -> None:
+    def __init__(self, context_loader: work.ContextLoader,
+                 bundle_sync: BundleSync | None = None) -> None:
         self.loader = context_loader
+        self.bundle_sync = bundle_sync
         self.context: planner.PlannerContext | None = None
         self.calibration = calibrating.Calibration()
         self.calibration_generation = 0
@@ -108,8 +147,25 @@ class ServiceState:
         self.scaling: scaling.FittedScaling = scaling.ANALYTIC
         self.scaling_stale = False
 
+    @property
+    def bundle_version(self) -> int | None:
+        """The database version of the bundle in use; None for a file bundle or none loaded."""
+        context = self.context
+        return None if context is None else selection.bundle_version_of(context.predictor_source)
+
     def load(self) -> bool:
         """(Re)load; returns True when a different bundle is now in use."""
+        if self.bundle_sync is not None:
+            try:
+                active = self.bundle_sync()
+            except Exception:  # the database is down: serve what the cache points at
+                log.exception("asking the performance database for its active bundle failed")
+                if self.context is not None:
+                    return False
+            else:
+                if active is not None and self.context is not None \
+                        and active == self.bundle_version:
+                    return False
         new = self.loader()
         old = self.context
         if old is not None and old.predictor_source == new.predictor_source:
@@ -159,19 +215,45 @@ CoverageSource = Callable[[], Mapping[str, tuple[int, datetime | None]]]
 """Per device key: (measurement rows, end of the newest finished benchmark run) — `PerfStore`."""
 
 
+def bundle_heldout_rows(manifest: Mapping[str, Any]) -> dict[str, int]:
+    """Per device: held-out rows of the manifest's random-split metrics, over all kernels
+    (``metrics[kernel]["random_split_by_device"][device]["rows"]``)."""
+    out: dict[str, int] = {}
+    metrics = manifest.get("metrics")
+    for per_kernel in (metrics.values() if isinstance(metrics, Mapping) else ()):
+        by_device = per_kernel.get("random_split_by_device") if isinstance(
+            per_kernel, Mapping) else None
+        for device, m in (by_device.items() if isinstance(by_device, Mapping) else ()):
+            rows = m.get("rows") if isinstance(m, Mapping) else None
+            if isinstance(rows, int | float) and not isinstance(rows, bool):
+                out[str(device)] = out.get(str(device), 0) + int(rows)
+    return out
+
+
 def coverage_json(
     stored: Mapping[str, tuple[int, datetime | None]], bundle_devices: Iterable[str],
-    catalog_keys: Iterable[str],
+    catalog_keys: Iterable[str], *, bundle_rows: Mapping[str, int] | None = None,
+    bundle_version: int | None = None,
 ) -> dict[str, Any]:
-    """`GET /v1/coverage`: every catalog, bundle or database device, so absence means 0 rows."""
+    """`GET /v1/coverage`: every catalog, bundle or database device, so absence means 0 rows;
+    `bundle_rows` per device from `bundle_heldout_rows`."""
     in_bundle = set(bundle_devices)
+    held_out = bundle_rows or {}
     out: dict[str, Any] = {}
     for key in sorted({*catalog_keys, *in_bundle, *stored}):
         rows, newest = stored.get(key, (0, None))
         out[key] = {"measurements": rows,
                     "newest_run_unix": newest.timestamp() if newest is not None else None,
-                    "in_bundle": key in in_bundle}
-    return {"devices": out}
+                    "in_bundle": key in in_bundle,
+                    "bundle_heldout_rows": int(held_out.get(key, 0))}
+    return {"bundle_version": bundle_version, "devices": out}
+
+
+def with_bundle_version(body: bytes, version: int | None) -> bytes:
+    """A 200 answer document with ``bundle_version`` added at its top level."""
+    document = json.loads(body)
+    document["bundle_version"] = version
+    return json.dumps(document).encode("utf-8")
 
 
 def make_app(
@@ -182,9 +264,11 @@ def make_app(
     coverage_source: CoverageSource | None = None,
     outcome_history: OutcomeHistory | None = None,
     scaling_history: ScalingHistory | None = None,
+    bundle_activator: BundleActivator | None = None,
 ) -> web.Application:
     """The service; without `outcome_history` (no database) predictions stay uncalibrated,
-    without `scaling_history` multi-GPU plans use the analytic scaling model."""
+    without `scaling_history` multi-GPU plans use the analytic scaling model, without
+    `bundle_activator` the activate endpoint answers 503."""
     metrics = Metrics(registry or CollectorRegistry())
     metrics.calibration_stale.set_function(lambda: float(state.calibration_stale))
     metrics.calibration_outcomes.set_function(lambda: state.calibration.overall.outcomes)
@@ -296,8 +380,10 @@ def make_app(
                                         request.remote),
             deadline=deadline)
         found = await front_box[0].answer(ask)
-        return web.Response(body=found.body, status=found.status,
-                            content_type="application/json")
+        body = found.body
+        if found.status == 200:  # the version of the bundle the workers answered with
+            body = with_bundle_version(body, selection.bundle_version_of(ask.bundle))
+        return web.Response(body=body, status=found.status, content_type="application/json")
 
     async def plans(request: web.Request) -> web.Response:
         return await estimation("plans", request)
@@ -352,8 +438,44 @@ def make_app(
         except TimeoutError:
             return _json_error(504, "Timeout", "coverage query timed out")
         bundle = context.manifest.get("devices") or []
-        return web.json_response(coverage_json(stored, [str(d) for d in bundle],
-                                               context.catalog.keys()))
+        return web.json_response(coverage_json(
+            stored, [str(d) for d in bundle], context.catalog.keys(),
+            bundle_rows=bundle_heldout_rows(context.manifest),
+            bundle_version=selection.bundle_version_of(context.predictor_source)))
+
+    async def activate(request: web.Request) -> web.Response:
+        if bundle_activator is None:
+            return _json_error(503, "NotReady", "no performance database configured")
+        version = int(request.match_info["version"])  # the route admits digits only
+        body = await request.read()
+        if len(body) > MAX_OUTCOME_BODY_BYTES:
+            return _json_error(413, "RequestTooLarge",
+                               f"an activate request is at most {MAX_OUTCOME_BODY_BYTES} bytes")
+        try:
+            reason = wire.parse_activate_request(work.decode_json(body) if body.strip()
+                                                 else None)
+        except InvalidRequestError as exc:
+            if exc.field == "body":
+                return _json_error(400, "InvalidJSON", str(exc))
+            return _reply(work.invalid_request_reply(exc))
+        if version > wire.MAX_BUNDLE_VERSION:
+            return _json_error(404, "NotFound", f"no model bundle version {version}")
+        activator = bundle_activator
+        try:
+            active = await in_threads(lambda: activator(version, reason))
+        except LookupError as exc:
+            return _json_error(404, "NotFound", str(exc))
+        except DatabaseError as exc:
+            return _json_error(503, "DatabaseUnavailable", str(exc))
+        except TimeoutError:
+            return _json_error(504, "Timeout", "activating the bundle timed out")
+        try:  # serve it now rather than at the next poll
+            await in_threads(state.load)
+        except Exception:  # activated all the same; the next poll retries the reload
+            log.exception("reloading the newly activated bundle %d failed", active)
+        log.info("bundle version %d activated (%s)", active, reason or "no reason given")
+        return web.json_response({"active_version": active,
+                                  "serving_version": state.bundle_version})
 
     async def models(_: web.Request) -> web.Response:
         context = state.context
@@ -362,6 +484,7 @@ def make_app(
         fitted = state.calibration
         return web.json_response({
             **context.describe(),
+            "bundle_version": selection.bundle_version_of(context.predictor_source),
             "calibration": {"outcomes": fitted.overall.outcomes,
                             "stale": state.calibration_stale,
                             "factors": dict(calibrating.summary(fitted))},
@@ -426,6 +549,7 @@ def make_app(
     app.router.add_post("/v1/outcomes", outcomes)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/coverage", coverage)
+    app.router.add_post(r"/v1/models/{version:\d{1,30}}/activate", activate)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

@@ -333,6 +333,28 @@ def parse_estimate_request(body: Any) -> EstimateRequest:
                            model_hf_config=_hf_config(valid))
 
 
+MAX_ACTIVATE_REASON_CHARS = 4000
+"""Longest reason stored with an activation (the database's limit too)."""
+MAX_BUNDLE_VERSION = 2**31 - 1
+"""Versions are the database's INTEGER keys; a larger path number cannot name one."""
+
+
+class ActivateBody(_Body):
+    """`POST /v1/models/{version}/activate`: why (optional; the body may be absent)."""
+
+    reason: str = Field("", max_length=MAX_ACTIVATE_REASON_CHARS,
+                        description="Stored with the activation, e.g. \"rollback: v8 "
+                                    "underestimates H100\".")
+
+
+def parse_activate_request(body: Any) -> str:
+    """The reason of an activate request (None, an absent body: no reason)."""
+    if body is None:
+        return ""
+    valid: ActivateBody = _validated(ActivateBody, body)
+    return valid.reason
+
+
 def parse_outcome_request(body: Any) -> OutcomeRequest:
     """Validate a decoded job outcome body; InvalidFieldsError lists every bad field."""
     valid: OutcomeBody = _validated(OutcomeBody, body)

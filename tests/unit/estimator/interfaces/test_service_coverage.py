@@ -37,12 +37,16 @@ async def _get(source: service.CoverageSource | None) -> tuple[int, dict[str, An
 
 
 def test_coverage_json_lists_catalog_bundle_and_database_devices() -> None:
-    got = service.coverage_json({"l4": (7, NEWEST), "custom-gpu": (2, None)}, ["t4"],
-                                ["t4", "l4", "h100-sxm-80gb"])["devices"]
+    doc = service.coverage_json({"l4": (7, NEWEST), "custom-gpu": (2, None)}, ["t4"],
+                                ["t4", "l4", "h100-sxm-80gb"], bundle_rows={"t4": 40},
+                                bundle_version=5)
+    assert doc["bundle_version"] == 5
+    got = doc["devices"]
     assert list(got) == ["custom-gpu", "h100-sxm-80gb", "l4", "t4"]
     assert got["l4"] == {"measurements": 7, "newest_run_unix": NEWEST.timestamp(),
-                         "in_bundle": False}
-    assert got["t4"] == {"measurements": 0, "newest_run_unix": None, "in_bundle": True}
+                         "in_bundle": False, "bundle_heldout_rows": 0}
+    assert got["t4"] == {"measurements": 0, "newest_run_unix": None, "in_bundle": True,
+                         "bundle_heldout_rows": 40}
     assert got["custom-gpu"]["measurements"] == 2
     assert got["h100-sxm-80gb"]["measurements"] == 0
 
@@ -59,7 +63,8 @@ def test_endpoint_reads_a_real_sqlite_database(tmp_path: pathlib.Path) -> None:
     status, body = asyncio.run(_get(serving.perfdb_coverage_source(url)))
     assert status == 200, body
     assert body["devices"]["l4"] == {"measurements": 2, "newest_run_unix": NEWEST.timestamp(),
-                                     "in_bundle": False}
+                                     "in_bundle": False, "bundle_heldout_rows": 0}
+    assert body["bundle_version"] is None  # a file (here: no) bundle, not the database's
     assert body["devices"]["t4"]["in_bundle"] is True
     assert body["devices"]["h100-sxm-80gb"]["measurements"] == 0
 
@@ -73,3 +78,23 @@ def test_without_a_database_or_when_it_fails_the_answer_is_503() -> None:
     status, body = asyncio.run(_get(broken))
     assert status == 503 and body["error"]["reason"] == "DatabaseUnavailable"
     assert "unreachable" in body["error"]["message"]
+
+
+def test_bundle_heldout_rows_sum_the_manifests_random_split_rows_per_device() -> None:
+    manifest = {"metrics": {
+        "gemm": {"random_split_by_device": {"t4": {"rows": 30.0, "mape_pct": 9.0},
+                                            "l4": {"rows": 12.0}}},
+        "conv2d": {"random_split_by_device": {"t4": {"rows": 10.0}}},
+        "pool": {"random_split": {"rows": 99.0}},  # no per-device split: counts nothing
+        "bad": "not an object"}}
+    assert service.bundle_heldout_rows(manifest) == {"t4": 40, "l4": 12}
+    assert service.bundle_heldout_rows({}) == {}
+
+
+def test_shipped_bundle_counts_rows_for_every_gpu_it_was_trained_on() -> None:
+    from gpuplan_estimator.models import bundles
+
+    manifest = bundles.read_manifest(bundles.SHIPPED_BUNDLE)
+    rows = service.bundle_heldout_rows(manifest)
+    gpus = [d for d in manifest["devices"] if d != "cpu"]
+    assert gpus and all(rows.get(d, 0) > 0 for d in gpus), rows

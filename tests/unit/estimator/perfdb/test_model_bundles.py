@@ -1,0 +1,77 @@
+"""Model bundles in the performance database (issue #17, migration 0006) on SQLite: an existing
+database upgrades with its rows kept, the store contract (provenance, one active, rollback,
+named unknown versions, refused bad bundles, the index behind the invariant), racing activations.
+The same contract runs on PostgreSQL in `test_model_bundles_postgres.py`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from gpuplan_estimator.perfdb import connections
+from gpuplan_estimator.perfdb.store import PerfStore
+from gpuplan_testing import bundle_store_contract as contract
+from gpuplan_testing.bundle_builders import tiny_bundle
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[PerfStore]:
+    with PerfStore.open(f"sqlite:///{tmp_path / 'perf.db'}") as s:
+        yield s
+
+
+@pytest.mark.parametrize("name", sorted(contract.CONTRACT))
+def test_bundle_contract_on_sqlite(store: PerfStore, tmp_path: Path, name: str) -> None:
+    contract.CONTRACT[name](store, tmp_path)
+
+
+def test_migration_0006_on_an_existing_database_keeps_its_rows(tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = connections.create(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(connections.MIGRATIONS_DIR))
+    with old.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0005")
+        conn.execute(text(
+            "insert into job_outcomes (job_uid, device, gpu_count, estimated_seconds, "
+            "actual_seconds, model_digest, created_at) values ('old', 't4', 1, 10.0, 12.0, "
+            "'d', '2025-01-01')"))
+        conn.execute(text(
+            "insert into model_versions (created_at, data_digest, metrics_json, bundle_path) "
+            "values ('2025-01-01', 'sha256:0', '{}', '/b')"))
+    old.dispose()
+    with PerfStore.open(url) as store:
+        with store.engine.connect() as conn:
+            assert conn.execute(text("select version_num from alembic_version")).scalar() == "0006"
+        assert store.job_outcomes()["job_uid"].tolist() == ["old"]
+        assert len(store.model_versions()) == 1
+        assert store.bundles() == []
+        version = store.add_bundle(tiny_bundle(tmp_path / "b"), state="active")
+        assert store.active_version() == version == 1
+
+
+def test_versions_are_never_reused(tmp_path: Path) -> None:
+    """AUTOINCREMENT: even after the newest row is gone, the next version is a new number."""
+    url = f"sqlite:///{tmp_path / 'perf.db'}"
+    with PerfStore.open(url) as store:
+        v1 = store.add_bundle(tiny_bundle(tmp_path / "b"))
+        with store.engine.begin() as conn:
+            conn.execute(text(f"delete from model_bundles where version = {v1}"))
+        assert store.add_bundle(tmp_path / "b") == v1 + 1
+
+
+def test_racing_activations_on_one_sqlite_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'perf.db'}"
+    stores = [PerfStore.open(url), PerfStore.open(url)]
+    try:
+        contract.contract_racing_activations_leave_one_active(stores, tmp_path)
+    finally:
+        for s in stores:
+            s.close()

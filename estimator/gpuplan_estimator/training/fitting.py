@@ -253,6 +253,7 @@ def train_bundle(
         "created": created, "command": command, "commit": commit,
         "data_digest": data_digest(pd.concat([frame, probe_frame])), "rows": len(frame),
         "devices": sorted(frame["device"].unique()), "backends": backends,
+        "device_rows": device_rows(frame, probe_frame),
         "device_backends": {str(k): str(v) for k, v in device_backends.items()},
         "default_backends": _default_backends(frame, platform),
         "backward_factors": factors,
@@ -267,6 +268,13 @@ def train_bundle(
     bundle = Bundle(models=models, manifest=manifest, transfer_models=transfer,
                     cpu_models=cpu_models)
     return with_probes(bundle, probe_frame, resolve)
+
+
+def device_rows(fitted: pd.DataFrame, probes: pd.DataFrame) -> dict[str, int]:
+    """Per device key: the rows the bundle learned it from (fitted rows after the per-kernel
+    cap, plus probe rows), what `/v1/coverage` reports as ``bundle_rows``."""
+    counts = pd.concat([fitted["device"], probes["device"]]).value_counts()
+    return {str(d): int(n) for d, n in sorted(counts.items())}
 
 
 def with_probes(fitted: Bundle, probe_frame: pd.DataFrame,

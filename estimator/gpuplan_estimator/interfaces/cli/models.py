@@ -1,6 +1,7 @@
-"""`gpuplan models list|show|add|activate`: the model bundles stored in the performance
+"""`gpuplan models list|show|add|activate|promote`: the model bundles stored in the performance
 database (issue #17). The estimator service serves the active one and reloads within its
-bundle poll; activating an older version is the rollback."""
+bundle poll; activating an older version is the rollback; `promote` activates a candidate only
+when the promotion gate (`training.gating`) finds it no worse than the active one."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.exit_codes import ExitCode
 from gpuplan_estimator.interfaces.cli import arguments, output
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.perfdb.store import StoredBundle
+from gpuplan_estimator.training import gating
 
 MAX_VERSION = 2**31 - 1
 """Versions are the database's INTEGER keys."""
@@ -63,6 +66,19 @@ def register(sub: Any) -> None:
     act.add_argument("--reason", default="", help="why, stored with the activation")
     common(act)
     act.set_defaults(func=run_activate)
+
+    promote = actions.add_parser(
+        "promote", help="activate VERSION only if the promotion gate passes (exit 3: refused)",
+        description="Compare candidate VERSION with the active bundle (random-split and "
+        "leave-one-GPU-out held-out MAPE per kernel, from their manifests) and activate it "
+        "only if it is no worse on every measure. Exit 0: promoted; 3: refused, the reason "
+        "names the failing measure.")
+    promote.add_argument("version", type=arguments.count_up_to(MAX_VERSION), metavar="VERSION",
+                         help="candidate bundle version (gpuplan models list)")
+    promote.add_argument("--force", action="store_true",
+                         help="activate without running the gate")
+    common(promote)
+    promote.set_defaults(func=run_promote)
 
 
 def bundle_row(b: StoredBundle) -> list[str]:
@@ -147,3 +163,62 @@ def run_activate(args: argparse.Namespace) -> int:
         output.note(args.output, "estimator services with this database serve it within "
                     "their bundle poll (gpuplan serve --bundle-poll)")
     return 0
+
+
+OUTCOMES_SKIPPED = ("job outcome rows carry neither the trained model's graph nor the bundle "
+                    "that estimated them, so neither bundle can re-estimate those jobs")
+"""Why the gate's job-outcome measure is skipped (`PerfStore.job_outcomes` columns)."""
+
+
+def gate(store: PerfStore, version: int) -> gating.Decision:
+    """The promotion gate's decision for candidate `version` against the active bundle."""
+    from gpuplan_estimator.models import bundles  # LightGBM-free, but only promote needs it
+
+    _, data = store.bundle(version)
+    candidate = bundles.packed_manifest(data)
+    active = store.active_bundle()
+    if active is not None and active[0] == version:
+        return gating.Decision(False, f"version {version} is already the active bundle", ())
+    return gating.decide(candidate, None if active is None else bundles.packed_manifest(active[1]),
+                         outcomes_skipped=OUTCOMES_SKIPPED)
+
+
+def promote(store: PerfStore, version: int, *, force: bool) -> tuple[gating.Decision, bool]:
+    """Run the gate (unless `force`) and activate `version` on a pass; (decision, activated).
+
+    The activation stores the gate's reason; a refused candidate stays a candidate.
+    """
+    decision = (gating.Decision(True, "forced: the gate was skipped", ()) if force
+                else gate(store, version))
+    reason = f"promotion gate: {decision.reason}"[:4000]
+    if decision.promote:
+        store.activate(version, reason)
+    return decision, decision.promote
+
+
+def emit_decision(args: argparse.Namespace, version: int, decision: gating.Decision) -> None:
+    """Print the gate's decision (a table of checks, or a GateDecision document)."""
+    if output.is_document(args.output):
+        output.emit_document(output.document("GateDecision", {
+            "version": version, **decision.as_dict()}), args.output)
+        return
+    verdict = "promoted" if decision.promote else "refused"
+    output.print_lines([f"version {version}: {verdict}: {decision.reason}"])
+    if decision.checks:
+        output.render_table(
+            (output.Column("MEASURE"), output.Column("SCOPE"),
+             output.Column("CANDIDATE %", numeric=True), output.Column("ACTIVE %", numeric=True),
+             output.Column("OK")),
+            [[c.measure, c.scope, "-" if c.candidate_pct is None else f"{c.candidate_pct:.2f}",
+              f"{c.active_pct:.2f}", "yes" if c.passed else "NO"] for c in decision.checks],
+            wide=args.output == "wide")
+    for line in decision.skipped:
+        output.print_lines([f"skipped: {line}"])
+
+
+def run_promote(args: argparse.Namespace) -> int:
+    """`gpuplan models promote VERSION [--force]`; 0 promoted, 3 refused."""
+    with PerfStore.open(args.db) as store:
+        decision, promoted = promote(store, args.version, force=args.force)
+    emit_decision(args, args.version, decision)
+    return int(ExitCode.OK if promoted else ExitCode.INFEASIBLE)

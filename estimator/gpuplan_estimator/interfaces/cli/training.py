@@ -2,6 +2,8 @@
 
 ``--shipped`` rebuilds the shipped default bundle from ``$GPUPLAN_SHARED_DATA/gpu-ops``
 (default ``../shared/data`` next to the repo) plus the CPU measurements in the package data.
+``--db URL --candidate`` trains from the database's rows and stores the bundle there as a
+candidate (issue #17); ``--promote`` then runs the promotion gate (exit 0 promoted, 3 refused).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import dataclasses
 import math
 import shlex
+import tempfile
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -17,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan_estimator.core import errors, provenance
+from gpuplan_estimator.core.exit_codes import ExitCode
+from gpuplan_estimator.interfaces.cli import models as models_cli
 from gpuplan_estimator.interfaces.cli import output, progress
 from gpuplan_estimator.models import bundles
 from gpuplan_estimator.training import fitting, recipe, report, sources
@@ -44,6 +49,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-rows", type=int, default=recipe.SHIPPED_MAX_ROWS, metavar="ROWS",
                    help="subsample cap per kernel, in rows (default %(default)s)")
     p.add_argument("--no-validate", action="store_true", help="skip held-out validation")
+    p.add_argument("--db", default=None, metavar="URL",
+                   help="performance database: its rows are a training source, and "
+                   "--candidate stores the bundle there")
+    p.add_argument("--candidate", action="store_true",
+                   help="store the bundle in --db's model_bundles as a candidate (needs --db)")
+    p.add_argument("--promote", action="store_true",
+                   help="after --candidate: run the promotion gate and activate the candidate "
+                   "only if it is no worse than the active bundle (exit 3: refused)")
     progress.add_flag(p)
     output.add_output_argument(p)
     p.set_defaults(func=run)
@@ -51,8 +64,15 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Fit a bundle from the named sources (or the shipped recipe) and save it."""
-    sources = list(args.data)
+    sources = list(args.data) + ([args.db] if args.db else [])
     out: Path | None = args.out
+    if (args.candidate or args.promote) and not args.db:
+        raise errors.InvalidRequestError("--db", "--candidate and --promote need --db URL")
+    if args.promote and not args.candidate:
+        raise errors.InvalidRequestError("--promote", "gates a new candidate: add --candidate")
+    if args.candidate and args.no_validate:
+        raise errors.InvalidRequestError(
+            "--no-validate", "a candidate needs held-out metrics for the promotion gate")
     if args.shipped:
         sources = recipe.shipped_sources() + sources
         out = out or bundles.SHIPPED_BUNDLE
@@ -74,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     elapsed_s = round(time.perf_counter() - start_s, 1)
     fitted = dataclasses.replace(
         fitted, manifest={**fitted.manifest, "training_seconds": elapsed_s})
+    if args.candidate:
+        return _store_candidate(args, fitted, out, rows=len(frame))
     out = out or bundles.default_data_dir() / datetime.now().strftime("bundle-%Y%m%dT%H%M%S")
     bundles.save_bundle(fitted, out)
     metrics = fitted.manifest.get("metrics", {})
@@ -96,15 +118,56 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_candidate(args: argparse.Namespace, fitted: bundles.Bundle, out: Path | None, *,
+                     rows: int) -> int:
+    """Save the bundle (to --out, else a scratch dir), store it as a candidate in --db, and
+    with --promote gate it; 0 stored or promoted, 3 refused."""
+    from gpuplan_estimator.perfdb import PerfStore  # SQLAlchemy only for database commands
+
+    with tempfile.TemporaryDirectory(prefix="gpuplan-candidate-") as scratch:
+        directory = bundles.save_bundle(fitted, out or Path(scratch) / "bundle")
+        with PerfStore.open(args.db) as store:
+            version = store.add_bundle(directory, state="candidate",
+                                       reason="gpuplan train --candidate")
+            decision = models_cli.promote(store, version, force=False)[0] if args.promote \
+                else None
+    if decision is not None:
+        models_cli.emit_decision(args, version, decision)
+        return int(ExitCode.OK if decision.promote else ExitCode.INFEASIBLE)
+    if output.is_document(args.output):
+        output.emit_document(output.document("CandidateBundle", {
+            "version": version, "rows": rows, "kernels": sorted(fitted.models),
+            "device_rows": fitted.manifest.get("device_rows", {}),
+            "metrics": fitted.manifest.get("metrics", {})}), args.output)
+        return 0
+    print(f"stored candidate bundle version {version} ({rows} rows); promote it with "
+          f"`gpuplan models promote {version}`")
+    return 0
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The equivalent `gpuplan train` command, recorded in the manifest."""
     parts = ["gpuplan", "train", *(["--shipped"] if args.shipped else [])]
     for source in args.data:
         parts += ["--data", source]
+    if args.db:
+        parts += ["--db", _redacted(args.db)]
+    parts += [*(["--candidate"] if args.candidate else []),
+              *(["--promote"] if args.promote else [])]
     if args.out is not None and not args.shipped:
         parts += ["--out", str(args.out)]
     parts += ["--seed", str(args.seed), "--max-rows", str(args.max_rows)]
     return shlex.join(parts) + (" --no-validate" if args.no_validate else "")
+
+
+def _redacted(url: str) -> str:
+    """A database URL without its password (the command is stored in the manifest)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy parses: keep only the scheme
+        return url.split("://", 1)[0] + "://..."
 
 
 def load_sources(names: Sequence[str]) -> Any:

@@ -288,10 +288,11 @@ class DeviceCoverage(_Response):
     measurements: int = Field(description="Benchmark rows in the performance database.")
     newest_run_unix: float | None = Field(description="End of the newest finished run.")
     in_bundle: bool = Field(description="The model bundle has learned latency models for it.")
-    bundle_heldout_rows: int = Field(
-        description="This device's held-out rows in the bundle manifest's random-split "
-                    "metrics, summed over kernels (0: none); the manifest records no per-device "
-                    "training rows, and these are what its accuracy for the device rests on.")
+    bundle_rows: int = Field(
+        description="Rows the served bundle was trained on for this device (0: none), from "
+                    "its manifest's device_rows (bundles trained since issue #17). Older "
+                    "bundles record no per-device training rows: for them this is the device's "
+                    "held-out rows in the manifest's random-split metrics, summed over kernels.")
 
 
 class CoverageResponse(_Response):

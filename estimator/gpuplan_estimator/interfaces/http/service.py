@@ -230,22 +230,33 @@ def bundle_heldout_rows(manifest: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
+def bundle_training_rows(manifest: Mapping[str, Any]) -> dict[str, int]:
+    """Per device: the rows the bundle was trained on (the manifest's ``device_rows``, written
+    by `gpuplan train` since issue #17); bundles from before it fall back to
+    `bundle_heldout_rows`, the held-out rows their accuracy for the device rests on."""
+    rows = manifest.get("device_rows")
+    if not isinstance(rows, Mapping):
+        return bundle_heldout_rows(manifest)
+    return {str(d): int(n) for d, n in rows.items()
+            if isinstance(n, int | float) and not isinstance(n, bool)}
+
+
 def coverage_json(
     stored: Mapping[str, tuple[int, datetime | None]], bundle_devices: Iterable[str],
     catalog_keys: Iterable[str], *, bundle_rows: Mapping[str, int] | None = None,
     bundle_version: int | None = None,
 ) -> dict[str, Any]:
     """`GET /v1/coverage`: every catalog, bundle or database device, so absence means 0 rows;
-    `bundle_rows` per device from `bundle_heldout_rows`."""
+    `bundle_rows` per device from `bundle_training_rows`."""
     in_bundle = set(bundle_devices)
-    held_out = bundle_rows or {}
+    trained = bundle_rows or {}
     out: dict[str, Any] = {}
     for key in sorted({*catalog_keys, *in_bundle, *stored}):
         rows, newest = stored.get(key, (0, None))
         out[key] = {"measurements": rows,
                     "newest_run_unix": newest.timestamp() if newest is not None else None,
                     "in_bundle": key in in_bundle,
-                    "bundle_heldout_rows": int(held_out.get(key, 0))}
+                    "bundle_rows": int(trained.get(key, 0))}
     return {"bundle_version": bundle_version, "devices": out}
 
 
@@ -440,7 +451,7 @@ def make_app(
         bundle = context.manifest.get("devices") or []
         return web.json_response(coverage_json(
             stored, [str(d) for d in bundle], context.catalog.keys(),
-            bundle_rows=bundle_heldout_rows(context.manifest),
+            bundle_rows=bundle_training_rows(context.manifest),
             bundle_version=selection.bundle_version_of(context.predictor_source)))
 
     async def activate(request: web.Request) -> web.Response:

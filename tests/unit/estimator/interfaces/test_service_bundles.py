@@ -72,7 +72,7 @@ def test_a_newly_activated_bundle_is_served_within_one_poll(tmp_path: Path) -> N
         responses.CoverageResponse.model_validate(coverage)
         assert coverage["bundle_version"] == v1
         assert coverage["devices"]["t4"]["in_bundle"] is True
-        assert coverage["devices"]["t4"]["bundle_heldout_rows"] == 60
+        assert coverage["devices"]["t4"]["bundle_rows"] == 60
         assert coverage["devices"]["l4"]["in_bundle"] is False
 
         store.activate(v2, "promoted")  # another process (gpuplan models activate)
@@ -94,7 +94,7 @@ def test_a_newly_activated_bundle_is_served_within_one_poll(tmp_path: Path) -> N
         coverage = await _json(client, "get", "/v1/coverage")
         assert coverage["bundle_version"] == v2
         assert coverage["devices"]["l4"] == {**coverage["devices"]["l4"], "in_bundle": True,
-                                             "bundle_heldout_rows": 60}
+                                             "bundle_rows": 60}
 
     _serve(tmp_path, check)
 

@@ -44,9 +44,9 @@ def test_coverage_json_lists_catalog_bundle_and_database_devices() -> None:
     got = doc["devices"]
     assert list(got) == ["custom-gpu", "h100-sxm-80gb", "l4", "t4"]
     assert got["l4"] == {"measurements": 7, "newest_run_unix": NEWEST.timestamp(),
-                         "in_bundle": False, "bundle_heldout_rows": 0}
+                         "in_bundle": False, "bundle_rows": 0}
     assert got["t4"] == {"measurements": 0, "newest_run_unix": None, "in_bundle": True,
-                         "bundle_heldout_rows": 40}
+                         "bundle_rows": 40}
     assert got["custom-gpu"]["measurements"] == 2
     assert got["h100-sxm-80gb"]["measurements"] == 0
 
@@ -63,7 +63,7 @@ def test_endpoint_reads_a_real_sqlite_database(tmp_path: pathlib.Path) -> None:
     status, body = asyncio.run(_get(serving.perfdb_coverage_source(url)))
     assert status == 200, body
     assert body["devices"]["l4"] == {"measurements": 2, "newest_run_unix": NEWEST.timestamp(),
-                                     "in_bundle": False, "bundle_heldout_rows": 0}
+                                     "in_bundle": False, "bundle_rows": 0}
     assert body["bundle_version"] is None  # a file (here: no) bundle, not the database's
     assert body["devices"]["t4"]["in_bundle"] is True
     assert body["devices"]["h100-sxm-80gb"]["measurements"] == 0
@@ -95,6 +95,16 @@ def test_shipped_bundle_counts_rows_for_every_gpu_it_was_trained_on() -> None:
     from gpuplan_estimator.models import bundles
 
     manifest = bundles.read_manifest(bundles.SHIPPED_BUNDLE)
-    rows = service.bundle_heldout_rows(manifest)
+    rows = service.bundle_training_rows(manifest)  # the shipped one predates device_rows
     gpus = [d for d in manifest["devices"] if d != "cpu"]
     assert gpus and all(rows.get(d, 0) > 0 for d in gpus), rows
+
+
+def test_bundle_rows_are_the_manifests_device_rows_when_it_has_them() -> None:
+    held_out_only = {"metrics": {"gemm": {"random_split_by_device": {"t4": {"rows": 30.0}}}}}
+    trained = {**held_out_only, "device_rows": {"t4": 1500, "l4": 80}}
+    assert service.bundle_training_rows(trained) == {"t4": 1500, "l4": 80}
+    assert service.bundle_training_rows(held_out_only) == {"t4": 30}  # an older bundle
+    doc = service.coverage_json({}, ["t4", "l4"], [],
+                                bundle_rows=service.bundle_training_rows(trained))
+    assert doc["devices"]["l4"]["bundle_rows"] == 80

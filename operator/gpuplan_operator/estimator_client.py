@@ -72,10 +72,21 @@ def parse_plan(body: Mapping[str, Any], *, generation: int) -> resources.Plan:
             parallelism=_parallelism(p.get("parallelism"), gpu_count=int(p["gpu_count"])),
             strategy=_strategy(p.get("strategy")),
             memory_bytes_by_part=_memory_parts(p.get("memory")),
+            bundle_version=_bundle_version(body.get("bundle_version")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.EstimatorProtocolError(
             f"estimator plan response: bad or missing {exc}") from exc
+
+
+def _bundle_version(raw: Any) -> int | None:
+    """The answer's top-level `bundle_version`: a positive integer, or null/absent (a file
+    bundle, or an estimator that predates database bundles)."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(f"bundle_version: need a positive integer or null, got {raw!r}")
+    return raw
 
 
 def _calibration_factor(calibration: Any) -> float:

@@ -256,7 +256,7 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
     ctx.metrics.count_request("ok")
     plan = estimator_client.with_planned_steps(plan, spec.training)
     message = (f"{plan.gpu_count}x {plan.gpu_type} ({plan.nodes} node(s)), "
-               f"estimated {plan.estimated_seconds:.0f}s, predictor {plan.predictor}")
+               f"estimated {plan.estimated_seconds:.0f}s, {plan.predictor_summary()}")
     if plan.setup_summary():
         # The strategy is what the trainer must honour (GPUPLAN_* env) for the plan to fit.
         message += f"; {plan.setup_summary()}"

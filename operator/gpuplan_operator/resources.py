@@ -260,6 +260,9 @@ class Plan:
     memory_bytes_by_part: Mapping[str, int] | None = None
     """Per-GPU bytes by part under the strategy, keyed as the estimator sends them
     (`parameters_bytes`, ..., `host_bytes` offloaded to host memory, `total_bytes`)."""
+    bundle_version: int | None = None
+    """The performance database's model bundle version that estimated the plan (issue #17);
+    None for a file bundle, an estimator that predates bundle versions, or an older plan."""
 
     def setup_summary(self) -> str:
         """The layout and strategy for people, e.g. "dp=8 tp=1 pp=1, zero-2 + accumulate x2";
@@ -272,6 +275,12 @@ class Plan:
             label = self.strategy.label
             parts.append("no memory-saving strategy" if label == NO_STRATEGY_LABEL else label)
         return ", ".join(parts)
+
+    def predictor_summary(self) -> str:
+        """E.g. "predictor learned, bundle version 4" (no version: the predictor alone)."""
+        text = f"predictor {self.predictor}"
+        return text if self.bundle_version is None else \
+            f"{text}, bundle version {self.bundle_version}"
 
     @property
     def multi_node(self) -> bool:
@@ -293,6 +302,8 @@ class Plan:
         }
         if self.cost_usd is not None:
             out["costUsd"] = self.cost_usd
+        if self.bundle_version is not None:
+            out["bundleVersion"] = self.bundle_version
         inputs = self.scaling_inputs.present()
         if inputs:
             out["scalingInputs"] = {SCALING_INPUT_KEYS[k]: v for k, v in inputs.items()}
@@ -331,6 +342,9 @@ class Plan:
             memory_bytes_by_part=(
                 {memory_part_name(k): int(v) for k, v in data["memoryBytesByPart"].items()}
                 if data.get("memoryBytesByPart") is not None else None),
+            # Plans stored before issue #17's database bundles carry none.
+            bundle_version=(int(data["bundleVersion"]) if data.get("bundleVersion") is not None
+                            else None),
         )
 
 

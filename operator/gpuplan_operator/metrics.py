@@ -10,7 +10,7 @@ from typing import Any
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpuplan_operator import benchmarks
+from gpuplan_operator import benchmarks, retraining
 
 # Drift is a ratio around 1: buckets are symmetric in log scale.
 DRIFT_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
@@ -64,6 +64,13 @@ class OperatorMetrics:
             "Benchmark Jobs that finished, by GPU type and outcome (succeeded, failed, "
             "budget_spent: stopped by --budget-minutes, resumed by the next Job)",
             ["gpu_type", "outcome"], registry=registry)
+        self.retraining_jobs = Counter(
+            "gpuplan_retraining_jobs",
+            "Training Jobs (gpuplan train --candidate --promote) that finished, by outcome "
+            "(promoted, refused: the promotion gate kept the active bundle, failed)",
+            ["outcome"], registry=registry)
+        for outcome in retraining.Outcome.ALL:  # from 0, so increase() sees the first one
+            self.retraining_jobs.labels(outcome)
         # Per-job label sets: (namespace, trainingjob) → (gpu_type, when it finished or None).
         self._jobs: dict[tuple[str, str], tuple[str, datetime.datetime | None]] = {}
 
@@ -84,6 +91,10 @@ class OperatorMetrics:
     def count_benchmark_job(self, gpu_type: str, outcome: str) -> None:
         """Count one finished benchmark Job by its `benchmarks.Outcome`."""
         self.benchmark_jobs.labels(gpu_type, outcome).inc()
+
+    def count_retraining_job(self, outcome: str) -> None:
+        """Count one finished training Job by its `retraining.Outcome`."""
+        self.retraining_jobs.labels(outcome).inc()
 
     def observe_plan(self, namespace: str, name: str, gpu_type: str, seconds: float) -> None:
         """Record the estimated seconds of a new plan (a re-plan replaces the old labels)."""

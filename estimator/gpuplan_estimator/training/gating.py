@@ -95,8 +95,9 @@ def _mape(entry: Any) -> float | None:
 
 def _rows(entry: Any) -> float:
     value = entry.get("rows") if isinstance(entry, Mapping) else None
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-    return float(value) if ok else 1.0
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return 1.0
 
 
 def _metrics(manifest: Mapping[str, Any]) -> Mapping[str, Any]:

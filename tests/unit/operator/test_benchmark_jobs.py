@@ -198,7 +198,9 @@ def _app(bundle_devices: list[str], rows: Mapping[str, tuple[int, dt.datetime | 
     context = planner.PlannerContext(catalog=devices.load_catalog(),
                                      predictor=roofline.RooflinePredictor(),
                                      predictor_source="roofline",
-                                     manifest={"devices": bundle_devices})
+                                     # device_rows: what /v1/coverage reports as bundle_rows
+                                     manifest={"devices": bundle_devices,
+                                               "device_rows": {d: 500 for d in bundle_devices}})
     return service.make_app(service.ServiceState(functools.partial(work.given_context, context)),
                             service.ServiceSettings(bundle_poll_s=3600),
                             coverage_source=lambda: rows)

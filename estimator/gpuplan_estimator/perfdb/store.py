@@ -615,6 +615,20 @@ class PerfStore:
 
         return int(self._retry(_do))
 
+    def set_bundle_reason(self, version: int, reason: str) -> None:
+        """Replace the stored `reason` of `version` without changing its state (a refused
+        candidate keeps the gate's verdict, shown by `gpuplan models list|show`);
+        `UnknownBundleError` naming it when it does not exist."""
+        _check_reason(reason)
+        stmt = update(ModelBundle).where(ModelBundle.version == version).values(reason=reason)
+
+        def _do() -> int:
+            with self.engine.begin() as conn:
+                return int(conn.execute(stmt).rowcount)
+
+        if self._retry(_do) == 0:
+            raise UnknownBundleError(version, self.url)
+
     def _lock_bundles(self, conn: Any) -> None:
         """Serialise activations: on PostgreSQL two concurrent ones would each retire the old
         active row and then both set theirs active (the unique index would refuse the second);

@@ -14,7 +14,7 @@ from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.exit_codes import ExitCode
 from gpuplan_estimator.interfaces.cli import arguments, output
 from gpuplan_estimator.perfdb import PerfStore
-from gpuplan_estimator.perfdb.store import StoredBundle
+from gpuplan_estimator.perfdb.store import MAX_REASON_CHARS, StoredBundle
 from gpuplan_estimator.training import gating
 
 MAX_VERSION = 2**31 - 1
@@ -186,13 +186,17 @@ def gate(store: PerfStore, version: int) -> gating.Decision:
 def promote(store: PerfStore, version: int, *, force: bool) -> tuple[gating.Decision, bool]:
     """Run the gate (unless `force`) and activate `version` on a pass; (decision, activated).
 
-    The activation stores the gate's reason; a refused candidate stays a candidate.
+    The activation stores the gate's reason; a refused candidate stays a candidate and its
+    reason becomes the refusal, so `gpuplan models list|show` say why (the active bundle's own
+    reason is left alone when it is the one "promoted" again).
     """
     decision = (gating.Decision(True, "forced: the gate was skipped", ()) if force
                 else gate(store, version))
-    reason = f"promotion gate: {decision.reason}"[:4000]
+    reason = f"promotion gate: {decision.reason}"[:MAX_REASON_CHARS]
     if decision.promote:
         store.activate(version, reason)
+    elif store.active_version() != version:
+        store.set_bundle_reason(version, f"refused by the {reason}"[:MAX_REASON_CHARS])
     return decision, decision.promote
 
 

@@ -75,3 +75,23 @@ def test_racing_activations_on_one_sqlite_file(tmp_path: Path) -> None:
     finally:
         for s in stores:
             s.close()
+
+
+def test_set_bundle_reason_keeps_the_state_and_names_unknown_versions(
+        store: PerfStore, tmp_path: Path) -> None:
+    """The promotion gate's refusal is stored on the candidate (issue #17) without touching its
+    state or the active bundle's."""
+    from gpuplan_estimator.core import errors
+    from gpuplan_estimator.perfdb.store import UnknownBundleError
+
+    directory = tiny_bundle(tmp_path / "b")
+    active = store.add_bundle(directory, state="active", reason="first")
+    candidate = store.add_bundle(directory)
+    store.set_bundle_reason(candidate, "refused: worse on random-split MAPE")
+    got = {b.version: (b.state, b.reason) for b in store.bundles()}
+    assert got == {active: ("active", "first"),
+                   candidate: ("candidate", "refused: worse on random-split MAPE")}
+    with pytest.raises(UnknownBundleError, match="version 99"):
+        store.set_bundle_reason(99, "x")
+    with pytest.raises(errors.InvalidRequestError, match="reason"):
+        store.set_bundle_reason(candidate, "x" * 4001)

@@ -81,6 +81,18 @@ def test_train_stores_a_candidate_with_device_rows_then_gates_it(
     with PerfStore.open(db) as store:
         assert store.active_version() == 2
         assert store.bundles()[2].state == "candidate"
+        assert store.bundles()[2].reason.startswith(
+            "refused by the promotion gate: worse than the active bundle on random-split MAPE")
+        assert store.bundles()[1].reason.startswith("promotion gate: no worse")  # untouched
+    # Why it was refused is in the listing and in `show` (issue #17).
+    code, out, _ = _run(capsys, "models", "list", "--db", db)
+    assert code == 0
+    [row] = [line for line in out.splitlines() if line.split()[:2] == ["3", "candidate"]]
+    assert "refused by the promotion gate: worse than the active bundle" in row
+    code, out, _ = _run(capsys, "models", "show", "3", "--db", db)
+    assert code == 0
+    assert "reason:       refused by the promotion gate: worse than the active bundle on " \
+           "random-split MAPE of softmax: 13.00 % vs active" in out
     code, out, _ = _run(capsys, "models", "promote", "3", "--db", db, "--force", "-o", "json")
     assert code == 0 and json.loads(out)["reason"] == "forced: the gate was skipped"
     with PerfStore.open(db) as store:
@@ -88,6 +100,8 @@ def test_train_stores_a_candidate_with_device_rows_then_gates_it(
         assert store.bundles()[2].reason == "promotion gate: forced: the gate was skipped"
     code, out, _ = _run(capsys, "models", "promote", "3", "--db", db)
     assert code == 3 and "already the active bundle" in out
+    with PerfStore.open(db) as store:  # the active bundle keeps its activation's reason
+        assert store.bundles()[2].reason == "promotion gate: forced: the gate was skipped"
 
 
 def test_candidate_flags_need_a_database(capsys: pytest.CaptureFixture[str]) -> None:

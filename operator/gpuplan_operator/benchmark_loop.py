@@ -1,4 +1,5 @@
-"""Periodic benchmark coverage: gather inputs, decide with `benchmarks`, export, create Jobs.
+"""Periodic benchmark coverage: gather inputs, decide with `benchmarks`, export, create Jobs;
+then retraining: decide with `retraining`, count finished training Jobs, start the next one.
 
 Runs as one background task of the operator (started by `handlers.startup`), not per object:
 GPU types are a property of the whole cluster.
@@ -10,9 +11,17 @@ import asyncio
 import dataclasses
 import datetime
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from gpuplan_operator import benchmarks, errors, estimator_client, inventory, kube, metrics
+from gpuplan_operator import (
+    benchmarks,
+    errors,
+    estimator_client,
+    inventory,
+    kube,
+    metrics,
+    retraining,
+)
 from gpuplan_operator import settings as operator_settings
 
 LOG = logging.getLogger(__name__)
@@ -30,6 +39,8 @@ class LoopContext:
     resolve: benchmarks.Resolver
     outcomes: OutcomeLedger = dataclasses.field(default_factory=lambda: OutcomeLedger())
     """Which finished Jobs were counted (this process's counters only)."""
+    retraining: RetrainingLedger = dataclasses.field(default_factory=lambda: RetrainingLedger())
+    """Training Jobs counted, triggers waiting, rows at the last training (this process)."""
 
 
 @dataclasses.dataclass
@@ -52,6 +63,40 @@ class OutcomeLedger:
         return [] if first else fresh
 
 
+@dataclasses.dataclass
+class RetrainingLedger:
+    """What the retraining step remembers between passes of this process.
+
+    Finished training Jobs are counted once by uid, the first pass only recording those already
+    finished (as `OutcomeLedger`). `rows_seen` holds each GPU type's database rows when the
+    last training Job started, or when the type was first seen by this process: a benchmark Job
+    that succeeded brought new rows when its type has more now. Triggers wait in `pending` while
+    a training Job runs; the next Job (the newest trigger) sees all their rows.
+    """
+
+    counted: set[str] = dataclasses.field(default_factory=set)
+    baselined: bool = False
+    rows_seen: dict[str, int] = dataclasses.field(default_factory=dict)
+    pending: list[retraining.Trigger] = dataclasses.field(default_factory=list)
+    started: set[str] = dataclasses.field(default_factory=set)
+    """Names of the training Jobs this process created (a schedule slot starts one Job even
+    after its Job is gone past its TTL)."""
+
+    def new_outcomes(self, finished: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The (uid, outcome) pairs of `finished` not seen before (none on the first call)."""
+        fresh = [(uid, ended) for uid, ended in finished if uid not in self.counted]
+        self.counted = {uid for uid, _ in finished}  # Jobs past their TTL are forgotten
+        first, self.baselined = not self.baselined, True
+        return [] if first else fresh
+
+    def new_rows(self, rows_by_type: Mapping[str, int]) -> dict[str, bool]:
+        """Per GPU type: more rows than at the last training Job (a type seen for the first
+        time is recorded with its rows now, so it has none new yet)."""
+        for gpu_type, rows in rows_by_type.items():
+            self.rows_seen.setdefault(gpu_type, rows)
+        return {t: rows > self.rows_seen[t] for t, rows in rows_by_type.items()}
+
+
 def job_options(s: operator_settings.Settings) -> benchmarks.JobOptions:
     """The benchmark Jobs' options from validated operator settings."""
     return benchmarks.JobOptions(
@@ -59,6 +104,13 @@ def job_options(s: operator_settings.Settings) -> benchmarks.JobOptions:
         budget_minutes=s.benchmark_budget_minutes, backend=s.benchmark_backend,
         tolerations=s.benchmark_tolerations(), priority_class_name=s.benchmark_priority_class_name,
         node_selector=s.benchmark_node_selector(), resources=s.benchmark_resources())
+
+
+def retraining_options(s: operator_settings.Settings) -> retraining.JobOptions:
+    """The training Jobs' options from validated operator settings (the benchmark database)."""
+    return retraining.JobOptions(image=s.retraining_image, db_secret=s.benchmark_db_secret,
+                                 max_rows=s.retraining_max_rows,
+                                 resources=s.retraining_resources())
 
 
 async def refresh(ctx: LoopContext) -> list[benchmarks.GpuTypeCoverage]:
@@ -69,11 +121,13 @@ async def refresh(ctx: LoopContext) -> list[benchmarks.GpuTypeCoverage]:
     coverage = await estimator_client.fetch_coverage(
         s.estimator_url, timeout_seconds=s.estimator_timeout_seconds)
     running: set[str] = set()
-    if s.benchmarks_enabled:
+    finished: list[benchmarks.FinishedJob] = []
+    if s.benchmarks_enabled or s.retraining_enabled:
         jobs = await ctx.kube.list_jobs(
             s.benchmark_namespace, f"{benchmarks.COMPONENT_LABEL}={benchmarks.COMPONENT}")
         running = benchmarks.running_gpu_types(jobs)
-        for job in ctx.outcomes.new(benchmarks.finished_jobs(jobs)):
+        finished = ctx.outcomes.new(benchmarks.finished_jobs(jobs))
+        for job in finished:
             ctx.metrics.count_benchmark_job(job.gpu_type, job.outcome)
             LOG.info("benchmark Job for %s finished: %s", job.gpu_type, job.outcome)
     now = ctx.clock()
@@ -92,7 +146,44 @@ async def refresh(ctx: LoopContext) -> list[benchmarks.GpuTypeCoverage]:
         if created:
             LOG.info("benchmark Job %s/%s created for %s (%s)", s.benchmark_namespace,
                      body["metadata"]["name"], c.gpu_type, c.action)
+    if s.retraining_enabled and s.benchmark_db_secret:
+        await retrain(ctx, finished, {c.gpu_type: c.measurements for c in assessed})
     return assessed
+
+
+async def retrain(ctx: LoopContext, finished: list[benchmarks.FinishedJob],
+                  rows_by_type: Mapping[str, int]) -> dict[str, object] | None:
+    """The retraining step of a pass: count finished training Jobs once, queue a trigger per
+    newly succeeded benchmark Job whose type has new rows (and the schedule's slot), and start
+    the newest one unless a training Job runs. Returns the Job body sent, or None."""
+    s, ledger = ctx.settings, ctx.retraining
+    jobs = await ctx.kube.list_jobs(
+        s.benchmark_namespace, f"{benchmarks.COMPONENT_LABEL}={retraining.COMPONENT}")
+    for uid, ended in ledger.new_outcomes(retraining.finished_jobs(jobs)):
+        ctx.metrics.count_retraining_job(ended)
+        LOG.info("training Job %s finished: %s", uid, ended)
+    ledger.pending += retraining.benchmark_triggers(finished, ledger.new_rows(rows_by_type))
+    # A trigger whose Job exists (or existed, in this process) has had its training.
+    done = ledger.started | {str((j.get("metadata") or {}).get("name")) for j in jobs}
+    scheduled = retraining.schedule_trigger(ctx.clock().timestamp(),
+                                            s.retraining_interval_seconds())
+    waiting = [t for t in [*ledger.pending, *([scheduled] if scheduled else [])]
+               if retraining.job_name(t) not in done]
+    ledger.pending = [t for t in ledger.pending if t in waiting]
+    trigger = retraining.next_trigger(waiting, running=retraining.any_running(jobs))
+    if trigger is None:
+        return None
+    body = retraining.build_job(trigger, namespace=s.benchmark_namespace,
+                                options=retraining_options(s))
+    _, created = await ctx.kube.create_job(s.benchmark_namespace, body)
+    ledger.started.add(body["metadata"]["name"])
+    ledger.pending.clear()  # the newest trigger's Job reads every row the older ones wrote
+    ledger.rows_seen.update(rows_by_type)
+    if created:
+        LOG.info("training Job %s/%s created (%s trigger %s)", s.benchmark_namespace,
+                 body["metadata"]["name"], trigger.kind, trigger.key)
+    return body
+
 
 
 async def run_forever(ctx: LoopContext) -> None:

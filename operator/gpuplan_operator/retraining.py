@@ -98,6 +98,11 @@ def train_args(options: JobOptions) -> list[str]:
             "--max-rows", str(options.max_rows)]
 
 
+def job_name(trigger: Trigger) -> str:
+    """The training Job's name: one per trigger, so a restarted operator finds it (409)."""
+    return f"{NAME_PREFIX}{trigger.kind}-{trigger.digest}"
+
+
 def build_job(trigger: Trigger, *, namespace: str, options: JobOptions) -> dict[str, Any]:
     """batch/v1 Job running the training for `trigger`, with the benchmark Jobs' non-root pod."""
     labels = {"app.kubernetes.io/name": "gpuplan", benchmarks.COMPONENT_LABEL: COMPONENT,
@@ -128,7 +133,7 @@ def build_job(trigger: Trigger, *, namespace: str, options: JobOptions) -> dict[
     }
     return {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": f"{NAME_PREFIX}{trigger.kind}-{trigger.digest}",
+        "metadata": {"name": job_name(trigger),
                      "namespace": namespace, "labels": labels},
         "spec": {"backoffLimit": BACKOFF_LIMIT, "podFailurePolicy": POD_FAILURE_POLICY,
                  "activeDeadlineSeconds": DEADLINE_SECONDS,

@@ -102,6 +102,35 @@ class Settings:
     """JSON object of container resources (requests/limits) of the benchmark pods; the one GPU
     limit is always added."""
 
+    retraining_enabled: bool = False
+    """Start a training Job (`gpuplan train --db --candidate --promote`) after a benchmark Job
+    succeeded with new rows, or on `retraining_interval`; needs the benchmark database Secret,
+    namespace and `retraining_image`."""
+
+    retraining_interval: str = "0"
+    """Scheduled retraining, a duration such as 24h, 7d or 1h30m; "0" schedules none (only new
+    benchmark rows trigger it)."""
+
+    retraining_image: str = ""
+    """Image of the training Job: the estimator image (its entrypoint is `gpuplan`)."""
+
+    retraining_max_rows: int = 60000
+    """`gpuplan train --max-rows` of the training Job: per-kernel row cap (the shipped recipe's),
+    bounding its minutes and memory."""
+
+    retraining_resources_json: str = "{}"
+    """JSON object of container resources (requests/limits) of the training Job."""
+
+    def retraining_interval_seconds(self) -> float:
+        """`retraining_interval` in seconds, 0 for none (call after `validate()`)."""
+        return duration_seconds(self.retraining_interval)
+
+    def retraining_resources(self) -> dict[str, dict[str, object]]:
+        """`retraining_resources_json` decoded (call after `validate()`)."""
+        value = json.loads(self.retraining_resources_json)
+        assert isinstance(value, dict)
+        return value
+
     def benchmark_tolerations(self) -> list[dict[str, object]]:
         """`benchmark_tolerations_json` decoded (call after `validate()`)."""
         value = json.loads(self.benchmark_tolerations_json)
@@ -146,6 +175,18 @@ class Settings:
         return float(min(delay, self.retry_max_delay_seconds))
 
 
+_DURATION_PART = re.compile(r"(\d+)([smhd])")
+_DURATION = re.compile(r"^(0|(\d+[smhd])+)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds of a duration such as 90s, 24h, 7d or 1h30m ("0" is 0); ValueError otherwise."""
+    if not _DURATION.match(text):
+        raise ValueError(f"need a duration such as 24h, 7d or 1h30m (or 0), got {text!r}")
+    return float(sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text)))
+
+
 def _parse(name: str, type_name: object, raw: str) -> object:
     env_name = ENV_PREFIX + name.upper()
     try:
@@ -188,6 +229,7 @@ def _problems(s: Settings) -> list[str]:
     if not 0 <= s.metrics_port <= 65535:
         out.append(f"metrics_port: must be in 0..65535, got {s.metrics_port}")
     out.extend(_benchmark_problems(s))
+    out.extend(_retraining_problems(s))
     for cidr in s.model_url_allowed_networks:
         try:
             ipaddress.ip_network(cidr, strict=False)
@@ -215,6 +257,42 @@ def _json_problems(s: Settings) -> list[str]:
     if not (isinstance(resources, dict) and set(resources) <= {"requests", "limits"}
             and all(isinstance(v, dict) for v in resources.values())):
         out.append("benchmark_resources_json: need a JSON object with requests and/or limits")
+    return out
+
+
+def _resources_problem(name: str, raw: str) -> str | None:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        return f"{name}: not JSON ({exc})"
+    if not (isinstance(value, dict) and set(value) <= {"requests", "limits"}
+            and all(isinstance(v, dict) for v in value.values())):
+        return f"{name}: need a JSON object with requests and/or limits"
+    return None
+
+
+def _retraining_problems(s: Settings) -> list[str]:
+    out: list[str] = []
+    try:
+        duration_seconds(s.retraining_interval)
+    except ValueError as exc:
+        out.append(f"retraining_interval: {exc}")
+    if not 100 <= s.retraining_max_rows <= 10_000_000:  # `gpuplan train` refuses < 100
+        out.append(f"retraining_max_rows: must be in 100..10000000, got {s.retraining_max_rows}")
+    problem = _resources_problem("retraining_resources_json", s.retraining_resources_json)
+    if problem is not None:
+        out.append(problem)
+    if not s.retraining_enabled:
+        return out
+    if not s.retraining_image or any(c.isspace() for c in s.retraining_image):
+        out.append(f"retraining_image: need an image reference, got {s.retraining_image!r}")
+    # The training Job reads the rows and stores its candidate in the benchmark database.
+    if not DNS_SUBDOMAIN.match(s.benchmark_db_secret):
+        out.append("retraining_enabled: needs benchmark_db_secret (the database Secret), "
+                   f"got {s.benchmark_db_secret!r}")
+    if not DNS_LABEL.match(s.benchmark_namespace):
+        out.append("retraining_enabled: needs benchmark_namespace (where the Job runs), "
+                   f"got {s.benchmark_namespace!r}")
     return out
 
 

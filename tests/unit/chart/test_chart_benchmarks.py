@@ -8,7 +8,7 @@ import datetime
 import pytest
 import yaml
 
-from gpuplan_operator import benchmark_loop, benchmarks, settings
+from gpuplan_operator import benchmark_loop, benchmarks, retraining, settings
 from gpuplan_testing.helm_render import render
 
 
@@ -98,5 +98,45 @@ def test_default_values_give_torch_jobs_without_extras() -> None:
     ("operator.benchmarks.resources.requestz.cpu=1", "requestz"),
 ])
 def test_bad_benchmark_pod_values_are_rejected(setting: str, field: str) -> None:
+    out = render(setting, namespace="ml-infra")
+    assert out.returncode != 0 and field in out.stderr
+
+
+def test_retraining_is_off_by_default_and_needs_the_database() -> None:
+    default = settings.Settings.from_env(_operator_env("estimator.database.urlSecret=perfdb"))
+    assert not default.validate().retraining_enabled
+    assert default.retraining_interval_seconds() == 0 and default.retraining_max_rows == 60000
+    # On SQLite in the estimator's volume a training Job could not reach the rows.
+    no_db = _operator_env("operator.retraining.enabled=true")
+    assert no_db["GPUPLAN_RETRAINING_ENABLED"] == "false"
+
+
+def test_retraining_values_reach_the_training_job() -> None:
+    """values.yaml → operator env → Settings → the training Job the operator creates."""
+    env = _operator_env("estimator.database.urlSecret=perfdb", "operator.retraining.enabled=true",
+                        "operator.retraining.interval=7d", "operator.retraining.maxRows=2000000",
+                        "operator.retraining.resources.requests.cpu=2",
+                        "operator.retraining.resources.limits.memory=8Gi", "image.tag=0.2.0")
+    cfg = settings.Settings.from_env(env).validate()
+    assert cfg.retraining_enabled and cfg.retraining_interval_seconds() == 7 * 86400
+    job = retraining.build_job(retraining.Trigger("schedule", "1"),
+                               namespace=cfg.benchmark_namespace,
+                               options=benchmark_loop.retraining_options(cfg))
+    [c] = job["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "ghcr.io/gpuplan/gpuplan:0.2.0"  # the estimator's image
+    assert c["args"][-2:] == ["--max-rows", "2000000"]
+    assert c["resources"] == {"requests": {"cpu": 2}, "limits": {"memory": "8Gi"}}
+    assert c["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "perfdb", "key": "url"}
+    assert job["metadata"]["namespace"] == "ml-infra"
+
+
+@pytest.mark.parametrize(("setting", "field"), [
+    ("operator.retraining.interval=daily", "interval"),
+    ("operator.retraining.interval=24", "interval"),
+    ("operator.retraining.maxRows=10", "maxRows"),
+    ("operator.retraining.resources.requestz.cpu=1", "requestz"),
+    ("operator.retraining.schedule=1h", "schedule"),
+])
+def test_bad_retraining_values_are_rejected(setting: str, field: str) -> None:
     out = render(setting, namespace="ml-infra")
     assert out.returncode != 0 and field in out.stderr

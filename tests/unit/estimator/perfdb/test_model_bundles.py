@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from gpuplan_estimator.perfdb import connections
 from gpuplan_estimator.perfdb.store import PerfStore
 from gpuplan_testing import bundle_store_contract as contract
 from gpuplan_testing.bundle_builders import tiny_bundle
+from gpuplan_testing.old_databases import database_at
 
 
 @pytest.fixture
@@ -29,24 +29,14 @@ def test_bundle_contract_on_sqlite(store: PerfStore, tmp_path: Path, name: str) 
 
 
 def test_migration_0006_on_an_existing_database_keeps_its_rows(tmp_path: Path) -> None:
-    from alembic import command
-    from alembic.config import Config
-
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    old = connections.create(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(connections.MIGRATIONS_DIR))
-    with old.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0005")
-        conn.execute(text(
-            "insert into job_outcomes (job_uid, device, gpu_count, estimated_seconds, "
+    database_at(url, "0005", [
+        "insert into job_outcomes (job_uid, device, gpu_count, estimated_seconds, "
             "actual_seconds, model_digest, created_at) values ('old', 't4', 1, 10.0, 12.0, "
-            "'d', '2025-01-01')"))
-        conn.execute(text(
-            "insert into model_versions (created_at, data_digest, metrics_json, bundle_path) "
-            "values ('2025-01-01', 'sha256:0', '{}', '/b')"))
-    old.dispose()
+            "'d', '2025-01-01')",
+        "insert into model_versions (created_at, data_digest, metrics_json, bundle_path) "
+            "values ('2025-01-01', 'sha256:0', '{}', '/b')",
+    ])
     with PerfStore.open(url) as store:
         with store.engine.connect() as conn:
             assert conn.execute(text("select version_num from alembic_version")).scalar() == "0006"

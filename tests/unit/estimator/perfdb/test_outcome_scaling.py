@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import text
 
 from gpuplan_estimator.core import errors
-from gpuplan_estimator.perfdb import connections
 from gpuplan_estimator.perfdb.store import PerfStore
 from gpuplan_estimator.planning import scaling
+from gpuplan_testing.old_databases import database_at
 
 BASE: dict[str, Any] = {"device": "a100-80gb", "estimated_seconds": 100.0,
                         "actual_seconds": 120.0}
@@ -24,21 +24,12 @@ SCALING: dict[str, Any] = {"gpus_per_node": 4, "nodes": 1, "per_gpu_batch": 16, 
 
 
 def test_migration_0005_keeps_old_outcomes_and_adds_the_scaling_columns(tmp_path: Path) -> None:
-    from alembic import command
-    from alembic.config import Config
-
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    old = connections.create(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(connections.MIGRATIONS_DIR))
-    with old.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0004")
-        conn.execute(text(
-            "insert into job_outcomes (job_uid, device, gpu_count, estimated_seconds, "
+    database_at(url, "0004", [
+        "insert into job_outcomes (job_uid, device, gpu_count, estimated_seconds, "
             "actual_seconds, model_digest, created_at) values ('old', 'a100-80gb', 4, 10.0, "
-            "12.0, 'd', '2025-01-01')"))
-    old.dispose()
+            "12.0, 'd', '2025-01-01')",
+    ])
     with PerfStore.open(url) as store:
         store.record_job_outcome(job_uid="new", gpu_count=4, **BASE, **SCALING)
         frame = store.job_outcomes()

@@ -13,6 +13,7 @@ from sqlalchemy import text
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.perfdb import connections
 from gpuplan_estimator.perfdb.store import PerfStore, StoredOutcome
+from gpuplan_testing.old_databases import database_at
 
 GOOD: dict[str, Any] = {"job_uid": "u1", "device": "t4", "gpu_count": 2,
                         "estimated_seconds": 100.0, "actual_seconds": 120.0,
@@ -62,23 +63,13 @@ def test_largest_accepted_values_are_stored(store: PerfStore) -> None:
 
 
 def test_migration_0004_keeps_the_first_outcome_of_each_job(tmp_path: Path) -> None:
-    from alembic import command
-    from alembic.config import Config
-
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    old = connections.create(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(connections.MIGRATIONS_DIR))
-    insert = text(
+    insert = (
         "insert into job_outcomes (job_uid, device, gpu_count, estimated_seconds, "
         "actual_seconds, model_digest, created_at) values (:uid, 't4', 1, 10.0, :actual, '', "
         "'2025-01-01')")
-    with old.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0003")
-        for uid, actual in [("a", 11.0), ("b", 20.0), ("a", 40.0), ("a", 80.0), ("b", 30.0)]:
-            conn.execute(insert, {"uid": uid, "actual": actual})
-    old.dispose()
+    rows = [("a", 11.0), ("b", 20.0), ("a", 40.0), ("a", 80.0), ("b", 30.0)]
+    database_at(url, "0003", [(insert, {"uid": uid, "actual": actual}) for uid, actual in rows])
     with PerfStore.open(url) as store:
         frame = store.job_outcomes()
         assert frame[["id", "job_uid", "actual_seconds"]].values.tolist() == [

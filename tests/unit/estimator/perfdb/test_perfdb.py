@@ -16,6 +16,7 @@ from gpuplan_estimator.core import errors, paths
 from gpuplan_estimator.perfdb import connections, default_db_url, models
 from gpuplan_estimator.perfdb.store import PerfStore
 from gpuplan_testing import perfdb_contract as contract
+from gpuplan_testing.old_databases import database_at
 
 
 @pytest.fixture
@@ -42,25 +43,15 @@ def test_open_creates_dir_applies_migrations_and_wal(tmp_path: Path) -> None:
 
 
 def test_upgrade_from_0001_keeps_rows(tmp_path: Path) -> None:
-    from alembic import command
-    from alembic.config import Config
-
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    old = connections.create(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(connections.MIGRATIONS_DIR))
-    with old.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0001")
-        conn.execute(text(
-            "insert into benchmark_runs (device, backend, backend_version, host, git_commit, "
+    database_at(url, "0001", [
+        "insert into benchmark_runs (device, backend, backend_version, host, git_commit, "
             "command, started_at, status, sweep_digest, source, plan_json, settings_json) "
-            "values ('cpu', 'b', '', '', '', '', '2025-01-01', 'done', '', '', '', '{}')"))
-        conn.execute(text(
-            "insert into measurements (run_id, device, backend, kernel, op, dtype, dims, seq, "
+            "values ('cpu', 'b', '', '', '', '', '2025-01-01', 'done', '', '', '', '{}')",
+        "insert into measurements (run_id, device, backend, kernel, op, dtype, dims, seq, "
             "feature_schema_version, latency_ms, repeats, source) values "
-            "(1, 'cpu', 'b', 'gemm', 'matmul', 'float32', '{}', 0, 1, 2.5, 5, 'old')"))
-    old.dispose()
+            "(1, 'cpu', 'b', 'gemm', 'matmul', 'float32', '{}', 0, 1, 2.5, 5, 'old')",
+    ])
     with PerfStore.open(url) as store:
         got = store.measurements()
     assert got["latency_ms"].tolist() == [2.5]

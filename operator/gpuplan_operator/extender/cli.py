@@ -33,6 +33,11 @@ class ServeSettings:
     """Path of a kubeconfig; None means the in-cluster service account."""
     app: app_module.AppSettings = field(default_factory=app_module.AppSettings)
     watch: watcher.WatchSettings = field(default_factory=watcher.WatchSettings)
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = None
+    """A second listener serving only GET /metrics, /healthz and /readyz, so Prometheus and the
+    kubelet reach them while filter/prioritize stay on `host` (loopback in the chart); None
+    serves them on the main listener only."""
     freeze_gc: bool = False
     """After the first sync, `gc.freeze()` everything alive (see `_freeze_gc_after_sync`). The
     command line turns it on; a process embedding `serve` (a test) keeps its collector as is."""
@@ -54,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="listen address; 0.0.0.0 for every interface (default %(default)s)")
     parser.add_argument("--port", type=int, default=8888,
                         help="listen TCP port (default %(default)s)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="also serve GET /metrics, /healthz and /readyz (and nothing else) "
+                        "on this TCP port, for Prometheus and kubelet probes (default: none, "
+                        "only on --port)")
+    parser.add_argument("--metrics-host", default="0.0.0.0",
+                        help="listen address of --metrics-port (default %(default)s)")
     parser.add_argument("--stale-after-seconds", type=float, default=120.0, metavar="SECONDS",
                         help="relist and report not-ready when the inventory is older than this "
                         "(default %(default)g)")
@@ -90,6 +101,10 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     """ServeSettings from parsed flags; a bad flag exits with a message naming it."""
     if not 0 < args.port < 65536:
         raise SystemExit(f"--port: {args.port} is not a TCP port")
+    if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+        raise SystemExit(f"--metrics-port: {args.metrics_port} is not a TCP port")
+    if args.metrics_port == args.port:
+        raise SystemExit("--metrics-port: must differ from --port")
     for name in ("stale_after_seconds", "resync_seconds", "watch_timeout_seconds",
                  "max_body_bytes"):
         if getattr(args, name) <= 0:
@@ -98,6 +113,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         host=args.host,
         port=args.port,
         kubeconfig=args.kubeconfig,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
         app=app_module.AppSettings(max_body_bytes=args.max_body_bytes,
                                    stale_after_s=args.stale_after_seconds),
         watch=watcher.WatchSettings(watch_timeout_s=args.watch_timeout_seconds,
@@ -122,6 +139,10 @@ async def serve(
                                       resolve_type=resolve)
     runner = web.AppRunner(application, access_log=None)
     await runner.setup()
+    probe_runner = None
+    if settings.metrics_port is not None:
+        probe_runner = web.AppRunner(probe_app(application), access_log=None)
+        await probe_runner.setup()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -132,12 +153,33 @@ async def serve(
     try:
         await web.TCPSite(runner, settings.host, settings.port).start()
         log.info("gpuplan extender listening on %s:%d", settings.host, settings.port)
+        if probe_runner is not None:
+            await web.TCPSite(probe_runner, settings.metrics_host, settings.metrics_port).start()
+            log.info("metrics and probes on %s:%d", settings.metrics_host, settings.metrics_port)
         await stop.wait()
     finally:
         if freezer is not None:
             freezer.cancel()
         await runner.cleanup()
+        if probe_runner is not None:
+            await probe_runner.cleanup()
         watch.stop()
+
+
+PROBE_PATHS = ("/metrics", "/healthz", "/readyz")
+
+
+def probe_app(application: web.Application) -> web.Application:
+    """An app with only the GET routes of `application` in PROBE_PATHS (same handlers).
+
+    Served on --metrics-port: a NetworkPolicy can then open metrics and probes to Prometheus and
+    the kubelet without opening filter/prioritize, which only kube-scheduler should call."""
+    probes = web.Application()
+    for route in application.router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        if route.method == "GET" and path in PROBE_PATHS:
+            probes.router.add_get(path, route.handler)
+    return probes
 
 
 async def _freeze_gc_after_sync(inventory: store.InventoryStore, poll_s: float = 0.5) -> None:

@@ -109,3 +109,75 @@ def test_python_m_names_the_same_program() -> None:
     done = subprocess.run([sys.executable, "-m", "gpuplan_operator.extender", "--help"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and done.stdout.startswith("usage: gpuplan-extender ")
+
+
+def test_metrics_port_is_off_by_default_and_checked() -> None:
+    assert (parse([]).metrics_port, parse([]).metrics_host) == (None, "0.0.0.0")
+    settings = parse(["--metrics-port", "9101", "--metrics-host", "10.0.0.1"])
+    assert (settings.metrics_port, settings.metrics_host) == (9101, "10.0.0.1")
+    with pytest.raises(SystemExit, match="--metrics-port"):
+        parse(["--metrics-port", "70000"])
+    with pytest.raises(SystemExit, match="--metrics-port: must differ"):
+        parse(["--port", "9101", "--metrics-port", "9101"])
+
+
+class _UnreachableApi:
+    """A CoreV1Api whose lists fail: the watcher backs off, the inventory never syncs."""
+
+    def list_node(self, **_: object) -> object:
+        raise ConnectionError("no API server in this test")
+
+    list_pod_for_all_namespaces = list_node
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_metrics_port_serves_metrics_and_probes_but_not_the_verbs() -> None:
+    """A real serve(): Prometheus and the kubelet get their paths on --metrics-port, while
+    filter/prioritize answer only on the loopback --port."""
+    import asyncio
+
+    import aiohttp
+    from prometheus_client import CollectorRegistry
+
+    port, metrics_port = _free_port(), _free_port()
+    settings = cli.ServeSettings(host="127.0.0.1", port=port, metrics_host="127.0.0.1",
+                                 metrics_port=metrics_port)
+
+    async def go() -> dict[str, int]:
+        stop = asyncio.Event()
+        server = asyncio.create_task(cli.serve(settings, _UnreachableApi(), CollectorRegistry(),
+                                               stop))
+        statuses: dict[str, int] = {}
+        try:
+            async with aiohttp.ClientSession() as http:
+                for _ in range(100):  # until both listeners are up
+                    try:
+                        async with http.get(f"http://127.0.0.1:{metrics_port}/healthz") as r:
+                            statuses["healthz"] = r.status
+                            break
+                    except aiohttp.ClientConnectionError:
+                        await asyncio.sleep(0.05)
+                async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                    statuses["metrics"] = r.status
+                    assert "gpuplan_extender_request_duration_seconds" in await r.text()
+                async with http.get(f"http://127.0.0.1:{metrics_port}/readyz") as r:
+                    statuses["readyz"] = r.status  # never synced: 503, as on --port
+                async with http.post(f"http://127.0.0.1:{metrics_port}/extender/filter",
+                                     json={}) as r:
+                    statuses["filter on metrics port"] = r.status
+                async with http.post(f"http://127.0.0.1:{port}/extender/filter", json={}) as r:
+                    statuses["filter on port"] = r.status
+        finally:
+            stop.set()
+            await asyncio.wait_for(server, 10)
+        return statuses
+
+    assert asyncio.run(go()) == {"healthz": 200, "metrics": 200, "readyz": 503,
+                                 "filter on metrics port": 404, "filter on port": 422}

@@ -10,10 +10,14 @@ from typing import Any
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpuplan_operator import benchmarks, retraining
+from gpuplan_operator import benchmarks, resources, retraining
 
 # Drift is a ratio around 1: buckets are symmetric in log scale.
 DRIFT_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
+# gpuplan_estimator_requests_total outcomes the alerts read: a plan, or the estimator's
+# NoFeasiblePlan (no GPU type of the cluster fits the job); errors use their reason.
+PLAN_OK = "ok"
+PLAN_NO_FEASIBLE = resources.Reason.NO_FEASIBLE_PLAN
 
 
 class OperatorMetrics:
@@ -45,6 +49,9 @@ class OperatorMetrics:
         self.estimator_requests = Counter(
             "gpuplan_estimator_requests", "Plan requests to the estimator by outcome",
             ["outcome"], registry=registry)
+        # From 0, so the GpuplanNoFeasiblePlans alert's increase() sees the first ones.
+        for outcome in (PLAN_OK, PLAN_NO_FEASIBLE):
+            self.estimator_requests.labels(outcome)
 
         self.benchmark_age_seconds = Gauge(
             "gpuplan_benchmark_age_seconds",

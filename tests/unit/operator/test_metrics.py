@@ -66,3 +66,18 @@ def test_drift_is_averaged_in_log_space_and_failures_are_left_out() -> None:
     assert (slow, fast) == (pytest.approx(math.log(8)), pytest.approx(math.log(2)))
     # 2x slow, 2x fast and 4x slow: the geometric mean is 4^(1/3); the arithmetic one, 2.17.
     assert math.exp((slow - fast) / count) == pytest.approx(4 ** (1 / 3))
+
+
+def test_plan_outcomes_the_alerts_read_exist_from_zero() -> None:
+    """GpuplanNoFeasiblePlans takes increase() of these: a series born at 1 would hide the
+    first NoFeasiblePlan answers."""
+    from gpuplan_operator.resources import Reason
+
+    registry = CollectorRegistry()
+    m = metrics.OperatorMetrics(registry)
+    for outcome in ("ok", "NoFeasiblePlan"):
+        assert registry.get_sample_value("gpuplan_estimator_requests_total",
+                                         {"outcome": outcome}) == 0
+    m.count_request(Reason.NO_FEASIBLE_PLAN)
+    assert registry.get_sample_value("gpuplan_estimator_requests_total",
+                                     {"outcome": "NoFeasiblePlan"}) == 1

@@ -11,10 +11,11 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import os
 import pathlib
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpuplan_estimator.core import provenance
 from gpuplan_operator import settings
@@ -27,8 +28,11 @@ DESCRIPTION = (
     "service for a plan (GPU type and count), launches the Job and records the outcome; "
     "optionally it runs benchmark Jobs for GPU types without data. Watches every namespace "
     "unless -n is given. Settings come from the environment (below).")
+NAMESPACES_ENV = "GPUPLAN_NAMESPACES"
 OTHER_ENVIRONMENT = {
     "KUBECONFIG": "kubeconfig path when not running in a pod (default ~/.kube/config)",
+    NAMESPACES_ENV: "comma-separated namespaces to watch when neither -n nor -A is given "
+                    "(the chart's operator.namespaces); unset or empty: every namespace",
 }
 
 
@@ -39,9 +43,21 @@ def kopf_argv(extra: Sequence[str]) -> list[str]:
     return ["run", *([] if scoped else ["--all-namespaces"]), *extra, str(HANDLERS)]
 
 
-def kopf_options(args: argparse.Namespace) -> list[str]:
-    """The `kopf run` options equivalent to parsed `args`, in kopf's long spelling."""
-    out = [f"--namespace={ns}" for ns in args.namespace or ()]
+def env_namespaces(environ: Mapping[str, str]) -> list[str]:
+    """Namespaces named by GPUPLAN_NAMESPACES (comma-separated, blanks dropped)."""
+    return [ns.strip() for ns in environ.get(NAMESPACES_ENV, "").split(",") if ns.strip()]
+
+
+def kopf_options(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The `kopf run` options equivalent to parsed `args`, in kopf's long spelling.
+
+    Without -n or -A, GPUPLAN_NAMESPACES (from `environ`, default the process's) scopes the
+    watch: the chart sets it, and an operator that silently watched every namespace instead
+    would reconcile other tenants' TrainingJobs.
+    """
+    namespaces = args.namespace or ([] if args.all_namespaces else
+                                    env_namespaces(os.environ if environ is None else environ))
+    out = [f"--namespace={ns}" for ns in namespaces]
     flags = {"--all-namespaces": args.all_namespaces, "--standalone": args.standalone,
              "--verbose": args.verbose, "--debug": args.debug, "--quiet": args.quiet}
     out += [flag for flag, on in flags.items() if on]

@@ -146,3 +146,15 @@ def test_installed_script_version_and_usage_error() -> None:
                          timeout=60, check=False)
     assert bad.returncode == 2
     assert "gpuplan-operator: error: unrecognized arguments: --namespaces" in bad.stderr
+
+
+def test_gpuplan_namespaces_scopes_the_watch_without_flags() -> None:
+    """The chart's operator.namespaces arrives as GPUPLAN_NAMESPACES (issue #16)."""
+    args = entry.build_parser().parse_args([])
+    options = entry.kopf_options(args, {"GPUPLAN_NAMESPACES": "team-a, team-b,"})
+    assert options == ["--namespace=team-a", "--namespace=team-b"]
+    assert entry.kopf_options(args, {"GPUPLAN_NAMESPACES": ""}) == []
+    explicit = entry.build_parser().parse_args(["-n", "x"])
+    assert entry.kopf_options(explicit, {"GPUPLAN_NAMESPACES": "y"}) == ["--namespace=x"]
+    everything = entry.build_parser().parse_args(["-A"])
+    assert "--namespace=y" not in entry.kopf_options(everything, {"GPUPLAN_NAMESPACES": "y"})

@@ -326,23 +326,63 @@ def build_outcome(*, job_uid: str, plan: resources.Plan, actual_seconds: float) 
             **plan.scaling_inputs.present()}
 
 
+MAX_TOKEN_BYTES = 64 * 1024
+"""A ServiceAccount token is about 1 KB; a larger file is not one."""
+
+
+def bearer_headers(token_file: str) -> dict[str, str]:
+    """`Authorization: Bearer` with the token in `token_file`, read now (projected tokens
+    rotate); none when the setting is empty or the file is absent (outside a pod)."""
+    if not token_file:
+        return {}
+    try:
+        with open(token_file, "rb") as f:
+            token = f.read(MAX_TOKEN_BYTES + 1).decode("ascii").strip()
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise errors.EstimatorUnavailableError(
+            f"cannot read the ServiceAccount token {token_file}: {exc}") from exc
+    if not token or len(token) > MAX_TOKEN_BYTES:
+        raise errors.EstimatorUnavailableError(
+            f"{token_file} holds no ServiceAccount token ({len(token)} characters)")
+    return {"Authorization": f"Bearer {token}"}
+
+
 async def report_outcome(base_url: str, body: Mapping[str, Any], *,
-                         timeout_seconds: float) -> None:
+                         timeout_seconds: float, token_file: str = "") -> None:
     """POST a finished job's outcome; any failure is `EstimatorUnavailableError`.
 
     201 records it; 200 says the estimator already had this job uid (idempotent), which is
-    success too: a resend after a lost answer must not look like a failure.
+    success too: a resend after a lost answer must not look like a failure. The token in
+    `token_file` (`settings.estimator_token_file`) authenticates the post (issue #16); a
+    401/403 says why in the error, from the estimator's envelope.
     """
     url = base_url.rstrip("/") + OUTCOMES_PATH
+    headers = bearer_headers(token_file)
     try:
         async with aiohttp.ClientSession() as client, client.post(
-                url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_seconds)) as resp:
+                url, json=body, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_seconds)) as resp:
             status = resp.status
+            raw = await resp.content.read(MAX_RESPONSE_BYTES)
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise errors.EstimatorUnavailableError(
             f"estimator at {url} unavailable: {type(exc).__name__}: {exc}") from exc
+    if status in {401, 403}:
+        raise errors.EstimatorUnavailableError(
+            f"estimator at {url} refused the outcome ({status}): {_error_message(raw)}")
     if status not in {200, 201}:
         raise errors.EstimatorUnavailableError(f"estimator at {url} answered {status}")
+
+
+def _error_message(raw: bytes) -> str:
+    """The message of the estimator's error envelope, else the start of the body."""
+    try:
+        err = json.loads(raw).get("error") or {}
+        return str(err.get("message") or err)[:500]
+    except (ValueError, AttributeError):
+        return raw[:200].decode(errors="replace")
 
 
 def parse_coverage(body: Mapping[str, Any]) -> dict[str, benchmarks.DeviceCoverage]:

@@ -520,6 +520,7 @@ async def _feed_back(ctx: Context, tj: TrainingJobRef, plan: resources.Plan,
     try:
         await estimator_client.report_outcome(
             ctx.settings.estimator_url, body,
-            timeout_seconds=ctx.settings.estimator_timeout_seconds)
+            timeout_seconds=ctx.settings.estimator_timeout_seconds,
+            token_file=ctx.settings.estimator_token_file)
     except errors.EstimatorUnavailableError as exc:
         tj.emit(warning=True, reason="OutcomeNotRecorded", message=str(exc))

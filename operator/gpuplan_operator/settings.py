@@ -16,6 +16,13 @@ ENV_PREFIX = "GPUPLAN_"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 BENCHMARK_BACKENDS = ("torch", "onnxruntime")  # `gpuplan bench --backend`
+# GPUPLAN_* variables other gpuplan programs own, which may share a process environment with the
+# operator (the test runner and testbed, the estimator's database and prices); every other
+# GPUPLAN_* name must be a setting, so a misspelt one fails instead of being ignored (#16).
+OTHER_PROGRAMS_VARIABLES = frozenset({
+    "GPUPLAN_DB_URL", "GPUPLAN_PRICES_JSON", "GPUPLAN_SHARED_DATA", "GPUPLAN_KUBECONFIG",
+    "GPUPLAN_EXTENDER_PORT"})
+OTHER_PROGRAMS_PREFIXES = ("GPUPLAN_TESTBED_",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +34,12 @@ class Settings:
 
     estimator_timeout_seconds: float = 30.0
     """Total time allowed for one `POST /v1/plans`."""
+
+    estimator_token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    """The operator's ServiceAccount token, sent as `Authorization: Bearer` with every outcome
+    post (the estimator verifies it with a TokenReview, issue #16); re-read on each post, since
+    the kubelet rotates projected tokens. Empty, or a missing file (outside a pod): no header,
+    which only an estimator with `--write-auth none` accepts."""
 
     scheduler_name: str = ""
     """schedulerName for launched pods (e.g. gpuplan-scheduler); empty keeps the default one."""
@@ -151,8 +164,13 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Read GPUPLAN_<FIELD> variables; unknown fields keep their defaults."""
+        """Read GPUPLAN_<FIELD> variables; an unknown GPUPLAN_* name raises SettingsError."""
         env = os.environ if environ is None else environ
+        unknown = sorted(name for name in env if is_unknown_variable(name))
+        if unknown:
+            raise errors.SettingsError(
+                f"unknown operator setting(s) {', '.join(unknown)}: known are "
+                f"{', '.join(sorted(variable_names()))} (see gpuplan-operator --help)")
         values: dict[str, object] = {}
         for field in dataclasses.fields(cls):
             raw = env.get(ENV_PREFIX + field.name.upper())
@@ -173,6 +191,18 @@ class Settings:
         exponent = min(max(retry, 0), 30)
         delay = self.retry_base_delay_seconds * (2**exponent)
         return float(min(delay, self.retry_max_delay_seconds))
+
+
+def variable_names() -> frozenset[str]:
+    """The GPUPLAN_* environment variable of every setting."""
+    return frozenset(ENV_PREFIX + f.name.upper() for f in dataclasses.fields(Settings))
+
+
+def is_unknown_variable(name: str) -> bool:
+    """A GPUPLAN_* name that is neither a setting nor another gpuplan program's variable."""
+    return (name.startswith(ENV_PREFIX) and name not in variable_names()
+            and name not in OTHER_PROGRAMS_VARIABLES
+            and not name.startswith(OTHER_PROGRAMS_PREFIXES))
 
 
 _DURATION_PART = re.compile(r"(\d+)([smhd])")

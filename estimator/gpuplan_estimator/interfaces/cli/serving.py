@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import paths
+from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError
 from gpuplan_estimator.devices.prices import PRICES_ENV
 from gpuplan_estimator.interfaces.cli import arguments, plans
-from gpuplan_estimator.interfaces.http import service, wire
+from gpuplan_estimator.interfaces.http import auth, service, tokenreview, wire
 from gpuplan_estimator.planning import calibrating
 
 if TYPE_CHECKING:
@@ -68,7 +69,72 @@ def register(sub: Any) -> None:
     s.add_argument("--prices", default=None, metavar="FILE",
                    help=f"{arguments.PRICES_HELP} (default: ${PRICES_ENV}, which the "
                    "Helm chart sets from its prices value)")
+    add_write_auth_flags(s)
     s.set_defaults(func=run_serve)
+
+
+WRITE_AUTH_ENV = "GPUPLAN_WRITE_AUTH"
+WRITE_ALLOWED_SUBJECTS_ENV = "GPUPLAN_WRITE_ALLOWED_SUBJECTS"
+WRITE_AUTH_AUDIENCES_ENV = "GPUPLAN_WRITE_AUTH_AUDIENCES"
+WRITE_AUTH_KUBECONFIG_ENV = "GPUPLAN_WRITE_AUTH_KUBECONFIG"
+
+
+def add_write_auth_flags(s: argparse.ArgumentParser) -> None:
+    """Who may post outcomes and activate bundles (issue #16; `interfaces.http.auth`)."""
+    s.add_argument("--write-auth", choices=auth.MODES, default=None,
+                   help="how POST /v1/outcomes and /v1/models/VERSION/activate authenticate: "
+                   "tokenreview (the caller's Kubernetes ServiceAccount token, verified by a "
+                   "TokenReview, must belong to --write-allowed-subjects) or none (open) "
+                   f"(default: ${WRITE_AUTH_ENV}, else none when --host is loopback; any other "
+                   "host must choose)")
+    s.add_argument("--write-allowed-subjects", default=None, metavar="USERS",
+                   help="comma-separated ServiceAccount usernames allowed to write, "
+                   "system:serviceaccount:NAMESPACE:NAME (default: "
+                   f"${WRITE_ALLOWED_SUBJECTS_ENV}; the chart passes the operator's)")
+    s.add_argument("--write-auth-audiences", default=None, metavar="AUDIENCES",
+                   help="comma-separated audiences the token must be for (default: "
+                   f"${WRITE_AUTH_AUDIENCES_ENV}, else the API server's own, which a pod's "
+                   "mounted ServiceAccount token carries)")
+    s.add_argument("--write-auth-kubeconfig", default=None, metavar="FILE",
+                   help="credentials for the TokenReview (default: "
+                   f"${WRITE_AUTH_KUBECONFIG_ENV}, else the pod's ServiceAccount, else "
+                   "$KUBECONFIG); they need `create` on tokenreviews.authentication.k8s.io")
+    s.add_argument("--write-auth-timeout", type=arguments.duration_seconds, default=5.0,
+                   metavar="DURATION", help="deadline of one TokenReview; past it the write is "
+                   "answered 503 (default 5)")
+    s.add_argument("--write-auth-cache-ttl", type=arguments.duration_seconds, default=60.0,
+                   metavar="DURATION", help="how long a verified token is trusted without "
+                   "asking again (default 60; 0 asks every time)")
+
+
+def _listed(text: str | None) -> tuple[str, ...]:
+    return tuple(p.strip() for p in (text or "").split(",") if p.strip())
+
+
+def write_auth_settings(args: argparse.Namespace, environ: Mapping[str, str]
+                        ) -> auth.WriteAuthSettings:
+    """The write-auth settings from flags, else GPUPLAN_* variables, else the loopback default;
+    InvalidRequestError naming every problem (a public listener with no mode is one)."""
+    mode = args.write_auth or environ.get(WRITE_AUTH_ENV) or auth.default_mode(args.host)
+    if mode is None:
+        raise InvalidRequestError(
+            "--write-auth", f"--host {args.host} is reachable from other machines: choose "
+            "--write-auth tokenreview (with --write-allowed-subjects) or, knowingly, "
+            f"--write-auth none (or set ${WRITE_AUTH_ENV})")
+    subjects = args.write_allowed_subjects
+    audiences = args.write_auth_audiences
+    settings = auth.WriteAuthSettings(
+        mode=mode,  # type: ignore[arg-type]  # checked by problems()
+        allowed_subjects=_listed(subjects if subjects is not None
+                                 else environ.get(WRITE_ALLOWED_SUBJECTS_ENV)),
+        audiences=_listed(audiences if audiences is not None
+                          else environ.get(WRITE_AUTH_AUDIENCES_ENV)),
+        kubeconfig=args.write_auth_kubeconfig or environ.get(WRITE_AUTH_KUBECONFIG_ENV) or None,
+        timeout_s=args.write_auth_timeout, cache_ttl_s=args.write_auth_cache_ttl)
+    problems = settings.problems()
+    if problems:
+        raise GpuplanError("; ".join(problems))
+    return settings
 
 
 
@@ -212,11 +278,21 @@ def run_serve(args: argparse.Namespace) -> int:
         state = service.ServiceState(
             functools.partial(service.database_bundle_context, str(cache), file_context, prices),
             bundle_sync=perfdb_bundle_sync(args.db, cache))
+    write_auth = write_auth_settings(args, os.environ)
+    try:
+        guard = auth.build_guard(write_auth)
+    except tokenreview.CredentialsError as exc:
+        raise GpuplanError(f"--write-auth tokenreview: {exc}") from exc
+    if write_auth.mode == "none" and not auth.is_loopback(args.host):
+        logging.getLogger(__name__).warning(
+            "--write-auth none on %s: any client that reaches it can post outcomes and "
+            "activate bundles", args.host)
     state.load()  # fail fast on a broken explicit bundle
     app = service.make_app(state, settings, outcome_sink=perfdb_outcome_sink(args.db),
                            coverage_source=perfdb_coverage_source(args.db),
                            outcome_history=perfdb_outcome_history(args.db),
                            scaling_history=perfdb_scaling_history(args.db),
-                           bundle_activator=perfdb_bundle_activator(args.db))
+                           bundle_activator=perfdb_bundle_activator(args.db),
+                           write_guard=guard)
     web.run_app(app, host=settings.host, port=settings.port)
     return 0

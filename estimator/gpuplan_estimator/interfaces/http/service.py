@@ -47,6 +47,7 @@ from gpuplan_estimator.core.errors import (
 )
 from gpuplan_estimator.interfaces.http import (
     admission,
+    auth,
     caching,
     front,
     openapi,
@@ -276,10 +277,14 @@ def make_app(
     outcome_history: OutcomeHistory | None = None,
     scaling_history: ScalingHistory | None = None,
     bundle_activator: BundleActivator | None = None,
+    write_guard: auth.WriteGuard | None = None,
 ) -> web.Application:
     """The service; without `outcome_history` (no database) predictions stay uncalibrated,
     without `scaling_history` multi-GPU plans use the analytic scaling model, without
-    `bundle_activator` the activate endpoint answers 503."""
+    `bundle_activator` the activate endpoint answers 503. `write_guard` decides who may post
+    outcomes and activate bundles (issue #16); None leaves writes open (`auth.OPEN`: tests, and
+    `gpuplan serve` on loopback, which always passes its own)."""
+    guard = write_guard or auth.WriteGuard(auth.OPEN)
     metrics = Metrics(registry or CollectorRegistry())
     metrics.calibration_stale.set_function(lambda: float(state.calibration_stale))
     metrics.calibration_outcomes.set_function(lambda: state.calibration.overall.outcomes)
@@ -553,14 +558,16 @@ def make_app(
             pending.cancel()
         front_box[0].close()
         io_threads.shutdown(wait=False, cancel_futures=True)
+        await guard.close()
 
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[envelope])
     app.router.add_post("/v1/plans", plans)
     app.router.add_post("/v1/estimate", estimate)
-    app.router.add_post("/v1/outcomes", outcomes)
+    # The writes: only callers the guard verifies (reads stay open).
+    app.router.add_post("/v1/outcomes", guard.protect(outcomes))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/coverage", coverage)
-    app.router.add_post(r"/v1/models/{version:\d{1,30}}/activate", activate)
+    app.router.add_post(r"/v1/models/{version:\d{1,30}}/activate", guard.protect(activate))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

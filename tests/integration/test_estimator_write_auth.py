@@ -1,0 +1,114 @@
+"""`gpuplan serve --write-auth tokenreview` against the real testbed API server (issue #16).
+
+The estimator runs as a process with the testbed's admin kubeconfig as its own identity (it may
+create tokenreviews); callers are ServiceAccounts of the test's namespace with tokens minted by
+the TokenRequest API. Only the allowed one moves the calibration; no token, a garbage token or
+another account's token leave a T4 prediction where it was (the issue's hostile client).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from gpuplan_testing import operator_harness as h
+
+
+def mint_token(core_v1: Any, namespace: str, name: str) -> str:
+    """A ServiceAccount `name` in `namespace` and a 10-minute token for it (TokenRequest)."""
+    core_v1.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    answer = core_v1.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 600}})
+    return str(answer.status.token)
+
+
+@pytest.fixture
+def guarded_estimator(testbed: Any, namespace: str, tmp_path: pathlib.Path) -> Iterator[str]:
+    port = h.free_port()
+    argv = [str(pathlib.Path(sys.executable).with_name("gpuplan")), "serve", "--host",
+            "127.0.0.1", "--port", str(port), "--db", f"sqlite:///{tmp_path / 'perf.db'}",
+            "--bundle-poll", "3600", "--workers", "1",
+            "--write-auth", "tokenreview", "--write-auth-kubeconfig", str(testbed.kubeconfig),
+            "--write-allowed-subjects", f"system:serviceaccount:{namespace}:writer"]
+    log = (tmp_path / "estimator.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, (tmp_path / "estimator.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "gpuplan serve not ready in 180 s"
+            try:
+                if requests.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
+def t4_step_ms(url: str) -> float:
+    body = {"model_onnx_b64": _resnet_b64(),
+            "training": {"batch_size": 8, "dataset_size": 800, "epochs": 1},
+            "devices": ["Tesla T4"]}
+    resp = requests.post(f"{url}/v1/estimate", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    return float(resp.json()["devices"][0]["calibrated_step_time_ms"])
+
+
+def _resnet_b64() -> str:
+    return base64.b64encode(h.RESNET50.read_bytes()).decode()
+
+
+def post_outcome(url: str, uid: str, token: str | None) -> requests.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    body = {"job_uid": uid, "gpu_type": "Tesla T4", "gpu_count": 1, "estimated_seconds": 100.0,
+            "actual_seconds": 340.0, "calibration_factor": 1.0}
+    return requests.post(f"{url}/v1/outcomes", json=body, headers=headers, timeout=30)
+
+
+def test_only_the_allowed_service_account_moves_the_calibration(
+        guarded_estimator: str, core_v1: Any, namespace: str) -> None:
+    url = guarded_estimator
+    writer = mint_token(core_v1, namespace, "writer")
+    other = mint_token(core_v1, namespace, "other")
+    before = t4_step_ms(url)
+
+    # The hostile client of the issue: three unauthenticated posts.
+    for i in range(3):
+        resp = post_outcome(url, f"hostile-{i}", None)
+        assert resp.status_code == 401, resp.text
+        assert resp.json()["error"]["reason"] == "Unauthenticated"
+    assert t4_step_ms(url) == before
+
+    resp = post_outcome(url, "garbage", "garbage." + writer[8:40])
+    assert resp.status_code == 401, resp.text
+    resp = post_outcome(url, "other", other)
+    assert resp.status_code == 403, resp.text
+    assert f"system:serviceaccount:{namespace}:other" in resp.json()["error"]["message"]
+    assert t4_step_ms(url) == before
+
+    resp = post_outcome(url, "allowed", writer)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["duplicate"] is False
+    assert t4_step_ms(url) > before  # the operator's outcome does calibrate
+    # Reads need no token.
+    assert requests.get(f"{url}/v1/models", timeout=30).status_code == 200

@@ -51,6 +51,9 @@ class Operation:
     parameters: Sequence[Mapping[str, Any]] = ()
     """Path parameters, as OpenAPI parameter objects."""
     request_required: bool = True
+    write: bool = False
+    """A write: needs a verified caller when the service runs `--write-auth tokenreview`
+    (issue #16), documented as the bearer security scheme with 401 and 403."""
 
 
 _INVALID_JSON = Answer("InvalidJSON: the body is not JSON (not UTF-8, nested too deeply, an "
@@ -61,6 +64,12 @@ _UNAVAILABLE = Answer("NotReady, Busy (no worker free before the deadline), Work
                       "or DatabaseUnavailable.")
 _TIMEOUT = Answer("Timeout: the estimate ran out of the request's time (its worker was killed).")
 _NOT_READY = Answer("NotReady: the model bundle is not loaded yet.")
+_WRITE_AUTH = {
+    401: Answer("Unauthenticated: no bearer token, or one the Kubernetes API server did not "
+                "accept (only with --write-auth tokenreview)."),
+    403: Answer("Forbidden: the token's ServiceAccount is not in --write-allowed-subjects."),
+}
+SECURITY_SCHEME = "serviceAccountToken"
 _ESTIMATION_ERRORS = {400: _INVALID_JSON, 413: _TOO_LARGE, 429: _BUSY, 503: _UNAVAILABLE,
                       504: _TIMEOUT}
 
@@ -81,23 +90,25 @@ OPERATIONS: tuple[Operation, ...] = (
               {201: Answer("Recorded; the calibration was refitted.", responses.OutcomeResponse),
                200: Answer("This job uid was already recorded; nothing changed.",
                            responses.OutcomeResponse),
-               400: _INVALID_JSON, 413: _TOO_LARGE,
+               400: _INVALID_JSON, 413: _TOO_LARGE, **_WRITE_AUTH,
                422: Answer("InvalidRequest (FieldError details)."),
-               503: Answer("NotReady (no performance database) or DatabaseUnavailable."),
+               503: Answer("NotReady (no performance database), DatabaseUnavailable, or "
+                           "AuthUnavailable (the caller's token cannot be verified now)."),
                504: Answer("Timeout: storing the outcome timed out.")},
-              request=wire.OutcomeBody),
+              request=wire.OutcomeBody, write=True),
     Operation("get", "/v1/models", "The predictor, bundle manifest, catalog and calibration",
               {200: Answer("In use now.", responses.ModelsResponse), 503: _NOT_READY}),
     Operation("post", "/v1/models/{version}/activate",
               "Activate a stored model bundle version (rollback: activate an older one)",
               {200: Answer("Activated; this replica reloaded, the others follow within their "
                            "bundle poll.", responses.ActivateResponse),
-               400: _INVALID_JSON, 413: _TOO_LARGE,
+               400: _INVALID_JSON, 413: _TOO_LARGE, **_WRITE_AUTH,
                404: Answer("NotFound: no bundle has this version."),
                422: Answer("InvalidRequest (FieldError details)."),
-               503: Answer("NotReady (no performance database) or DatabaseUnavailable."),
+               503: Answer("NotReady (no performance database), DatabaseUnavailable, or "
+                           "AuthUnavailable (the caller's token cannot be verified now)."),
                504: Answer("Timeout: the database did not answer in time.")},
-              request=wire.ActivateBody, request_required=False,
+              request=wire.ActivateBody, request_required=False, write=True,
               parameters=({"name": "version", "in": "path", "required": True,
                            "description": "The bundle version (gpuplan models list).",
                            "schema": {"type": "integer", "minimum": 1,
@@ -144,6 +155,8 @@ def _operation(op: Operation) -> dict[str, Any]:
         "operationId": op.method + "".join(c if c.isalnum() else "_" for c in op.path),
         "tags": list(op.tags),
     }
+    if op.write:
+        out["security"] = [{SECURITY_SCHEME: []}]
     if op.parameters:
         out["parameters"] = [dict(p) for p in op.parameters]
     if op.request is not None:
@@ -177,7 +190,14 @@ def document() -> dict[str, Any]:
                            "docs/estimator-service.md.",
         },
         "paths": paths,
-        "components": {"schemas": schema.get("$defs", {})},
+        "components": {
+            "schemas": schema.get("$defs", {}),
+            "securitySchemes": {SECURITY_SCHEME: {
+                "type": "http", "scheme": "bearer",
+                "description": "The caller's Kubernetes ServiceAccount token, verified by a "
+                               "TokenReview; required on writes when the service runs "
+                               "--write-auth tokenreview (the chart's setting)."}},
+        },
     }
 
 

@@ -3,17 +3,22 @@ promtool, keyed on target labels rather than release names, each with a runbook 
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import shutil
 import subprocess
 from typing import Any
 
-import pytest
 import yaml
 
 from gpuplan_testing.helm_render import CHART, ROOT, helm
+from gpuplan_testing.promql import (
+    PROMETHEUS_SERIES,
+    SOURCES,
+    exposed_metric_names,
+    metric_names,
+    promtool,
+)
 
 # Not containing "gpuplan": the chart's names become "ml-platform-gpuplan-…", and job labels
 # Prometheus derives from them would never be "gpuplan-estimator".
@@ -21,15 +26,6 @@ RELEASE = "ml-platform"
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 DEFAULT_RUNBOOK_BASE = "https://github.com/gpuplan/gpuplan/blob/main/docs/runbooks.md"
 UNIT_TESTS = CHART / "tests" / "alerts_test.yaml"
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool missing: .ci/run installs Debian's prometheus package")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    return path
 
 
 def render(*sets: str, release: str = RELEASE) -> list[dict[str, Any]]:
@@ -173,3 +169,14 @@ def test_rule_and_monitor_carry_the_labels_prometheus_selects_on() -> None:
     assert kinds["ServiceMonitor"]["release"] == "kube-prometheus-stack"
     assert kinds["PrometheusRule"]["release"] == "kps-rules"
     assert kinds["ServiceMonitor"]["app.kubernetes.io/name"] == "gpuplan"
+
+
+def test_every_rule_reads_metrics_the_code_defines() -> None:
+    """A renamed metric must not leave an alert that can never fire (or always fires)."""
+    groups = rule_groups()
+    recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+    defined = exposed_metric_names(SOURCES) | PROMETHEUS_SERIES | recorded
+    for group in groups:
+        for rule in group["rules"]:
+            unknown = metric_names(rule["expr"]) - defined
+            assert not unknown, f"{rule.get('alert') or rule['record']} reads {unknown}"

@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import os
 import pathlib
+import secrets
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -117,6 +118,14 @@ def _wrap(text: str, indent: int = 0) -> str:
 
 
 
+def peering_priority(text: str) -> int:
+    """`--priority`: an integer, or `random` for one in 1..2**31-1 (#16: kopf pauses every
+    operator that sees a live peer of its own priority, so two replicas at 0 would both stop)."""
+    if text == "random":
+        return secrets.randbelow(2**31 - 1) + 1
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `gpuplan-operator` command line: kopf's options an operator deployment uses."""
     parser = argparse.ArgumentParser(
@@ -140,8 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-P", "--peering", metavar="NAME",
                         help="kopf peering object to coordinate replicas with "
                         "(default: kopf's, 'default')")
-    parser.add_argument("-p", "--priority", type=int, metavar="N",
-                        help="this replica's peering priority; the highest one runs "
+    parser.add_argument("-p", "--priority", type=peering_priority, metavar="N",
+                        help="this replica's peering priority; the highest one runs, equal ones "
+                        "all pause; 'random' draws one, so replicas of one Deployment differ "
                         "(default: kopf's, 0)")
     logs = parser.add_mutually_exclusive_group()
     logs.add_argument("-v", "--verbose", action="store_true",

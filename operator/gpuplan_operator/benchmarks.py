@@ -241,6 +241,8 @@ def _container(options: JobOptions) -> dict[str, Any]:
 def _pod_spec(gpu_type: str, options: JobOptions) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
+        # It reads its database URL from a Secret and never calls the API server (#16).
+        "automountServiceAccountToken": False,
         "nodeSelector": {**options.node_selector, gpu_accounting.GPU_PRODUCT_LABEL: gpu_type},
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_UID,
                             "runAsGroup": RUN_AS_UID, "fsGroup": RUN_AS_UID,

@@ -23,6 +23,8 @@ OTHER_PROGRAMS_VARIABLES = frozenset({
     "GPUPLAN_DB_URL", "GPUPLAN_PRICES_JSON", "GPUPLAN_SHARED_DATA", "GPUPLAN_KUBECONFIG",
     "GPUPLAN_EXTENDER_PORT"})
 OTHER_PROGRAMS_PREFIXES = ("GPUPLAN_TESTBED_",)
+# Read by gpuplan-operator's command line before kopf starts (__main__.py), not by Settings.
+ENTRYPOINT_VARIABLES = frozenset({"GPUPLAN_NAMESPACES"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +203,7 @@ def variable_names() -> frozenset[str]:
 def is_unknown_variable(name: str) -> bool:
     """A GPUPLAN_* name that is neither a setting nor another gpuplan program's variable."""
     return (name.startswith(ENV_PREFIX) and name not in variable_names()
-            and name not in OTHER_PROGRAMS_VARIABLES
+            and name not in ENTRYPOINT_VARIABLES and name not in OTHER_PROGRAMS_VARIABLES
             and not name.startswith(OTHER_PROGRAMS_PREFIXES))
 
 

@@ -42,7 +42,7 @@ def test_scheduler_can_be_disabled() -> None:
     [
         ("scheduler.extender.httpTimeout=5", "httpTimeout"),
         ("estimator.port=70000", "port"),
-        ("operator.replicas=3", "replicas"),
+        ("operator.replicas=-1", "replicas"),  # peering: any count >= 0 (#16)
         ("image.pullPolicy=Sometimes", "pullPolicy"),
     ],
 )

@@ -50,6 +50,15 @@ class InvalidRequestError(GpuplanError):
         super().__init__(f"{field}: {message}")
 
 
+class UnsupportedPrecisionError(InvalidRequestError):
+    """A device has no math units for the requested precision (bf16 on a V100, tf32 on a T4)."""
+
+    def __init__(self, device: str, precision: str, message: str) -> None:
+        self.device = device
+        self.precision = precision
+        super().__init__("precision", f"{precision} on {device}: {message}")
+
+
 class BundleError(GpuplanError):
     """A model bundle is missing, corrupt, or has an incompatible feature schema."""
 

@@ -15,6 +15,7 @@ import numpy as np
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost.predictors import FloatArray, LatencyPrediction
+from gpuplan_estimator.devices import catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
 
 # Peak to use per dtype, in order of preference. Why each fallback:
@@ -73,6 +74,27 @@ def peak_flops_per_s(device: DeviceSpec, dtype: str) -> float:
     )
 
 
+MATRIX_KERNELS = frozenset({"gemm", "conv2d"})
+"""Kernels that run on matrix units (tensor cores, AMD MFMA) when the dtype has them."""
+_FP32_DTYPES = frozenset({"float32", "fp32"})
+
+
+def item_peak_flops_per_s(device: DeviceSpec, dtype: str, kernel: str, math: str) -> float:
+    """Peak FLOP/s one work item can reach: its dtype's, with two corrections.
+
+    - ``math == "tf32"`` ("" for none; `step.backward.math_attributes`: float32 gemm/conv under
+      ``--precision tf32``) uses the tf32 tensor-core peak.
+    - Other float32 work off the matrix units (elementwise, reductions, norms; and every fp32
+      kernel on NVIDIA, whose catalog fp32 is the SIMT rate) runs at the vector rate: on AMD CDNA
+      that is half the MFMA figure in `peak_tflops.fp32` (`catalog.simt_fp32_tflops`).
+    """
+    if math == "tf32" and dtype in _FP32_DTYPES:
+        return peak_flops_per_s(device, "tf32")
+    if dtype in _FP32_DTYPES and kernel not in MATRIX_KERNELS and device.vendor != "cpu":
+        return catalog.simt_fp32_tflops(device) * 1e12
+    return peak_flops_per_s(device, dtype)
+
+
 def _bytes_per_s(device: DeviceSpec) -> float:
     if not device.mem_bandwidth_gbps > 0:
         raise errors.InvalidRequestError("device", f"{device.key!r} has no memory bandwidth")
@@ -113,12 +135,12 @@ class RooflinePredictor:
         moved = np.fromiter((it.bytes_moved for it in items), dtype=np.float64, count=n)
         # Shape-only work (metadata reshapes, Shape ops) launches no kernel, whatever its dtype.
         shape_only = np.fromiter((it.kernel == "none" for it in items), dtype=bool, count=n)
-        dtypes = [it.dtype for it in items]
-        peaks = {  # few distinct dtypes, so look each up once
-            dt: peak_flops_per_s(device, dt)
-            for dt in {d for d, none in zip(dtypes, shape_only, strict=True) if not none}
+        keys = [(it.dtype, it.kernel, str(it.attributes.get("math", ""))) for it in items]
+        peaks = {  # few distinct (dtype, kernel, math), so look each up once
+            key: item_peak_flops_per_s(device, *key)
+            for key in {k for k, none in zip(keys, shape_only, strict=True) if not none}
         }
-        peak = np.fromiter((peaks.get(dt, 1.0) for dt in dtypes), dtype=np.float64, count=n)
+        peak = np.fromiter((peaks.get(k, 1.0) for k in keys), dtype=np.float64, count=n)
         median = roofline_ms_array(flops, moved, peak, _bytes_per_s(device), self.settings)
         median[shape_only] = 0.0
         return LatencyPrediction(

@@ -14,10 +14,15 @@ from gpuplan_estimator.devices.catalog import (
     Catalog,
     DeviceSpec,
     canonical_key,
+    check_precision,
+    dominated_siblings,
+    dominates_in_speed,
     load_catalog,
     normalize_name,
     parse_catalog,
     parse_entry,
+    simt_fp32_tflops,
+    supports_precision,
     with_prices,
 )
 from gpuplan_estimator.devices.prices import prices_from_env, read_prices_file
@@ -32,6 +37,9 @@ __all__ = [
     "Catalog",
     "DeviceSpec",
     "canonical_key",
+    "check_precision",
+    "dominated_siblings",
+    "dominates_in_speed",
     "load_catalog",
     "normalize_name",
     "parse_catalog",
@@ -39,5 +47,7 @@ __all__ = [
     "prices_from_env",
     "read_prices_file",
     "resolve_device",
+    "simt_fp32_tflops",
+    "supports_precision",
     "with_prices",
 ]

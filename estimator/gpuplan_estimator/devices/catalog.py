@@ -59,6 +59,7 @@ class DeviceSpec:
     aliases: tuple[str, ...] = ()  # further accepted names, e.g. "H100 SXM"
     price_source: str = ""  # where price_per_hour_usd comes from
     notes: str = ""  # where the values differ from a datasheet, and why
+    architecture: str = ""  # vendor's architecture name (volta, ampere, cdna3); "" for the CPU
 
     @property
     def platform(self) -> str:
@@ -153,7 +154,8 @@ def _build_index(devices: tuple[DeviceSpec, ...]) -> dict[str, DeviceSpec]:
 
 # --- loading -------------------------------------------------------------------------------
 
-_REQUIRED_STR = ("key", "name", "vendor", "interconnect", "source", "price_source")
+_REQUIRED_STR = (
+    "key", "name", "vendor", "architecture", "interconnect", "source", "price_source")
 _REQUIRED_POSITIVE = (
     "mem_bandwidth_gbps", "sm_count", "cores_per_sm", "boost_clock_mhz", "l2_cache_mb",
     "interconnect_gbps", "tdp_watts",
@@ -167,6 +169,70 @@ _KNOWN = frozenset(
     (*_REQUIRED_STR, *_REQUIRED_POSITIVE, *_NULLABLE_POSITIVE, *_LISTS, *_OPTIONAL, *_MEMORY,
      "peak_tflops")
 )
+
+
+# --- precisions and rates ----------------------------------------------------------------------
+
+# A training precision that needs its own math: without a peak for it the device has no such
+# units (bf16 before Ampere/CDNA2, tf32 before Ampere/CDNA3). fp32 runs everywhere; fp16 is
+# stored and computed (at worst with fp32 math) on every catalog GPU, so it is never refused.
+_PRECISION_NEEDS_PEAK = {"tf32": "tf32", "bf16": "bf16"}
+SIMT_FP32_EXTRA = "fp32_vector_tflops"
+"""`extra` key of an AMD part's vector (non-MFMA) fp32 rate; its `peak_tflops.fp32` is MFMA."""
+
+
+def supports_precision(spec: DeviceSpec, precision: str) -> bool:
+    """Whether `spec` has math units for a training precision (`core.options.PRECISIONS`)."""
+    needed = _PRECISION_NEEDS_PEAK.get(precision)
+    if spec.vendor == "cpu" or needed is None:
+        return True
+    return spec.peak_tflops.get(needed, 0.0) > 0.0
+
+
+def check_precision(spec: DeviceSpec, precision: str) -> None:
+    """`UnsupportedPrecisionError` naming device and precision when `spec` lacks its math."""
+    if not supports_precision(spec, precision):
+        have = ", ".join(p for p in ("fp32", "tf32", "fp16", "bf16") if supports_precision(spec, p))
+        raise errors.UnsupportedPrecisionError(
+            spec.key, precision, f"{spec.name} has no {precision} math units; it supports {have}")
+
+
+def simt_fp32_tflops(spec: DeviceSpec) -> float:
+    """fp32 rate of non-matrix (SIMT/vector) kernels: AMD's vector rate, else `peak_tflops.fp32`."""
+    return float(spec.extra.get(SIMT_FP32_EXTRA, spec.peak_tflops["fp32"]))
+
+
+# --- same-architecture dominance ------------------------------------------------------------
+
+# Spec fields that make a kernel faster when larger. Memory capacity is left out: it decides
+# whether a model fits, not how fast a kernel runs.
+_SPEED_FIELDS = (
+    "mem_bandwidth_gbps", "sm_count", "cores_per_sm", "boost_clock_mhz", "base_clock_mhz",
+    "l2_cache_mb", "tdp_watts",
+)
+
+
+def dominates_in_speed(a: DeviceSpec, b: DeviceSpec) -> bool:
+    """Whether `a` is `b`'s architecture and at least as good on every speed spec (every peak
+    `b` has, bandwidth, SMs, cores per SM, clocks, L2, TDP). A spec unknown (0) on either side
+    is not compared: the vendor did not publish it, which is no evidence either way."""
+    if a.key == b.key or not a.architecture or a.architecture != b.architecture:
+        return False
+    for dtype, rate in b.peak_tflops.items():
+        if a.peak_tflops.get(dtype, 0.0) < rate:
+            return False
+    if simt_fp32_tflops(a) < simt_fp32_tflops(b):
+        return False
+    for name in _SPEED_FIELDS:
+        va, vb = float(getattr(a, name)), float(getattr(b, name))
+        if va > 0 and vb > 0 and va < vb:
+            return False
+    return True
+
+
+def dominated_siblings(catalog: Catalog, spec: DeviceSpec) -> tuple[DeviceSpec, ...]:
+    """Catalog devices `spec` dominates in speed (`dominates_in_speed`): never faster than it."""
+    return tuple(d for d in catalog.devices if dominates_in_speed(spec, d))
 
 
 def _fail(where: str, fld: str, message: str) -> errors.CatalogError:
@@ -253,7 +319,7 @@ def parse_entry(entry: Any, position: int) -> DeviceSpec:
         cores_per_sm=int(nums["cores_per_sm"]), base_clock_mhz=nullable["base_clock_mhz"],
         source=entry["source"], extra=_extra(entry, where),
         aliases=_str_list(entry, "aliases", where), price_source=entry["price_source"],
-        notes=notes,
+        notes=notes, architecture=entry["architecture"],
     )
 
 

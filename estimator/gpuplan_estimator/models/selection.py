@@ -13,7 +13,8 @@ from typing import Any, Protocol
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.cost.roofline import RooflinePredictor
-from gpuplan_estimator.models import learned
+from gpuplan_estimator.devices import catalog
+from gpuplan_estimator.models import learned, monotone
 
 
 def select_predictor(bundle_dir: str | None, cpu_backend: str | None = None
@@ -35,9 +36,16 @@ def select_predictor(bundle_dir: str | None, cpu_backend: str | None = None
     loaded = bundles.load_bundle(path, origin=origin)
     source = f"bundle:{path} ({origin})"
     if cpu_backend is None:
-        return learned.LearnedPredictor(loaded), source
+        return bounded(learned.LearnedPredictor(loaded)), source
     name = cpu_backend_name(loaded.manifest, cpu_backend)
-    return learned.LearnedPredictor(loaded, backend={"cpu": name}), f"{source}, CPU as {name}"
+    return (bounded(learned.LearnedPredictor(loaded, backend={"cpu": name})),
+            f"{source}, CPU as {name}")
+
+
+def bounded(predictor: LatencyPredictor) -> LatencyPredictor:
+    """`predictor` kept consistent with same-architecture dominance in the shipped catalog
+    (`models.monotone`): what every estimate and plan is priced with."""
+    return monotone.SiblingBounded(predictor, catalog.load_catalog())
 
 
 def cpu_backend_name(manifest: Mapping[str, Any], wanted: str) -> str:
@@ -137,4 +145,4 @@ def select_cached_predictor(cache_dir: Path) -> tuple[LatencyPredictor, str] | N
         return None
     directory = cached_bundle_dir(cache_dir, version)
     loaded = bundles.load_bundle(directory, origin="database")
-    return learned.LearnedPredictor(loaded), database_source(directory, version)
+    return bounded(learned.LearnedPredictor(loaded)), database_source(directory, version)

@@ -21,6 +21,7 @@ from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor, predict_on_each
+from gpuplan_estimator.devices import catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.models import basis
 from gpuplan_estimator.planning import calibrating
@@ -144,6 +145,8 @@ def estimate(
     _check_sizes(epochs, dataset_size)
     if not devices:
         raise InvalidRequestError("devices", "at least one device is required")
+    for device in devices:
+        catalog.check_precision(device, settings.precision)
     plan = _plan(graph, build_step(graph, settings, kernel_dims=kernel_dims))
     memory = training_memory(graph, settings)
     steps = math.ceil(dataset_size / settings.batch_size) if dataset_size else None

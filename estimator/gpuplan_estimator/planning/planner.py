@@ -178,6 +178,10 @@ def _pools(
         if allowed is not None and spec.key not in allowed:
             skipped.append((entry.gpu_type, "not in gpuTypes allow-list"))
             continue
+        if not devices.supports_precision(spec, req.training.precision):
+            skipped.append((entry.gpu_type, f"no {req.training.precision} math on {spec.key} "
+                            f"(precision {req.training.precision} refused)"))
+            continue
         pools.append(requests.to_pool(entry, spec.key))
     return pools, skipped
 
@@ -232,9 +236,11 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
 def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> dict[str, Any]:
     """Estimate JSON of the request's model on the requested (or all) catalog devices."""
     req = with_graph(req)
-    specs = ([ctx.catalog.resolve(n) for n in req.devices] if req.devices
-             else list(ctx.catalog.devices))
     t = req.training
+    # Named devices are checked by `estimate` (a refusal names the device); of the whole
+    # catalog, those without the precision's math are left out.
+    specs = ([ctx.catalog.resolve(n) for n in req.devices] if req.devices
+             else [d for d in ctx.catalog.devices if devices.supports_precision(d, t.precision)])
     g = graph_at(req.model_onnx, t, t.batch_size)
     results = estimates.estimate(g, specs, training_settings(t, t.batch_size),
                                     predictor=ctx.predictor, epochs=t.epochs,

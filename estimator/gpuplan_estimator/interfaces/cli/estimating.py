@@ -153,6 +153,8 @@ def run_estimate(args: argparse.Namespace) -> int:
     """`gpuplan estimate`: price the model on each device; a ranked table, or a document."""
     plots.check(args.plot)
     specs = resolve_devices(args.device, arguments.catalog(args.prices))
+    if not args.device:  # the whole catalog: leave out GPUs without this precision's math
+        specs = [d for d in specs if devices.supports_precision(d, args.precision)]
     with progress.for_args(args) as shown:
         shown(Step("loading model", 0, None))
         source = model_source(args)

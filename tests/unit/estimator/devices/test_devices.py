@@ -169,7 +169,8 @@ def test_default_catalog_is_cached() -> None:
 
 def _entry(**changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
-        "key": "x1", "name": "X One", "vendor": "nvidia", "nvml_names": ["NVIDIA X1"],
+        "key": "x1", "name": "X One", "vendor": "nvidia", "architecture": "hopper",
+        "nvml_names": ["NVIDIA X1"],
         "gfd_products": ["NVIDIA-X1"], "memory_gib": 16, "mem_bandwidth_gbps": 500,
         "sm_count": 10, "cores_per_sm": 128, "base_clock_mhz": None, "boost_clock_mhz": 1500,
         "peak_tflops": {"fp32": 10, "fp16": 40}, "l2_cache_mb": 4, "interconnect": "pcie4",

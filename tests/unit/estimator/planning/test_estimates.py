@@ -174,14 +174,14 @@ def test_a_predictor_returning_the_wrong_shape_is_caught(gpus: list[DeviceSpec])
 
 
 def test_json_document_is_stable_and_serialisable(gpus: list[DeviceSpec]) -> None:
-    s = settings(precision="bf16")
+    s = settings(precision="fp16")
     results = estimates.estimate(blocks(2), gpus, s, predictor=Recording(), epochs=1,
                                 dataset_size=320)
     doc = estimates.to_json(blocks(2), results, s, predictor_source="roofline", epochs=1,
                            dataset_size=320, include_layers=True)
     round_trip = json.loads(json.dumps(doc))
     assert round_trip["schema_version"] == estimates.SCHEMA_VERSION
-    assert round_trip["settings"]["precision"] == "bf16"
+    assert round_trip["settings"]["precision"] == "fp16"
     dev = round_trip["devices"][0]
     assert set(dev) >= {"device", "forward_ms", "backward_ms", "optimizer_ms", "step_time_ms",
                         "memory_bytes", "memory", "fits", "predictor", "interval_ms",

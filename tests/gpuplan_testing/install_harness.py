@@ -59,7 +59,8 @@ IMAGE_ENTRYPOINTS: dict[str, tuple[list[str], list[str]]] = {
 }
 # Ports a program opens without naming them in its args: executable name -> {port: flag}.
 IMPLICIT_PORT_FLAGS: dict[str, dict[int, str]] = {"kube-scheduler": {10259: "--secure-port={port}"}}
-BIND_IN_PLACE = ("/run/", "/var/run/", "/tmp/")  # exist here (or under a fresh tmpfs /run)
+BIND_IN_PLACE = ("/run/", "/var/run/", "/tmp/")
+REWRITTEN_MOUNTS = "/run/gpuplan-harness-mounts"  # where mount paths that cannot exist go  # exist here (or under a fresh tmpfs /run)
 TOKEN_SECONDS = 3600
 PROBE_TIMEOUT_S = 2.0
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
@@ -373,6 +374,8 @@ def _free_port() -> int:
 
 def _port_in_use(port: int) -> bool:
     with socket.socket() as s:
+        # As servers bind: a closed listener's TIME_WAIT connections do not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("0.0.0.0", port))
         except OSError:
@@ -479,12 +482,14 @@ def _local_container(cluster: Cluster, namespace: str, dep: Mapping[str, Any],
                      pod_dir: pathlib.Path) -> LocalContainer:
     binds = [(str(hosts), "/etc/hosts")]
     rewrites = {}
-    for target, local in mounts.items():
+    for i, (target, local) in enumerate(sorted(mounts.items())):
         if target.startswith(BIND_IN_PLACE) or target in ("/tmp", "/run") or (
                 pathlib.Path(target).is_dir() and not target.startswith(("/proc", "/sys"))):
             binds.append((str(local), target))
         else:
-            rewrites[target] = str(local)
+            # Under the sandbox's own tmpfs /run, so that a /tmp mount cannot hide it.
+            rewrites[target] = f"{REWRITTEN_MOUNTS}/{i}"
+            binds.append((str(local), rewrites[target]))
     env = {"PATH": f"{cluster.local_bins['gpuplan'].parent}:/usr/local/bin:/usr/bin:/bin",
            "HOME": str(pod_dir / "home"), "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1",
@@ -617,6 +622,35 @@ def kubeconfig_ca(kubeconfig: pathlib.Path) -> bytes:
     if "certificate-authority-data" in cluster:
         return base64.b64decode(cluster["certificate-authority-data"])
     return pathlib.Path(cluster["certificate-authority"]).read_bytes()
+
+
+def free_port_values(values: Any) -> Any:
+    """An overlay giving every port-valued key of the chart's values (`port`, `*Port`, an
+    integer) a free port: the release's containers share this machine's loopback with the
+    testbed and with other test sessions, where a pod would have its own."""
+    if not isinstance(values, dict):
+        return None
+    out = {}
+    for key, value in values.items():
+        if re.fullmatch(r"port|\w*Port", key) and isinstance(value, int) \
+                and not isinstance(value, bool):
+            out[key] = _free_port()
+        else:
+            sub = free_port_values(value)
+            if sub:
+                out[key] = sub
+    return out
+
+
+def merge(base: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """`overlay` merged into a copy of `base`, recursively (Helm's order of values files)."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def local_bins(*directories: pathlib.Path) -> dict[str, pathlib.Path]:

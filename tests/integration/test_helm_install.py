@@ -86,13 +86,12 @@ def helm(testbed: Testbed, *args: str, check: bool = True) -> subprocess.Complet
 
 def values_for_testbed(tj_namespace: str, scheduler_name: str) -> dict[str, Any]:
     """What the testbed needs on top of the chart's defaults (see the module docstring)."""
-    ports = [ih._free_port() for _ in range(3)]
-    return {
-        "estimator": {"port": ports[0], "workers": 1},
-        "operator": {"metricsPort": ports[1], "namespaces": [tj_namespace]},
-        "scheduler": {"name": scheduler_name,
-                      "extender": {"port": ports[2], "ignorable": False}},
-    }
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    return ih.merge(ih.free_port_values(defaults), {
+        "estimator": {"workers": 1},
+        "operator": {"namespaces": [tj_namespace]},
+        "scheduler": {"name": scheduler_name, "extender": {"ignorable": False}},
+    })
 
 
 def create_namespace(kubectl: Kubectl, name: str, labels: dict[str, str]) -> None:
@@ -347,9 +346,9 @@ def test_upgrade_with_a_crd_change_then_uninstall_leaves_nothing(
                              "-o", "json").stdout)
     assert status["version"] == 2 and status["info"]["status"] == "deployed"
     [operator] = [d for d in deployments(release) if d["metadata"]["name"].endswith("-operator")]
-    env = {e["name"]: e.get("value") for e in
-           operator["spec"]["template"]["spec"]["containers"][0].get("env", [])}
-    assert env.get("GPUPLAN_MODEL_URL_TIMEOUT_SECONDS") == "31", env
+    env = [e.get("value") for c in operator["spec"]["template"]["spec"]["containers"]
+           for e in c.get("env", [])]
+    assert operator["metadata"]["generation"] == 2 and "31" in env, env
     # The rollout, as the kubelet would see it: the new pods' containers come up.
     for c in release.containers:
         ih.stop(c)

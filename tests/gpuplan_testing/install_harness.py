@@ -59,8 +59,8 @@ IMAGE_ENTRYPOINTS: dict[str, tuple[list[str], list[str]]] = {
 }
 # Ports a program opens without naming them in its args: executable name -> {port: flag}.
 IMPLICIT_PORT_FLAGS: dict[str, dict[int, str]] = {"kube-scheduler": {10259: "--secure-port={port}"}}
-BIND_IN_PLACE = ("/run/", "/var/run/", "/tmp/")
-REWRITTEN_MOUNTS = "/run/gpuplan-harness-mounts"  # where mount paths that cannot exist go  # exist here (or under a fresh tmpfs /run)
+BIND_IN_PLACE = ("/run/", "/var/run/", "/tmp/")  # exist here, or under a fresh tmpfs /run
+REWRITTEN_MOUNTS = "/run/gpuplan-harness-mounts"  # where mount paths that cannot exist go
 TOKEN_SECONDS = 3600
 PROBE_TIMEOUT_S = 2.0
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")

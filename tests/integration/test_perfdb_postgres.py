@@ -1,11 +1,7 @@
 """PerfStore on a real PostgreSQL server started here, running the same contract as SQLite.
 
-The fixture finds `initdb`/`pg_ctl` (Debian: /usr/lib/postgresql/<v>/bin, or /usr/local/bin;
-package `postgresql`), initialises a cluster in a temporary directory and starts it on a free
-port of 127.0.0.1 with its unix socket in that directory. PostgreSQL refuses to run as root,
-so when the tests run as root the server runs as the unprivileged user `nobody` via
-`runuser -u nobody --` (the temporary directory is chowned to it). Skipped when no PostgreSQL
-binaries exist, but failed under CI=true.
+The server comes from `gpuplan_testing.postgres_server` (initdb + pg_ctl in a temporary
+directory). Skipped when no PostgreSQL binaries exist, but failed under CI=true.
 
 Beyond the contract: two stores on one database writing the same frame, job outcome or device
 at the same moment (30 trials each, released by a barrier) keep one copy and raise nothing, and
@@ -14,12 +10,6 @@ database failures of `record_job_outcome` are `DatabaseError`.
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -31,79 +21,21 @@ from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.perfdb import connections
 from gpuplan_estimator.perfdb.store import PerfStore, StoredOutcome
 from gpuplan_testing import perfdb_contract as contract
+from gpuplan_testing import postgres_server
 
 pytestmark = pytest.mark.postgres
 
-CMD_TIMEOUT_S = 60
-UNPRIVILEGED_USER = "nobody"
-
-
-def _find_bindir() -> Path | None:
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
-    candidates += ["/usr/local/bin", "/usr/bin"]
-    on_path = shutil.which("initdb")
-    if on_path:
-        candidates.insert(0, str(Path(on_path).resolve().parent))
-    for d in candidates:
-        if (Path(d) / "initdb").exists() and (Path(d) / "pg_ctl").exists():
-            return Path(d)
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_server_user(cmd: list[str]) -> list[str]:
-    if os.geteuid() != 0:
-        return cmd
-    return ["runuser", "-u", UNPRIVILEGED_USER, "--", *cmd]
-
-
-def _run(cmd: list[str]) -> None:
-    done = subprocess.run(_as_server_user(cmd), capture_output=True, text=True,
-                          timeout=CMD_TIMEOUT_S, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
-
-
 @pytest.fixture(scope="module")
 def pg_server() -> Iterator[str]:
-    """URL of the `postgres` maintenance database of a freshly started server."""
-    bindir = _find_bindir()
-    if bindir is None:
-        reason = "no PostgreSQL binaries (initdb/pg_ctl); apt-get install postgresql"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="gpuplan-pg-"))
-    if os.geteuid() == 0:
-        shutil.chown(root, user=UNPRIVILEGED_USER)
-    data, port = root / "data", _free_port()
-    _run([str(bindir / "initdb"), "-D", str(data), "-U", "gpuplan", "-A", "trust",
-          "--no-sync", "-E", "UTF8"])
-    opts = f"-p {port} -k {root} -h 127.0.0.1 -c fsync=off"
-    _run([str(bindir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(root / "log"),
-          "-w", "-t", str(CMD_TIMEOUT_S), "start"])
-    try:
-        yield f"postgresql+psycopg://gpuplan:secret@127.0.0.1:{port}"
-    finally:
-        _run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"])
-        shutil.rmtree(root, ignore_errors=True)
+    """URL of a freshly started server (`gpuplan_testing.postgres_server`)."""
+    with postgres_server.running_server() as url:
+        yield url
 
 
 @pytest.fixture
 def pg_store(pg_server: str, request: pytest.FixtureRequest) -> Iterator[PerfStore]:
-    import psycopg
-
     name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:50].lower()
-    admin = pg_server.replace("postgresql+psycopg", "postgresql") + "/postgres"
-    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    with PerfStore.open(f"{pg_server}/{name}") as store:
+    with PerfStore.open(postgres_server.create_database(pg_server, name)) as store:
         yield store
 
 
@@ -210,7 +142,7 @@ def test_job_outcome_failures_are_database_errors(pg_store: PerfStore) -> None:
 
 def test_server_stopped_midway_is_a_database_error(pg_store: PerfStore) -> None:
     """A store whose server went away (here: its port no longer answers) fails as DatabaseError."""
-    url = pg_store.engine.url.set(port=_free_port())
+    url = pg_store.engine.url.set(port=postgres_server.free_port())
     gone = PerfStore(connections.create(url.render_as_string(hide_password=False)),
                      retries=1, retry_delay_seconds=0.01)
     with pytest.raises(errors.DatabaseError, match=r"after 2 attempt\(s\)"):

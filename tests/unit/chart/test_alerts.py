@@ -180,3 +180,23 @@ def test_every_rule_reads_metrics_the_code_defines() -> None:
         for rule in group["rules"]:
             unknown = metric_names(rule["expr"]) - defined
             assert not unknown, f"{rule.get('alert') or rule['record']} reads {unknown}"
+
+
+def test_the_extender_metrics_service_reaches_the_extenders_metrics_listener() -> None:
+    """The Service scraped for GpuplanExtenderDown must land on the port the extender's
+    --metrics-port opens (its filter/prioritize port stays on loopback, out of reach)."""
+    docs = render("scheduler.extender.metricsPort=9555")
+    (service,) = [d for d in docs if d["kind"] == "Service"
+                  and d["metadata"]["labels"].get("app.kubernetes.io/component") == "extender"]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"
+                     and d["metadata"]["labels"].get("app.kubernetes.io/component") == "scheduler"]
+    pod = deployment["spec"]["template"]
+    assert all(pod["metadata"]["labels"].get(k) == v
+               for k, v in service["spec"]["selector"].items())
+    (extender,) = [c for c in pod["spec"]["containers"] if c["name"] == "extender"]
+    args = extender["args"]
+    assert args[args.index("--metrics-port") + 1] == "9555"
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+    (port,) = service["spec"]["ports"]
+    assert (port["name"], port["port"], port["targetPort"]) == ("metrics", 9555, 9555)
+    assert {"name": "metrics", "containerPort": 9555} in extender["ports"]

@@ -496,6 +496,8 @@ def _local_container(cluster: Cluster, namespace: str, dep: Mapping[str, Any],
            "KUBERNETES_SERVICE_HOST": cluster.api_host,
            "KUBERNETES_SERVICE_PORT": str(cluster.api_port),
            "KUBERNETES_SERVICE_PORT_HTTPS": str(cluster.api_port)}
+    if os.environ.get("PYTHONPATH"):  # the code under test is the image's (another checkout)
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     (pod_dir / "home").mkdir(exist_ok=True)
     env.update(resolve_env(cluster, c, pod, namespace, sa))
     env = {k: rewrite_paths(v, rewrites) for k, v in env.items()}

@@ -59,6 +59,8 @@ class StepProfile:
     interconnect_gbps: float
     points: tuple[StepPoint, ...]
     predictor: str = ""
+    data_basis: str = ""
+    """What the figures rest on (`models.basis`: measured, probed, extrapolated, roofline)."""
     calibration: calibrating.Correction = calibrating.IDENTITY
     """The correction already applied to `points`; `evaluate` applies it to the all-reduce."""
     device: DeviceSpec | None = None
@@ -164,6 +166,7 @@ class Candidate:
     memory_bytes_per_gpu: int
     cost_usd: float | None  # None when the GPU type has no known price
     predictor: str = ""
+    data_basis: str = ""  # the profile's `models.basis` label
     calibration: calibrating.Correction = calibrating.IDENTITY
     steps: int = 0  # over the whole run
     forward_ms: float = 0.0  # the single-GPU step at per_gpu_batch, as planned (calibrated)
@@ -261,8 +264,9 @@ def _searched(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_cou
         interval_seconds=(seconds * min(ratio_lo, 1.0), seconds * max(ratio_hi, 1.0)),
         memory_bytes_per_gpu=found.memory.total_bytes,
         cost_usd=_cost(seconds, gpu_count, profile),
-        predictor=profile.predictor, calibration=profile.calibration,
-        layout=found.layout, strategy=found.strategy, micro_batch=found.micro_batch,
+        predictor=profile.predictor, data_basis=profile.data_basis,
+        calibration=profile.calibration, layout=found.layout, strategy=found.strategy,
+        micro_batch=found.micro_batch,
         memory=found.memory, parts_ms=found.parts_ms,
         **_scaling_inputs(profile, shape, shape.global_batch // found.layout.dp),
     )
@@ -340,6 +344,7 @@ def _data_parallel(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gp
         memory_bytes_per_gpu=point.memory_bytes,
         cost_usd=cost,
         predictor=profile.predictor,
+        data_basis=profile.data_basis,
         calibration=profile.calibration,
         **_scaling_inputs(profile, shape, per_gpu_batch),
     )

@@ -142,6 +142,7 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
             points=tuple(_point(by_batch[b][i], b, c)
                          for b, c in zip(batches, calibrated, strict=True)),
             predictor=ctx.predictor_source,
+            data_basis=first.data_basis,
             calibration=calibrated[0].correction,  # per device and mode: equal at every batch
             device=spec,
             # The regions' shares at a per-GPU batch (batch 1 is the anchor, not typical).
@@ -267,6 +268,7 @@ def candidate_json(c: placement.Candidate) -> dict[str, Any]:
         "cost_usd": round(c.cost_usd, 4) if c.cost_usd is not None else None,
         "price_known": c.cost_usd is not None,
         "predictor": c.predictor,
+        "data_basis": c.data_basis,
         # Unrounded: the operator reports it back with the job's outcome, and the estimator
         # divides the (calibrated) estimated_seconds by it to store the model's own estimate.
         "calibration": c.calibration.as_dict(),

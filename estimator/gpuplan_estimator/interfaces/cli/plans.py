@@ -239,7 +239,8 @@ def layout_text(par: Mapping[str, Any]) -> str:
 
 
 CANDIDATE_COLUMNS = [
-    output.Column(""), output.Column("GPU TYPE"), output.Column("GPUS", numeric=True),
+    output.Column(""), output.Column("GPU TYPE"), output.Column("BASIS"),
+    output.Column("GPUS", numeric=True),
     output.Column("NODES", numeric=True), output.Column("LAYOUT"),
     output.Column("STRATEGY"), output.Column("STEP ms", numeric=True),
     output.Column("TIME", numeric=True), output.Column("P10-P90", numeric=True),
@@ -259,7 +260,8 @@ def candidate_row(c: Mapping[str, Any], chosen: Mapping[str, Any]) -> list[str]:
               + (f" m={par['micro_batches']}" if par["micro_batches"] > 1 else "")
               if par else f"{c['gpu_count']}x1x1")
     return [
-        render.RECOMMENDED_MARK if _same(c, chosen) else "", c["gpu_type"], str(c["gpu_count"]),
+        render.RECOMMENDED_MARK if _same(c, chosen) else "", c["gpu_type"], c["data_basis"],
+        str(c["gpu_count"]),
         str(c["nodes"]), layout, c["strategy"]["label"] if par else "none",
         render.ms(c["step_time_ms"]), render.duration(c["estimated_seconds"]),
         f"{render.duration(lo)}-{render.duration(hi)}",

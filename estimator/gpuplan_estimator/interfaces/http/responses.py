@@ -83,6 +83,8 @@ class Candidate(_Response):
                                    "(never read as free).")
     price_known: bool = Field(description="False: no price is known for this GPU type.")
     predictor: str
+    data_basis: str = Field(description="measured, probed, extrapolated or roofline: what the "
+                            "GPU type's figures rest on.")
     calibration: Calibration
     steps: int = Field(description="Steps of the whole run.")
     forward_ms: float = Field(description="The single-GPU step at per_gpu_batch, as planned "

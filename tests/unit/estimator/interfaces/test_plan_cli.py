@@ -80,7 +80,7 @@ def test_plan_table_shows_memory_interval_rejections_and_all_rows(
     # only by accumulating gradients over two micro-batches: the plan says how it runs.
     assert "rejected (" in out and "t4 x 7: (x7) batch 240 does not split evenly" in out
     assert "LAYOUT" in out and "STRATEGY" in out
-    assert re.search(r"t4 +1 +1 +1x1x1 m=2 +accumulate x2", out)
+    assert re.search(r"t4 +measured +1 +1 +1x1x1 m=2 +accumulate x2", out)
     assert "runs as dp=" in out and "memory strategy:" in out
     shown = [line for line in out.splitlines()
              if line.lstrip("* ").startswith(("NVIDIA-L4 ", "p4 ", "t4 ")) and " x " not in line]

@@ -235,3 +235,17 @@ def test_a_plan_whose_every_gpu_lacks_the_precision_says_why(
                       "--dataset-size", "6400", "--precision", "tf32", "--pool", "t4=1x8"])
     err = capsys.readouterr().err
     assert code != 0 and "tf32" in err and "t4" in err
+
+
+def test_every_plan_candidate_says_what_its_figures_rest_on(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", str(examples.light_resnet50_path()), "--batch", "64", "--dataset-size",
+            "6400", "--pool", "t4=1x8", "--pool", "NVIDIA-H100-80GB-HBM3=1x8"]
+    assert main.main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    basis_of = {c["device"]: c["data_basis"] for c in doc["candidates"]}
+    assert basis_of == {"t4": "measured", "h100-sxm-80gb": "extrapolated"}
+    assert doc["plan"]["data_basis"] == basis_of[doc["plan"]["device"]]
+    assert main.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "BASIS" in out and "extrapolated" in out and "measured" in out

@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test unit integration lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
+.PHONY: help install demo test unit integration loop-e2e lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ unit: $(STAMP) ## unit tests only
 
 integration: $(STAMP) ## integration tests on the local control plane
 	$(BIN)/pytest -q -m integration tests
+
+loop-e2e: $(STAMP) ## retraining loop on the testbed + PostgreSQL (node → bench → train → promoted → served) -> docs/loop-timeline.json
+	GPUPLAN_LOOP_TIMELINE=docs/loop-timeline.json $(BIN)/pytest -q -s -p no:logging tests/integration/test_retraining_loop.py
 
 lint: $(STAMP) ## ruff, mypy and the import contracts (.importlinter)
 	$(BIN)/ruff check estimator operator tests hack testbed

@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def resolve_target(device: str) -> runner.Target:
         return dataclasses.replace(target) if device == "cpu" else real_resolve(device)
 
-    runner.resolve_target = resolve_target  # type: ignore[assignment]
+    runner.resolve_target = resolve_target
     return cli_main.main(command)
 
 

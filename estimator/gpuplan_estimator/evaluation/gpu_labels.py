@@ -180,12 +180,12 @@ def row_framework(row: LabelRow) -> str:
 
 
 def row_result(row: LabelRow, est: estimates.DeviceEstimate, predictor: str) -> RowResult:
-    """Forward (+ backward for training) and its interval from the per-layer quantiles."""
+    """Forward (+ backward for training) and its interval (`planning.intervals`)."""
     return RowResult(
         row=row, device=est.device, predictor=predictor,
         predicted_ms=est.forward_ms + est.backward_ms,
-        p10_ms=sum(layer.p10_ms for layer in est.layers),
-        p90_ms=sum(layer.p90_ms for layer in est.layers),
+        p10_ms=est.forward_backward_interval_ms[0],
+        p90_ms=est.forward_backward_interval_ms[1],
         forward_ms=est.forward_ms,
     )
 

@@ -24,7 +24,7 @@ from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredicto
 from gpuplan_estimator.devices import catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.models import basis
-from gpuplan_estimator.planning import calibrating
+from gpuplan_estimator.planning import calibrating, intervals
 from gpuplan_estimator.step.decomposition import (
     KernelDimsFn,
     StepWork,
@@ -69,7 +69,7 @@ class DeviceEstimate:
     backward_ms: float  # 0 for inference
     optimizer_ms: float
     step_time_ms: float
-    interval_ms: tuple[float, float]  # (p10, p90) of the step, item intervals summed
+    interval_ms: tuple[float, float]  # (p10, p90) of the step (`planning.intervals`)
     steps_per_epoch: int | None
     epoch_seconds: float | None
     total_seconds: float | None
@@ -86,6 +86,8 @@ class DeviceEstimate:
     model_flops_per_step: float  # forward FLOPs x TRAINING_FLOPS_PER_FORWARD_FLOP in training
     peak_flops_per_s: float | None  # the device's datasheet peak at the precision
     price_per_hour_usd: float | None  # None: no known price (never "free")
+    forward_backward_interval_ms: tuple[float, float]
+    """(p10, p90) of forward + backward alone: what a label without the optimizer compares."""
 
     @property
     def samples_per_s(self) -> float:
@@ -250,6 +252,8 @@ def _price(
     p10 = p10_u[plan.unique_index] * plan.counts
     p90 = p90_u[plan.unique_index] * plan.counts
     by_phase = np.bincount(plan.phase, weights=med, minlength=3)
+    sigmas = _shared_sigmas(predictor, device)
+    no_optimizer = plan.phase != _PHASE_CODE[Phase.OPTIMIZER]
     step_ms = float(med.sum())
     label_names, label_of_item = _labels(labels_u, plan.unique_index)
     share = np.bincount(label_of_item, weights=med, minlength=len(label_names))
@@ -263,7 +267,10 @@ def _price(
         backward_ms=float(by_phase[1]),
         optimizer_ms=float(by_phase[2]),
         step_time_ms=step_ms,
-        interval_ms=(float(p10.sum()), float(p90.sum())),
+        interval_ms=_around(_interval(plan, med, p10, p90, np.ones(len(med), dtype=bool),
+                                      sigmas), step_ms),
+        forward_backward_interval_ms=_around(_interval(plan, med, p10, p90, no_optimizer,
+                                                       sigmas), float(by_phase[:2].sum())),
         steps_per_epoch=steps,
         epoch_seconds=epoch_s,
         total_seconds=epoch_s * epochs if epoch_s is not None and epochs is not None else None,
@@ -277,6 +284,35 @@ def _price(
         data_basis=basis.ROOFLINE, samples_per_step=0, tokens_per_sample=None,
         model_flops_per_step=0.0, peak_flops_per_s=None, price_per_hour_usd=None,
     )
+
+
+def _shared_sigmas(predictor: LatencyPredictor, device: DeviceSpec) -> Mapping[str, float] | None:
+    """The bundle's shared log-error per kernel family for this device's basis, if it has one."""
+    bundle = getattr(predictor, "bundle", None)
+    manifest = getattr(bundle, "manifest", None)
+    if not isinstance(manifest, Mapping):
+        return None
+    return intervals.manifest_sigmas(manifest, basis.data_basis(predictor, device))
+
+
+def _around(interval: tuple[float, float], median_ms: float) -> tuple[float, float]:
+    """`interval` holding `median_ms`: the two are summed in different orders (an ulp apart)."""
+    return min(interval[0], median_ms), max(interval[1], median_ms)
+
+
+def _interval(plan: _Plan, med: npt.NDArray[np.float64], p10: npt.NDArray[np.float64],
+              p90: npt.NDArray[np.float64], mask: npt.NDArray[np.bool_],
+              sigmas: Mapping[str, float] | None) -> tuple[float, float]:
+    """The interval of the masked items: identical shapes are totalled first (they err
+    together), then combined by `intervals.step_interval`."""
+    n = len(plan.unique)
+    idx = plan.unique_index[mask]
+
+    def total(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        return np.asarray(np.bincount(idx, weights=x[mask], minlength=n), dtype=np.float64)
+
+    kernels = [item.kernel for item in plan.unique]
+    return intervals.step_interval(total(med), total(p10), total(p90), kernels, sigmas)
 
 
 def _checked(

@@ -39,7 +39,7 @@ from gpuplan_estimator.evaluation.gpu_labels import RowResult
 from gpuplan_estimator.interfaces.cli import arguments, output, progress, training
 from gpuplan_estimator.models import bundles, learned, selection
 from gpuplan_estimator.planning import calibrating
-from gpuplan_estimator.training import fitting, recipe
+from gpuplan_estimator.training import fitting, recipe, shared_errors
 
 LGB = "lightgbm"
 CALIBRATED = "lightgbm+calibration"
@@ -304,10 +304,19 @@ def leave_one_gpu_out(
     """
     frame = training.load_sources([str(gpu_ops)])
     settings = fitting.TrainSettings(max_rows_per_kernel=max_rows)
+    keys = gpu_labels.devices_of(rows, catalog)
+    fitted: dict[str, bundles.Bundle] = {}
+    errors: dict[str, dict[str, shared_errors.FloatArray]] = {}
+    for key in track(keys, "eval: leave one GPU out", progress):
+        fitted[key] = fitting.train_bundle(frame[frame["device"] != key], settings,
+                                           validate=False)
+        errors[key] = shared_errors.transfer_log_errors(
+            fitted[key], frame[frame["device"] == key], seed=settings.seed)
     out: list[RowResult] = []
-    for key in track(gpu_labels.devices_of(rows, catalog), "eval: leave one GPU out", progress):
-        rest = frame[frame["device"] != key]
-        held = fitting.train_bundle(rest, settings, validate=False)
+    for key in keys:
+        # The interval's shared error for GPU `key` comes from the other GPUs' op rows only.
+        held = shared_errors.with_shared_sigmas(fitted[key], shared_errors.pooled_sigmas(
+            {k: e for k, e in errors.items() if k != key}))
         # The same models, corrected by a few of the left-out GPU's rows (as `train_bundle`
         # does for a GPU with fewer than `probe_max_rows` rows of a kernel).
         probe = probe_sample(frame[frame["device"] == key], settings.probe_rows, settings.seed)

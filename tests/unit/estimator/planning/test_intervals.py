@@ -1,0 +1,134 @@
+"""A step's interval: independent kernel shapes plus the error their family shares."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuplan_estimator import devices
+from gpuplan_estimator.core.workload import WorkItem
+from gpuplan_estimator.cost import roofline
+from gpuplan_estimator.cost.predictors import LatencyPrediction
+from gpuplan_estimator.graph import examples
+from gpuplan_estimator.models import basis
+from gpuplan_estimator.planning import estimates, intervals
+from gpuplan_estimator.step.decomposition import TrainingSettings
+
+SPREAD = 1.25  # each shape's P90 / median and median / P10
+
+
+def _shapes(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    med = np.ones(n)
+    return med, med / SPREAD, med * SPREAD
+
+
+def test_without_a_shared_estimate_the_quantiles_are_summed() -> None:
+    med, lo, hi = _shapes(10)
+    assert intervals.step_interval(med, lo, hi, ["gemm"] * 10, None) == (lo.sum(), hi.sum())
+
+
+def test_independent_shapes_narrow_the_interval_by_root_n() -> None:
+    med, lo, hi = _shapes(100)
+    p10, p90 = intervals.step_interval(med, lo, hi, ["gemm"] * 100, {})
+    one_sd = math.log(SPREAD) / intervals.Z90
+    assert math.log(p90 / 100) == pytest.approx(intervals.Z90 * one_sd / 10)
+    assert p10 * p90 == pytest.approx(100.0**2)
+
+
+def test_a_shared_family_error_does_not_average_out() -> None:
+    med, lo, hi = _shapes(400)
+    _p10, p90 = intervals.step_interval(med, lo, hi, ["gemm"] * 200 + ["softmax"] * 200,
+                                       {"gemm": 0.3, "softmax": 0.3})
+    # Two independent halves, each off by sigma 0.3: the step is off by 0.3 / sqrt(2) (plus
+    # the shapes' own, nearly averaged-out part).
+    sigma = math.log(p90 / 400) / intervals.Z90
+    assert 0.3 / math.sqrt(2) < sigma < 0.3 / math.sqrt(2) + 0.01
+
+
+def test_simulated_models_are_covered_near_eighty_percent() -> None:
+    """Steps whose family is off by a shared N(0, 0.2) and whose shapes scatter N(0, 0.08):
+    the shared-aware interval covers ~80 %, the summed quantiles far less."""
+    rng = np.random.default_rng(0)
+    shapes, shared, own = 40, 0.2, 0.08
+    med = rng.uniform(0.1, 2.0, shapes)
+    lo, hi = med * math.exp(-intervals.Z90 * own), med * math.exp(intervals.Z90 * own)
+    band = intervals.step_interval(med, lo, hi, ["gemm"] * shapes, {"gemm": shared})
+    summed = (lo.sum(), hi.sum())
+    hits_band = hits_summed = 0
+    trials = 4000
+    for _ in range(trials):
+        actual = float(np.sum(med * np.exp(rng.normal(0, own, shapes))) *
+                       math.exp(rng.normal(0, shared)))
+        hits_band += band[0] <= actual <= band[1]
+        hits_summed += summed[0] <= actual <= summed[1]
+    assert 0.75 <= hits_band / trials <= 0.85
+    assert hits_summed / trials < 0.5
+
+
+def test_synthetic_models_see_a_bias_and_average_out_scatter() -> None:
+    rng = np.random.default_rng(1)
+    actual = rng.uniform(0.05, 5.0, 5000)
+    scattered = actual * np.exp(rng.normal(0, 0.3, 5000))
+    biased = actual * 1.2
+    assert np.sqrt(np.mean(intervals.synthetic_model_log_errors(actual, scattered) ** 2)) < 0.12
+    assert intervals.synthetic_model_log_errors(actual, biased) == pytest.approx(math.log(1.2))
+
+
+def test_devices_are_pooled_with_equal_weight() -> None:
+    sigma = intervals.shared_log_sigma({"a": np.full(10, 0.1), "b": np.full(1000, 0.3)})
+    assert sigma == pytest.approx(math.sqrt((0.01 + 0.09) / 2))
+    with pytest.raises(ValueError):
+        intervals.shared_log_sigma({})
+
+
+def test_manifest_sigmas_read_by_basis() -> None:
+    manifest = {intervals.MANIFEST_KEY: {basis.EXTRAPOLATED: {"gemm": 0.2}}}
+    assert intervals.manifest_sigmas(manifest, basis.EXTRAPOLATED) == {"gemm": 0.2}
+    assert intervals.manifest_sigmas(manifest, basis.MEASURED) is None
+    assert intervals.manifest_sigmas({}, basis.EXTRAPOLATED) is None
+
+
+class _Bundle:
+    def __init__(self, manifest: Mapping[str, Any], seen: set[str]) -> None:
+        self.manifest = manifest
+        self.seen = seen
+
+    def has_seen(self, device: devices.DeviceSpec) -> bool:
+        return device.key in self.seen
+
+
+class _Scattered:
+    """The roofline with a +-25 % interval, behind a bundle-like manifest."""
+
+    name = "scattered"
+
+    def __init__(self, manifest: Mapping[str, Any]) -> None:
+        self.bundle = _Bundle(manifest, {"t4"})
+
+    def predict(self, items: Sequence[WorkItem], device: devices.DeviceSpec
+                ) -> LatencyPrediction:
+        med = roofline.RooflinePredictor().predict(items, device).median_ms
+        return LatencyPrediction(med, med / SPREAD, med * SPREAD, ("scattered",) * len(items))
+
+
+def test_an_unseen_device_gets_the_shared_error_and_a_measured_one_the_summed_quantiles(
+) -> None:
+    g = examples.resnet50(8)
+    catalog = devices.load_catalog()
+    t4, h100 = catalog.resolve("t4"), catalog.resolve("h100-sxm-80gb")
+    with_sigma = _Scattered({intervals.MANIFEST_KEY: {basis.EXTRAPOLATED: {"conv2d": 0.25}}})
+    without = _Scattered({})
+    s = TrainingSettings(batch_size=8, mode="train")
+    a_t4, a_h100 = estimates.estimate(g, [t4, h100], s, predictor=with_sigma)
+    b_t4, b_h100 = estimates.estimate(g, [t4, h100], s, predictor=without)
+    assert a_t4.interval_ms == pytest.approx(b_t4.interval_ms)  # measured: quantiles summed
+    assert b_h100.interval_ms[0] == pytest.approx(b_h100.step_time_ms / SPREAD)
+    lo, hi = a_h100.interval_ms
+    assert lo < a_h100.step_time_ms < hi
+    assert hi / a_h100.step_time_ms != pytest.approx(SPREAD)  # no longer the summed quantiles
+    fb_lo, fb_hi = a_h100.forward_backward_interval_ms
+    assert fb_lo < a_h100.forward_ms + a_h100.backward_ms < fb_hi

@@ -241,23 +241,29 @@ def test_examples_run_through_the_installed_parts(release: Release, kubectl: Kub
         kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(doc))
     names = [d["metadata"]["name"] for d in docs.values()]
 
-    def finished() -> dict[str, Any] | None:
+    def outcome() -> dict[str, Any] | None:
+        """All examples Succeeded, or one Failed, or the API refused a container: else None."""
         tjs = {t["metadata"]["name"]: t
                for t in kubectl.json("get", "trainingjobs", "-n", ns)["items"]}
-        failed = {n: condition(tjs[n], "Failed") for n in names if n in tjs
-                  if condition(tjs[n], "Failed")}
-        assert not failed, f"failed: {failed}"
+        failed = {n: condition(tjs[n], "Failed") for n in names
+                  if n in tjs and condition(tjs[n], "Failed")}
+        refused = {c.label: ih.forbidden_lines(c.log_text())[:5] for c in release.containers
+                   if ih.forbidden_lines(c.log_text())}
         done = all(n in tjs and condition(tjs[n], "Succeeded") for n in names)
-        return tjs if done else None
+        return ({"tjs": tjs, "failed": failed, "refused": refused}
+                if done or failed or refused else None)
 
     try:
-        tjs = wait_for(finished, EXAMPLE_TIMEOUT_S, "every example TrainingJob to succeed",
-                       interval=1.0)
+        result = wait_for(outcome, EXAMPLE_TIMEOUT_S, "every example TrainingJob to succeed",
+                          interval=1.0)
     except AssertionError as exc:
         state = {t["metadata"]["name"]: t.get("status", {}).get("conditions")
                  for t in kubectl.json("get", "trainingjobs", "-n", ns)["items"]}
         logs = "\n".join(f"--- {c.label}\n{c.log_tail(15)}" for c in release.containers)
         raise AssertionError(f"{exc}\nconditions: {ih.dump(state)}\n{logs}") from None
+    assert not result["refused"], f"the API server refused: {ih.dump(result['refused'])}"
+    assert not result["failed"], f"failed: {ih.dump(result['failed'])}"
+    tjs = result["tjs"]
     nodes = {n["metadata"]["name"]: n["metadata"]["labels"]
              for n in kubectl.json("get", "nodes")["items"]}
     events = kubectl.json("get", "events", "-n", ns)["items"]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpuplan_testing import operator_harness as h
+from gpuplan_testing import testbed_extender
 from gpuplan_testing.estimator_server import EstimatorServer
 
 pytestmark = pytest.mark.slow
@@ -15,9 +16,11 @@ pytestmark = pytest.mark.slow
 
 def test_resnet50_is_planned_launched_and_measured(
         monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
-        batch_v1: Any, kubectl: Any, estimator: EstimatorServer, wait_for: Any) -> None:
+        batch_v1: Any, kubectl: Any, estimator: EstimatorServer, wait_for: Any,
+        testbed: Any, gpuplan_scheduling: str) -> None:
     h.create_model_configmap(core_v1, namespace)
     port = h.free_port()
+    filtered_before = testbed_extender.filter_calls(gpuplan_scheduling)
 
     def scrape() -> str:
         return str(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
@@ -62,6 +65,9 @@ def test_resnet50_is_planned_launched_and_measured(
     expr = job.spec.template.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms[0].match_expressions[0]  # noqa: E501
     assert (expr.key, expr.values) == ("nvidia.com/gpu.product", ["NVIDIA-L4"])
     assert pods and all(p.spec.node_name.startswith("l4") for p in pods)
+    # Placed by gpuplan-scheduler, which asked the extender (issue #16), not default-scheduler.
+    assert all(p.spec.scheduler_name == testbed.gpuplan_scheduler_name for p in pods)
+    assert testbed_extender.filter_calls(gpuplan_scheduling) >= filtered_before + len(pods)
     assert status["actual"]["seconds"] >= 1
     # Measured from the first container start, not from the Job's (earlier) start.
     assert status["actual"]["startTime"] >= status_start(job)
@@ -90,6 +96,11 @@ def test_resnet50_is_planned_launched_and_measured(
     assert env["GPUPLAN_MEMORY_STRATEGY"] == strategy["label"]
     events = core_v1.list_namespaced_event(namespace, _request_timeout=30).items
     assert {"Planned", "JobCreated", "JobCompleted"} <= {e.reason for e in events}
+    scheduled = [e for e in events if e.reason == "Scheduled"
+                 and e.involved_object.name in {p.metadata.name for p in pods}]
+    assert scheduled and all(
+        (e.reporting_component or e.source.component) == testbed.gpuplan_scheduler_name
+        for e in scheduled)
 
 
 def status_start(job: Any) -> str:
@@ -98,7 +109,7 @@ def status_start(job: Any) -> str:
 
 def test_more_gpus_than_a_node_runs_an_indexed_job(
         monkeypatch: pytest.MonkeyPatch, namespace: str, tjs: h.TrainingJobs, core_v1: Any,
-        batch_v1: Any, estimator: EstimatorServer, wait_for: Any) -> None:
+        batch_v1: Any, estimator: EstimatorServer, wait_for: Any, testbed: Any) -> None:
     h.create_model_configmap(core_v1, namespace)
     with h.run_operator(monkeypatch, namespace, estimator.url):
         tjs.create(h.trainingjob("wide", prefer="fastest", max_gpus=16,
@@ -117,6 +128,7 @@ def test_more_gpus_than_a_node_runs_an_indexed_job(
     pods = core_v1.list_namespaced_pod(namespace, label_selector="gpuplan.io/trainingjob=wide",
                                        _request_timeout=30).items
     assert len({p.spec.node_name for p in pods}) == 2
+    assert {p.spec.scheduler_name for p in pods} == {testbed.gpuplan_scheduler_name}
 
 
 def test_restart_mid_way_neither_duplicates_nor_loses_state(

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import DTYPE_BYTES
 from gpuplan_estimator.core.workload import WorkItem
+from gpuplan_estimator.cost import tiling
 from gpuplan_estimator.devices.catalog import DeviceSpec
 
 FEATURE_SCHEMA_VERSION = "6"
@@ -101,6 +102,32 @@ def transfer_columns(kernel: str) -> npt.NDArray[np.intp]:
     return np.array([i for i, n in enumerate(names) if n not in TRANSFER_EXCLUDED], dtype=np.intp)
 
 
+# Transfer structures a bundle can be trained with (`TrainSettings.transfer_kind`):
+# - "roofline": target over the device roofline + floor, on `transfer_columns`.
+# - "tiled": target over the tile-and-wave time (`tiling`) + floor, i.e. the learned term is a
+#   utilisation of the structure; features are shape and structure ratios only. Times in ms,
+#   the L2 ratio and SM-dependent wave counts are left out too: with four training GPUs any
+#   of them lets trees tell the GPUs apart and memorise them.
+TRANSFER_KINDS: tuple[str, ...] = ("roofline", "tiled")
+_TILED_EXCLUDED: frozenset[str] = frozenset({
+    "log_base_ms", "log_waves_128x64", "tail_fill_128x64", "log_waves_32x32", "tail_fill_32x32",
+    "log_waves_elem",
+})
+_TILED_PLAN_EXCLUDED: frozenset[str] = frozenset({"t_log_struct_ms", "t_log_ws_over_l2"})
+
+
+def transfer_feature_names(kernel: str, kind: str) -> tuple[str, ...]:
+    """Column names of the transfer model of `kind` (`transfer_matrix`)."""
+    names = feature_names(kernel)
+    if kind == "roofline":
+        return tuple(names[i] for i in transfer_columns(kernel))
+    if kind == "tiled":
+        return (*(n for n in names if n not in TRANSFER_EXCLUDED | _TILED_EXCLUDED),
+                *(n for n in tiling.TRANSFER_FEATURES if n not in _TILED_PLAN_EXCLUDED))
+    raise errors.InvalidRequestError(
+        "transfer_kind", f"unknown transfer kind {kind!r}; one of {', '.join(TRANSFER_KINDS)}")
+
+
 @dataclass(frozen=True)
 class WorkColumns:
     """Work items of ONE kernel as columns: ``dims[name]`` is an int array per canonical dim."""
@@ -132,6 +159,43 @@ class DeviceColumns:
 def feature_names(kernel: str) -> tuple[str, ...]:
     """Column names of `kernel`'s feature matrix: device, work, then kernel-specific."""
     return DEVICE_FEATURES + WORK_FEATURES + _kernel_feature_names(kernel)
+
+
+def transfer_matrix(
+    cols: WorkColumns, dev: DeviceColumns, x: FloatArray, base: FloatArray, kind: str
+) -> tuple[FloatArray, FloatArray]:
+    """The transfer model's features (`transfer_feature_names`) and normaliser (ms) per row,
+    from the full `feature_matrix` (`x`, `base`) of the same rows. For "tiled" the normaliser
+    is the tile-and-wave time (`tiling`) plus the launch floor, so the learned term is a
+    utilisation of that structure and a GPU no row was measured on enters through its SMs,
+    per-SM peaks and L2."""
+    names = feature_names(cols.kernel)
+    if kind == "roofline":
+        return x[:, transfer_columns(cols.kernel)], base
+    wanted = transfer_feature_names(cols.kernel, kind)  # validates the kind
+    flops, nbytes = work_cost(cols)
+    roof_ms = np.maximum(flops / (dev.peak_gflops * 1e6), nbytes / (dev.bw_gbps * 1e6))
+    plan = structure(cols, dev, flops, nbytes)
+    by_name = dict(zip(tiling.TRANSFER_FEATURES,
+                       tiling.plan_features(plan, dev.l2_mb, roof_ms), strict=True))
+    index = {n: i for i, n in enumerate(names)}
+    x_t = np.column_stack([x[:, index[n]] if n in index else by_name[n] for n in wanted])
+    floor = np.where(dev.is_cpu > 0, LAUNCH_FLOOR_MS["cpu"], LAUNCH_FLOOR_MS["gpu"])
+    return x_t.astype(np.float64), plan["time_ms"] + floor
+
+
+# Utilisation of the tile-and-wave time is at most 1 by construction, except where the library
+# does less work than the direct formula counts: cuDNN's Winograd/FFT convs run up to about 2x
+# the direct-conv FLOP rate on the shared data (its README), so conv2d gets headroom.
+MAX_UTILISATION: Mapping[str, float] = {"conv2d": 2.5}
+
+
+def bounded_log_ratio(kernel: str, log_ratio: FloatArray, kind: str) -> FloatArray:
+    """A transfer model's predicted log(latency / transfer base), kept where utilisation
+    (base / latency) is at most `MAX_UTILISATION` (1 unless listed) for the "tiled" kind."""
+    if kind != "tiled":
+        return log_ratio
+    return np.maximum(log_ratio, -np.log(MAX_UTILISATION.get(kernel, 1.0)))
 
 
 def columns_from_items(kernel: str, items: Sequence[WorkItem]) -> WorkColumns:
@@ -269,6 +333,42 @@ def feature_matrix(cols: WorkColumns, dev: DeviceColumns) -> tuple[FloatArray, F
     kernel_part = _kernel_features(cols, dev)
     x = np.column_stack([*device_part, *work_part, *kernel_part]).astype(np.float64)
     return x, base
+
+
+_ROW_WISE = frozenset({"layernorm", "batchnorm", "softmax", "reduce"})
+
+
+def structure(cols: WorkColumns, dev: DeviceColumns, flops: FloatArray, nbytes: FloatArray
+              ) -> dict[str, FloatArray]:
+    """The tile-and-wave plan of each row (`tiling`): GEMM-shaped kernels (gemm, conv2d as
+    implicit GEMM) by output tiles, the rest as streaming blocks or rows."""
+    d = {k: v.astype(np.float64) for k, v in cols.dims.items()}
+    sms = np.maximum(dev.sm_count, 1.0)
+    common = {"peak_gflops": dev.peak_gflops, "bw_gbps": dev.bw_gbps, "sms": sms,
+              "l2_mb": dev.l2_mb, "clock_mhz": dev.clock_mhz}
+    k = cols.kernel
+    if k in ("gemm", "conv2d"):
+        if k == "gemm":
+            batch, m, kk, n = d["batch"], d["m"], d["k"], d["n"]
+        else:
+            oh, ow = _conv_out(d)
+            groups = np.maximum(d["groups"], 1.0)
+            batch, m = groups, d["batch"] * oh * ow
+            kk = d["c_in"] / groups * d["kernel_h"] * d["kernel_w"]
+            n = np.maximum(d["c_out"] / groups, 1.0)
+        tensor_core = np.isin(cols.dtype, ("float16", "bfloat16", "float8"))
+        return tiling.gemm_plan(batch, m, n, kk, tiling.dtype_bytes_of(cols.dtype), tensor_core,
+                                nbytes, **common)
+    if k in _ROW_WISE:
+        return tiling.streaming_plan(d["rows"] * d["cols"], d["rows"], True, flops, nbytes,
+                                     **common)
+    if k == "pool":
+        oh = np.floor((d["h"] - d["kernel_h"]) / np.maximum(d["stride_h"], 1)) + 1
+        ow = np.floor((d["w"] - d["kernel_w"]) / np.maximum(d["stride_w"], 1)) + 1
+        out = d["batch"] * d["channels"] * np.maximum(oh, 1) * np.maximum(ow, 1)
+        return tiling.streaming_plan(out, out, False, flops, nbytes, **common)
+    elements = d["elements"] if k == "memcpy" else d["rows"] * d["cols"]
+    return tiling.streaming_plan(elements, elements, False, flops, nbytes, **common)
 
 
 def _base_from_cost(flops: FloatArray, nbytes: FloatArray, dev: DeviceColumns) -> FloatArray:

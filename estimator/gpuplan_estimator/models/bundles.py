@@ -252,7 +252,8 @@ def _read_models(
         params_key = "cpu_model_params" if key == "cpu_files" else "model_params"
         params = manifest.get(params_key, {}).get(kernel, {})
         model = LayerLatencyModel.from_boosters(boosters, params)
-        expected = (len(features.transfer_columns(kernel)) if transfer
+        kind = str(manifest.get("transfer_kind", "roofline"))
+        expected = (len(features.transfer_feature_names(kernel, kind)) if transfer
                     else len(features.feature_names(kernel)))
         if model.n_features_in_ != expected:
             raise errors.BundleError(

@@ -80,7 +80,7 @@ class LearnedPredictor:
         out: list[tuple[int, tuple[FloatArray, FloatArray, FloatArray], Sequence[str]]] = []
         by_model: dict[int, list[tuple[int, _ModelChoice]]] = {}
         for i, device in enumerate(devices):
-            choice = _ModelChoice(*self._model_for(group.kernel, device))
+            choice = self._model_for(group.kernel, device)
             if choice.model is None or codes[i] is None or group.unique is None:
                 pred = self.fallback.predict(group.items, device)
                 out.append((i, (pred.median_ms, pred.p10_ms, pred.p90_ms), pred.predictor))
@@ -90,15 +90,17 @@ class LearnedPredictor:
             assert group.unique is not None
             model = members[0][1].model
             assert model is not None
-            features_of = [_kernel_features(group.unique, devices[i], codes[i], choice.columns)
+            features_of = [_kernel_features(group.unique, devices[i], codes[i], choice)
                            for i, choice in members]
             q = model.predict_quantiles(np.vstack([x for x, _ in features_of]))
             start = 0
             for (i, choice), (_, base) in zip(members, features_of, strict=True):
                 rows = slice(start, start + len(base))
                 start = rows.stop
-                med, lo, hi = _scaled({k: v[rows] for k, v in q.items()}, base,
-                                      choice.correction)
+                ratios = {k: v[rows] if choice.transfer_kind is None else
+                          features.bounded_log_ratio(group.kernel, v[rows], choice.transfer_kind)
+                          for k, v in q.items()}
+                med, lo, hi = _scaled(ratios, base, choice.correction)
                 out.append((i, (med[group.inverse], lo[group.inverse], hi[group.inverse]),
                             (f"lightgbm:{group.kernel}{choice.tag}",) * len(group.items)))
         return out
@@ -152,23 +154,22 @@ class LearnedPredictor:
         unique = features.columns_from_items(kernel, reps)
         return _KernelGroup(kernel, index, sub, unique, inverse)
 
-    def _model_for(
-        self, kernel: str, device: DeviceSpec
-    ) -> tuple[LayerLatencyModel | None, npt.NDArray[np.intp] | None, str, ProbeCorrection]:
-        """(model, its feature columns, label tag, probe correction): the full model for
-        devices in the training data, else the transfer model, corrected by the device's probe
-        when it was probed; no model when the kernel's model never saw the device's platform."""
+    def _model_for(self, kernel: str, device: DeviceSpec) -> _ModelChoice:
+        """The full model for devices in the training data, else the transfer model (with its
+        columns and structure), corrected by the device's probe when it was probed; no model
+        when the kernel's model never saw the device's platform."""
         if not self.bundle.covers(kernel, device):
-            return None, None, "", NO_CORRECTION
+            return _ModelChoice(None, "", NO_CORRECTION)
         if device.platform == "cpu" and kernel in self.bundle.cpu_models:
-            return self.bundle.cpu_models[kernel], None, "", NO_CORRECTION
+            return _ModelChoice(self.bundle.cpu_models[kernel], "", NO_CORRECTION)
         transfer = self.bundle.transfer_models.get(kernel)
         probe = self.bundle.probe_correction(kernel, device)
-        if transfer is not None and probe is not None:
-            return transfer, features.transfer_columns(kernel), ":transfer+probe", probe
-        if transfer is not None and not self.bundle.has_seen(device):
-            return transfer, features.transfer_columns(kernel), ":transfer", NO_CORRECTION
-        return self.bundle.models.get(kernel), None, "", NO_CORRECTION
+        kind = str(self.bundle.manifest.get("transfer_kind", "roofline"))
+        if transfer is not None and (probe is not None or not self.bundle.has_seen(device)):
+            tag = ":transfer+probe" if probe is not None else ":transfer"
+            return _ModelChoice(transfer, tag, probe if probe is not None else NO_CORRECTION,
+                                kind)
+        return _ModelChoice(self.bundle.models.get(kernel), "", NO_CORRECTION)
 
 
 @dataclass(frozen=True)
@@ -183,20 +184,23 @@ class _KernelGroup:
 @dataclass(frozen=True)
 class _ModelChoice:
     model: LayerLatencyModel | None
-    columns: npt.NDArray[np.intp] | None
     tag: str
     correction: ProbeCorrection
+    transfer_kind: str | None = None  # the transfer model's structure; None for the full model
 
 
 def _kernel_features(
     cols: features.WorkColumns, device: DeviceSpec, backend_code: int | None,
-    columns: npt.NDArray[np.intp] | None,
+    choice: _ModelChoice,
 ) -> tuple[FloatArray, FloatArray]:
-    """The model's feature rows of `cols` on `device`, and each row's roofline base (ms)."""
+    """The model's feature rows of `cols` on `device`, and each row's base (ms): the roofline
+    one for the full model, the transfer structure's for a transfer model."""
     assert backend_code is not None
     dev = features.broadcast_device(device, cols.dtype, backend_code)
     x, base = features.feature_matrix(cols, dev)
-    return (x if columns is None else x[:, columns]), base
+    if choice.transfer_kind is None:
+        return x, base
+    return features.transfer_matrix(cols, dev, x, base, choice.transfer_kind)
 
 
 def _scaled(q: Mapping[str, FloatArray], base: FloatArray, correction: ProbeCorrection

@@ -60,6 +60,13 @@ class TrainSettings:
     probe_rows: int = 20
     """Rows of the left-out GPU used as its probe in the few-shot leave-one-device-out metric
     (the metric is computed on its other rows)."""
+    transfer_kind: str = "roofline"
+    """Structure of the transfer models (`features.TRANSFER_KINDS`): "tiled" learns a bounded
+    utilisation of the tile-and-wave time (`cost.tiling`), "roofline" the schema-6 ratio over
+    the device roofline. Recorded in the manifest, read back by `LearnedPredictor`."""
+
+    def __post_init__(self) -> None:
+        features.transfer_feature_names("gemm", self.transfer_kind)  # rejects an unknown kind
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,8 @@ class KernelData:
     x: FloatArray
     y: FloatArray  # log(latency / base)
     base_ms: FloatArray
+    transfer_x: FloatArray  # the transfer model's features (`features.transfer_matrix`)
+    transfer_base_ms: FloatArray  # and its normaliser
     latency_ms: FloatArray
     device: np.ndarray  # catalog key per row
     platform: np.ndarray  # "cpu" or "gpu" per row
@@ -84,7 +93,8 @@ def data_digest(frame: pd.DataFrame) -> str:
 
 
 def kernel_data(
-    frame: pd.DataFrame, kernel: str, resolve: DeviceResolver, backends: Sequence[str]
+    frame: pd.DataFrame, kernel: str, resolve: DeviceResolver, backends: Sequence[str],
+    transfer_kind: str = "roofline",
 ) -> KernelData:
     """Features and target for the rows of one kernel (any mix of devices and backends)."""
     rows = frame[frame["kernel"] == kernel]
@@ -105,7 +115,9 @@ def kernel_data(
     x, base = features.feature_matrix(cols, dev)
     latency = rows["latency_ms"].to_numpy(dtype=np.float64)
     kinds = {d: s.platform for d, s in specs.items()}
-    return KernelData(x, np.log(latency / base), base, latency, rows["device"].to_numpy(),
+    x_t, base_t = features.transfer_matrix(cols, dev, x, base, transfer_kind)
+    return KernelData(x, np.log(latency / base), base, x_t, base_t, latency,
+                      rows["device"].to_numpy(),
                       rows["device"].map(kinds).to_numpy(), rows["backend"].to_numpy())
 
 
@@ -130,7 +142,7 @@ def validate_kernel(kernel: str, data: KernelData, settings: TrainSettings) -> d
     order = rng.permutation(len(data.y))
     n_test = max(1, int(len(order) * settings.test_fraction))
     test, train = order[:n_test], order[n_test:]
-    pred = _fit_predict(kernel, data, train, test, settings, None)
+    pred = _fit_predict(kernel, data, train, test, settings, transfer=False)
     out: dict[str, Any] = {"random_split": error_metrics(data.latency_ms[test], pred)}
     out["random_split_by_platform"] = {
         str(k): error_metrics(data.latency_ms[test][m], pred[m])
@@ -147,7 +159,6 @@ def validate_kernel(kernel: str, data: KernelData, settings: TrainSettings) -> d
     if settings.leave_one_device_out:
         loo: dict[str, Any] = {}
         probed: dict[str, Any] = {}
-        columns = features.transfer_columns(kernel)  # what an unseen device is priced with
         for d in np.unique(data.device):
             held = np.flatnonzero(data.device == d)
             platform = data.platform[held[0]]
@@ -155,11 +166,13 @@ def validate_kernel(kernel: str, data: KernelData, settings: TrainSettings) -> d
             if len(np.unique(data.device[data.platform == platform])) < 2:
                 continue
             rest = np.flatnonzero((data.device != d) & (data.platform == platform))
-            pred_held = _fit_predict(kernel, data, rest, held, settings, columns)
+            # The transfer model: what an unseen device is priced with.
+            pred_held = _fit_predict(kernel, data, rest, held, settings, transfer=True)
             loo[str(d)] = error_metrics(data.latency_ms[held], pred_held)
             if len(held) > 2 * settings.probe_rows:
                 probed[str(d)] = _probe_metrics(data.latency_ms[held], pred_held,
-                                                data.base_ms[held], rng, settings.probe_rows)
+                                                data.transfer_base_ms[held], rng,
+                                                settings.probe_rows)
         if loo:
             out["leave_one_device_out"] = loo
         if probed:
@@ -233,7 +246,7 @@ def train_bundle(
             skipped[kernel if kind == "gpu" else f"{kernel} (cpu)"] = int(count)
             continue
         data = kernel_data(frame[(frame["kernel"] == kernel) & (platform == kind)], kernel,
-                           resolve, backends)
+                           resolve, backends, settings.transfer_kind)
         own = settings if kind == "gpu" else dataclasses.replace(
             settings, kernel_params={}, model_params={**settings.model_params,
                                                       **settings.cpu_params})
@@ -244,9 +257,8 @@ def train_bundle(
             cpu_models[kernel] = fitted
             continue
         models[kernel] = fitted
-        columns = features.transfer_columns(kernel)
         transfer[kernel] = _model(settings, kernel, quantiles=True, transfer=True).fit(
-            data.x[:, columns], data.y)
+            data.transfer_x, np.log(data.latency_ms / data.transfer_base_ms))
     created = (now() if now is not None else datetime.now().astimezone()).isoformat()
     device_backends = (frame.groupby("device")["backend"].agg(lambda s: s.value_counts().index[0]))
     manifest = {
@@ -263,6 +275,7 @@ def train_bundle(
         "device_platforms": {str(d): kinds[d] for d in sorted(kinds)},
         "settings": {"seed": settings.seed, "max_rows_per_kernel": settings.max_rows_per_kernel,
                      "test_fraction": settings.test_fraction},
+        "transfer_kind": settings.transfer_kind,
         "feature_names": {k: list(features.feature_names(k)) for k in {*models, *cpu_models}},
     }
     bundle = Bundle(models=models, manifest=manifest, transfer_models=transfer,
@@ -294,11 +307,12 @@ def with_probes(fitted: Bundle, probe_frame: pd.DataFrame,
         transfer = fitted.transfer_models.get(str(kernel))
         if transfer is None or default is None:
             continue
-        columns = features.transfer_columns(str(kernel))
+        kind = transfer_kind_of(manifest)
         probe = kernel_data(rows.assign(backend=default), str(kernel), resolve,
-                            manifest["backends"])
-        predicted = probe.base_ms * np.exp(transfer.predict(probe.x[:, columns]))
-        fit = probe_correction(probe.latency_ms, predicted, probe.base_ms)
+                            manifest["backends"], kind)
+        predicted = probe.transfer_base_ms * np.exp(features.bounded_log_ratio(
+            str(kernel), transfer.predict(probe.transfer_x), kind))
+        fit = probe_correction(probe.latency_ms, predicted, probe.transfer_base_ms)
         offsets.setdefault(str(device), {})[str(kernel)] = {
             "log_offset": round(fit.log_offset, 6),
             "log_base_slope": round(fit.log_base_slope, 6), "rows": len(rows)}
@@ -357,14 +371,24 @@ def _model(
     return LayerLatencyModel(**params)
 
 
+def transfer_kind_of(manifest: Mapping[str, Any]) -> str:
+    """The transfer structure a bundle was trained with (bundles before it: "roofline")."""
+    return str(manifest.get("transfer_kind", "roofline"))
+
+
 def _fit_predict(
     kernel: str, data: KernelData, train: np.ndarray, test: np.ndarray, settings: TrainSettings,
-    columns: np.ndarray | None,
+    *, transfer: bool,
 ) -> FloatArray:
-    x = data.x if columns is None else data.x[:, columns]
-    model = _model(settings, kernel, quantiles=False, transfer=columns is not None)
-    model.fit(x[train], data.y[train])
-    return data.base_ms[test] * np.exp(model.predict(x[test]))
+    if not transfer:
+        model = _model(settings, kernel, quantiles=False)
+        model.fit(data.x[train], data.y[train])
+        return data.base_ms[test] * np.exp(model.predict(data.x[test]))
+    x, base = data.transfer_x, data.transfer_base_ms
+    model = _model(settings, kernel, quantiles=False, transfer=True)
+    model.fit(x[train], np.log(data.latency_ms[train] / base[train]))
+    log_ratio = features.bounded_log_ratio(kernel, model.predict(x[test]), settings.transfer_kind)
+    return base[test] * np.exp(log_ratio)
 
 
 def _default_backends(frame: pd.DataFrame, platform: pd.Series) -> dict[str, str]:

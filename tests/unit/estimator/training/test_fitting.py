@@ -13,7 +13,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors, measurements, workload
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models import latency, learned
+from gpuplan_estimator.models import bundles, latency, learned
 from gpuplan_estimator.training import fitting, report
 
 DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb")
@@ -210,7 +210,6 @@ def test_cli_trains_from_a_measurement_parquet(frame: pd.DataFrame, tmp_path: Pa
     import argparse
 
     from gpuplan_estimator.interfaces.cli import training
-    from gpuplan_estimator.models import bundles
 
     new_gpu = synthetic_frame(30, seed=5, keys=("p100-pcie-16gb",), slowdown=2.0)
     rows = pd.concat([frame, new_gpu], ignore_index=True)
@@ -241,7 +240,7 @@ def test_leave_one_out_skips_a_device_alone_on_its_platform() -> None:
     full = np.zeros((n, len(features.feature_names("softmax"))))
     full[:, features.transfer_columns("softmax")] = x
     y = 0.3 * x[:, 0]
-    data = fitting.KernelData(full, y, np.ones(n), np.exp(y), device,
+    data = fitting.KernelData(full, y, np.ones(n), x, np.ones(n), np.exp(y), device,
                             np.where(device == "c1", "cpu", "gpu"),
                             np.where(device == "c1", "ort-cpu", "torch-cuda"))
     out = fitting.validate_kernel("softmax", data, fitting.TrainSettings(model_params=FAST))
@@ -290,3 +289,44 @@ def test_probe_correction_recovers_offset_and_bounded_slope() -> None:
     assert steep.log_base_slope == fitting.MAX_PROBE_SLOPE
     one = fitting.probe_correction(np.array([2.0]), np.array([1.0]), np.array([0.5]))
     assert one == latency.ProbeCorrection(pytest.approx(np.log(2.0)), 0.0)
+
+
+def _gemm_items(ms: tuple[int, ...]) -> list[workload.WorkItem]:
+    from gpuplan_estimator.core.layers import OpFamily
+
+    return [workload.WorkItem(layer=f"fc{m_}", family=OpFamily.MATMUL, kernel="gemm",
+                              phase=workload.Phase.FORWARD, dtype="float32", flops=0,
+                              bytes_moved=0, dims={"batch": 1, "m": m_, "k": 1024, "n": 1024,
+                                                   "bias": 0}) for m_ in ms]
+
+
+@pytest.mark.parametrize("kind", ["tiled", "roofline"])
+def test_transfer_kind_round_trips_and_prices_an_unseen_gpu(
+        frame: pd.DataFrame, tmp_path: Path, kind: str) -> None:
+    """The bundle records its transfer structure; a saved and reloaded bundle prices a GPU
+    it never saw exactly as before, with the transfer model of that structure."""
+    bundle = fitting.train_bundle(
+        frame, fitting.TrainSettings(model_params=FAST, min_rows_per_kernel=50,
+                                     transfer_kind=kind), validate=False)
+    assert bundle.manifest["transfer_kind"] == kind
+    loaded = bundles.load_bundle(bundles.save_bundle(bundle, tmp_path / kind))
+    assert len(loaded.transfer_models["gemm"].boosters_["median"].feature_name()) == len(
+        features.transfer_feature_names("gemm", kind))
+    h100 = devices.load_catalog().resolve("h100-sxm-80gb")
+    items = _gemm_items((64, 1000, 4096, 16384))
+    before = learned.LearnedPredictor(bundle).predict(items, h100)
+    after = learned.LearnedPredictor(loaded).predict(items, h100)
+    np.testing.assert_allclose(after.median_ms, before.median_ms, rtol=1e-9)
+    assert set(after.predictor) == {"lightgbm:gemm:transfer"}
+    assert (after.p10_ms <= after.median_ms).all() and (after.median_ms <= after.p90_ms).all()
+    if kind == "tiled":  # utilisation of the tile-and-wave structure is at most 1
+        cols = features.columns_from_items("gemm", items)
+        dev = features.broadcast_device(h100, cols.dtype, 0)
+        x, base = features.feature_matrix(cols, dev)
+        _, structure_ms = features.transfer_matrix(cols, dev, x, base, "tiled")
+        assert (after.p10_ms >= structure_ms * (1 - 1e-9)).all()
+
+
+def test_unknown_transfer_kind_is_refused() -> None:
+    with pytest.raises(errors.InvalidRequestError, match="unknown transfer kind"):
+        fitting.TrainSettings(transfer_kind="neural")

@@ -7,11 +7,14 @@ tf32, fp16 and bf16 change predictions where the GPU has the math for them, and 
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import functools
 import json
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core.errors import UnsupportedPrecisionError
@@ -21,8 +24,9 @@ from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.graph import examples
 from gpuplan_estimator.interfaces.cli import main
+from gpuplan_estimator.interfaces.http import service
 from gpuplan_estimator.models import monotone, selection
-from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.planning import estimates, planner
 from gpuplan_estimator.step.decomposition import TrainingSettings
 
 CATALOG = devices.load_catalog()
@@ -249,3 +253,45 @@ def test_every_plan_candidate_says_what_its_figures_rest_on(
     assert main.main(argv) == 0
     out = capsys.readouterr().out
     assert "BASIS" in out and "extrapolated" in out and "measured" in out
+
+
+def _shipped_context() -> planner.PlannerContext:
+    predictor, source = selection.select_predictor(None)
+    return planner.PlannerContext(catalog=CATALOG, predictor=predictor, predictor_source=source)
+
+
+def test_http_plans_and_estimates_mark_the_basis_and_refuse_missing_precisions() -> None:
+    model = base64.b64encode(examples.light_resnet50_path().read_bytes()).decode()
+    training = {"batch_size": 8, "dataset_size": 800, "epochs": 1, "optimizer": "sgd",
+                "precision": "bf16"}
+    inventory = [{"gpu_type": "t4", "gpus_per_node": 4, "nodes": 1, "free_gpus": 4},
+                 {"gpu_type": "NVIDIA-H100-80GB-HBM3", "gpus_per_node": 8, "nodes": 1,
+                  "free_gpus": 8}]
+
+    async def check(client: TestClient) -> None:
+        resp = await client.post("/v1/plans", json={
+            "model_onnx_b64": model, "training": training, "inventory": inventory,
+            "objective": {"prefer": "fastest", "max_gpus": 8}})
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+        assert {c["data_basis"] for c in body["candidates"]} == {"extrapolated"}  # H100 only
+        assert any("t4" in n and "bf16" in n for n in body["notes"])
+        resp = await client.post("/v1/estimate", json={
+            "model_onnx_b64": model, "training": {**training, "precision": "fp32"},
+            "devices": ["t4", "h100-sxm-80gb"]})
+        assert resp.status == 200, await resp.text()
+        basis_of = {d["device"]: d["data_basis"] for d in (await resp.json())["devices"]}
+        assert basis_of == {"t4": "measured", "h100-sxm-80gb": "extrapolated"}
+        resp = await client.post("/v1/estimate", json={
+            "model_onnx_b64": model, "training": training, "devices": ["t4"]})
+        assert resp.status == 422  # the service answers every InvalidRequestError so
+        text = await resp.text()
+        assert "bf16" in text and "t4" in text
+
+    async def serve() -> None:
+        state = service.ServiceState(_shipped_context)
+        app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600))
+        async with TestClient(TestServer(app)) as client:
+            await check(client)
+
+    asyncio.run(serve())

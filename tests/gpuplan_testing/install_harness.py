@@ -207,7 +207,7 @@ def sandbox_argv(binds: Sequence[tuple[str, str]], argv: Sequence[str]) -> list[
 class Cluster:
     """How the harness reaches the testbed: admin kubectl for reads, the apiserver for pods."""
 
-    kubectl: Callable[..., Any]  # testbed_pytest.Kubectl
+    kubectl: Any  # testbed_pytest.Kubectl: called for text, .json(...) for objects
     api_host: str
     api_port: int
     ca_pem: bytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ def test_argv_follows_command_args_and_image_entrypoint_rules() -> None:
 
 
 def test_probes_resolve_named_ports_and_refuse_a_host() -> None:
-    container = {"name": "c", "ports": [{"name": "http", "containerPort": 8080}],
+    container: dict[str, Any] = {"name": "c", "ports": [{"name": "http", "containerPort": 8080}],
                  "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}},
                  "livenessProbe": {"httpGet": {"path": "/healthz", "port": 10259,
                                                "scheme": "HTTPS"}}}

@@ -37,10 +37,13 @@ def transfer_log_errors(bundle: Bundle, unseen_rows: pd.DataFrame, *, seed: int 
         transfer = bundle.transfer_models.get(str(kernel))
         if transfer is None or default is None:
             continue
+        # Priced as `fitting.with_probes` prices probe rows: the transfer model on the GPU
+        # default backend.
+        kind = fitting.transfer_kind_of(manifest)
         data = fitting.kernel_data(rows.assign(backend=default), str(kernel), resolve,
-                                   manifest["backends"])
-        columns = features.transfer_columns(str(kernel))
-        predicted = data.base_ms * np.exp(transfer.predict(data.x[:, columns]))
+                                   manifest["backends"], kind)
+        predicted = data.transfer_base_ms * np.exp(features.bounded_log_ratio(
+            str(kernel), transfer.predict(data.transfer_x), kind))
         out[str(kernel)] = intervals.synthetic_model_log_errors(data.latency_ms, predicted,
                                                                 seed=seed)
     return out

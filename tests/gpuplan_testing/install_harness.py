@@ -199,6 +199,21 @@ def sandbox_argv(binds: Sequence[tuple[str, str]], argv: Sequence[str]) -> list[
             "/bin/sh", "-c", "\n".join(lines), "pod-sandbox", *argv]
 
 
+def sandbox_problem() -> str | None:
+    """Why `sandbox_argv` cannot work on this machine (no unprivileged user namespaces), or
+    None when it can."""
+    try:
+        out = subprocess.run(sandbox_argv([], ["/bin/true"]), capture_output=True, text=True,
+                             timeout=30)
+    except OSError as exc:
+        return f"unshare is not available: {exc}"
+    if out.returncode != 0:
+        return ("the install test runs each container in a user+mount namespace, and `unshare "
+                f"--user --map-root-user --mount` failed: {out.stderr.strip()} (allow "
+                "unprivileged user namespaces, e.g. sysctl kernel.unprivileged_userns_clone=1)")
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # The cluster side: what the kubelet reads from the API
 

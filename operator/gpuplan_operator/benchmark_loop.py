@@ -40,7 +40,7 @@ class LoopContext:
     outcomes: OutcomeLedger = dataclasses.field(default_factory=lambda: OutcomeLedger())
     """Which finished Jobs were counted (this process's counters only)."""
     retraining: RetrainingLedger = dataclasses.field(default_factory=lambda: RetrainingLedger())
-    """Training Jobs counted, triggers waiting, rows at the last training (this process)."""
+    """Training Jobs counted, Jobs started and rows at the last training (this process)."""
 
 
 @dataclasses.dataclass
@@ -69,15 +69,14 @@ class RetrainingLedger:
 
     Finished training Jobs are counted once by uid, the first pass only recording those already
     finished (as `OutcomeLedger`). `rows_seen` holds each GPU type's database rows when the
-    last training Job started, or when the type was first seen by this process: a benchmark Job
-    that succeeded brought new rows when its type has more now. Triggers wait in `pending` while
-    a training Job runs; the next Job (the newest trigger) sees all their rows.
+    last training Job of this process started: a benchmark Job that succeeded brought new rows
+    when its type has more now. Which triggers wait is not remembered: every pass derives them
+    from the Jobs (`retraining.benchmark_triggers`), so a restart loses none.
     """
 
     counted: set[str] = dataclasses.field(default_factory=set)
     baselined: bool = False
     rows_seen: dict[str, int] = dataclasses.field(default_factory=dict)
-    pending: list[retraining.Trigger] = dataclasses.field(default_factory=list)
     started: set[str] = dataclasses.field(default_factory=set)
     """Names of the training Jobs this process created (a schedule slot starts one Job even
     after its Job is gone past its TTL)."""
@@ -90,11 +89,10 @@ class RetrainingLedger:
         return [] if first else fresh
 
     def new_rows(self, rows_by_type: Mapping[str, int]) -> dict[str, bool]:
-        """Per GPU type: more rows than at the last training Job (a type seen for the first
-        time is recorded with its rows now, so it has none new yet)."""
-        for gpu_type, rows in rows_by_type.items():
-            self.rows_seen.setdefault(gpu_type, rows)
-        return {t: rows > self.rows_seen[t] for t, rows in rows_by_type.items()}
+        """Per GPU type: more rows than at this process's last training Job. A type with rows
+        that no training Job of this process saw counts as new: after a restart, the Jobs' times
+        decide whether a training Job read them (`retraining.benchmark_triggers`)."""
+        return {t: rows > self.rows_seen.get(t, 0) for t, rows in rows_by_type.items()}
 
 
 def job_options(s: operator_settings.Settings) -> benchmarks.JobOptions:
@@ -147,29 +145,32 @@ async def refresh(ctx: LoopContext) -> list[benchmarks.GpuTypeCoverage]:
             LOG.info("benchmark Job %s/%s created for %s (%s)", s.benchmark_namespace,
                      body["metadata"]["name"], c.gpu_type, c.action)
     if s.retraining_enabled and s.benchmark_db_secret:
-        await retrain(ctx, finished, {c.gpu_type: c.measurements for c in assessed})
+        await retrain(ctx, benchmarks.finished_jobs(jobs),
+                      {c.gpu_type: c.measurements for c in assessed})
     return assessed
 
 
 async def retrain(ctx: LoopContext, finished: list[benchmarks.FinishedJob],
                   rows_by_type: Mapping[str, int]) -> dict[str, object] | None:
-    """The retraining step of a pass: count finished training Jobs once, queue a trigger per
-    newly succeeded benchmark Job whose type has new rows (and the schedule's slot), and start
-    the newest one unless a training Job runs. Returns the Job body sent, or None."""
+    """The retraining step of a pass: count finished training Jobs once, derive a trigger per
+    succeeded benchmark Job (of `finished`, every finished one listed) whose new rows no
+    training Job has read (and the schedule's slot), and start the newest one unless a training
+    Job runs. Returns the Job body sent, or None."""
     s, ledger = ctx.settings, ctx.retraining
     jobs = await ctx.kube.list_jobs(
         s.benchmark_namespace, f"{benchmarks.COMPONENT_LABEL}={retraining.COMPONENT}")
     for uid, ended in ledger.new_outcomes(retraining.finished_jobs(jobs)):
         ctx.metrics.count_retraining_job(ended)
         LOG.info("training Job %s finished: %s", uid, ended)
-    ledger.pending += retraining.benchmark_triggers(finished, ledger.new_rows(rows_by_type))
+    triggers = retraining.benchmark_triggers(
+        finished, ledger.new_rows(rows_by_type),
+        last_training_unix=retraining.last_start_unix(jobs))
     # A trigger whose Job exists (or existed, in this process) has had its training.
     done = ledger.started | {str((j.get("metadata") or {}).get("name")) for j in jobs}
     scheduled = retraining.schedule_trigger(ctx.clock().timestamp(),
                                             s.retraining_interval_seconds())
-    waiting = [t for t in [*ledger.pending, *([scheduled] if scheduled else [])]
+    waiting = [t for t in [*triggers, *([scheduled] if scheduled else [])]
                if retraining.job_name(t) not in done]
-    ledger.pending = [t for t in ledger.pending if t in waiting]
     trigger = retraining.next_trigger(waiting, running=retraining.any_running(jobs))
     if trigger is None:
         return None
@@ -177,13 +178,13 @@ async def retrain(ctx: LoopContext, finished: list[benchmarks.FinishedJob],
                                 options=retraining_options(s))
     _, created = await ctx.kube.create_job(s.benchmark_namespace, body)
     ledger.started.add(body["metadata"]["name"])
-    ledger.pending.clear()  # the newest trigger's Job reads every row the older ones wrote
+    # The newest trigger's Job reads every row the older ones wrote: their benchmark Jobs ended
+    # before it was created, so later passes derive no trigger from them.
     ledger.rows_seen.update(rows_by_type)
     if created:
         LOG.info("training Job %s/%s created (%s trigger %s)", s.benchmark_namespace,
                  body["metadata"]["name"], trigger.kind, trigger.key)
     return body
-
 
 
 async def run_forever(ctx: LoopContext) -> None:

@@ -297,11 +297,14 @@ _EXIT_CODE = re.compile(r"\bexit code (\d+)\b")
 
 @dataclasses.dataclass(frozen=True)
 class FinishedJob:
-    """A finished benchmark Job: its uid (to count it once), GPU type and outcome."""
+    """A finished benchmark Job: its uid (to count it once), GPU type, outcome and end time."""
 
     uid: str
     gpu_type: str
     outcome: str
+    finished_unix: float | None = None
+    """When it ended (status.completionTime, else its condition's lastTransitionTime); None
+    when the API gave neither."""
 
 
 def outcome(job: Mapping[str, Any]) -> str | None:
@@ -328,5 +331,30 @@ def finished_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[FinishedJob]:
         ended = outcome(job)
         if gpu_type is None or ended is None:
             continue
-        out.append(FinishedJob(str(meta.get("uid") or meta.get("name")), str(gpu_type), ended))
+        out.append(FinishedJob(str(meta.get("uid") or meta.get("name")), str(gpu_type), ended,
+                               finished_unix(job)))
     return out
+
+
+def finished_unix(job: Mapping[str, Any]) -> float | None:
+    """When a finished Job ended, as Unix seconds: completionTime, else the lastTransitionTime
+    of its Complete/Failed condition; None when neither is given."""
+    status = job.get("status") or {}
+    stamps = [status.get("completionTime")] + [
+        c.get("lastTransitionTime") for c in status.get("conditions") or []
+        if c.get("type") in {"Complete", "Failed"} and c.get("status") == "True"]
+    for stamp in stamps:
+        if isinstance(stamp, str) and stamp:
+            return _unix(stamp)
+    return None
+
+
+def created_unix(job: Mapping[str, Any]) -> float | None:
+    """A Job's metadata.creationTimestamp as Unix seconds; None when absent."""
+    stamp = (job.get("metadata") or {}).get("creationTimestamp")
+    return _unix(stamp) if isinstance(stamp, str) and stamp else None
+
+
+def _unix(rfc3339: str) -> float:
+    # Kubernetes writes RFC 3339 UTC with a trailing Z.
+    return datetime.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()

@@ -71,11 +71,27 @@ class JobOptions:
 
 
 def benchmark_triggers(finished: Iterable[benchmarks.FinishedJob],
-                       new_rows: Mapping[str, bool]) -> list[Trigger]:
-    """A trigger per newly finished benchmark Job that succeeded with new rows for its type
-    (`new_rows` by GPU type; a type it does not name counts as no new rows)."""
-    return [Trigger("benchmark", job.uid) for job in finished
-            if job.outcome == benchmarks.Outcome.SUCCEEDED and new_rows.get(job.gpu_type, False)]
+                       new_rows: Mapping[str, bool], *,
+                       last_training_unix: float | None) -> list[Trigger]:
+    """A trigger per succeeded benchmark Job (oldest first) whose rows no training Job has read:
+    it ended after the newest training Job started (`last_training_unix`; None: none ever did)
+    and its type has new rows (`new_rows` by GPU type; a type it does not name counts as none).
+
+    Derived from the Jobs on every pass rather than remembered, so a benchmark Job that ended
+    while the operator was down still starts its training after a restart."""
+    unread = [job for job in finished
+              if job.outcome == benchmarks.Outcome.SUCCEEDED and new_rows.get(job.gpu_type, False)
+              and (last_training_unix is None or job.finished_unix is None
+                   or job.finished_unix > last_training_unix)]
+    # Oldest first, so `next_trigger`'s newest is the last to end.
+    unread.sort(key=lambda job: job.finished_unix or 0.0)
+    return [Trigger("benchmark", job.uid) for job in unread]
+
+
+def last_start_unix(jobs: Iterable[Mapping[str, Any]]) -> float | None:
+    """When the newest of the training Jobs `jobs` was created; None when there is none."""
+    stamps = [t for t in map(benchmarks.created_unix, jobs) if t is not None]
+    return max(stamps, default=None)
 
 
 def schedule_trigger(now_unix: float, interval_seconds: float) -> Trigger | None:

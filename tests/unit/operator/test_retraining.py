@@ -23,8 +23,34 @@ def test_only_a_succeeded_benchmark_with_new_rows_triggers() -> None:
     done = [benchmarks.FinishedJob("a", "NVIDIA-L4", benchmarks.Outcome.SUCCEEDED),
             benchmarks.FinishedJob("b", "Tesla-T4", benchmarks.Outcome.SUCCEEDED),
             benchmarks.FinishedJob("c", "NVIDIA-L4", benchmarks.Outcome.FAILED)]
-    got = retraining.benchmark_triggers(done, {"NVIDIA-L4": True, "Tesla-T4": False})
+    got = retraining.benchmark_triggers(done, {"NVIDIA-L4": True, "Tesla-T4": False},
+                                        last_training_unix=None)
     assert got == [retraining.Trigger("benchmark", "a")]
+
+
+def test_a_benchmark_that_ended_before_the_newest_training_started_was_read() -> None:
+    ok = benchmarks.Outcome.SUCCEEDED
+    done = [benchmarks.FinishedJob("late", "NVIDIA-L4", ok, 2000.0),
+            benchmarks.FinishedJob("early", "NVIDIA-L4", ok, 500.0),
+            benchmarks.FinishedJob("before", "NVIDIA-L4", ok, 900.0)]
+    got = retraining.benchmark_triggers(done, {"NVIDIA-L4": True}, last_training_unix=1000.0)
+    assert got == [retraining.Trigger("benchmark", "late")]
+    # With no training Job ever, all of them, oldest first (the newest starts the Job).
+    assert [t.key for t in retraining.benchmark_triggers(
+        done, {"NVIDIA-L4": True}, last_training_unix=None)] == ["early", "before", "late"]
+
+
+def test_job_times_come_from_the_api_objects() -> None:
+    job = {"metadata": {"uid": "u", "creationTimestamp": "2026-06-15T08:00:00Z",
+                        "labels": {benchmarks.PRODUCT_LABEL: "NVIDIA-L4"}},
+           "status": {"conditions": [{"type": "Complete", "status": "True",
+                                      "lastTransitionTime": "2026-06-15T08:10:00Z"}]}}
+    [finished] = benchmarks.finished_jobs([job])
+    assert finished.finished_unix == benchmarks.created_unix(job) + 600
+    job["status"]["completionTime"] = "2026-06-15T08:09:00Z"
+    assert benchmarks.finished_unix(job) == benchmarks.created_unix(job) + 540
+    assert retraining.last_start_unix([job, {"metadata": {}}]) == benchmarks.created_unix(job)
+    assert retraining.last_start_unix([]) is None
 
 
 def test_the_schedule_is_off_by_default_and_one_slot_per_interval() -> None:

@@ -189,6 +189,20 @@ def test_training_jobs_finished_before_a_restart_are_not_counted_again() -> None
     assert kube.created == []  # L4 has fresh rows: no benchmark, no training
 
 
+def test_a_benchmark_that_ended_while_the_operator_was_down_still_starts_its_training() -> None:
+    kube = LabelledKube(["NVIDIA-L4"])
+    rows: dict[str, tuple[int, dt.datetime | None]] = {}
+    _run_passes(kube, rows, prometheus_client.CollectorRegistry(), [lambda: None])
+    _bench_done(kube, rows, 4800)()  # no operator runs while the benchmark Job ends
+    for _restart in range(2):  # a second restart finds the training Job: no other one
+        _run_passes(kube, rows, prometheus_client.CollectorRegistry(),
+                    [lambda: None, lambda: None])
+    [job] = kube.training_jobs()
+    [bench] = [j for j in kube.created if j not in kube.training_jobs()]
+    assert job["metadata"]["name"] == retraining.job_name(
+        retraining.Trigger("benchmark", bench["metadata"]["uid"]))
+
+
 def test_the_schedule_starts_one_job_per_slot() -> None:
     kube = LabelledKube(["NVIDIA-L4"])
     rows: dict[str, tuple[int, dt.datetime | None]] = {"l4": (4800, NOW)}

@@ -265,7 +265,9 @@ def train_bundle(
         "created": created, "command": command, "commit": commit,
         "data_digest": data_digest(pd.concat([frame, probe_frame])), "rows": len(frame),
         "devices": sorted(frame["device"].unique()), "backends": backends,
-        "device_rows": device_rows(frame, probe_frame),
+        "device_rows": device_rows(frame.assign(platform=platform), probe_frame.assign(
+            platform=probe_frame["device"].map(kinds)),
+            {"gpu": set(models), "cpu": set(cpu_models)}),
         "device_backends": {str(k): str(v) for k, v in device_backends.items()},
         "default_backends": _default_backends(frame, platform),
         "backward_factors": factors,
@@ -283,10 +285,18 @@ def train_bundle(
     return with_probes(bundle, probe_frame, resolve)
 
 
-def device_rows(fitted: pd.DataFrame, probes: pd.DataFrame) -> dict[str, int]:
-    """Per device key: the rows the bundle learned it from (fitted rows after the per-kernel
-    cap, plus probe rows), what `/v1/coverage` reports as ``bundle_rows``."""
-    counts = pd.concat([fitted["device"], probes["device"]]).value_counts()
+def device_rows(fitted: pd.DataFrame, probes: pd.DataFrame,
+                learned: Mapping[str, set[str]]) -> dict[str, int]:
+    """Per device key: the rows the bundle learned it from, what `/v1/coverage` reports as
+    ``bundle_rows``: fitted rows after the per-kernel cap plus probe rows, both with a
+    ``platform`` column, counted only for the kernels `learned` has a model of on that platform
+    (a kernel skipped for too few rows taught the bundle nothing about its devices)."""
+    def used(rows: pd.DataFrame) -> pd.Series:
+        keep = [k in learned.get(p, set()) for k, p in zip(rows["kernel"], rows["platform"],
+                                                            strict=True)]
+        return rows.loc[keep, "device"]
+
+    counts = pd.concat([used(fitted), used(probes)]).value_counts()
     return {str(d): int(n) for d, n in sorted(counts.items())}
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from gpuplan_estimator.interfaces.cli import main as cli
 from gpuplan_estimator.models import bundles
 from gpuplan_estimator.perfdb import PerfStore
+from gpuplan_estimator.training import fitting
 from gpuplan_testing.bundle_builders import tiny_bundle
 
 from .test_fitting import synthetic_frame
@@ -109,3 +111,18 @@ def test_candidate_flags_need_a_database(capsys: pytest.CaptureFixture[str]) -> 
     assert code == 2 and "--db" in err
     code, _, err = _run(capsys, "train", "--db", "sqlite://", "--promote")
     assert code == 2 and "--candidate" in err
+
+
+def test_device_rows_count_only_kernels_the_bundle_learned() -> None:
+    """A GPU whose only rows are of a kernel skipped for too few rows is not covered: coverage
+    must not report rows the bundle learned nothing from (found by the loop test, #17)."""
+    frame = synthetic_frame(120)
+    frame = frame[frame["kernel"] == "softmax"]
+    lone = synthetic_frame(40, keys=("l4",))
+    lone = lone[lone["kernel"] == "gemm"]  # 40 gemm rows: below min_rows_per_kernel
+    fitted = fitting.train_bundle(pd.concat([frame, lone], ignore_index=True),
+                                  fitting.TrainSettings(max_rows_per_kernel=1000),
+                                  validate=False)
+    assert "gemm" in fitted.manifest["skipped_kernels"]
+    assert fitted.manifest["device_rows"] == {"a100-pcie-40gb": 120, "t4": 120,
+                                              "v100-pcie-32gb": 120}

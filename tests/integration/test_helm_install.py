@@ -296,6 +296,13 @@ def test_examples_run_through_the_installed_parts(release: Release, kubectl: Kub
         gpu = tjs[name]["status"]["plan"]["gpuType"]
         assert f'gpuplan_drift_ratio_count{{gpu_type="{gpu}"}}' in text, gpu
     assert 'gpuplan_estimator_requests_total{outcome="ok"}' in text
+    # The installed estimator planned them, and took each outcome from the operator (its
+    # ServiceAccount token, reviewed by the API server, on POST /v1/outcomes).
+    estimator_port = release.values["estimator"]["port"]
+    served = ih.scrape(f"http://127.0.0.1:{estimator_port}/metrics")
+    for endpoint, code in (("/v1/plans", "200"), ("/v1/outcomes", "201")):
+        assert served_count(served, endpoint, code) >= len(names), (endpoint, [
+            line for line in served.splitlines() if line.startswith("gpuplan_estimator_http")])
     extender_port = release.values["scheduler"]["extender"]["port"]
     ext = ih.scrape(f"http://127.0.0.1:{extender_port}/metrics")
     filtered = [line for line in ext.splitlines()
@@ -304,6 +311,15 @@ def test_examples_run_through_the_installed_parts(release: Release, kubectl: Kub
     assert filtered and float(filtered[0].split()[-1]) >= len(names), filtered
     for c in release.containers:
         assert not ih.forbidden_lines(c.log_text()), c.label
+
+
+def served_count(metrics: str, endpoint: str, code: str) -> float:
+    """`gpuplan_estimator_http_requests_total` for one endpoint and status code."""
+    for line in metrics.splitlines():
+        if (line.startswith("gpuplan_estimator_http_requests_total{")
+                and f'endpoint="{endpoint}"' in line and f'code="{code}"' in line):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def changed_crd(crd: dict[str, Any], marker: str) -> dict[str, Any]:

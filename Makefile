@@ -104,6 +104,10 @@ testbed-down: $(STAMP) ## stop the local control plane
 testbed-status: $(STAMP) ## show the local control plane's components
 	$(PYTHON) testbed/gpuplan_testbed.py status
 
+.PHONY: image-check
+image-check: $(STAMP) ## build each Dockerfile's root filesystem with mmdebstrap (no Docker; root) and run the image in it; cache ~/.cache/gpuplan/images
+	$(PYTHON) hack/image_check.py $(IMAGE_CHECK_ARGS)
+
 kind-e2e: $(STAMP) ## same integration tests on a kind cluster (needs Docker, kind, kubectl, helm)
 	bash hack/kind-e2e.sh
 

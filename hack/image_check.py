@@ -549,7 +549,9 @@ class Container:
         lines.append("img() { " + " ".join(shlex.quote(a) for a in run) + ' "$@"; }')
         lines.append(body if body is not None else
                      "img " + " ".join(shlex.quote(a) for a in argv))
-        return ["unshare", "--mount", "--net", "--fork", "--", "/bin/sh", "-c", "\n".join(lines)]
+        # A PID namespace too: when this shell (its init) exits, the kernel kills what is left.
+        return ["unshare", "--mount", "--net", "--pid", "--fork", "--", "/bin/sh", "-c",
+                "\n".join(lines)]
 
 
 def replay(df: Dockerfile, base: BaseImage, tarball: Path, house: Path, work: Path,
@@ -660,18 +662,29 @@ def serve_check(box: Container, argv: Sequence[str], port: int) -> tuple[bool, s
         "        if time.monotonic() > deadline: raise SystemExit(f'no /healthz: {exc}')\n"
         "        time.sleep(0.5)\n")
     log_file = shlex.quote(f"{box.root}/tmp/serve.log")  # the image's tmpfs /tmp
+    proc_dir = shlex.quote(f"{box.root}/proc")  # this PID namespace's /proc
+    uid = box.user.split(":")[0]
     body = "\n".join([
         "img " + " ".join(shlex.quote(a) for a in argv) + f" >{log_file} 2>&1 &",
         "pid=$!",
         "set +e",
         f"img python3 -c {shlex.quote(probe)} $pid",
         "rc=$?",
-        "kill -TERM $pid 2>/dev/null; wait $pid; echo \"server exit $?\"",
+        # SIGTERM to every process as the kubelet sends it (kill -1 spares this shell, the
+        # namespace's init); whatever still runs 20 s later dies with the namespace.
+        "kill -TERM -1 2>/dev/null",
+        "i=0",
+        f"while grep -qs '^Uid:[[:space:]]*{uid}[[:space:]]' {proc_dir}/[0-9]*/status"
+        " && [ $i -lt 40 ]; do sleep 0.5; i=$((i+1)); done",
+        "echo \"server processes gone $((i / 2)) s after SIGTERM (at most 20)\"",
         f"tail -n 15 {log_file}",
         "exit $rc"])
+    started = time.monotonic()
     proc = subprocess.run(box.script([], read_only=True, body=body), capture_output=True,
                           text=True, timeout=300)
     out = (proc.stdout + proc.stderr).strip()
+    gone = [line for line in out.splitlines() if line.startswith(("healthz", "server processes"))]
+    log(f"serve: exit {proc.returncode} in {time.monotonic() - started:.1f} s; {gone}")
     return proc.returncode == 0 and "healthz 200" in out, out[-800:]
 
 

@@ -108,7 +108,9 @@ def transfer_columns(kernel: str) -> npt.NDArray[np.intp]:
 #   utilisation of the structure; features are shape and structure ratios only. Times in ms,
 #   the L2 ratio and SM-dependent wave counts are left out too: with four training GPUs any
 #   of them lets trees tell the GPUs apart and memorise them.
-TRANSFER_KINDS: tuple[str, ...] = ("roofline", "tiled")
+# - "tiled-gemm": "tiled" for the GEMM-shaped kernels (gemm, conv2d), "roofline" for the rest.
+TRANSFER_KINDS: tuple[str, ...] = ("roofline", "tiled", "tiled-gemm")
+_GEMM_SHAPED: frozenset[str] = frozenset({"gemm", "conv2d"})
 _TILED_EXCLUDED: frozenset[str] = frozenset({
     "log_base_ms", "log_waves_128x64", "tail_fill_128x64", "log_waves_32x32", "tail_fill_32x32",
     "log_waves_elem",
@@ -116,16 +118,25 @@ _TILED_EXCLUDED: frozenset[str] = frozenset({
 _TILED_PLAN_EXCLUDED: frozenset[str] = frozenset({"t_log_struct_ms", "t_log_ws_over_l2"})
 
 
+def kernel_transfer_kind(kernel: str, kind: str) -> str:
+    """The structure `kernel`'s transfer model has in a bundle of transfer `kind`."""
+    if kind not in TRANSFER_KINDS:
+        raise errors.InvalidRequestError(
+            "transfer_kind",
+            f"unknown transfer kind {kind!r}; one of {', '.join(TRANSFER_KINDS)}")
+    if kind == "tiled-gemm":
+        return "tiled" if kernel in _GEMM_SHAPED else "roofline"
+    return kind
+
+
 def transfer_feature_names(kernel: str, kind: str) -> tuple[str, ...]:
     """Column names of the transfer model of `kind` (`transfer_matrix`)."""
+    kind = kernel_transfer_kind(kernel, kind)
     names = feature_names(kernel)
     if kind == "roofline":
         return tuple(names[i] for i in transfer_columns(kernel))
-    if kind == "tiled":
-        return (*(n for n in names if n not in TRANSFER_EXCLUDED | _TILED_EXCLUDED),
-                *(n for n in tiling.TRANSFER_FEATURES if n not in _TILED_PLAN_EXCLUDED))
-    raise errors.InvalidRequestError(
-        "transfer_kind", f"unknown transfer kind {kind!r}; one of {', '.join(TRANSFER_KINDS)}")
+    return (*(n for n in names if n not in TRANSFER_EXCLUDED | _TILED_EXCLUDED),
+            *(n for n in tiling.TRANSFER_FEATURES if n not in _TILED_PLAN_EXCLUDED))
 
 
 @dataclass(frozen=True)
@@ -170,6 +181,7 @@ def transfer_matrix(
     utilisation of that structure and a GPU no row was measured on enters through its SMs,
     per-SM peaks and L2."""
     names = feature_names(cols.kernel)
+    kind = kernel_transfer_kind(cols.kernel, kind)
     if kind == "roofline":
         return x[:, transfer_columns(cols.kernel)], base
     wanted = transfer_feature_names(cols.kernel, kind)  # validates the kind
@@ -193,7 +205,7 @@ MAX_UTILISATION: Mapping[str, float] = {"conv2d": 2.5}
 def bounded_log_ratio(kernel: str, log_ratio: FloatArray, kind: str) -> FloatArray:
     """A transfer model's predicted log(latency / transfer base), kept where utilisation
     (base / latency) is at most `MAX_UTILISATION` (1 unless listed) for the "tiled" kind."""
-    if kind != "tiled":
+    if kernel_transfer_kind(kernel, kind) != "tiled":
         return log_ratio
     return np.maximum(log_ratio, -np.log(MAX_UTILISATION.get(kernel, 1.0)))
 

@@ -109,6 +109,11 @@ def test_tiled_transfer_features_hold_no_absolute_spec_or_time() -> None:
         names = features.feature_names(kernel)
         assert features.transfer_feature_names(kernel, "roofline") == tuple(
             names[i] for i in features.transfer_columns(kernel))
+    # "tiled-gemm": the structure for GEMM-shaped kernels, the roofline for streaming ones.
+    assert features.transfer_feature_names("conv2d", "tiled-gemm") == \
+        features.transfer_feature_names("conv2d", "tiled")
+    assert features.transfer_feature_names("softmax", "tiled-gemm") == \
+        features.transfer_feature_names("softmax", "roofline")
     with pytest.raises(errors.InvalidRequestError, match="unknown transfer kind"):
         features.transfer_feature_names("gemm", "magic")
 

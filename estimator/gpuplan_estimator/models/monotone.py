@@ -52,6 +52,9 @@ class SiblingBounded:
 
     def __getattr__(self, attr: str) -> Any:
         # Only reached for attributes this wrapper lacks: those are the inner predictor's.
+        # `inner` itself is absent only mid-unpickling; looking it up again would recurse.
+        if attr == "inner":
+            raise AttributeError(attr)
         return getattr(self.inner, attr)
 
     def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:

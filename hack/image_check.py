@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -340,9 +341,11 @@ COMMON_CHECKS = (
     Check("lightgbm imports (libgomp1)", ("python3", "-c",
           "import lightgbm, lightgbm.basic; print('lightgbm', lightgbm.__version__)"),
           entry=False, expect="lightgbm "),
-    Check("estimate a tiny ONNX model", ("/bin/sh", "-c",
+    # On a catalog GPU, so the shipped LightGBM bundle predicts (not only the roofline).
+    Check("estimate a tiny ONNX model with the shipped bundle", ("/bin/sh", "-c",
           f"python3 -c {shlex.quote(TINY_MODEL)} && exec gpuplan estimate /tmp/tiny.onnx "
-          "--batch 8 --device cpu --json"), entry=False, expect='"step_time'),
+          "--batch 8 --device t4 --device cpu --json"), entry=False,
+          expect='"predictor_source": "bundle:'),
 )
 
 
@@ -764,7 +767,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "GPUPLAN_IMAGE_CACHE", Path.home() / ".cache" / "gpuplan" / "images")))
     parser.add_argument("--with-all", action="store_true",
                         help="also install heavy extras (torch: ~5 GB of CUDA wheels)")
-    parser.add_argument("--keep", action="store_true", help="keep the root filesystems")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the root filesystems (until the next run)")
     parser.add_argument("--list", action="store_true",
                         help="print what each Dockerfile says and exit (no root needed)")
     args = parser.parse_args(argv)
@@ -787,6 +791,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"image-check needs {tool} (apt-get install mmdebstrap iproute2 curl)",
                   file=sys.stderr)
             return 2
+    args.cache.mkdir(parents=True, exist_ok=True)
+    lock = (args.cache / ".lock").open("w")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # one run per cache: a second waits, then cleans up below
+    for stale in (args.cache / "work").glob("image-*"):  # left by a killed run
+        if os.path.ismount(stale):
+            subprocess.run(["umount", "--lazy", str(stale)], check=True)
+        shutil.rmtree(stale, ignore_errors=True)
     failed = 0
     for image in images:
         started = time.monotonic()

@@ -138,6 +138,9 @@ class JobOutcome(Base):
     optimizer_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     gradient_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     intra_node_gbps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Added in revision 0007: the plan's workload (`plan_workloads`), so the promotion gate can
+    # re-estimate the job with another bundle; NULL from operators that predate it.
+    workload_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
 
 
 BUNDLE_STATES = ("candidate", "active", "retired")
@@ -169,3 +172,16 @@ class ModelBundle(Base):
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, server_default="")
     state_changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class PlanWorkload(Base):
+    """What a plan's chosen candidate runs, as the predictor sees it (revision 0007): the
+    zstd-compressed JSON of `planning.workloads`, keyed by its SHA-256."""
+    __tablename__ = "plan_workloads"
+
+    workload_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    device: Mapped[str] = mapped_column(String(128))
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    workload_zstd: Mapped[bytes] = mapped_column(LargeBinary)

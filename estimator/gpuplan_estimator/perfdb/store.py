@@ -26,7 +26,9 @@ from gpuplan_estimator.perfdb.models import (
     Measurement,
     ModelBundle,
     ModelVersion,
+    PlanWorkload,
 )
+from gpuplan_estimator.planning import workloads
 
 Clock = Callable[[], datetime]
 RUN_STATUSES = frozenset({"running", "done", "failed", "interrupted"})
@@ -112,6 +114,21 @@ class StoredBundle:
         out["created_at"] = self.created_at.isoformat()
         out["state_changed_at"] = self.state_changed_at.isoformat()
         return out
+
+
+@dataclass(frozen=True)
+class OutcomeWorkload:
+    """A finished job's outcome and the stored workload of the plan it ran."""
+    job_uid: str
+    actual_seconds: float
+    estimated_seconds: float
+    """The model's own (uncalibrated) estimate, as stored with the outcome."""
+    workload_id: str
+    workload_zstd: bytes
+
+
+MAX_WORKLOAD_BYTES = workloads.MAX_WORKLOAD_BYTES
+WORKLOAD_ID_CHARS = workloads.ID_CHARS
 
 
 _BUNDLE_INFO_COLUMNS = tuple(c for c in ModelBundle.__table__.columns if c.name != "bundle_bytes")
@@ -434,6 +451,7 @@ class PerfStore:
         optimizer_ms: float | None = None,
         gradient_bytes: int | None = None,
         intra_node_gbps: float | None = None,
+        workload_id: str | None = None,
     ) -> StoredOutcome:
         """Record one finished job's estimated and actual seconds, once per `job_uid`.
 
@@ -441,6 +459,8 @@ class PerfStore:
         node shape, the per-GPU batch, the optimizer steps run, and the model's own
         (uncalibrated) per-step forward, backward and optimizer ms, gradient bytes and
         intra-node GB/s of the plan; None is stored as NULL (older operators send none).
+        `workload_id` names the plan's stored workload (`add_workload`, revision 0007), which
+        the promotion gate re-estimates; it need not exist (yet): the gate joins on it.
 
         A job uid already stored writes nothing and returns that row (``created=False``), so a
         retried or replayed report never counts twice in the calibration. `estimated_seconds`
@@ -466,6 +486,8 @@ class PerfStore:
             "backward_ms": backward_ms, "optimizer_ms": optimizer_ms,
             "intra_node_gbps": intra_node_gbps}
         _check_scaling(scaling)
+        if workload_id is not None:
+            _check_workload_id(workload_id)
         row = {
             "job_uid": job_uid,
             "device": device,
@@ -475,6 +497,7 @@ class PerfStore:
             "model_digest": model_digest,
             "created_at": self.clock(),
             **scaling,
+            "workload_id": workload_id,
         }
         stmt = connections.insert_ignoring_duplicates(
             self.engine, JobOutcome, index_elements=["job_uid"]
@@ -506,6 +529,56 @@ class PerfStore:
             return pd.DataFrame(columns=[c.name for c in JobOutcome.__table__.columns])
         frame["drift_ratio"] = frame["actual_seconds"] / frame["estimated_seconds"]
         return frame
+
+    # -- plan workloads (revision 0007) -----------------------------------------------------
+
+    def add_workload(self, workload_id: str, data: bytes, *, device: str, gpu_count: int
+                     ) -> bool:
+        """Store a plan's compressed workload under its id (`planning.workloads.encode`) once;
+        True when this call stored it, False when the id was already there."""
+        _check_workload_id(workload_id)
+        _check_text("device", device, required=True)
+        if len(data) > MAX_WORKLOAD_BYTES:
+            raise errors.InvalidRequestError(
+                "workload", f"must be at most {MAX_WORKLOAD_BYTES} bytes, got {len(data)}")
+        row = {"workload_id": workload_id, "created_at": self.clock(), "device": device,
+               "gpu_count": int(gpu_count), "size_bytes": len(data), "workload_zstd": data}
+        stmt = connections.insert_ignoring_duplicates(
+            self.engine, PlanWorkload, index_elements=["workload_id"]
+        ).values(**row).returning(PlanWorkload.workload_id)
+
+        def _do() -> bool:
+            with self.engine.begin() as conn:
+                return conn.execute(stmt).scalar_one_or_none() is not None
+
+        return bool(self._retry(_do))
+
+    def outcome_workloads(self, *, limit: int) -> list[OutcomeWorkload]:
+        """The newest `limit` job outcomes whose plan's workload is stored, newest first."""
+        stmt = (select(JobOutcome.job_uid, JobOutcome.actual_seconds,
+                       JobOutcome.estimated_seconds, PlanWorkload.workload_id,
+                       PlanWorkload.workload_zstd)
+                .join(PlanWorkload, PlanWorkload.workload_id == JobOutcome.workload_id)
+                .order_by(JobOutcome.id.desc()).limit(limit))
+
+        def _do() -> list[OutcomeWorkload]:
+            with self.engine.connect() as conn:
+                return [OutcomeWorkload(str(r[0]), float(r[1]), float(r[2]), str(r[3]),
+                                        bytes(r[4])) for r in conn.execute(stmt).all()]
+
+        return list(self._retry(_do))
+
+    def outcome_counts(self) -> tuple[int, int]:
+        """(job outcomes, those naming a workload id), for saying why none could be scored."""
+        stmt = select(func.count(), func.count(JobOutcome.workload_id))
+
+        def _do() -> tuple[int, int]:
+            with self.engine.connect() as conn:
+                total, linked = conn.execute(stmt.select_from(JobOutcome)).one()
+            return int(total), int(linked)
+
+        counts: tuple[int, int] = self._retry(_do)
+        return counts
 
     # -- model bundles (revision 0006) -----------------------------------------------------
 
@@ -696,6 +769,14 @@ def _check_text(name: str, value: object, *, required: bool) -> None:
         raise errors.InvalidRequestError(
             name, f"must be at most {MAX_KEY_CHARS} characters, got {len(value)}"
         )
+
+
+def _check_workload_id(value: object) -> None:
+    """64 lowercase hex digits (a SHA-256), the id `planning.workloads.encode` issues."""
+    if not isinstance(value, str) or len(value) != WORKLOAD_ID_CHARS \
+            or any(c not in "0123456789abcdef" for c in value):
+        raise errors.InvalidRequestError(
+            "workload_id", f"must be {WORKLOAD_ID_CHARS} lowercase hex digits, got {value!r}")
 
 
 def _check_seconds(name: str, value: object) -> None:

@@ -3,7 +3,9 @@ beyond parsing the model bytes it is handed)."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +16,7 @@ from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError, Unk
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.graph import batching, exporting
+from gpuplan_estimator.models import selection
 from gpuplan_estimator.planning import (
     calibrating,
     estimates,
@@ -22,10 +25,13 @@ from gpuplan_estimator.planning import (
     parallelism,
     placement,
     requests,
+    workloads,
 )
 from gpuplan_estimator.planning import scaling as scaling_fits
 from gpuplan_estimator.planning.scaling import ScalingModel
-from gpuplan_estimator.step.decomposition import TrainingSettings
+from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
+
+log = logging.getLogger(__name__)
 
 
 class NoFeasiblePlanError(GpuplanError):
@@ -232,6 +238,55 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
     out["scaling"] = ctx.scaling_fit.as_dict()
     out["notes"] = [f"{t}: {why}" for t, why in skipped]
     return out
+
+
+WORKLOAD_KEY = "_workload"
+"""Where `plan_with_workload` puts the workload: {"id", "zstd_b64", "device", "gpu_count"} or
+{"skipped": why}. The service takes it out before answering (it is not part of the plan)."""
+
+
+def plan_with_workload(req: requests.PlanRequest, ctx: PlannerContext, *,
+                       max_candidates: int | None = 20) -> dict[str, Any]:
+    """`plan_request`, plus the chosen candidate's workload under `WORKLOAD_KEY` for the
+    promotion gate (`planning.workloads`). A workload that cannot be kept (over the size cap,
+    or an error building it) is a `skipped` reason, never a failed plan."""
+    req = with_graph(req, export_batch=1)
+    out = plan_request(req, ctx, max_candidates=max_candidates)
+    try:
+        workload = plan_workload(req, ctx, out["plan"])
+        workload_id, data = workloads.encode(workload)
+    except workloads.WorkloadTooLargeError as exc:
+        out[WORKLOAD_KEY] = {"skipped": str(exc)}
+        return out
+    except Exception as exc:  # the plan stands; only the gate loses this job
+        log.exception("keeping the plan's workload failed")
+        out[WORKLOAD_KEY] = {"skipped": f"building the workload failed: "
+                                        f"{type(exc).__name__}: {str(exc)[:300]}"}
+        return out
+    out[WORKLOAD_KEY] = {"id": workload_id, "zstd_b64": base64.b64encode(data).decode("ascii"),
+                         "device": workload.device, "gpu_count": workload.gpu_count}
+    return out
+
+
+def plan_workload(req: requests.PlanRequest, ctx: PlannerContext,
+                  plan: Mapping[str, Any]) -> workloads.Workload:
+    """The chosen candidate's workload: the step's work items at the batch one GPU runs per
+    micro-step (the plan's micro_batch, else its per-GPU batch), priced by `ctx.predictor` on
+    the candidate's device for the reference step (`workloads.Workload`)."""
+    t = req.training
+    parallel = plan.get("parallelism")
+    batch = int(parallel["micro_batch"]) if isinstance(parallel, Mapping) \
+        else int(plan["per_gpu_batch"])
+    g = graph_at(req.model_onnx, t, batch)
+    items = workloads.distinct_items(build_step(g, training_settings(t, batch)).items)
+    spec = ctx.catalog.resolve(str(plan["device"]))
+    return workloads.Workload(
+        device=spec.key, gpu_count=int(plan["gpu_count"]), batch_size=batch,
+        global_batch=t.batch_size, precision=t.precision, mode=t.mode, optimizer=t.optimizer,
+        steps=int(plan["steps"]), planned_seconds=workloads.planned_seconds(plan),
+        bundle_share=workloads.bundle_share(plan),
+        reference_step_ms=workloads.step_ms(items, ctx.predictor, spec), items=items,
+        bundle_version=selection.bundle_version_of(ctx.predictor_source))
 
 
 def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> dict[str, Any]:

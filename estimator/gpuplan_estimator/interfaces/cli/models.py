@@ -15,7 +15,7 @@ from gpuplan_estimator.core.exit_codes import ExitCode
 from gpuplan_estimator.interfaces.cli import arguments, output
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.perfdb.store import MAX_REASON_CHARS, StoredBundle
-from gpuplan_estimator.training import gating
+from gpuplan_estimator.training import gating, outcome_scoring
 
 MAX_VERSION = 2**31 - 1
 """Versions are the database's INTEGER keys."""
@@ -70,7 +70,9 @@ def register(sub: Any) -> None:
     promote = actions.add_parser(
         "promote", help="activate VERSION only if the promotion gate passes (exit 3: refused)",
         description="Compare candidate VERSION with the active bundle (random-split and "
-        "leave-one-GPU-out held-out MAPE per kernel, from their manifests) and activate it "
+        "leave-one-GPU-out held-out MAPE per kernel, from their manifests; job-outcome MAPE of "
+        "both bundles' re-estimates of the newest 200 finished jobs with a stored plan "
+        "workload) and activate it "
         "only if it is no worse on every measure. Exit 0: promoted; 3: refused, the reason "
         "names the failing measure.")
     promote.add_argument("version", type=arguments.count_up_to(MAX_VERSION), metavar="VERSION",
@@ -165,13 +167,10 @@ def run_activate(args: argparse.Namespace) -> int:
     return 0
 
 
-OUTCOMES_SKIPPED = ("job outcome rows carry neither the trained model's graph nor the bundle "
-                    "that estimated them, so neither bundle can re-estimate those jobs")
-"""Why the gate's job-outcome measure is skipped (`PerfStore.job_outcomes` columns)."""
-
-
 def gate(store: PerfStore, version: int) -> gating.Decision:
-    """The promotion gate's decision for candidate `version` against the active bundle."""
+    """The promotion gate's decision for candidate `version` against the active bundle: the
+    manifests' held-out metrics, and the newest finished jobs with a stored plan workload
+    re-estimated by both bundles (`training.outcome_scoring`)."""
     from gpuplan_estimator.models import bundles  # LightGBM-free, but only promote needs it
 
     _, data = store.bundle(version)
@@ -179,8 +178,11 @@ def gate(store: PerfStore, version: int) -> gating.Decision:
     active = store.active_bundle()
     if active is not None and active[0] == version:
         return gating.Decision(False, f"version {version} is already the active bundle", ())
-    return gating.decide(candidate, None if active is None else bundles.packed_manifest(active[1]),
-                         outcomes_skipped=OUTCOMES_SKIPPED)
+    if active is None:
+        return gating.decide(candidate, None)
+    scored = outcome_scoring.from_store(store, data, active[1])
+    return gating.decide(candidate, bundles.packed_manifest(active[1]), outcomes=scored.scores,
+                         outcomes_skipped=scored.skipped)
 
 
 def promote(store: PerfStore, version: int, *, force: bool) -> tuple[gating.Decision, bool]:
@@ -192,7 +194,10 @@ def promote(store: PerfStore, version: int, *, force: bool) -> tuple[gating.Deci
     """
     decision = (gating.Decision(True, "forced: the gate was skipped", ()) if force
                 else gate(store, version))
-    reason = f"promotion gate: {decision.reason}"[:MAX_REASON_CHARS]
+    # The skipped measures go with the reason, so `gpuplan models show` says what was not
+    # compared (e.g. no finished job with a stored workload yet).
+    skipped = "".join(f"; skipped {line}" for line in decision.skipped)
+    reason = f"promotion gate: {decision.reason}{skipped}"[:MAX_REASON_CHARS]
     if decision.promote:
         store.activate(version, reason)
     elif store.active_version() != version:

@@ -177,7 +177,7 @@ def perfdb_outcome_sink(db_url: str | None) -> service.OutcomeSink:
             gpus_per_node=sc.gpus_per_node, nodes=sc.nodes, per_gpu_batch=sc.per_gpu_batch,
             steps=sc.steps, forward_ms=own(sc.forward_ms), backward_ms=own(sc.backward_ms),
             optimizer_ms=own(sc.optimizer_ms), gradient_bytes=sc.gradient_bytes,
-            intra_node_gbps=sc.intra_node_gbps)
+            intra_node_gbps=sc.intra_node_gbps, workload_id=req.workload_id)
         return stored.id, stored.created
 
     return sink
@@ -233,6 +233,17 @@ def perfdb_bundle_sync(db_url: str | None, cache_dir: Path) -> service.BundleSyn
         return selection.sync_active_bundle(cache_dir, stores[0])
 
     return sync
+
+
+def perfdb_workload_sink(db_url: str | None) -> service.WorkloadSink:
+    """Plans' workloads go to the performance database (`PerfStore.add_workload`), opened on
+    first use."""
+    store = _lazy_store(db_url)
+
+    def sink(workload_id: str, data: bytes, device: str, gpu_count: int) -> None:
+        store().add_workload(workload_id, data, device=device, gpu_count=gpu_count)
+
+    return sink
 
 
 def perfdb_bundle_activator(db_url: str | None) -> service.BundleActivator:
@@ -293,6 +304,7 @@ def run_serve(args: argparse.Namespace) -> int:
                            outcome_history=perfdb_outcome_history(args.db),
                            scaling_history=perfdb_scaling_history(args.db),
                            bundle_activator=perfdb_bundle_activator(args.db),
+                           workload_sink=perfdb_workload_sink(args.db),
                            write_guard=guard)
     web.run_app(app, host=settings.host, port=settings.port)
     return 0

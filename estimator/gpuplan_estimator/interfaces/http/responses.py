@@ -161,6 +161,12 @@ class PlanResponse(_Response):
     scaling: FittedScalingSummary = Field(description="The multi-GPU scaling model the plan "
                                           "used.")
     bundle_version: int | None = Field(description=BUNDLE_VERSION_TEXT)
+    workload_id: str | None = Field(
+        description="Id of the chosen candidate's workload as stored in the performance "
+                    "database; report it back with the job's outcome so the promotion gate can "
+                    "re-estimate the job with each model bundle. null: nothing stored (no "
+                    "database, the workload over its size cap, or storing it failed; the "
+                    "service log says which).")
 
 
 class ModelSummary(_Response):

@@ -21,6 +21,7 @@ and coverage answer names the database version (`bundle_version`, null for a fil
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -212,6 +213,14 @@ ScalingHistory = Callable[[], Sequence[Mapping[str, Any]]]
 """Every stored job outcome as a record (`PerfStore.job_outcomes`), for the scaling fit."""
 
 
+WorkloadSink = Callable[[str, bytes, str, int], None]
+"""Stores a plan's compressed workload (id, bytes, device key, GPU count) once per id —
+`PerfStore.add_workload`."""
+STORED_WORKLOAD_IDS = 4096
+"""Workload ids this replica remembers as stored, so a cached plan answered again does not
+write again (the store ignores a repeat anyway; this saves the round trip)."""
+
+
 CoverageSource = Callable[[], Mapping[str, tuple[int, datetime | None]]]
 """Per device key: (measurement rows, end of the newest finished benchmark run) — `PerfStore`."""
 
@@ -261,11 +270,11 @@ def coverage_json(
     return {"bundle_version": bundle_version, "devices": out}
 
 
-def with_bundle_version(body: bytes, version: int | None) -> bytes:
-    """A 200 answer document with ``bundle_version`` added at its top level."""
-    document = json.loads(body)
-    document["bundle_version"] = version
-    return json.dumps(document).encode("utf-8")
+def split_workload(document: dict[str, Any]) -> Mapping[str, Any]:
+    """Take the worker's workload (`planner.WORKLOAD_KEY`) out of a plan document; {} when it
+    has none."""
+    found = document.pop(planner.WORKLOAD_KEY, None)
+    return found if isinstance(found, Mapping) else {}
 
 
 def make_app(
@@ -278,12 +287,15 @@ def make_app(
     scaling_history: ScalingHistory | None = None,
     bundle_activator: BundleActivator | None = None,
     write_guard: auth.WriteGuard | None = None,
+    workload_sink: WorkloadSink | None = None,
 ) -> web.Application:
     """The service; without `outcome_history` (no database) predictions stay uncalibrated,
     without `scaling_history` multi-GPU plans use the analytic scaling model, without
     `bundle_activator` the activate endpoint answers 503. `write_guard` decides who may post
     outcomes and activate bundles (issue #16); None leaves writes open (`auth.OPEN`: tests, and
-    `gpuplan serve` on loopback, which always passes its own)."""
+    `gpuplan serve` on loopback, which always passes its own). With `workload_sink`, each plan's
+    chosen workload is stored and the plan names it (`workload_id`); without, it is null and the
+    workers do not build it."""
     guard = write_guard or auth.WriteGuard(auth.OPEN)
     metrics = Metrics(registry or CollectorRegistry())
     metrics.calibration_stale.set_function(lambda: float(state.calibration_stale))
@@ -301,6 +313,7 @@ def make_app(
     scaling_task: list[asyncio.Task[None]] = []
     scaling_again = [False]
     document = openapi.document()
+    stored_workloads: dict[str, None] = {}  # insertion-ordered: the oldest is dropped first
 
     @web.middleware
     async def envelope(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -398,11 +411,38 @@ def make_app(
         found = await front_box[0].answer(ask)
         body = found.body
         if found.status == 200:  # the version of the bundle the workers answered with
-            body = with_bundle_version(body, selection.bundle_version_of(ask.bundle))
+            answer = json.loads(body)
+            answer["bundle_version"] = selection.bundle_version_of(ask.bundle)
+            if endpoint.startswith("plans"):
+                answer["workload_id"] = await store_workload(split_workload(answer))
+            body = json.dumps(answer).encode("utf-8")
         return web.Response(body=body, status=found.status, content_type="application/json")
 
+    async def store_workload(workload: Mapping[str, Any]) -> str | None:
+        """Store the plan's workload (once per id); its id, or None when nothing is stored."""
+        workload_id = workload.get("id")
+        if workload_sink is None or not isinstance(workload_id, str):
+            if "skipped" in workload:
+                log.warning("plan workload not kept: %s", workload["skipped"])
+            return None
+        if workload_id in stored_workloads:
+            return workload_id
+        sink = workload_sink
+        data = base64.b64decode(workload["zstd_b64"])
+        try:
+            await in_threads(lambda: sink(workload_id, data, str(workload["device"]),
+                                          int(workload["gpu_count"])))
+        except Exception:  # the plan is answered all the same; only the gate loses this job
+            log.exception("storing the plan's workload %s failed", workload_id[:12])
+            return None
+        stored_workloads[workload_id] = None
+        while len(stored_workloads) > STORED_WORKLOAD_IDS:
+            del stored_workloads[next(iter(stored_workloads))]
+        return workload_id
+
     async def plans(request: web.Request) -> web.Response:
-        return await estimation("plans", request)
+        return await estimation("plans_with_workload" if workload_sink is not None
+                                else "plans", request)
 
     async def estimate(request: web.Request) -> web.Response:
         return await estimation("estimate", request)

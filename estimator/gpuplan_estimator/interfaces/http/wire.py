@@ -214,6 +214,10 @@ class OutcomeBody(_Body):
     intra_node_gbps: Annotated[
         float, Field(gt=0, le=MAX_INTERCONNECT_GBPS, allow_inf_nan=False)] | None = Field(
         None, description="The GPU type's intra-node interconnect GB/s the plan assumed.")
+    workload_id: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$",
+        description="The plan response's workload_id: links the outcome to the plan's stored "
+                    "workload, which the promotion gate re-estimates with each bundle.")
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,8 @@ class OutcomeRequest:
     model_digest: str = ""
     calibration_factor: float = 1.0  # the plan's `calibration.factor`; 1 from older operators
     scaling: OutcomeScaling = OutcomeScaling()
+    workload_id: str | None = None
+    """The plan's stored workload (`planning.workloads`); None from older operators."""
 
 
 def json_path(loc: Sequence[int | str]) -> str:
@@ -369,4 +375,5 @@ def parse_outcome_request(body: Any) -> OutcomeRequest:
             per_gpu_batch=valid.per_gpu_batch, steps=valid.steps,
             forward_ms=valid.forward_ms, backward_ms=valid.backward_ms,
             optimizer_ms=valid.optimizer_ms, gradient_bytes=valid.gradient_bytes,
-            intra_node_gbps=valid.intra_node_gbps))
+            intra_node_gbps=valid.intra_node_gbps),
+        workload_id=valid.workload_id)

@@ -59,6 +59,9 @@ ENDPOINTS: dict[str, tuple[Callable[[Any], Any], Callable[[Any, planner.PlannerC
 ENDPOINTS = {
     "plans": (wire.parse_plan_request, planner.plan_request),
     "estimate": (wire.parse_estimate_request, planner.estimate_request),
+    # A plan whose chosen workload the service stores (it has a database): the same plan
+    # plus `planner.WORKLOAD_KEY`, which the service takes out before answering.
+    "plans_with_workload": (wire.parse_plan_request, planner.plan_with_workload),
 }
 
 

@@ -73,6 +73,7 @@ def parse_plan(body: Mapping[str, Any], *, generation: int) -> resources.Plan:
             strategy=_strategy(p.get("strategy")),
             memory_bytes_by_part=_memory_parts(p.get("memory")),
             bundle_version=_bundle_version(body.get("bundle_version")),
+            workload_id=_workload_id(body.get("workload_id")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.EstimatorProtocolError(
@@ -86,6 +87,19 @@ def _bundle_version(raw: Any) -> int | None:
         return None
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
         raise ValueError(f"bundle_version: need a positive integer or null, got {raw!r}")
+    return raw
+
+
+WORKLOAD_ID_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def _workload_id(raw: Any) -> str | None:
+    """The answer's top-level `workload_id`: 64 hex digits, or null/absent (no database, or
+    an estimator that predates stored workloads)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or WORKLOAD_ID_RE.fullmatch(raw) is None:
+        raise ValueError(f"workload_id: need 64 lowercase hex digits or null, got {raw!r:.80}")
     return raw
 
 
@@ -317,13 +331,16 @@ def build_outcome(*, job_uid: str, plan: resources.Plan, actual_seconds: float) 
     `estimated_seconds` is what the plan said, already calibrated; the factor goes with it so
     the estimator can divide it out instead of learning its own correction a second time. The
     node shape and the plan's per-step figures it knows (`resources.ScalingInputs`) go too:
-    they make a multi-GPU job a sample for the estimator's scaling fit (issue #19).
+    they make a multi-GPU job a sample for the estimator's scaling fit (issue #19). The plan's
+    `workload_id` links the outcome to the workload the estimator stored with the plan, which its
+    promotion gate re-estimates with each model bundle (issue #17).
     """
     return {"job_uid": job_uid, "gpu_type": plan.gpu_type, "gpu_count": plan.gpu_count,
             "estimated_seconds": plan.estimated_seconds, "actual_seconds": actual_seconds,
             "calibration_factor": plan.calibration_factor,
             "gpus_per_node": plan.gpus_per_node, "nodes": plan.nodes,
-            **plan.scaling_inputs.present()}
+            **plan.scaling_inputs.present(),
+            **({"workload_id": plan.workload_id} if plan.workload_id is not None else {})}
 
 
 MAX_TOKEN_BYTES = 64 * 1024

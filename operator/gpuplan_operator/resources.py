@@ -263,6 +263,10 @@ class Plan:
     bundle_version: int | None = None
     """The performance database's model bundle version that estimated the plan (issue #17);
     None for a file bundle, an estimator that predates bundle versions, or an older plan."""
+    workload_id: str | None = None
+    """The estimator's id of the plan's stored workload, reported back with the outcome so the
+    promotion gate can re-estimate the job with each bundle (issue #17); None when the
+    estimator stored none (no database, or it predates workloads)."""
 
     def setup_summary(self) -> str:
         """The layout and strategy for people, e.g. "dp=8 tp=1 pp=1, zero-2 + accumulate x2";
@@ -304,6 +308,8 @@ class Plan:
             out["costUsd"] = self.cost_usd
         if self.bundle_version is not None:
             out["bundleVersion"] = self.bundle_version
+        if self.workload_id is not None:
+            out["workloadId"] = self.workload_id
         inputs = self.scaling_inputs.present()
         if inputs:
             out["scalingInputs"] = {SCALING_INPUT_KEYS[k]: v for k, v in inputs.items()}
@@ -345,6 +351,8 @@ class Plan:
             # Plans stored before issue #17's database bundles carry none.
             bundle_version=(int(data["bundleVersion"]) if data.get("bundleVersion") is not None
                             else None),
+            workload_id=(str(data["workloadId"]) if data.get("workloadId") is not None
+                         else None),
         )
 
 

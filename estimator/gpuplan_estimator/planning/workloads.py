@@ -18,6 +18,7 @@ planned (uncalibrated) seconds exactly, and another bundle differs only by what 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -87,24 +88,23 @@ class Workload:
 
 
 def _item_key(item: WorkItem) -> Hashable:
-    return (item.family, item.kernel, item.phase, tuple(sorted(item.dims.items())), item.dtype,
-            item.flops, item.bytes_moved, item.op, item.role,
+    """`planning.estimates`' key of identical items: it prices the first of them for all (the
+    FLOPs and bytes of a dgrad and a forward GEMM of one shape may differ; its price not)."""
+    return (item.family, item.kernel, tuple(sorted(item.dims.items())), item.dtype, item.op,
             tuple(sorted(item.attributes.items())))
 
 
 def distinct_items(items: Sequence[WorkItem]) -> tuple[WorkItem, ...]:
-    """Identical items merged (counts summed), priced items only (kernel "none" costs 0)."""
+    """Identical items (`_item_key`) merged into the first, counts summed; priced items only
+    (kernel "none" costs 0), so the step sums exactly what an estimate of the same step sums."""
     merged: dict[Hashable, WorkItem] = {}
     for item in items:
         if item.kernel == "none":
             continue
         key = _item_key(item)
         seen = merged.get(key)
-        merged[key] = item if seen is None else WorkItem(
-            layer=seen.layer, family=seen.family, kernel=seen.kernel, phase=seen.phase,
-            dims=seen.dims, dtype=seen.dtype, flops=seen.flops, bytes_moved=seen.bytes_moved,
-            op=seen.op, count=seen.count + item.count, role=seen.role,
-            attributes=seen.attributes)
+        merged[key] = item if seen is None else dataclasses.replace(
+            seen, count=seen.count + item.count)
     return tuple(merged.values())
 
 

@@ -53,10 +53,14 @@ def run_demo(args: argparse.Namespace) -> int:
     predictor, source = selection.select_predictor(None)
     for case, build in ((RESNET, examples.resnet50), (GPT2, examples.gpt2_medium)):
         g = build(case.settings.batch_size)
+        precision = case.settings.precision
+        able = [s for s in specs if devices.supports_precision(s, precision)]
         results = ranking.rank(
-            estimates.estimate(g, specs, case.settings, predictor=predictor, epochs=case.epochs,
+            estimates.estimate(g, able, case.settings, predictor=predictor, epochs=case.epochs,
                                dataset_size=case.dataset_size), DEMO_OBJECTIVE)
         print(f"== {case.title}")
+        if lacking := [s.key for s in specs if s not in able]:
+            print(f"(left out, no {precision} math units: {', '.join(lacking)})")
         estimating.print_estimate(g, results, case.settings, source,
                                   ranking.recommend(results, DEMO_OBJECTIVE),
                                   estimating.View(prefer=DEMO_OBJECTIVE))

@@ -211,6 +211,15 @@ def test_demo_on_one_device(capsys: pytest.CaptureFixture[str]) -> None:
     assert "gpt2-medium" in out and "most expensive layers" in out
 
 
+def test_demo_leaves_out_a_gpu_without_the_cases_precision(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["demo", "--device", "t4", "--device", "l4"], capsys)
+    assert code == 0, err
+    resnet, gpt2 = out.split("== GPT-2 medium")
+    assert "t4" in resnet  # fp32 ResNet-50 runs on a T4
+    assert "(left out, no bf16 math units: t4)" in gpt2
+
+
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run([], capsys)
     assert code == 2 and "estimate" in err

@@ -1,0 +1,121 @@
+"""Leave-one-GPU-out of a transfer structure (`fitting.TrainSettings.transfer_kind`): per op
+family on the op rows, and on the whole-model labels (spec sheet only, and with a 20-row probe).
+
+``python -m gpuplan_estimator.evaluation.transfer_check --kind tiled --max-rows 3000`` prints
+both tables; the same refits as ``gpuplan eval``'s leave-one-GPU-out (`interfaces.cli.evaluation`)
+but for any kind, and without the in-distribution pass, the calibration or the CPU loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from gpuplan_estimator import devices
+from gpuplan_estimator.cost import features
+from gpuplan_estimator.evaluation import gpu_labels
+from gpuplan_estimator.evaluation.gpu_labels import RowResult
+from gpuplan_estimator.models import learned
+from gpuplan_estimator.training import fitting, recipe, sources
+
+SPEC_ONLY = "lightgbm"
+PROBED = "lightgbm+probe"
+OP_KERNELS = ("gemm", "conv2d", "elementwise", "layernorm", "softmax")
+
+
+def op_logo(frame: pd.DataFrame, kernel: str, settings: fitting.TrainSettings
+            ) -> dict[str, float]:
+    """Held-out MAPE (%) of `kernel`'s transfer model per GPU left out of its fit."""
+    rows = fitting.subsample(frame[frame["kernel"] == kernel], settings.max_rows_per_kernel,
+                             settings.seed)
+    data = fitting.kernel_data(rows, kernel, devices.resolve_device,
+                               sorted(rows["backend"].unique()), settings.transfer_kind)
+    out = fitting.validate_kernel(kernel, data, settings).get("leave_one_device_out", {})
+    return {str(d): float(m["mape_pct"]) for d, m in out.items()}
+
+
+def model_logo(
+    rows: Sequence[gpu_labels.LabelRow], frame: pd.DataFrame, settings: fitting.TrainSettings,
+    catalog: devices.Catalog, build: gpu_labels.GraphBuilder,
+) -> tuple[RowResult, ...]:
+    """Each labelled GPU's rows priced by models refitted without its op rows, spec sheet only
+    and corrected by `probe_rows` random op rows per kernel of it."""
+    out: list[RowResult] = []
+    for key in gpu_labels.devices_of(rows, catalog):
+        held = fitting.train_bundle(frame[frame["device"] != key], settings, validate=False)
+        probe = probe_sample(frame[frame["device"] == key], settings.probe_rows, settings.seed)
+        mine = [r for r in rows if gpu_labels.label_device(r, catalog).key == key]
+        results, _ = gpu_labels.evaluate_rows(
+            mine, predictors={SPEC_ONLY: learned.LearnedPredictor(held),
+                              PROBED: learned.LearnedPredictor(fitting.with_probes(held, probe))},
+            catalog=catalog, build_graph=build)
+        out.extend(results)
+    return tuple(out)
+
+
+def probe_sample(rows: pd.DataFrame, per_kernel: int, seed: int) -> pd.DataFrame:
+    """`per_kernel` random rows of every kernel of one device (all of a smaller kernel)."""
+    return rows.groupby("kernel", group_keys=False).sample(frac=1.0, random_state=seed).groupby(
+        "kernel", group_keys=False).head(per_kernel)
+
+
+def model_table(results: Sequence[RowResult]) -> str:
+    """Markdown: MAPE (%) and rows per GPU and mode, for each predictor, plus an 'all' row."""
+    df = pd.DataFrame([{"gpu": r.device, "mode": r.row.mode, "predictor": r.predictor,
+                        "ape": 100 * r.ape} for r in results])
+    lines = ["| GPU | mode | rows | " + " | ".join(f"{p} MAPE %" for p in (SPEC_ONLY, PROBED))
+             + " |", "|---|---|--:|--:|--:|"]
+    groups = [*df.groupby(["gpu", "mode"]), *((("all", m), g) for m, g in df.groupby("mode")),
+              (("all", "all"), df)]
+    for (gpu, mode), g in groups:
+        mape = g.groupby("predictor")["ape"].mean()
+        lines.append(f"| {gpu} | {mode} | {len(g) // 2} | {mape.get(SPEC_ONLY, float('nan')):.1f}"
+                     f" | {mape.get(PROBED, float('nan')):.1f} |")
+    return "\n".join(lines)
+
+
+def op_table(by_kernel: Mapping[str, Mapping[str, float]]) -> str:
+    """Markdown: leave-one-GPU-out MAPE (%) per kernel and GPU, with mean and worst."""
+    gpus = sorted({d for v in by_kernel.values() for d in v})
+    lines = ["| kernel | " + " | ".join(gpus) + " | mean | worst |",
+             "|---|" + "--:|" * (len(gpus) + 2)]
+    for kernel, v in by_kernel.items():
+        cells = [f"{v[g]:.1f}" if g in v else "–" for g in gpus]
+        mean = sum(v.values()) / len(v)
+        lines.append(f"| {kernel} | " + " | ".join(cells) + f" | {mean:.1f} | "
+                     f"{max(v.values()):.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the op-family and whole-model leave-one-GPU-out tables of one transfer kind."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--kind", choices=features.TRANSFER_KINDS, default="tiled")
+    p.add_argument("--max-rows", type=int, default=3000, help="rows per kernel (default 3000)")
+    p.add_argument("--op-max-rows", type=int, default=8000,
+                   help="rows per kernel of the op-family table (default 8000)")
+    p.add_argument("--kernels", default=",".join(OP_KERNELS), help="op families, comma-separated")
+    p.add_argument("--no-ops", action="store_true", help="skip the op-family table")
+    p.add_argument("--no-models", action="store_true", help="skip the whole-model table")
+    args = p.parse_args(argv)
+    shared = recipe.shared_data_dir()
+    frame = sources.load_sources([str(shared / "gpu-ops")])
+    if not args.no_ops:
+        settings = fitting.TrainSettings(max_rows_per_kernel=args.op_max_rows,
+                                         transfer_kind=args.kind)
+        print(op_table({k: op_logo(frame, k, settings) for k in args.kernels.split(",")}))
+    if not args.no_models:
+        labels = Path(shared / "model-labels" / "labels.csv")
+        rows = gpu_labels.read_labels(labels)
+        build = gpu_labels.zoo_graph_builder(labels.parent / "model_configs")
+        settings = fitting.TrainSettings(max_rows_per_kernel=args.max_rows,
+                                         transfer_kind=args.kind)
+        print(model_table(model_logo(rows, frame, settings, devices.load_catalog(), build)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,6 +16,7 @@ import pytest
 import zstandard
 
 from gpuplan_estimator import devices
+from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.planning import estimates, planner, requests, workloads
 from gpuplan_estimator.planning.placement import Objective
@@ -34,30 +35,30 @@ def _plan_request() -> requests.PlanRequest:
         inventory=(requests.InventoryEntry("Tesla-T4", 4, 2, 8),), gpu_types=())
 
 
-def _context(predictor: object, source: str = "test") -> planner.PlannerContext:
-    return planner.PlannerContext(catalog=devices.load_catalog(), predictor=predictor,  # type: ignore[arg-type]
+def _context(predictor: LatencyPredictor, source: str = "test") -> planner.PlannerContext:
+    return planner.PlannerContext(catalog=devices.load_catalog(), predictor=predictor,
                                   predictor_source=source)
 
 
 @pytest.fixture(scope="module")
-def learned(tmp_path_factory: pytest.TempPathFactory) -> object:
+def learned(tmp_path_factory: pytest.TempPathFactory) -> LatencyPredictor:
     return wb.predictor(wb.gpu_bundle(tmp_path_factory.mktemp("b") / "b", seed=3))
 
 
-def test_items_reprice_like_the_estimate_of_the_same_step(learned: object) -> None:
+def test_items_reprice_like_the_estimate_of_the_same_step(learned: LatencyPredictor) -> None:
     spec = devices.load_catalog().resolve("t4")
     settings = planner.training_settings(TRAINING, 4)
     graph = planner.graph_at(RESNET50, TRAINING, 4)
     items = workloads.distinct_items(build_step(graph, settings).items)
     assert len(items) < len(build_step(graph, settings).items)  # merged: counts summed
     for predictor in (RooflinePredictor(), learned):
-        (estimate,) = estimates.estimate(graph, [spec], settings, predictor=predictor)  # type: ignore[arg-type]
-        assert workloads.step_ms(items, predictor, spec) == pytest.approx(  # type: ignore[arg-type]
+        (estimate,) = estimates.estimate(graph, [spec], settings, predictor=predictor)
+        assert workloads.step_ms(items, predictor, spec) == pytest.approx(
             estimate.step_time_ms, rel=1e-9)
 
 
 def test_the_planning_bundle_gives_back_the_planned_seconds_and_another_differs(
-        learned: object) -> None:
+        learned: LatencyPredictor) -> None:
     ctx = _context(RooflinePredictor())
     out = planner.plan_with_workload(_plan_request(), ctx)
     kept = out[planner.WORKLOAD_KEY]
@@ -77,16 +78,16 @@ def test_the_planning_bundle_gives_back_the_planned_seconds_and_another_differs(
     spec = ctx.catalog.resolve(w.device)
     graph = planner.graph_at(RESNET50, TRAINING, w.batch_size)
     (own,) = estimates.estimate(graph, [spec], planner.training_settings(TRAINING, w.batch_size),
-                                predictor=learned)  # type: ignore[arg-type]
+                                predictor=learned)
     ratio = own.step_time_ms / w.reference_step_ms
-    (seconds,) = workloads.repredict_seconds([w], learned, ctx.catalog)  # type: ignore[arg-type]
+    (seconds,) = workloads.repredict_seconds([w], learned, ctx.catalog)
     assert ratio != pytest.approx(1.0, abs=1e-3)
     assert seconds == pytest.approx(
         w.planned_seconds * (1 - w.bundle_share + w.bundle_share * ratio), rel=1e-9)
 
 
 def test_storage_round_trips_and_workloads_on_several_devices_are_priced_apart(
-        learned: object) -> None:
+        learned: LatencyPredictor) -> None:
     items = wb.softmax_items([(64, 512), (1024, 4096)])
     on_t4 = wb.workload(items, RooflinePredictor(), device="t4", bundle_share=0.8)
     on_l4 = wb.workload(items[:1], RooflinePredictor(), device="l4", planned_seconds=7.0)
@@ -94,8 +95,8 @@ def test_storage_round_trips_and_workloads_on_several_devices_are_priced_apart(
         workload_id, data = workloads.encode(w)
         assert workloads.decode(data) == w
         assert workloads.encode(w)[0] == workload_id  # the same workload: the same id
-    together = workloads.repredict_seconds([on_t4, on_l4], learned, devices.load_catalog())  # type: ignore[arg-type]
-    apart = [workloads.repredict_seconds([w], learned, devices.load_catalog())[0]  # type: ignore[arg-type]
+    together = workloads.repredict_seconds([on_t4, on_l4], learned, devices.load_catalog())
+    apart = [workloads.repredict_seconds([w], learned, devices.load_catalog())[0]
              for w in (on_t4, on_l4)]
     assert together == pytest.approx(apart, rel=1e-12)
     assert together[0] != pytest.approx(on_t4.planned_seconds, rel=1e-3)

@@ -62,8 +62,10 @@ class TrainSettings:
     (the metric is computed on its other rows)."""
     transfer_kind: str = "roofline"
     """Structure of the transfer models (`features.TRANSFER_KINDS`): "tiled" learns a bounded
-    utilisation of the tile-and-wave time (`cost.tiling`), "roofline" the schema-6 ratio over
-    the device roofline. Recorded in the manifest, read back by `LearnedPredictor`."""
+    utilisation of the tile-and-wave time (`cost.tiling`), "roofline" the ratio over the
+    device roofline. Recorded in the manifest, read back by `LearnedPredictor`. "roofline"
+    by default: "tiled" did not lower leave-one-GPU-out error per op family or on whole
+    models (docs/latency-models.md, `evaluation.transfer_check`)."""
 
     def __post_init__(self) -> None:
         features.transfer_feature_names("gemm", self.transfer_kind)  # rejects an unknown kind

@@ -125,8 +125,8 @@ METHOD_NOTES = """## Method
   P4 11.9 -> 12.1, T4 9.6 -> 21.6, V100 inference 44.7 -> 70.1, train 37.7 -> 45.2); tiled for
   gemm/conv2d only (`tiled-gemm`): 28.7 %. The structure puts large GEMMs at the per-SM
   roofline on every GPU (within 2 %); what it cannot supply is each GPU's sustained efficiency
-  on them (utilisation of the structure for 1-3 ms GEMMs: T4 0.45, P4 0.59, P100 0.70, A100
-  0.80, V100 0.86; power caps and architecture, not tiles), so a left-out GPU's error depends
+  on them (median utilisation of the structure for 1-3 ms GEMMs: T4 0.47, P4 0.58, P100 0.69,
+  A100 0.77, V100 0.84; power caps and architecture, not tiles), so a left-out GPU's error depends
   on which training GPUs the trees liken it to, and small feature changes swing V100 from 45
   to 114 %. Kept as an option; bundles stay `roofline` (2026-11-25).
 - conv2d random split: channel alignment (C mod 8/32, H mod 4) and Winograd F(4x4)/F(2x2) tile

@@ -24,7 +24,7 @@ from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.graph import examples
 from gpuplan_estimator.interfaces.cli import main
-from gpuplan_estimator.interfaces.http import service
+from gpuplan_estimator.interfaces.http import service, work
 from gpuplan_estimator.models import monotone, selection
 from gpuplan_estimator.planning import estimates, planner
 from gpuplan_estimator.step.decomposition import TrainingSettings
@@ -289,7 +289,8 @@ def test_http_plans_and_estimates_mark_the_basis_and_refuse_missing_precisions()
         assert "bf16" in text and "t4" in text
 
     async def serve() -> None:
-        state = service.ServiceState(_shipped_context)
+        # A module-level context factory: the worker processes cannot import this test module.
+        state = service.ServiceState(functools.partial(work.given_context, _shipped_context()))
         app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600))
         async with TestClient(TestServer(app)) as client:
             await check(client)

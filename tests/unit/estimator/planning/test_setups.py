@@ -31,11 +31,12 @@ def build(config: dict[str, Any], *, batch: int, sequence: int) -> ModelGraph:
 
 
 def plan(config: dict[str, Any], *, batch: int, pools: list[tuple[str, int, int]],
-         max_gpus: int = 8, sequence: int = 1024) -> dict[str, Any]:
+         max_gpus: int = 8, sequence: int = 1024, precision: str = "bf16") -> dict[str, Any]:
     body = {
         "model_hf_config": config,
         "training": {"batch_size": batch, "dataset_size": 100 * batch, "epochs": 1,
-                     "optimizer": "adamw", "precision": "bf16", "dims": {"sequence": sequence}},
+                     "optimizer": "adamw", "precision": precision,
+                     "dims": {"sequence": sequence}},
         "objective": {"prefer": "fastest", "max_gpus": max_gpus},
         "inventory": [{"gpu_type": t, "gpus_per_node": g, "nodes": n, "free_gpus": g * n}
                       for t, n, g in pools],
@@ -63,7 +64,9 @@ def test_gpt2_medium_at_batch_64_fits_one_80gb_a100_with_a_named_strategy() -> N
 
 def test_a_model_too_large_for_any_strategy_is_rejected_with_the_leanest_figure() -> None:
     with pytest.raises(planner.NoFeasiblePlanError) as info:
-        plan(OPT_6_7B, batch=8, pools=[("t4", 1, 1)], max_gpus=1, sequence=2048)
+        # fp16: a T4 has no bf16 math (refused before memory is weighed), the same 2 bytes.
+        plan(OPT_6_7B, batch=8, pools=[("t4", 1, 1)], max_gpus=1, sequence=2048,
+             precision="fp16")
     (why,) = [reason for gpu_type, reason in info.value.rejections if gpu_type == "t4"]
     assert "even with" in why and "offload optimizer" in why and "has 15.0 GiB" in why
 

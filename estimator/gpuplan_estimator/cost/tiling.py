@@ -108,7 +108,10 @@ def gemm_plan(
         per_sm = np.clip(_TILE_AREA_PER_SM / (tm * tn), 1.0, _MAX_TILES_PER_SM)
         out_tiles = batch * np.ceil(m / tm) * np.ceil(n / tn)
         for split in SPLIT_K:
-            s = np.minimum(float(split), np.maximum(np.ceil(k / 128.0), 1.0))
+            # Split K only while the output tiles leave SMs idle, as cuBLAS does; and keep
+            # at least 128 of K per split.
+            fills = out_tiles >= sms * per_sm
+            s = np.where(fills, 1.0, np.minimum(float(split), np.maximum(np.ceil(k / 128.0), 1.0)))
             tiles = out_tiles * s
             k_tile = np.ceil(k / s)
             flops_tile = 2.0 * tm * tn * k_tile

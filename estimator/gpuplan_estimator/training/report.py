@@ -113,22 +113,25 @@ METHOD_NOTES = """## Method
   FLOP/byte): with it in the gemm transfer model P100 drops to 3.5 % but A100 rises 4.5 -> 28 %
   and T4 9 -> 62 %, all GPUs 21.7 -> 32.3 % (throwaway script, 2026-11-23). Not kept.
   (f) Tile-and-wave transfer structure (`cost/tiling.py`, `TrainSettings.transfer_kind`, after
-  NeuSight, Lee et al., ASPLOS 2025): GEMM/conv output tiles (128x128 to 32x32, split-K) in
-  waves over the SMs, each wave priced against one SM's share of peak and bandwidth, L2
-  bandwidth (~20 B/clk/SM, Jia et al. 2018/2019) for the resident part; the transfer model
-  learns a utilisation of it bounded at 1 (conv2d 2.5) from shape and structure ratios only.
-  Per op family, mean / worst LOGO MAPE, roofline -> tiled (8000 rows per kernel, `python -m
-  gpuplan_estimator.evaluation.transfer_check --kind KIND --no-models`): gemm 26.6/31.7 ->
-  26.3/34.1, conv2d 19.5/21.4 -> 20.8/26.2, elementwise 14.7/24.3 -> 15.9/25.9, layernorm
-  16.6/22.1 -> 15.4/21.2, softmax 18.9/32.6 -> 21.6/35.4. Whole models (3000 rows per kernel,
-  `... --kind KIND --no-ops`), all 38 rows 25.0 -> 29.9 % (A100 11.2 -> 18.9, P100 47.6 -> 6.4,
-  P4 11.9 -> 12.1, T4 9.6 -> 21.6, V100 inference 44.7 -> 70.1, train 37.7 -> 45.2); tiled for
-  gemm/conv2d only (`tiled-gemm`): 28.7 %. The structure puts large GEMMs at the per-SM
-  roofline on every GPU (within 2 %); what it cannot supply is each GPU's sustained efficiency
-  on them (median utilisation of the structure for 1-3 ms GEMMs: T4 0.47, P4 0.58, P100 0.69,
-  A100 0.77, V100 0.84; power caps and architecture, not tiles), so a left-out GPU's error depends
-  on which training GPUs the trees liken it to, and small feature changes swing V100 from 45
-  to 114 %. Kept as an option; bundles stay `roofline` (2026-11-25).
+  NeuSight, Lee et al., ASPLOS 2025): GEMM/conv output tiles (128x128 to 32x32; split-K only
+  while the output leaves SMs idle) in waves over the SMs, each wave priced against one SM's
+  share of peak and bandwidth, L2 bandwidth (~20 B/clk/SM, Jia et al. 2018/2019) for the
+  resident part; the transfer model learns a utilisation of it bounded at 1 (conv2d 2.5) from
+  shape and structure ratios only. Per op family, mean / worst LOGO MAPE, roofline -> tiled
+  (8000 rows per kernel, `python -m gpuplan_estimator.evaluation.transfer_check --kind KIND
+  --no-models`): gemm 26.6/31.7 -> 25.6/33.0, conv2d 19.5/21.4 -> 21.0/26.2, elementwise
+  14.7/24.3 -> 15.9/25.9, layernorm 16.6/22.1 -> 15.4/21.2, softmax 18.9/32.6 -> 21.6/35.4.
+  Hence `tiled-gemm` (tiled for gemm only), the default since 2026-11-25. Whole models (3000
+  rows per kernel, `... --kind KIND --no-ops`), all 38 rows roofline / tiled / tiled-gemm:
+  25.0 / 24.4 / 23.1 % (A100 11.2 / 21.4 / 19.0, P100 47.6 / 7.9 / 7.2, P4 11.9 / 11.7 / 11.5,
+  T4 9.6 / 9.0 / 9.1, V100 inference 44.7 / 49.6 / 48.1, train 37.7 / 37.4 / 36.9); with the
+  20-row probe 29.8 / 16.7 / 17.9 % (T4 58.3 / 44.0 / 44.9: still worse than spec only). The
+  structure puts large GEMMs at the per-SM roofline on every GPU (within 2 %); what it cannot
+  supply is each GPU's sustained efficiency on them (median utilisation of the structure for
+  1-3 ms GEMMs: T4 0.47, P4 0.58, P100 0.69, A100 0.77, V100 0.84; power caps and
+  architecture, not tiles), so a left-out GPU's error depends on which training GPUs the trees
+  liken it to: dropping the two device-relative structure ratios from the features moved V100
+  inference to 114 %.
 - conv2d random split: channel alignment (C mod 8/32, H mod 4) and Winograd F(4x4)/F(2x2) tile
   counts took GPU MAPE 10.7 -> 10.0 %, learning rate 0.1 (same tree count, same bundle size)
   to 9.55 % (a second split, seed 1: 9.89 -> 9.34 % for lr 0.05 -> 0.1); 600 trees 9.35 %,

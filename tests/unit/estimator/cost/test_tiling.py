@@ -109,11 +109,12 @@ def test_tiled_transfer_features_hold_no_absolute_spec_or_time() -> None:
         names = features.feature_names(kernel)
         assert features.transfer_feature_names(kernel, "roofline") == tuple(
             names[i] for i in features.transfer_columns(kernel))
-    # "tiled-gemm": the structure for GEMM-shaped kernels, the roofline for streaming ones.
-    assert features.transfer_feature_names("conv2d", "tiled-gemm") == \
-        features.transfer_feature_names("conv2d", "tiled")
-    assert features.transfer_feature_names("softmax", "tiled-gemm") == \
-        features.transfer_feature_names("softmax", "roofline")
+    # "tiled-gemm": the structure for gemm, the roofline for the other kernels.
+    assert features.transfer_feature_names("gemm", "tiled-gemm") == \
+        features.transfer_feature_names("gemm", "tiled")
+    for kernel in ("conv2d", "softmax"):
+        assert features.transfer_feature_names(kernel, "tiled-gemm") == \
+            features.transfer_feature_names(kernel, "roofline")
     with pytest.raises(errors.InvalidRequestError, match="unknown transfer kind"):
         features.transfer_feature_names("gemm", "magic")
 

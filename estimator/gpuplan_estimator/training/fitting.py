@@ -60,13 +60,13 @@ class TrainSettings:
     probe_rows: int = 20
     """Rows of the left-out GPU used as its probe in the few-shot leave-one-device-out metric
     (the metric is computed on its other rows)."""
-    transfer_kind: str = "tiled-gemm"
+    transfer_kind: str = "roofline"
     """Structure of the transfer models (`features.TRANSFER_KINDS`): "tiled" learns a bounded
     utilisation of the tile-and-wave time (`cost.tiling`), "roofline" the ratio over the
-    device roofline, "tiled-gemm" the first for gemm and the second for the rest (lowest
-    leave-one-GPU-out error per op family and on whole models, docs/latency-models.md,
-    `evaluation.transfer_check`). Recorded in the manifest, read back by `LearnedPredictor`;
-    bundles without it are "roofline"."""
+    device roofline, "tiled-gemm" the first for gemm and the second for the rest. Recorded in
+    the manifest, read back by `LearnedPredictor`; bundles without it are "roofline", the
+    default: no tiled kind lowered whole-model leave-one-GPU-out error at the evaluation's
+    15000 rows per kernel (docs/latency-models.md, `evaluation.transfer_check`)."""
 
     def __post_init__(self) -> None:
         features.transfer_feature_names("gemm", self.transfer_kind)  # rejects an unknown kind

@@ -121,11 +121,16 @@ METHOD_NOTES = """## Method
   (8000 rows per kernel, `python -m gpuplan_estimator.evaluation.transfer_check --kind KIND
   --no-models`): gemm 26.6/31.7 -> 25.6/33.0, conv2d 19.5/21.4 -> 21.0/26.2, elementwise
   14.7/24.3 -> 15.9/25.9, layernorm 16.6/22.1 -> 15.4/21.2, softmax 18.9/32.6 -> 21.6/35.4.
-  Hence `tiled-gemm` (tiled for gemm only), the default since 2026-11-25. Whole models (3000
-  rows per kernel, `... --kind KIND --no-ops`), all 38 rows roofline / tiled / tiled-gemm:
+  Hence `tiled-gemm` (tiled for gemm only). Whole models (3000 rows per kernel,
+  `... --kind KIND --max-rows 3000 --no-ops`), all 38 rows roofline / tiled / tiled-gemm:
   25.0 / 24.4 / 23.1 % (A100 11.2 / 21.4 / 19.0, P100 47.6 / 7.9 / 7.2, P4 11.9 / 11.7 / 11.5,
   T4 9.6 / 9.0 / 9.1, V100 inference 44.7 / 49.6 / 48.1, train 37.7 / 37.4 / 36.9); with the
-  20-row probe 29.8 / 16.7 / 17.9 % (T4 58.3 / 44.0 / 44.9: still worse than spec only). The
+  20-row probe 29.8 / 16.7 / 17.9 % (T4 58.3 / 44.0 / 44.9: still worse than spec only). At
+  the evaluation's 15000 rows per kernel the order flips: roofline 21.1 % (`transfer_check
+  --kind roofline --max-rows 15000 --no-ops`) against tiled-gemm 23.8 % (`gpuplan eval --no-cpu
+  --no-torch --logo-max-rows 15000` with it as the default: A100 6.3 -> 22.1, P100 49.8 -> 6.4,
+  P4 10.2 -> 11.6, T4 9.3 -> 6.9, V100 inference 37.6 -> 49.7, train 28.9 -> 31.3), with the
+  probe 24.1 -> 19.9 %. Not a robust gain, so bundles stay `roofline`. The
   structure puts large GEMMs at the per-SM roofline on every GPU (within 2 %); what it cannot
   supply is each GPU's sustained efficiency on them (median utilisation of the structure for
   1-3 ms GEMMs: T4 0.47, P4 0.58, P100 0.69, A100 0.77, V100 0.84; power caps and

@@ -9,14 +9,19 @@ Requests to `/v1/plans` are recorded so tests can assert what the operator sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import subprocess
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import requests
 from aiohttp import web
 
 from gpuplan_estimator.interfaces.cli import plans, serving
@@ -77,3 +82,34 @@ class EstimatorServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._dir.cleanup()
+
+
+@contextlib.contextmanager
+def serve_process(argv: list[str], port: int, log_path: Path, *, ready_timeout_s: float,
+                  env: dict[str, str] | None = None) -> Iterator[str]:
+    """`gpuplan serve` (`argv`, listening on 127.0.0.1:`port`) as a process: yields its URL
+    once `/readyz` answers 200; terminated (killed if it lingers) on exit, its log kept at
+    `log_path` for assertion messages."""
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + ready_timeout_s
+            while True:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, \
+                    f"gpuplan serve not ready in {ready_timeout_s:.0f} s"
+                try:
+                    if requests.get(f"{url}/readyz", timeout=2).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)

@@ -6,7 +6,7 @@ import base64
 import contextlib
 import pathlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kopf
@@ -108,3 +108,29 @@ class TrainingJobs:
 def jobs_of(batch_v1: Any, namespace: str, tj: str) -> list[Any]:
     return list(batch_v1.list_namespaced_job(
         namespace, label_selector=f"gpuplan.io/trainingjob={tj}", _request_timeout=30).items)
+
+
+@contextlib.contextmanager
+def tainted_gpu_node(core_v1: Any, namespace: str, pool: dict[str, Any], *,
+                     labels: dict[str, str] | None = None) -> Iterator[Callable[[], None]]:
+    """Yields `add`, which creates one kwok node of `pool` (testbed/nodes.yaml's pool schema,
+    `count` 1) when called; deleted on exit. Tainted for `namespace`, so no pod of another
+    session sharing the testbed lands on it; `labels` are added to the node's."""
+    import testbed_render
+
+    [node] = testbed_render.node_manifests({"kind": "NodePools", "pools": [pool]},
+                                           f"{pool['namePrefix']}-node")
+    node["metadata"]["labels"].update(labels or {})
+    node["spec"] = {"taints": [{"key": "gpuplan.io/test", "value": namespace,
+                                "effect": "NoSchedule"}]}
+    added: list[str] = []
+
+    def add() -> None:
+        core_v1.create_node(node, _request_timeout=30)
+        added.append(node["metadata"]["name"])
+
+    try:
+        yield add
+    finally:
+        for name in added:
+            core_v1.delete_node(name, _request_timeout=30)

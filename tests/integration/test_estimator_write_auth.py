@@ -11,9 +11,7 @@ from __future__ import annotations
 import base64
 import os
 import pathlib
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +19,7 @@ import pytest
 import requests
 
 from gpuplan_testing import operator_harness as h
+from gpuplan_testing.estimator_server import serve_process
 
 
 def mint_token(core_v1: Any, namespace: str, name: str) -> str:
@@ -39,30 +38,10 @@ def guarded_estimator(testbed: Any, namespace: str, tmp_path: pathlib.Path) -> I
             "--bundle-poll", "3600", "--workers", "1",
             "--write-auth", "tokenreview", "--write-auth-kubeconfig", str(testbed.kubeconfig),
             "--write-allowed-subjects", f"system:serviceaccount:{namespace}:writer"]
-    log = (tmp_path / "estimator.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, (tmp_path / "estimator.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "gpuplan serve not ready in 180 s"
-            try:
-                if requests.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.5)
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    with serve_process(argv, port, tmp_path / "estimator.log", ready_timeout_s=180,
+                       env=env) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
 
 
 def t4_step_ms(url: str) -> float:

@@ -176,22 +176,10 @@ def h200_node(core_v1: Any, namespace: str) -> Iterator[Callable[[], None]]:
     Tainted for this test's namespace, so other sessions sharing the testbed never schedule
     onto it; removed afterwards.
     """
-    import testbed_render
-
-    [node] = testbed_render.node_manifests({"kind": "NodePools", "pools": [{
-        "namePrefix": f"h200-{namespace[-6:]}", "count": 1, "cpu": "96", "memory": "1000Gi",
-        "gpu": {"product": "NVIDIA-H200", "count": 8, "memoryMiB": 143771}}]}, "h200_node")
-    node["spec"] = {"taints": [{"key": "gpuplan.io/test", "value": namespace,
-                                "effect": "NoSchedule"}]}
-    added: list[str] = []
-
-    def add() -> None:
-        core_v1.create_node(node, _request_timeout=30)
-        added.append(node["metadata"]["name"])
-
-    yield add
-    for name in added:
-        core_v1.delete_node(name, _request_timeout=30)
+    pool = {"namePrefix": f"h200-{namespace[-6:]}", "count": 1, "cpu": "96", "memory": "1000Gi",
+            "gpu": {"product": "NVIDIA-H200", "count": 8, "memoryMiB": 143771}}
+    with h.tainted_gpu_node(core_v1, namespace, pool) as add:
+        yield add
 
 
 @pytest.mark.slow

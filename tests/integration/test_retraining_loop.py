@@ -30,9 +30,7 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,6 +44,7 @@ from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_testing import loop_harness as lh
 from gpuplan_testing import operator_harness as h
 from gpuplan_testing import postgres_server
+from gpuplan_testing.estimator_server import serve_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -92,48 +91,19 @@ def serve(loop_db: str, tmp_path: pathlib.Path) -> Iterator[str]:
     argv = [str(pathlib.Path(sys.executable).with_name("gpuplan")), "serve", "--port", str(port),
             "--db", loop_db, "--bundle-poll", str(HOT_RELOAD_S), "--workers", "1",
             "--bundle-cache", str(tmp_path / "bundle-cache")]
-    log_path = tmp_path / "estimator.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "gpuplan serve not ready in 120 s"
-            try:
-                if requests.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.5)
+    with serve_process(argv, port, tmp_path / "estimator.log", ready_timeout_s=120) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture
 def new_gpu_node(core_v1: Any, namespace: str) -> Iterator[Callable[[], None]]:
     """Adds one kwok node of NEW_PRODUCT when called; removed afterwards. Tainted, so no pod of
     another session lands on it; labelled, so only this test's benchmark Jobs select it."""
-    import testbed_render
-
-    [node] = testbed_render.node_manifests({"kind": "NodePools", "pools": [{
-        "namePrefix": f"l40s-{namespace[-6:]}", "count": 1, "cpu": "64", "memory": "512Gi",
-        "gpu": {"product": NEW_PRODUCT, "count": 4, "memoryMiB": 46068}}]}, "new_gpu_node")
-    node["metadata"]["labels"]["gpuplan.io/loop-test"] = namespace
-    node["spec"] = {"taints": [{"key": "gpuplan.io/test", "value": namespace,
-                                "effect": "NoSchedule"}]}
-    added: list[str] = []
-
-    def add() -> None:
-        core_v1.create_node(node, _request_timeout=30)
-        added.append(node["metadata"]["name"])
-
-    yield add
-    for name in added:
-        core_v1.delete_node(name, _request_timeout=30)
+    pool = {"namePrefix": f"l40s-{namespace[-6:]}", "count": 1, "cpu": "64", "memory": "512Gi",
+            "gpu": {"product": NEW_PRODUCT, "count": 4, "memoryMiB": 46068}}
+    with h.tainted_gpu_node(core_v1, namespace, pool,
+                            labels={"gpuplan.io/loop-test": namespace}) as add:
+        yield add
 
 
 def _operator_env(namespace: str, port: int, interval: str) -> dict[str, str]:
@@ -296,9 +266,11 @@ def _loop(monkeypatch: pytest.MonkeyPatch, namespace: str, core_v1: Any, batch_v
         assert _bundle_rows(serve) == rows  # probe rows: the new bundle learned L40S from them
         timeline.mark("estimate shows new version")
 
+        # The operator's next pass (1 s apart) reads the coverage and counts the Job.
         after = wait_for(lambda: (lambda t: t if lh.sample(
-            t, "gpuplan_gpu_type_in_bundle", gpu_type=NEW_PRODUCT) == 1 else "")(
-            lh.scrape(port)), 30, "L40S covered by the served bundle")
+            t, "gpuplan_gpu_type_in_bundle", gpu_type=NEW_PRODUCT) == 1 and lh.sample(
+            t, "gpuplan_retraining_jobs_total", outcome="promoted") == 1 else "")(
+            lh.scrape(port)), 30, "L40S covered by the served bundle, training counted")
         assert lh.sample(after, "gpuplan_gpu_type_measurements", gpu_type=NEW_PRODUCT) == rows
         assert _without_data_fires(after) in {False, None}
         assert lh.sample(after, "gpuplan_retraining_jobs_total", outcome="promoted") == 1

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from gpuplan_estimator import devices
@@ -25,8 +26,10 @@ from gpuplan_estimator.core.progress import Progress, silent, track
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.cost.predictors import FloatArray
 from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.models import basis
 from gpuplan_estimator.models.bundles import Bundle
 from gpuplan_estimator.models.latency import LayerLatencyModel, ProbeCorrection
+from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import backward_factors
 
 DeviceResolver = Callable[[str], DeviceSpec]
@@ -162,25 +165,57 @@ def validate_kernel(kernel: str, data: KernelData, settings: TrainSettings) -> d
     if settings.leave_one_device_out:
         loo: dict[str, Any] = {}
         probed: dict[str, Any] = {}
-        for d in np.unique(data.device):
-            held = np.flatnonzero(data.device == d)
-            platform = data.platform[held[0]]
-            # Only devices with a sibling of their platform: a CPU is not a GPU left out.
-            if len(np.unique(data.device[data.platform == platform])) < 2:
-                continue
-            rest = np.flatnonzero((data.device != d) & (data.platform == platform))
-            # The transfer model: what an unseen device is priced with.
-            pred_held = _fit_predict(kernel, data, rest, held, settings, transfer=True)
-            loo[str(d)] = error_metrics(data.latency_ms[held], pred_held)
+        held_out = leave_one_device_out(kernel, data, settings)
+        for d, (held, pred_held) in held_out.items():
+            loo[d] = error_metrics(data.latency_ms[held], pred_held)
             if len(held) > 2 * settings.probe_rows:
-                probed[str(d)] = _probe_metrics(data.latency_ms[held], pred_held,
-                                                data.transfer_base_ms[held], rng,
-                                                settings.probe_rows)
+                probed[d] = _probe_metrics(data.latency_ms[held], pred_held,
+                                           data.transfer_base_ms[held], rng, settings.probe_rows)
         if loo:
             out["leave_one_device_out"] = loo
+            out[SHARED_LOG_SIGMA] = shared_log_sigma(data, held_out, settings.seed)
         if probed:
             out["leave_one_device_out_probe"] = probed
     return out
+
+
+SHARED_LOG_SIGMA = "shared_log_sigma"
+"""`validate_kernel`'s key for `shared_log_sigma`; `train_bundle` moves it out of the metrics
+into the manifest's `intervals.MANIFEST_KEY`."""
+
+
+def leave_one_device_out(kernel: str, data: KernelData, settings: TrainSettings
+                         ) -> dict[str, tuple[npt.NDArray[np.intp], FloatArray]]:
+    """Per device with a sibling of its platform: (its row indices, their times predicted by
+    the transfer model fitted on the platform's other devices), what an unseen device gets."""
+    out: dict[str, tuple[npt.NDArray[np.intp], FloatArray]] = {}
+    for d in np.unique(data.device):
+        held = np.flatnonzero(data.device == d)
+        platform = data.platform[held[0]]
+        # Only devices with a sibling of their platform: a CPU is not a GPU left out.
+        if len(np.unique(data.device[data.platform == platform])) < 2:
+            continue
+        rest = np.flatnonzero((data.device != d) & (data.platform == platform))
+        out[str(d)] = (held, _fit_predict(kernel, data, rest, held, settings, transfer=True))
+    return out
+
+
+def shared_log_sigma(data: KernelData,
+                     held_out: Mapping[str, tuple[npt.NDArray[np.intp], FloatArray]],
+                     seed: int) -> float:
+    """The kernel family's shared log-error for an unseen device (`planning.intervals`): its
+    left-out devices' rows drawn into synthetic models, pooled over the devices."""
+    errors_by_device = {
+        d: intervals.synthetic_model_log_errors(data.latency_ms[held], pred, seed=seed)
+        for d, (held, pred) in held_out.items()}
+    return round(intervals.shared_log_sigma(errors_by_device), 5)
+
+
+def interval_sigma_table(sigmas: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    """The manifest's `intervals.MANIFEST_KEY` entry: the shared log-sigma per kernel for an
+    extrapolated GPU and, the same, for a probed one (a probe lowers the bias, so the unseen
+    GPU's figure is the conservative side); measured GPUs keep their summed quantiles."""
+    return {basis.EXTRAPOLATED: dict(sigmas), basis.PROBED: dict(sigmas)}
 
 
 def _probe_metrics(actual_ms: FloatArray, predicted_ms: FloatArray, base: FloatArray,
@@ -238,6 +273,7 @@ def train_bundle(
     cpu_models: dict[str, LayerLatencyModel] = {}
     metrics: dict[str, Any] = {}
     skipped: dict[str, int] = {}
+    sigmas: dict[str, float] = {}  # shared log-sigma per GPU kernel, from leave-one-GPU-out
     platform = frame["device"].map(kinds)
     counts = (frame.assign(platform=platform).groupby(["kernel", "platform"]).size()
               .reset_index(name="rows"))
@@ -254,7 +290,11 @@ def train_bundle(
             settings, kernel_params={}, model_params={**settings.model_params,
                                                       **settings.cpu_params})
         if validate:
-            _merge_metrics(metrics.setdefault(kernel, {}), validate_kernel(kernel, data, own))
+            part = validate_kernel(kernel, data, own)
+            sigma = part.pop(SHARED_LOG_SIGMA, None)
+            if kind == "gpu" and sigma is not None:
+                sigmas[kernel] = sigma
+            _merge_metrics(metrics.setdefault(kernel, {}), part)
         fitted = _model(own, kernel, quantiles=True).fit(data.x, data.y)
         if kind == "cpu":
             cpu_models[kernel] = fitted
@@ -283,6 +323,8 @@ def train_bundle(
         "transfer_kind": settings.transfer_kind,
         "feature_names": {k: list(features.feature_names(k)) for k in {*models, *cpu_models}},
     }
+    if sigmas:
+        manifest[intervals.MANIFEST_KEY] = interval_sigma_table(sigmas)
     bundle = Bundle(models=models, manifest=manifest, transfer_models=transfer,
                     cpu_models=cpu_models)
     return with_probes(bundle, probe_frame, resolve)

@@ -13,7 +13,8 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors, measurements, workload
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models import bundles, latency, learned
+from gpuplan_estimator.models import basis, bundles, latency, learned
+from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import fitting, report
 
 DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb")
@@ -89,6 +90,30 @@ def test_held_out_metrics_learn_the_synthetic_efficiency(fitted: fitting.Bundle)
         probed = metrics["leave_one_device_out_probe"]
         assert set(probed) == set(DEVICES)
         assert all(v["rows"] == 120 - 20 and v["probe_rows"] == 20 for v in probed.values())
+
+
+def test_leave_one_gpu_out_gives_unseen_and_probed_gpus_a_shared_interval_sigma(
+        fitted: fitting.Bundle, frame: pd.DataFrame) -> None:
+    """The held-out GPUs' synthetic-model errors become the manifest's shared log-sigma per
+    kernel: small where one efficiency explains every GPU, large where a device constant no
+    spec explains makes the left-out GPU's prediction wrong as a whole."""
+    table = fitted.manifest[intervals.MANIFEST_KEY]
+    assert table[basis.EXTRAPOLATED] == table[basis.PROBED]
+    assert intervals.manifest_sigmas(fitted.manifest, basis.MEASURED) is None
+    even = intervals.manifest_sigmas(fitted.manifest, basis.EXTRAPOLATED)
+    assert even is not None and set(even) == {"gemm", "softmax"}
+    assert all(0 < s < 0.15 for s in even.values())
+    assert all(fitting.SHARED_LOG_SIGMA not in m for m in fitted.manifest["metrics"].values())
+
+    uneven = pd.concat([synthetic_frame(keys=(k,), seed=i, slowdown=s) for i, (k, s) in
+                        enumerate(zip(DEVICES, (1.0, 1.6, 0.6), strict=True))],
+                       ignore_index=True)
+    settings = fitting.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
+    sigmas = fitting.train_bundle(uneven, settings).manifest[intervals.MANIFEST_KEY]
+    # Left out, the slow V100 and the fast A100 are each off by ~log 1.6 as a whole.
+    assert all(sigmas[basis.EXTRAPOLATED][k] > 0.3 > 2 * even[k] for k in even)
+    assert "interval_log_sigma" not in fitting.train_bundle(
+        uneven, settings, validate=False).manifest
 
 
 def test_a_gpu_with_a_few_rows_is_probed_not_trained_on(frame: pd.DataFrame) -> None:

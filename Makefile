@@ -77,6 +77,10 @@ eval: $(STAMP) ## accuracy evaluation -> docs/accuracy.md
 models: $(STAMP) ## rebuild the shipped default model bundle from ../shared/data
 	$(BIN)/gpuplan train --shipped
 
+.PHONY: interval-sigma
+interval-sigma: $(STAMP) ## shared interval log-sigma into the shipped bundle's manifest, no retraining (~15 s)
+	$(PYTHON) hack/bundle_interval_sigma.py
+
 crds: ## copy crds/*.yaml into the chart (the chart's crds/ is generated)
 	rm -f charts/gpuplan/crds/*.yaml && cp crds/*.yaml charts/gpuplan/crds/
 

@@ -1,0 +1,60 @@
+"""The shipped bundle's step intervals: extrapolated GPUs get the shared error, measured sum."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from gpuplan_estimator import devices
+from gpuplan_estimator.graph import examples
+from gpuplan_estimator.models import basis, bundles, learned
+from gpuplan_estimator.planning import estimates, intervals
+from gpuplan_estimator.step.decomposition import TrainingSettings
+
+
+@pytest.fixture(scope="module")
+def shipped() -> bundles.Bundle:
+    return bundles.load_bundle(bundles.SHIPPED_BUNDLE, origin="shipped")
+
+
+def test_the_shipped_manifest_has_a_sigma_for_every_transfer_model(shipped: bundles.Bundle
+                                                                   ) -> None:
+    """`make interval-sigma` wrote it with its provenance; a figure far outside 0.05-0.5 would
+    be a broken computation, not a GPU (leave-one-GPU-out op rows gave 0.09-0.22)."""
+    for name in (basis.EXTRAPOLATED, basis.PROBED):
+        sigmas = intervals.manifest_sigmas(shipped.manifest, name)
+        assert sigmas is not None and set(sigmas) == set(shipped.transfer_models)
+        assert all(0.05 < s < 0.5 for s in sigmas.values())
+    assert intervals.manifest_sigmas(shipped.manifest, basis.MEASURED) is None
+    record = shipped.manifest["interval_log_sigma_provenance"]
+    assert record["command"].startswith("hack/bundle_interval_sigma.py")
+    assert record["max_rows_per_kernel"] == shipped.manifest["settings"]["max_rows_per_kernel"]
+
+
+def test_an_extrapolated_gpu_interval_follows_the_sigma_a_measured_one_sums(
+        shipped: bundles.Bundle) -> None:
+    catalog = devices.load_catalog()
+    t4, h100 = catalog.resolve("t4"), catalog.resolve("h100-sxm-80gb")
+    predictor = learned.LearnedPredictor(shipped)
+    s = TrainingSettings(batch_size=8, mode="train")
+    g = examples.resnet50(8)
+    est_t4, est_h100 = estimates.estimate(g, [t4, h100], s, predictor=predictor)
+    assert est_t4.data_basis == basis.MEASURED and est_h100.data_basis == basis.EXTRAPOLATED
+    before = dataclasses.replace(shipped, manifest={
+        k: v for k, v in shipped.manifest.items() if k != intervals.MANIFEST_KEY})
+    old_t4, old_h100 = estimates.estimate(g, [t4, h100], s,
+                                          predictor=learned.LearnedPredictor(before))
+    # Measured: the summed quantiles as before; extrapolated: another interval, same median.
+    assert est_t4.interval_ms == old_t4.interval_ms
+    assert est_h100.step_time_ms == old_h100.step_time_ms
+    assert est_h100.interval_ms != pytest.approx(old_h100.interval_ms)
+    # Extrapolated: the shared errors set it: wider than half the smallest family's (one
+    # family, conv2d, is over half a ResNet step), and short of a 0.5 log-sigma.
+    lo, hi = est_h100.interval_ms
+    sigmas = intervals.manifest_sigmas(shipped.manifest, basis.EXTRAPOLATED)
+    assert sigmas is not None
+    half_log = math.log(hi / lo) / 2
+    assert intervals.Z90 * 0.5 * min(sigmas.values()) < half_log < intervals.Z90 * 0.5
+    assert lo < est_h100.step_time_ms < hi

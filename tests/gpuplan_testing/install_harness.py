@@ -44,6 +44,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -61,6 +62,8 @@ IMAGE_ENTRYPOINTS: dict[str, tuple[list[str], list[str]]] = {
 IMPLICIT_PORT_FLAGS: dict[str, dict[int, str]] = {"kube-scheduler": {10259: "--secure-port={port}"}}
 BIND_IN_PLACE = ("/run/", "/var/run/", "/tmp/")  # exist here, or under a fresh tmpfs /run
 REWRITTEN_MOUNTS = "/run/gpuplan-harness-mounts"  # where mount paths that cannot exist go
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HOST_STASH = "/run/gpuplan-harness-host"  # host directories a bind covers, to re-expose parts
 TOKEN_SECONDS = 3600
 PROBE_TIMEOUT_S = 2.0
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
@@ -172,28 +175,43 @@ def rewrite_paths(text: str, rewrites: Mapping[str, str]) -> str:
     return text
 
 
+def _covers(target: str, path: str) -> bool:
+    return path == target or path.startswith(target.rstrip("/") + "/")
+
+
 def bind_order(binds: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """Bind mounts ordered so that none hides the source of a later one (e.g. /tmp last)."""
-    def covers(target: str, path: str) -> bool:
-        return path == target or path.startswith(target.rstrip("/") + "/")
-
-    hiding = [b for b in binds if any(covers(b[1], src) for src, _ in binds)]
+    hiding = [b for b in binds if any(_covers(b[1], src) for src, _ in binds)]
     return [b for b in binds if b not in hiding] + hiding
 
 
-def sandbox_argv(binds: Sequence[tuple[str, str]], argv: Sequence[str]) -> list[str]:
+def sandbox_argv(binds: Sequence[tuple[str, str]], argv: Sequence[str],
+                 keep: Sequence[str] = ()) -> list[str]:
     """`argv` in a fresh user+mount namespace with `binds` (source, target) mounted.
 
     /run becomes a tmpfs when a target lies under it, so that /var/run/secrets/... can be created
-    without root; directories elsewhere must already exist (see the module docstring).
+    without root; directories elsewhere must already exist (see the module docstring). Host paths
+    in `keep` (the checkout, the virtualenv, the pod's directory) stay visible where a bind would
+    hide them: a checkout under /tmp must survive the container's emptyDir on /tmp. The hidden
+    originals are reached through a stash of the covering directory under /run.
     """
     lines = ["set -e"]
-    if any(t.startswith(("/run/", "/var/run/")) for _, t in binds):
+    hidden = [(i, target, path) for i, (_, target) in enumerate(binds) for path in keep
+              if _covers(target, path)]
+    if hidden or any(t.startswith(("/run/", "/var/run/")) for _, t in binds):
         lines.append("mount -t tmpfs tmpfs /run")
+    stashes = {i: f"{HOST_STASH}/{i}" for i, _, _ in hidden}
+    for i, stash in sorted(stashes.items()):
+        lines.append(f"mkdir -p {stash}")
+        lines.append(f"mount --bind {shlex.quote(binds[i][1])} {stash}")
     for source, target in bind_order(binds):
         if target.startswith(("/run/", "/var/run/")):
             lines.append(f"mkdir -p {shlex.quote(target)}")
         lines.append(f"mount --bind {shlex.quote(source)} {shlex.quote(target)}")
+    for i, target, path in hidden:
+        below = path[len(target.rstrip("/")):].lstrip("/")
+        lines.append(f"mkdir -p {shlex.quote(path)}")
+        lines.append(f"mount --bind {shlex.quote(f'{stashes[i]}/{below}')} {shlex.quote(path)}")
     lines.append('exec "$@"')
     return ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
             "/bin/sh", "-c", "\n".join(lines), "pod-sandbox", *argv]
@@ -354,6 +372,8 @@ class LocalContainer:
     env: dict[str, str]
     binds: list[tuple[str, str]]
     rewrites: dict[str, str]
+    keep: list[str]
+    """Host paths that must stay visible in the sandbox (`sandbox_argv`)."""
     probes: list[Probe]
     port_map: dict[int, int]
     ports: list[int]
@@ -529,8 +549,17 @@ def _local_container(cluster: Cluster, namespace: str, dep: Mapping[str, Any],
     declared = [int(p["containerPort"]) for p in c.get("ports") or []]
     return LocalContainer(
         deployment=dep["metadata"]["name"], name=c["name"], service_account=sa, argv=argv,
-        env=env, binds=binds, rewrites=rewrites, probes=probes_of(c), port_map=port_map,
+        env=env, binds=binds, rewrites=rewrites, keep=_host_paths_to_keep(cluster, pod_dir),
+        probes=probes_of(c), port_map=port_map,
         ports=declared, log=pod_dir / f"{c['name']}.log")
+
+
+def _host_paths_to_keep(cluster: Cluster, pod_dir: pathlib.Path) -> list[str]:
+    """The checkout, the interpreter's prefixes, the local executables and the pod's directory:
+    the outermost of each nested set (a path inside another is kept with it)."""
+    paths = {str(p) for p in (ROOT, pathlib.Path(sys.prefix), pathlib.Path(sys.base_prefix),
+                              pod_dir, *(b.parent for b in cluster.local_bins.values()))}
+    return sorted(p for p in paths if not any(q != p and _covers(q, p) for q in paths))
 
 
 def start(container: LocalContainer) -> None:
@@ -541,7 +570,7 @@ def start(container: LocalContainer) -> None:
                            "machine; give the chart value a free port")
     with open(container.log, "ab") as log:
         container.proc = subprocess.Popen(
-            sandbox_argv(container.binds, container.argv), env=container.env,
+            sandbox_argv(container.binds, container.argv, container.keep), env=container.env,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
 

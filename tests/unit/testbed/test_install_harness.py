@@ -89,3 +89,24 @@ def test_the_sandbox_mounts_run_paths_and_execs_the_container(tmp_path: pathlib.
                                    f"{ih.REWRITTEN_MOUNTS}/0/c.yaml"])
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert (out.returncode, out.stdout) == (0, "tokcfg"), out.stderr
+
+
+def test_a_tmp_bind_keeps_the_checkout_under_tmp_visible(tmp_path: pathlib.Path) -> None:
+    """Real unshare: a container's emptyDir on /tmp must not hide a checkout (or virtualenv)
+    that lies under /tmp, as in a CI clone there; the emptyDir itself is what /tmp shows."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "marker").write_text("repo")
+    empty_dir = tmp_path / "emptydir"
+    empty_dir.mkdir()
+    (empty_dir / "scratch").write_text("tmp")
+    assert str(checkout).startswith("/tmp/"), "pytest's tmp_path is under /tmp here"
+    argv = ih.sandbox_argv([(str(empty_dir), "/tmp")],
+                           ["/bin/cat", str(checkout / "marker"), "/tmp/scratch"],
+                           keep=[str(checkout)])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout) == (0, "repotmp"), out.stderr
+    hidden = subprocess.run(ih.sandbox_argv([(str(empty_dir), "/tmp")],
+                                            ["/bin/cat", str(checkout / "marker")]),
+                            capture_output=True, text=True, timeout=30)
+    assert hidden.returncode != 0  # without keep, the bind hides it (the CI failure)

@@ -7,12 +7,6 @@ two READ COMMITTED transactions would otherwise each retire the old row and both
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,67 +14,21 @@ import pytest
 
 from gpuplan_estimator.perfdb.store import PerfStore
 from gpuplan_testing import bundle_store_contract as contract
+from gpuplan_testing import postgres_server
 
 pytestmark = pytest.mark.postgres
-
-CMD_TIMEOUT_S = 60
-UNPRIVILEGED_USER = "nobody"
-
-
-def _bindir() -> Path | None:
-    on_path = shutil.which("initdb")
-    candidates = [str(Path(on_path).resolve().parent)] if on_path else []
-    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
-    candidates += ["/usr/local/bin", "/usr/bin"]
-    return next((Path(d) for d in candidates
-                 if (Path(d) / "initdb").exists() and (Path(d) / "pg_ctl").exists()), None)
-
-
-def _run(cmd: list[str]) -> None:
-    full = ["runuser", "-u", UNPRIVILEGED_USER, "--", *cmd] if os.geteuid() == 0 else cmd
-    done = subprocess.run(full, capture_output=True, text=True, timeout=CMD_TIMEOUT_S,
-                          check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
 
 
 @pytest.fixture(scope="module")
 def pg_server() -> Iterator[str]:
-    bindir = _bindir()
-    if bindir is None:
-        reason = "no PostgreSQL binaries (initdb/pg_ctl); apt-get install postgresql"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="gpuplan-pg-"))
-    if os.geteuid() == 0:
-        shutil.chown(root, user=UNPRIVILEGED_USER)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    data = root / "data"
-    _run([str(bindir / "initdb"), "-D", str(data), "-U", "gpuplan", "-A", "trust",
-          "--no-sync", "-E", "UTF8"])
-    _run([str(bindir / "pg_ctl"), "-D", str(data), "-o",
-          f"-p {port} -k {root} -h 127.0.0.1 -c fsync=off", "-l", str(root / "log"),
-          "-w", "-t", str(CMD_TIMEOUT_S), "start"])
-    try:
-        yield f"postgresql+psycopg://gpuplan:secret@127.0.0.1:{port}"
-    finally:
-        _run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"])
-        shutil.rmtree(root, ignore_errors=True)
+    with postgres_server.running_server() as url:
+        yield url
 
 
 @pytest.fixture
 def pg_url(pg_server: str, request: pytest.FixtureRequest) -> str:
-    import psycopg
-
     name = "b_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:50].lower()
-    admin = pg_server.replace("postgresql+psycopg", "postgresql") + "/postgres"
-    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"{pg_server}/{name}"
+    return postgres_server.create_database(pg_server, name)
 
 
 @pytest.mark.parametrize("name", sorted(contract.CONTRACT))

@@ -39,14 +39,16 @@ def op_logo(frame: pd.DataFrame, kernel: str, settings: fitting.TrainSettings
 
 def model_logo(
     rows: Sequence[gpu_labels.LabelRow], frame: pd.DataFrame, settings: fitting.TrainSettings,
-    catalog: devices.Catalog, build: gpu_labels.GraphBuilder,
+    catalog: devices.Catalog, build: gpu_labels.GraphBuilder, probe_seed: int | None = None,
 ) -> tuple[RowResult, ...]:
     """Each labelled GPU's rows priced by models refitted without its op rows, spec sheet only
-    and corrected by `probe_rows` random op rows per kernel of it."""
+    and corrected by a probe of `probe_rows` op rows per kernel of it (`fitting.probe_rows`,
+    drawn with `probe_seed`, else the settings' seed)."""
     out: list[RowResult] = []
     for key in gpu_labels.devices_of(rows, catalog):
         held = fitting.train_bundle(frame[frame["device"] != key], settings, validate=False)
-        probe = probe_sample(frame[frame["device"] == key], settings.probe_rows, settings.seed)
+        probe = fitting.probe_rows(frame[frame["device"] == key], settings.probe_rows,
+                                   settings.seed if probe_seed is None else probe_seed)
         mine = [r for r in rows if gpu_labels.label_device(r, catalog).key == key]
         results, _ = gpu_labels.evaluate_rows(
             mine, predictors={SPEC_ONLY: learned.LearnedPredictor(held),
@@ -54,12 +56,6 @@ def model_logo(
             catalog=catalog, build_graph=build)
         out.extend(results)
     return tuple(out)
-
-
-def probe_sample(rows: pd.DataFrame, per_kernel: int, seed: int) -> pd.DataFrame:
-    """`per_kernel` random rows of every kernel of one device (all of a smaller kernel)."""
-    return rows.groupby("kernel", group_keys=False).sample(frac=1.0, random_state=seed).groupby(
-        "kernel", group_keys=False).head(per_kernel)
 
 
 def model_table(results: Sequence[RowResult]) -> str:
@@ -100,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kernels", default=",".join(OP_KERNELS), help="op families, comma-separated")
     p.add_argument("--no-ops", action="store_true", help="skip the op-family table")
     p.add_argument("--no-models", action="store_true", help="skip the whole-model table")
+    p.add_argument("--probe-seed", type=int, default=None,
+                   help="seed of the probe rows' draw (default: the training seed, 0)")
     args = p.parse_args(argv)
     shared = recipe.shared_data_dir()
     frame = sources.load_sources([str(shared / "gpu-ops")])
@@ -113,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         build = gpu_labels.zoo_graph_builder(labels.parent / "model_configs")
         settings = fitting.TrainSettings(max_rows_per_kernel=args.max_rows,
                                          transfer_kind=args.kind)
-        print(model_table(model_logo(rows, frame, settings, devices.load_catalog(), build)))
+        print(model_table(model_logo(rows, frame, settings, devices.load_catalog(), build,
+                                     args.probe_seed)))
     return 0
 
 

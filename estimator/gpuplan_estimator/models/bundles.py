@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -72,7 +73,10 @@ class Bundle:
         entry = self.manifest.get("probe_offsets", {}).get(device.key, {}).get(kernel)
         if entry is None:
             return None
-        return ProbeCorrection(float(entry["log_offset"]), float(entry["log_base_slope"]))
+        # Bundles written before the probe range was recorded extrapolate the slope unbounded.
+        return ProbeCorrection(float(entry["log_offset"]), float(entry["log_base_slope"]),
+                               float(entry.get("log_base_min", -math.inf)),
+                               float(entry.get("log_base_max", math.inf)))
 
     def covers(self, kernel: str, device: DeviceSpec) -> bool:
         """Whether the kernel's training data had the device's platform (cpu or gpu)."""

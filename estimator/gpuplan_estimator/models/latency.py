@@ -7,6 +7,7 @@ to the roofline (named in `LatencyPrediction.predictor`) for kernels without a m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -133,18 +134,24 @@ class LayerLatencyModel:
 class ProbeCorrection:
     """Correction of the transfer model on one probed device and kernel, in log space.
 
-    log(measured / predicted) ≈ log_offset + log_base_slope · log(base_ms). The offset is the
-    device's constant (its launch floor, sustained clocks: no spec sheet gives them); the slope,
-    kept small, how that gap changes from tiny kernels to big ones (layernorm leaving one GPU
-    out, 20 probe rows: mean MAPE 15.6 % with the offset alone, 12.4 % with the slope).
+    log(measured / predicted) ≈ log_offset + log_base_slope · clip(log(base_ms)). The offset is
+    the device's constant (its launch floor, sustained clocks: no spec sheet gives them); the
+    slope, kept small, how that gap changes from tiny kernels to big ones (layernorm leaving one
+    GPU out, 20 probe rows: mean MAPE 15.6 % with the offset alone, 12.4 % with the slope).
+    log(base_ms) is clipped to the probe rows' own range (`log_base_min`, `log_base_max`): a
+    line through a few small kernels says nothing of kernels 100x larger, and extrapolating it
+    made whole-model predictions worse than none (docs/latency-models.md).
     """
 
     log_offset: float
     log_base_slope: float
+    log_base_min: float = -math.inf
+    log_base_max: float = math.inf
 
     def factor(self, base_ms: FloatArray) -> FloatArray:
         """Multiplier of the transfer model's prediction per row."""
-        return np.exp(self.log_offset + self.log_base_slope * np.log(base_ms))
+        log_base = np.clip(np.log(base_ms), self.log_base_min, self.log_base_max)
+        return np.exp(self.log_offset + self.log_base_slope * log_base)
 
 
 NO_CORRECTION = ProbeCorrection(0.0, 0.0)

@@ -30,7 +30,7 @@ from gpuplan_estimator.models import basis
 from gpuplan_estimator.models.bundles import Bundle
 from gpuplan_estimator.models.latency import LayerLatencyModel, ProbeCorrection
 from gpuplan_estimator.planning import intervals
-from gpuplan_estimator.training import backward_factors
+from gpuplan_estimator.training import backward_factors, probes
 
 DeviceResolver = Callable[[str], DeviceSpec]
 
@@ -220,13 +220,27 @@ def interval_sigma_table(sigmas: Mapping[str, float]) -> dict[str, dict[str, flo
 
 def _probe_metrics(actual_ms: FloatArray, predicted_ms: FloatArray, base: FloatArray,
                    rng: np.random.Generator, probe_rows: int) -> dict[str, float]:
-    """Metrics on a left-out device after correcting by `probe_rows` of its own rows (picked
-    at random; scored on the rest): what one short bench run on a new GPU type buys."""
-    probe = rng.choice(len(actual_ms), probe_rows, replace=False)
+    """Metrics on a left-out device after correcting by `probe_rows` of its own rows (spread
+    over sizes as a bench run spreads them, `probes.spread_pick`; scored on the rest): what one
+    short bench run on a new GPU type buys."""
+    probe = probes.spread_pick(base, probe_rows, rng)
     rest = np.setdiff1d(np.arange(len(actual_ms)), probe)
     correction = probe_correction(actual_ms[probe], predicted_ms[probe], base[probe])
     corrected = predicted_ms[rest] * correction.factor(base[rest])
     return {**error_metrics(actual_ms[rest], corrected), "probe_rows": float(probe_rows)}
+
+
+def probe_rows(rows: pd.DataFrame, per_kernel: int, seed: int,
+               resolve: DeviceResolver | None = None) -> pd.DataFrame:
+    """A probe of one device: `per_kernel` of its rows of every kernel (all of a smaller
+    kernel), spread over the roofline time as `probes.spread_pick` draws them."""
+    resolve = resolve if resolve is not None else devices.resolve_device
+    rng = np.random.default_rng(seed)
+    picked = []
+    for kernel, group in rows.groupby("kernel", sort=True):
+        base = kernel_data(group, str(kernel), resolve, sorted(group["backend"].unique())).base_ms
+        picked.append(group.iloc[probes.spread_pick(base, per_kernel, rng)])
+    return pd.concat(picked) if picked else rows.iloc[:0]
 
 
 MAX_PROBE_SLOPE = 0.2  # a handful of rows cannot support more; unbounded fits did no better
@@ -245,7 +259,8 @@ def probe_correction(actual_ms: FloatArray, predicted_ms: FloatArray, base_ms: F
     if len(log_ratio) >= 3 and np.ptp(log_base) > 0:
         slope = float(np.polyfit(log_base, log_ratio, 1)[0])
     slope = float(np.clip(slope, -MAX_PROBE_SLOPE, MAX_PROBE_SLOPE))
-    return ProbeCorrection(float(np.median(log_ratio - slope * log_base)), slope)
+    return ProbeCorrection(float(np.median(log_ratio - slope * log_base)), slope,
+                           float(log_base.min()), float(log_base.max()))
 
 
 def train_bundle(
@@ -370,7 +385,9 @@ def with_probes(fitted: Bundle, probe_frame: pd.DataFrame,
         fit = probe_correction(probe.latency_ms, predicted, probe.transfer_base_ms)
         offsets.setdefault(str(device), {})[str(kernel)] = {
             "log_offset": round(fit.log_offset, 6),
-            "log_base_slope": round(fit.log_base_slope, 6), "rows": len(rows)}
+            "log_base_slope": round(fit.log_base_slope, 6),
+            "log_base_min": round(fit.log_base_min, 6), "log_base_max": round(fit.log_base_max, 6),
+            "rows": len(rows)}
     return dataclasses.replace(fitted, manifest={**manifest, "probe_offsets": offsets,
                                                  "probe_rows": len(probe_frame)})
 

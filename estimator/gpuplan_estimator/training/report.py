@@ -193,6 +193,24 @@ METHOD_NOTES = """## Method
   BERT-large batch-8 label runs its 2.94 TFLOP of GEMMs in under 694 ms, at least 4.2
   TFLOP/s). A leave-one-out check inside the probe (apply the correction only when it lowers
   the probe rows' own error) moved gemm's mean from 23.4 to 22.8 % in a quick test; not kept.
+- Probe design (2026-11-25). Those 20 random rows were mostly launch-bound (the shared op data
+  is dense at small sizes), and the slope fitted on them was extended to GEMMs 100x larger.
+  A probe now takes one row from each twentieth of a kernel's sizes (`probes.spread_pick`,
+  the spread of `gpuplan bench`'s log-uniform sweeps) and its correction is flat beyond the
+  sizes it measured. Whole models leaving one GPU out (38 rows, 15000 op rows per kernel,
+  mean of probe seeds 0-3: `transfer_check --kind roofline --max-rows 15000 --no-ops
+  --probe-seed N`): 24.1 % with random rows -> 16.2 % (seeds: 15.4, 13.9, 15.4, 20.2), against
+  21.1 % spec sheet only. By GPU (mean over seeds): A100 12.5, P100 29.2, P4 29.0, T4 25.6,
+  V100 inference 7.3 %. Other fits on the same probes: Theil-Sen slope 16.3 %, offset only
+  18.4 % (P100 69 %: its gap does change with size), offset from the larger half only 17.5 %.
+  A probe still makes A100, P4 and T4 worse than the spec sheet alone: it moves a GPU toward
+  its own op data, and the model trained on all of a GPU's op rows misses these labels by
+  8.4, 35.9 and 23.0 % (`docs/accuracy.md`), more than the spec-only transfer happens to.
+- Power class as a device feature (2026-11-25, not kept): log2 TDP in the transfer model's
+  features (the low-TDP P4/T4 sustain 0.24/0.36 of peak on >5 ms GEMMs, the 250 W cards
+  0.62-0.83) took whole-model leave-one-GPU-out P100 49.8 -> 5.8 % but T4 9.3 -> 60.7 % and
+  A100 6.3 -> 12.8 %; all rows 21.1 -> 23.1 %. With one other card per power class, a left-out
+  GPU inherits its sibling's throttling, and the two 75 W cards differ by 1.5x.
 - `pool` has the op as a feature (schema 6): onnxruntime's CPU AveragePool is 30-100x slower per
   element than MaxPool, and without it the CPU pool model erred 121 % (with it: 20 %).
 - `batchnorm` is a CPU model only, from torch rows (training-mode `F.batch_norm`,

@@ -18,8 +18,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors, paths, provenance
 from gpuplan_estimator.core.progress import Progress, silent, track
@@ -299,8 +297,8 @@ def leave_one_gpu_out(
 ) -> tuple[RowResult, ...]:
     """Price each labelled GPU's rows with latency models refitted without its op rows.
 
-    Each GPU is priced twice: unseen, and with a probe of it (`probe_sample`: what a short bench
-    on a new GPU type gives).
+    Each GPU is priced twice: unseen, and with a probe of it (`fitting.probe_rows`: what a
+    short bench on a new GPU type gives).
     """
     frame = training.load_sources([str(gpu_ops)])
     settings = fitting.TrainSettings(max_rows_per_kernel=max_rows)
@@ -319,7 +317,8 @@ def leave_one_gpu_out(
             {k: e for k, e in errors.items() if k != key}))
         # The same models, corrected by a few of the left-out GPU's rows (as `train_bundle`
         # does for a GPU with fewer than `probe_max_rows` rows of a kernel).
-        probe = probe_sample(frame[frame["device"] == key], settings.probe_rows, settings.seed)
+        probe = fitting.probe_rows(frame[frame["device"] == key], settings.probe_rows,
+                                   settings.seed)
         probed = fitting.with_probes(held, probe)
         mine = [r for r in rows if gpu_labels.label_device(r, catalog).key == key]
         results, _ = gpu_labels.evaluate_rows(
@@ -329,12 +328,6 @@ def leave_one_gpu_out(
             task=f"eval: GPU label rows, {key} left out")
         out.extend(results)
     return tuple(out)
-
-
-def probe_sample(rows: pd.DataFrame, per_kernel: int, seed: int) -> pd.DataFrame:
-    """`per_kernel` random rows of every kernel of one device (all of a smaller kernel)."""
-    return rows.groupby("kernel", group_keys=False).sample(frac=1.0, random_state=seed).groupby(
-        "kernel", group_keys=False).head(per_kernel)
 
 
 def notes(fitted: bundles.Bundle) -> tuple[str, ...]:
@@ -351,9 +344,11 @@ def notes(fitted: bundles.Bundle) -> tuple[str, ...]:
         "(decomposed GELU/LayerNorm/softmax as one kernel, attention scale and mask inside "
         "the softmax, residual Add inside the LayerNorm; GEMMs unchanged).",
         "Intervals: sum of per-layer P10/P90 (quantile LightGBM); the roofline has none.",
-        "Leave one GPU out, `lightgbm+probe`: the same refit plus 20 random op rows per kernel of"
-        " the left-out GPU as its probe (`training.fitting.split_probe_rows`): the transfer model"
-        " corrected per kernel (log offset + bounded slope on log base_ms), as `gpuplan train` "
+        "Leave one GPU out, `lightgbm+probe`: the same refit plus a probe of the left-out GPU:"
+        " 20 of its op rows per kernel, one from each twentieth of the kernel's sizes "
+        "(`training.fitting.probe_rows`, as `gpuplan bench`'s log-uniform sweeps spread them): "
+        "the transfer model corrected per kernel (log offset + bounded slope on log base_ms, "
+        "flat beyond the probed sizes), as `gpuplan train` "
         "does after a short `gpuplan bench` on a new GPU type. It uses measurements of that GPU, "
         "so it is not the spec-sheet-only case (`lightgbm`). It pulls predictions toward the "
         "GPU's own op data, which on T4 runs large GEMMs slower than its whole-model labels imply"

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import pandas as pd
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -116,15 +115,6 @@ def test_calibrated_uses_only_other_models() -> None:
     assert all(r.predictor == eval_cli.CALIBRATED for r in out.values())
     held = eval_cli.calibrated(results, hold_out_device=True)
     assert [r.predicted_ms for r in held] == pytest.approx([125.0, 125.0, 100.0])
-
-
-def test_probe_sample_takes_a_few_rows_of_every_kernel_deterministically() -> None:
-    rows = pd.DataFrame({"kernel": ["gemm"] * 50 + ["softmax"] * 3, "latency_ms": range(53)})
-    probe = eval_cli.probe_sample(rows, 20, seed=0)
-    assert probe["kernel"].value_counts().to_dict() == {"gemm": 20, "softmax": 3}
-    assert probe["latency_ms"].is_unique
-    pd.testing.assert_frame_equal(probe, eval_cli.probe_sample(rows, 20, seed=0))
-    assert set(probe["latency_ms"]) != set(eval_cli.probe_sample(rows, 20, seed=1)["latency_ms"])
 
 
 def _report() -> report.Report:

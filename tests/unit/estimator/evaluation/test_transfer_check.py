@@ -54,13 +54,6 @@ def test_the_tiled_structure_carries_a_shared_utilisation_to_a_left_out_gpu() ->
     assert table.splitlines()[2].startswith("| gemm | ")
 
 
-def test_probe_sample_takes_a_few_rows_of_every_kernel() -> None:
-    rows = pd.DataFrame({"kernel": ["gemm"] * 30 + ["softmax"] * 5, "v": range(35)})
-    sample = transfer_check.probe_sample(rows, 20, seed=0)
-    assert sample["kernel"].value_counts().to_dict() == {"gemm": 20, "softmax": 5}
-    pd.testing.assert_frame_equal(sample, transfer_check.probe_sample(rows, 20, seed=0))
-
-
 @pytest.mark.parametrize("argv", [["--kind", "magic"]])
 def test_cli_refuses_an_unknown_kind(argv: list[str]) -> None:
     with pytest.raises(SystemExit):

@@ -86,7 +86,12 @@ def test_probe_offsets_load_as_corrections(fitted: bundles.Bundle, tmp_path: Pat
     loaded = bundles.load_bundle(tmp_path)
     catalog = devices.load_catalog()
     got = loaded.probe_correction("softmax", catalog.resolve("t4"))
+    # Written before probes recorded their size range: the slope applies unbounded.
     assert got == latency.ProbeCorrection(0.25, -0.05)
+    ranged = {**entry, "log_base_min": -3.0, "log_base_max": 1.5}
+    _rewrite_manifest(tmp_path, probe_offsets={"t4": {"softmax": ranged}})
+    got = bundles.load_bundle(tmp_path).probe_correction("softmax", catalog.resolve("t4"))
+    assert got == latency.ProbeCorrection(0.25, -0.05, -3.0, 1.5)
     assert loaded.probe_correction("gemm", catalog.resolve("t4")) is None
     assert loaded.probe_correction("softmax", catalog.resolve("v100-pcie-32gb")) is None
 

@@ -13,7 +13,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors, measurements, workload
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models import basis, bundles, latency, learned
+from gpuplan_estimator.models import basis, bundles, learned
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import fitting, report
 
@@ -313,7 +313,35 @@ def test_probe_correction_recovers_offset_and_bounded_slope() -> None:
     steep = fitting.probe_correction(predicted * base**0.9, predicted, base)
     assert steep.log_base_slope == fitting.MAX_PROBE_SLOPE
     one = fitting.probe_correction(np.array([2.0]), np.array([1.0]), np.array([0.5]))
-    assert one == latency.ProbeCorrection(pytest.approx(np.log(2.0)), 0.0)
+    assert (one.log_offset, one.log_base_slope) == (pytest.approx(np.log(2.0)), 0.0)
+
+
+def test_probe_correction_is_flat_beyond_the_probed_sizes() -> None:
+    base = np.logspace(-2, 0, 20)  # probe kernels of 0.01 to 1 ms
+    predicted = 3.0 * base
+    fit = fitting.probe_correction(predicted * 1.5 * base**0.1, predicted, base)
+    assert fit.log_base_slope == pytest.approx(0.1)
+    inside = fit.factor(np.array([0.01, 1.0]))
+    np.testing.assert_allclose(inside, 1.5 * np.array([0.01, 1.0]) ** 0.1)
+    # A 100 ms GEMM gets the largest probe kernel's correction, not the line extended 100x.
+    np.testing.assert_allclose(fit.factor(np.array([1e-4, 100.0])), inside)
+
+
+def test_a_probe_spreads_over_kernel_sizes_and_keeps_a_small_kernel_whole(
+        frame: pd.DataFrame) -> None:
+    rows = frame[frame["device"] == "t4"]
+    softmax = rows[rows["kernel"] == "softmax"].head(7)
+    some = pd.concat([rows[rows["kernel"] == "gemm"], softmax])
+    probe = fitting.probe_rows(some, 20, seed=0)
+    assert probe["kernel"].value_counts().to_dict() == {"gemm": 20, "softmax": 7}
+    pd.testing.assert_frame_equal(probe, fitting.probe_rows(some, 20, seed=0))
+    gemm = some[some["kernel"] == "gemm"]
+    base = fitting.kernel_data(gemm, "gemm", devices.resolve_device,
+                               ["pytorch-2.1.0+cu121"]).base_ms
+    picked = gemm.index.get_indexer(probe[probe["kernel"] == "gemm"].index)
+    # One row per twentieth of the sizes: the largest 5 % and the smallest 5 % are both in.
+    assert base[picked].max() >= np.quantile(base, 0.95)
+    assert base[picked].min() <= np.quantile(base, 0.05)
 
 
 def _gemm_items(ms: tuple[int, ...]) -> list[workload.WorkItem]:

@@ -357,8 +357,10 @@ def test_unknown_path_and_wrong_method_get_json_404_and_405() -> None:
 
 # -- no input yields a 500 ----------------------------------------------------------------------
 
+# Finite numbers only: json.dumps writes inf as `Infinity`, which is not JSON and is refused
+# with a 400 (`decode_body`), as it should be; Go's encoder never sends it.
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=6) | st.sampled_from(["²", "٣", "8", "1500m", "-1", H100]),
     lambda children: st.lists(children, max_size=3)
     | st.dictionaries(st.sampled_from(["nvidia.com/gpu", "limits", "requests", "resources",

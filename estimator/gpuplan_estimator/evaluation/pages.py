@@ -159,6 +159,11 @@ def _reproduce(rep: Report, roots: Mapping[str, str], json_name: str) -> list[st
              "## Provenance", "",
              f"- Numbers measured {rep.measured.created} at commit "
              f"`{rep.measured.commit or 'unknown'}` by `{portable(rep.measured.command, roots)}`."]
+    if rep.cpu_measured is not None:
+        lines.append(f"- CPU closed loop measured {rep.cpu_measured.created} at commit "
+                     f"`{rep.cpu_measured.commit or 'unknown'}` by "
+                     f"`{portable(rep.cpu_measured.command, roots)}`, carried over unchanged "
+                     "(`--cpu-from`).")
     if rep.rendered is not None:
         lines.append(f"- Page rendered {rep.rendered.created} at commit "
                      f"`{rep.rendered.commit or 'unknown'}` by "

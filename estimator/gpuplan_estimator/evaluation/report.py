@@ -135,6 +135,9 @@ class Report:
     host: Host | None = None
     cpu_models: tuple[CpuModels, ...] = ()
     rendered: Provenance | None = None  # set when the page was re-rendered from the JSON
+    cpu_measured: Provenance | None = None
+    """Set when the CPU loop was carried over from an earlier run (``gpuplan eval
+    --cpu-from``): that run's provenance, since `measured` is then the GPU views' alone."""
 
 
 def _label_json(row: LabelRow) -> dict[str, Any]:
@@ -173,6 +176,7 @@ def to_json(rep: Report) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "measured": asdict(rep.measured),
         "rendered": asdict(rep.rendered) if rep.rendered is not None else None,
+        "cpu_measured": asdict(rep.cpu_measured) if rep.cpu_measured is not None else None,
         "bundle": rep.bundle, "notes": list(rep.notes),
         "host": asdict(rep.host) if rep.host is not None else None,
         "cpu_models": [asdict(m) for m in rep.cpu_models],
@@ -201,6 +205,8 @@ def from_json(doc: Mapping[str, Any]) -> Report:
         return Report(
             measured=Provenance(**doc["measured"]),
             rendered=Provenance(**doc["rendered"]) if doc.get("rendered") else None,
+            cpu_measured=(Provenance(**doc["cpu_measured"]) if doc.get("cpu_measured")
+                          else None),
             bundle=str(doc["bundle"]), notes=tuple(str(n) for n in doc["notes"]),
             host=Host(**doc["host"]) if doc.get("host") else None,
             cpu_models=tuple(CpuModels(**m) for m in doc["cpu_models"]),

@@ -60,6 +60,10 @@ def register(subparsers: Any) -> None:
                    "(default: the repo's docs/)")
     p.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out retraining")
     p.add_argument("--no-cpu", action="store_true", help="skip the CPU closed loop")
+    p.add_argument("--cpu-from", type=Path, metavar="ACCURACY_JSON",
+                   help="carry the CPU closed loop (rows, host, models, provenance) over from "
+                        "a saved run such as docs/accuracy.json instead of timing it: the GPU "
+                        "views are re-measured, CPU timings are slow and noisy")
     p.add_argument("--cpu-runs", type=int, default=10, metavar="N",
                    help="timed runs per CPU model session (default %(default)s)")
     p.add_argument("--cpu-sessions", type=int, default=3, metavar="N",
@@ -184,7 +188,12 @@ def measure(args: argparse.Namespace, bars: Progress) -> report.Report:
     cpu: tuple[cpu_loop.CpuResult, ...] = ()
     host: report.Host | None = None
     cpu_models: list[report.CpuModels] = []
-    if not args.no_cpu:
+    cpu_measured: report.Provenance | None = None
+    if args.cpu_from is not None:
+        saved = saved_cpu_loop(args.cpu_from)
+        cpu, host, cpu_models = saved.cpu, saved.host, list(saved.cpu_models)
+        cpu_measured = saved.cpu_measured or saved.measured
+    elif not args.no_cpu:
         device = local_cpu.local_cpu_device()
         host = report.Host(device.name, device.sm_count, device.peak_tflops["fp32"] * 1000,
                            device.mem_bandwidth_gbps)
@@ -206,7 +215,18 @@ def measure(args: argparse.Namespace, bars: Progress) -> report.Report:
         measured=report.Provenance(created=_now(), commit=provenance.git_commit(short=True),
                                    command=command_line(args, public_roots())),
         bundle=bundle_text, gpu=gpu, skipped=skipped, logo=logo, cpu=cpu,
-        notes=notes(fitted), host=host, cpu_models=tuple(cpu_models))
+        notes=notes(fitted), host=host, cpu_models=tuple(cpu_models), cpu_measured=cpu_measured)
+
+
+def saved_cpu_loop(source: Path) -> report.Report:
+    """The saved run whose CPU closed loop `--cpu-from` carries over; it must have one."""
+    try:
+        saved = publishing.read(source)
+    except (OSError, ValueError) as exc:
+        raise errors.InvalidRequestError("--cpu-from", f"{source}: {exc}") from None
+    if not saved.cpu:
+        raise errors.InvalidRequestError("--cpu-from", f"{source} has no CPU closed loop rows")
+    return saved
 
 
 def print_summary(rep: report.Report) -> None:
@@ -383,6 +403,8 @@ def command_line(args: argparse.Namespace, roots: Mapping[str, str]) -> str:
         if getattr(args, flag) is not None:
             parts += [f"--{flag}", pages_path(getattr(args, flag), roots)]
     parts += ["--no-logo"] if args.no_logo else ["--logo-max-rows", str(args.logo_max_rows)]
+    if args.cpu_from is not None:
+        return shlex.join([*parts, "--cpu-from", pages_path(args.cpu_from, roots)])
     parts += ["--no-cpu"] if args.no_cpu else [
         "--cpu-runs", str(args.cpu_runs), "--cpu-sessions", str(args.cpu_sessions),
         "--cpu-bench-minutes", f"{args.cpu_bench_minutes:g}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -136,6 +137,34 @@ def test_report_markdown_and_json() -> None:
     summary = doc["cpu_closed_loop"]["summary"]
     assert summary["inference all"]["mape_pct"] == pytest.approx(9.09, abs=0.01)
     assert doc["gpu_labels"]["summary"][0]["mape_pct"] == pytest.approx(10.0)
+
+
+def test_a_carried_over_cpu_loop_keeps_its_own_provenance(tmp_path: Path) -> None:
+    earlier = report.Provenance("2026-01-01T00:00:00+00:00", "cpu0001", "gpuplan eval --cpu-runs 9")
+    saved = tmp_path / "accuracy.json"
+    saved.write_text(json.dumps(report.to_json(_report())), encoding="utf-8")
+    carried = eval_cli.saved_cpu_loop(saved)
+    assert carried.cpu == _report().cpu and carried.host == _report().host
+    rep = dataclasses.replace(_report(), cpu_measured=earlier)
+    assert report.from_json(json.loads(json.dumps(report.to_json(rep)))).cpu_measured == earlier
+    text = pages.to_markdown(rep, roots={})
+    assert ("CPU closed loop measured 2026-01-01T00:00:00+00:00 at commit `cpu0001` by "
+            "`gpuplan eval --cpu-runs 9`, carried over") in text
+    args = argparse.Namespace(labels=None, bundle=None, no_logo=False, logo_max_rows=15000,
+                              cpu_from=saved, no_cpu=False)
+    command = eval_cli.command_line(args, {})
+    assert command.startswith("gpuplan eval --logo-max-rows 15000 --cpu-from ")
+    assert command.endswith("accuracy.json") and "--cpu-runs" not in command
+
+
+def test_a_saved_run_without_a_cpu_loop_cannot_lend_one(tmp_path: Path) -> None:
+    saved = tmp_path / "gpu-only.json"
+    saved.write_text(json.dumps(report.to_json(dataclasses.replace(_report(), cpu=()))),
+                     encoding="utf-8")
+    with pytest.raises(InvalidRequestError, match=r"--cpu-from.*no CPU closed loop"):
+        eval_cli.saved_cpu_loop(saved)
+    with pytest.raises(InvalidRequestError, match="--cpu-from"):
+        eval_cli.saved_cpu_loop(tmp_path / "missing.json")
 
 
 @pytest.mark.slow  # importing matplotlib alone takes seconds on a loaded 2-core machine

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import DTYPE_BYTES
 from gpuplan_estimator.core.workload import WorkItem
-from gpuplan_estimator.cost import tiling
+from gpuplan_estimator.cost import roofline, tiling
 from gpuplan_estimator.devices.catalog import DeviceSpec
 
 FEATURE_SCHEMA_VERSION = "6"
@@ -150,9 +150,16 @@ class WorkColumns:
     dims: Mapping[str, npt.NDArray[np.int64]]
     dtype: npt.NDArray[np.str_]
     op: npt.NDArray[np.str_]
+    math: npt.NDArray[np.str_] | None = None
+    """Per row, the math mode asked of a float32 kernel ("tf32"; `step.backward.math_attributes`),
+    "" for none; None when no row has one (every measurement row)."""
 
     def __len__(self) -> int:
         return len(self.dtype)
+
+    def math_or_none(self) -> npt.NDArray[np.str_]:
+        """`math`, with "" for every row when there is none."""
+        return self.math if self.math is not None else np.full(len(self), "", dtype=np.str_)
 
 
 @dataclass(frozen=True)
@@ -227,15 +234,16 @@ def columns_from_items(kernel: str, items: Sequence[WorkItem]) -> WorkColumns:
     dims = {k: rows[:, j] for j, k in enumerate(keys)}
     dtype = np.array([it.dtype for it in items], dtype=np.str_)
     op = np.array([it.op for it in items], dtype=np.str_)
-    return WorkColumns(kernel, dims, dtype, op)
+    math = np.array([str(it.attributes.get("math", "")) for it in items], dtype=np.str_)
+    return WorkColumns(kernel, dims, dtype, op, math)
 
 
 def device_columns(
     specs: Sequence[DeviceSpec], dtypes: Sequence[str] | npt.NDArray[np.str_],
-    backend_codes: Sequence[int] | FloatArray,
+    backend_codes: Sequence[int] | FloatArray, kernel: str = "",
 ) -> DeviceColumns:
-    """Row-aligned device facts: ``specs[i]`` ran row i in ``dtypes[i]``."""
-    peak = np.array([peak_gflops(s, d) for s, d in zip(specs, dtypes, strict=True)])
+    """Row-aligned device facts: ``specs[i]`` ran row i of `kernel` in ``dtypes[i]``."""
+    peak = np.array([peak_gflops(s, d, kernel=kernel) for s, d in zip(specs, dtypes, strict=True)])
     return DeviceColumns(
         peak_gflops=peak,
         bw_gbps=np.array([s.mem_bandwidth_gbps for s in specs], dtype=np.float64),
@@ -250,12 +258,16 @@ def device_columns(
 
 
 def broadcast_device(
-    spec: DeviceSpec, dtypes: npt.NDArray[np.str_], backend_code: int
+    spec: DeviceSpec, dtypes: npt.NDArray[np.str_], backend_code: int, kernel: str = "",
+    math: npt.NDArray[np.str_] | None = None,
 ) -> DeviceColumns:
-    """One device for all rows; peaks looked up once per distinct dtype."""
-    uniq, inverse = np.unique(dtypes, return_inverse=True)
-    peaks = np.array([peak_gflops(spec, str(d)) for d in uniq], dtype=np.float64)[inverse]
+    """One device for all rows of `kernel`; peaks looked up once per distinct (dtype, math)."""
     n = len(dtypes)
+    math = math if math is not None else np.full(n, "", dtype=np.str_)
+    keys = np.char.add(np.char.add(np.asarray(dtypes, dtype=np.str_), "|"), math)
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    peaks = np.array([peak_gflops(spec, *str(k).split("|"), kernel=kernel) for k in uniq],
+                     dtype=np.float64)[inverse]
 
     def full(v: float) -> FloatArray:
         return np.full(n, float(v))
@@ -269,8 +281,16 @@ def broadcast_device(
     )
 
 
-def peak_gflops(spec: DeviceSpec, dtype: str) -> float:
-    """The device's peak GFLOP/s for `dtype` (from its spec sheet, or its measured CPU peak)."""
+def peak_gflops(spec: DeviceSpec, dtype: str, math: str = "", *, kernel: str = "") -> float:
+    """The device's peak GFLOP/s for `dtype` (from its spec sheet, or its measured CPU peak).
+
+    float32 reads what the roofline reads (`roofline.item_peak_flops_per_s`): the tf32 tensor
+    cores for gemm/conv under ``math == "tf32"``, AMD's vector rate off the matrix units. Every
+    measured row is NVIDIA or CPU fp32 without a math mode, so the models' inputs are unchanged;
+    `--precision tf32` now moves the learned estimate as it moves the roofline, through the
+    normaliser and the device-relative features, as fp16 does."""
+    if dtype == "float32":
+        return roofline.item_peak_flops_per_s(spec, dtype, kernel, math) / 1e9
     key = _PEAK_KEY.get(dtype)
     if key is None:
         raise errors.InvalidRequestError("dtype", f"unknown dtype {dtype!r}")

@@ -145,7 +145,8 @@ class LearnedPredictor:
         reps: list[WorkItem] = []
         inverse = np.empty(len(sub), dtype=np.intp)
         for j, item in enumerate(sub):
-            key = (item.dtype, item.op, *(item.dims.get(k) for k in keys))
+            key = (item.dtype, item.op, str(item.attributes.get("math", "")),
+                   *(item.dims.get(k) for k in keys))
             pos = first.get(key)
             if pos is None:
                 pos = first[key] = len(reps)
@@ -196,7 +197,7 @@ def _kernel_features(
     """The model's feature rows of `cols` on `device`, and each row's base (ms): the roofline
     one for the full model, the transfer structure's for a transfer model."""
     assert backend_code is not None
-    dev = features.broadcast_device(device, cols.dtype, backend_code)
+    dev = features.broadcast_device(device, cols.dtype, backend_code, cols.kernel, cols.math)
     x, base = features.feature_matrix(cols, dev)
     if choice.transfer_kind is None:
         return x, base

@@ -117,7 +117,7 @@ def kernel_data(
         kernel, dims, rows["dtype"].to_numpy().astype(str), rows["op"].to_numpy().astype(str))
     specs = {d: resolve(d) for d in rows["device"].unique()}
     codes = [backends.index(b) for b in rows["backend"]]
-    dev = features.device_columns([specs[d] for d in rows["device"]], cols.dtype, codes)
+    dev = features.device_columns([specs[d] for d in rows["device"]], cols.dtype, codes, kernel)
     x, base = features.feature_matrix(cols, dev)
     latency = rows["latency_ms"].to_numpy(dtype=np.float64)
     kinds = {d: s.platform for d, s in specs.items()}

@@ -157,10 +157,6 @@ class WorkColumns:
     def __len__(self) -> int:
         return len(self.dtype)
 
-    def math_or_none(self) -> npt.NDArray[np.str_]:
-        """`math`, with "" for every row when there is none."""
-        return self.math if self.math is not None else np.full(len(self), "", dtype=np.str_)
-
 
 @dataclass(frozen=True)
 class DeviceColumns:
@@ -263,11 +259,10 @@ def broadcast_device(
 ) -> DeviceColumns:
     """One device for all rows of `kernel`; peaks looked up once per distinct (dtype, math)."""
     n = len(dtypes)
-    math = math if math is not None else np.full(n, "", dtype=np.str_)
-    keys = np.char.add(np.char.add(np.asarray(dtypes, dtype=np.str_), "|"), math)
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    peaks = np.array([peak_gflops(spec, *str(k).split("|"), kernel=kernel) for k in uniq],
-                     dtype=np.float64)[inverse]
+    pairs = list(zip(np.asarray(dtypes).tolist(),
+                     [""] * n if math is None else np.asarray(math).tolist(), strict=True))
+    looked = {p: peak_gflops(spec, *p, kernel=kernel) for p in set(pairs)}
+    peaks = np.array([looked[p] for p in pairs], dtype=np.float64)
 
     def full(v: float) -> FloatArray:
         return np.full(n, float(v))

@@ -211,6 +211,14 @@ METHOD_NOTES = """## Method
   0.62-0.83) took whole-model leave-one-GPU-out P100 49.8 -> 5.8 % but T4 9.3 -> 60.7 % and
   A100 6.3 -> 12.8 %; all rows 21.1 -> 23.1 %. With one other card per power class, a left-out
   GPU inherits its sibling's throttling, and the two 75 W cards differ by 1.5x.
+- Precisions other than fp32 (2026-11-25): every GPU op row is fp32 on the SIMT units, so no
+  model has seen a tensor-core kernel. fp16/bf16 rows, and since this change float32 gemm/conv
+  under `--precision tf32`, are priced against the tensor-core peak through the normaliser and
+  the device-relative features (`features.peak_gflops` reads the roofline's
+  `item_peak_flops_per_s`), with the efficiency the fp32 rows taught. BERT-base, batch 8,
+  sequence 128, training step: A100-PCIe fp32 71.7, tf32 30.7, bf16 27.6 ms; H100-SXM 36.2,
+  23.9, 22.5 ms (`gpuplan estimate --hf-config .../bert.json --batch 8 --dim sequence=128
+  --precision P`). None of these is checked against a measurement yet: that is #18 part 4.
 - `pool` has the op as a feature (schema 6): onnxruntime's CPU AveragePool is 30-100x slower per
   element than MaxPool, and without it the CPU pool model erred 121 % (with it: 20 %).
 - `batchnorm` is a CPU model only, from torch rows (training-mode `F.batch_norm`,

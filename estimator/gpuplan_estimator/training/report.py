@@ -199,10 +199,13 @@ METHOD_NOTES = """## Method
   the spread of `gpuplan bench`'s log-uniform sweeps) and its correction is flat beyond the
   sizes it measured. Whole models leaving one GPU out (38 rows, 15000 op rows per kernel,
   mean of probe seeds 0-3: `transfer_check --kind roofline --max-rows 15000 --no-ops
-  --probe-seed N`): 24.1 % with random rows -> 16.2 % (seeds: 15.4, 13.9, 15.4, 20.2), against
-  21.1 % spec sheet only. By GPU (mean over seeds): A100 12.5, P100 29.2, P4 29.0, T4 25.6,
-  V100 inference 7.3 %. Other fits on the same probes: Theil-Sen slope 16.3 %, offset only
-  18.4 % (P100 69 %: its gap does change with size), offset from the larger half only 17.5 %.
+  --probe-seed N`): 24.1 % with random rows -> 16.2 % (seeds: 15.4, 13.9, 15.4, 20.2; seeds 4-7:
+  16.6, 17.7, 16.1, 18.7, so 16.8 % over eight), against 21.1 % spec sheet only. By GPU
+  (mean over seeds 0-3): A100 12.5, P100 29.2, P4 29.0, T4 25.6, V100 inference 7.3 %. Other
+  fits on the same probes: Theil-Sen slope 16.3 %, offset only
+  18.4 % (P100 69 %: its gap does change with size), offset from the larger half only 17.5 %;
+  the slope shrunk by its own standard error (positive-part James-Stein) 16.1 % over the eight
+  seeds, better on five of them but worse on P100 (37.8 against 33 %): not kept.
   A probe still makes A100, P4 and T4 worse than the spec sheet alone: it moves a GPU toward
   its own op data, and the model trained on all of a GPU's op rows misses these labels by
   8.4, 35.9 and 23.0 % (`docs/accuracy.md`), more than the spec-only transfer happens to.

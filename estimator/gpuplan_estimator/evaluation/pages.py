@@ -151,7 +151,12 @@ def _reproduce(rep: Report, roots: Mapping[str, str], json_name: str) -> list[st
     lines = ["## How to reproduce", "",
              "From a source checkout with the shared data beside it (`make install`):", "",
              "```sh",
-             f"{portable(rep.measured.command, roots)}   # measure (the CPU bench is resumable)",
+             *([f"{portable(rep.measured.command, roots)}   # measure the GPU views, keep "
+                "the saved CPU loop",
+                f"{portable(rep.cpu_measured.command, roots)}   # measure everything, CPU "
+                "loop included (its bench is resumable)"] if rep.cpu_measured is not None else
+               [f"{portable(rep.measured.command, roots)}   # measure (the CPU bench is "
+                "resumable)"]),
              "gpuplan eval --no-cpu   # GPU rows and leave-one-GPU-out only: no CPU timing",
              f"gpuplan eval --from-json docs/{json_name}   # re-render this page and its "
              "pictures without measuring",

@@ -150,6 +150,7 @@ def test_a_carried_over_cpu_loop_keeps_its_own_provenance(tmp_path: Path) -> Non
     text = pages.to_markdown(rep, roots={})
     assert ("CPU closed loop measured 2026-01-01T00:00:00+00:00 at commit `cpu0001` by "
             "`gpuplan eval --cpu-runs 9`, carried over") in text
+    assert "gpuplan eval --cpu-runs 9   # measure everything, CPU loop included" in text
     args = argparse.Namespace(labels=None, bundle=None, no_logo=False, logo_max_rows=15000,
                               cpu_from=saved, no_cpu=False)
     command = eval_cli.command_line(args, {})

@@ -6,6 +6,7 @@ import argparse
 import functools
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -138,16 +139,25 @@ def write_auth_settings(args: argparse.Namespace, environ: Mapping[str, str]
 
 
 
+# Opening a store runs its migrations. Requests reach the stores from worker threads, and the
+# first job outcomes often arrive together: unguarded, two threads migrated one SQLite file at
+# once and the loser's outcome got a 500 (the helm install test, about one run in three).
+_OPEN_LOCK = threading.Lock()
+
+
 def _lazy_store(db_url: str | None) -> Callable[[], PerfStore]:
     """The performance database, opened on first use: the service starts (and answers plans)
-    without one, and a database that is down fails only the calls that need it."""
+    without one, and a database that is down fails only the calls that need it. Opened once,
+    and never while another lazy store is opening (`_OPEN_LOCK`)."""
     from gpuplan_estimator.perfdb import PerfStore
 
     stores: list[PerfStore] = []
 
     def store() -> PerfStore:
         if not stores:
-            stores.append(PerfStore.open(db_url))
+            with _OPEN_LOCK:
+                if not stores:
+                    stores.append(PerfStore.open(db_url))
         return stores[0]
 
     return store

@@ -312,14 +312,8 @@ def test_examples_run_through_the_installed_parts(release: Release, kubectl: Kub
         wait_for(served_all, OUTCOME_TIMEOUT_S, "the estimator to count every plan and outcome")
     served = ih.scrape(f"http://127.0.0.1:{estimator_port}/metrics")
     for endpoint, code in wanted:
-        assert served_count(served, endpoint, code) >= len(names), (endpoint, [
-            line for line in served.splitlines() if line.startswith("gpuplan_estimator_http")
-            and "_created" not in line], [  # and any outcome the operator reported lost
-            e["message"] for e in kubectl.json("get", "events", "-n", ns)["items"]
-            if e["reason"] == "OutcomeNotRecorded"], [
-            line for c in release.containers if c.deployment.endswith("-estimator")
-            for line in c.log_text().splitlines() if "Error" in line or "Traceback" in line
-            or "outcome" in line.lower()][-20:])
+        assert served_count(served, endpoint, code) >= len(names), served_failure(
+            served, endpoint, release, kubectl.json("get", "events", "-n", ns)["items"])
     extender_port = release.values["scheduler"]["extender"]["port"]
     ext = ih.scrape(f"http://127.0.0.1:{extender_port}/metrics")
     filtered = [line for line in ext.splitlines()
@@ -328,6 +322,20 @@ def test_examples_run_through_the_installed_parts(release: Release, kubectl: Kub
     assert filtered and float(filtered[0].split()[-1]) >= len(names), filtered
     for c in release.containers:
         assert not ih.forbidden_lines(c.log_text()), c.label
+
+
+def served_failure(metrics: str, endpoint: str, release: Release,
+                   events: list[dict[str, Any]]) -> str:
+    """Why the estimator served too few of `endpoint`: its counters, the outcomes the operator
+    reported lost, and the estimator's errors (one string, so pytest prints all of it)."""
+    counters = [line for line in metrics.splitlines()
+                if line.startswith("gpuplan_estimator_http_requests_total")]
+    lost = [e["message"] for e in events if e["reason"] == "OutcomeNotRecorded"]
+    log = [line for c in release.containers if c.deployment.endswith("-estimator")
+           for line in c.log_text().splitlines()
+           if "error" in line.lower() or "Traceback" in line or line.startswith(" ")]
+    return "\n".join([f"too few {endpoint}:", *counters, "lost outcomes:", *lost,
+                      "estimator errors:", *log[-60:]])
 
 
 def served_count(metrics: str, endpoint: str, code: str) -> float:

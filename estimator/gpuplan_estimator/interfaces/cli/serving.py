@@ -140,8 +140,8 @@ def write_auth_settings(args: argparse.Namespace, environ: Mapping[str, str]
 
 
 # Opening a store runs its migrations. Requests reach the stores from worker threads, and the
-# first job outcomes often arrive together: unguarded, two threads migrated one SQLite file at
-# once and the loser's outcome got a 500 (the helm install test, about one run in three).
+# first job outcomes often arrive together: unguarded, two threads could migrate one SQLite
+# file at once (a suspect, not a proven cause, of the install test's occasional outcome 500).
 _OPEN_LOCK = threading.Lock()
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -366,31 +368,91 @@ def bearer_headers(token_file: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def report_outcome(base_url: str, body: Mapping[str, Any], *,
-                         timeout_seconds: float, token_file: str = "") -> None:
-    """POST a finished job's outcome; any failure is `EstimatorUnavailableError`.
+RETRIED_OUTCOME_STATUSES = frozenset({429, 502, 503, 504})
+"""Answers that say "not now" (busy, database or TokenReview unavailable, a proxy's timeout):
+the outcome is sent again. The estimator keys outcomes by job uid, so a resend never counts
+twice."""
+FIRST_OUTCOME_RETRY_DELAY_S = 1.0
+MAX_RETRY_AFTER_S = 30.0
+
+
+async def report_outcome(base_url: str, body: Mapping[str, Any], *, timeout_seconds: float,
+                         deadline_seconds: float | None = None, token_file: str = "",
+                         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                         clock: Callable[[], float] = time.monotonic) -> None:
+    """POST a finished job's outcome; a failure is `EstimatorUnavailableError` naming why.
 
     201 records it; 200 says the estimator already had this job uid (idempotent), which is
     success too: a resend after a lost answer must not look like a failure. The token in
     `token_file` (`settings.estimator_token_file`) authenticates the post (issue #16); a
     401/403 says why in the error, from the estimator's envelope.
+
+    A transient failure (`RETRIED_OUTCOME_STATUSES`, a timeout, a refused connection) is
+    retried with doubling delays (or the answer's Retry-After) until `deadline_seconds` (one
+    attempt when None) has passed; every attempt's timeout ends by that deadline too. A lost
+    outcome is a calibration sample the estimator never sees, so "the database was busy for a
+    second" must not lose it.
     """
     url = base_url.rstrip("/") + OUTCOMES_PATH
-    headers = bearer_headers(token_file)
+    deadline = clock() + (deadline_seconds if deadline_seconds is not None else 0.0)
+    delay = FIRST_OUTCOME_RETRY_DELAY_S
+    attempt = 1
+    while True:
+        timeout = (timeout_seconds if deadline_seconds is None
+                   else max(min(timeout_seconds, deadline - clock()), 0.001))
+        try:
+            await _post_outcome(url, body, timeout_seconds=timeout, token_file=token_file)
+            return
+        except _TransientOutcomeFailure as exc:
+            wait = min(exc.retry_after_s if exc.retry_after_s is not None else delay,
+                       MAX_RETRY_AFTER_S)
+            if clock() + wait >= deadline:
+                tries = f" after {attempt} attempt(s)" if attempt > 1 else ""
+                raise errors.EstimatorUnavailableError(f"{exc}{tries}") from exc
+            await sleep(wait)
+            delay *= 2
+            attempt += 1
+
+
+class _TransientOutcomeFailure(errors.EstimatorUnavailableError):
+    """An outcome post worth sending again; `retry_after_s` is the server's hint, if any."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+async def _post_outcome(url: str, body: Mapping[str, Any], *, timeout_seconds: float,
+                        token_file: str) -> None:
+    headers = bearer_headers(token_file)  # per attempt: projected tokens rotate
     try:
         async with aiohttp.ClientSession() as client, client.post(
                 url, json=body, headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout_seconds)) as resp:
             status = resp.status
+            retry_after = resp.headers.get("Retry-After")
             raw = await resp.content.read(MAX_RESPONSE_BYTES)
     except (TimeoutError, aiohttp.ClientError) as exc:
-        raise errors.EstimatorUnavailableError(
+        raise _TransientOutcomeFailure(
             f"estimator at {url} unavailable: {type(exc).__name__}: {exc}") from exc
+    if status in {200, 201}:
+        return
+    message = f"estimator at {url} answered {status}: {_error_message(raw)}"
+    if status in RETRIED_OUTCOME_STATUSES:
+        raise _TransientOutcomeFailure(message, _seconds(retry_after))
     if status in {401, 403}:
         raise errors.EstimatorUnavailableError(
             f"estimator at {url} refused the outcome ({status}): {_error_message(raw)}")
-    if status not in {200, 201}:
-        raise errors.EstimatorUnavailableError(f"estimator at {url} answered {status}")
+    raise errors.EstimatorUnavailableError(message)
+
+
+def _seconds(retry_after: str | None) -> float | None:
+    """A Retry-After header in seconds (the HTTP-date form is not used by the estimator)."""
+    try:
+        value = float(retry_after) if retry_after is not None else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _error_message(raw: bytes) -> str:

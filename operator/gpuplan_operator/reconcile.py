@@ -509,7 +509,8 @@ async def _feed_back(ctx: Context, tj: TrainingJobRef, plan: resources.Plan,
                      actual_seconds: float) -> None:
     """Send the outcome to the estimator as a calibration sample, at most once per job uid
     (status.actual, written first, guards restarts; `ctx.reported` guards racing events).
-    Losing one is not fatal."""
+    Transient failures are retried within `outcome_report_seconds`; losing one after that is
+    not fatal, and says why in an OutcomeNotRecorded event."""
     if tj.uid in ctx.reported:
         return
     ctx.reported[tj.uid] = None
@@ -521,6 +522,7 @@ async def _feed_back(ctx: Context, tj: TrainingJobRef, plan: resources.Plan,
         await estimator_client.report_outcome(
             ctx.settings.estimator_url, body,
             timeout_seconds=ctx.settings.estimator_timeout_seconds,
+            deadline_seconds=ctx.settings.outcome_report_seconds,
             token_file=ctx.settings.estimator_token_file)
     except errors.EstimatorUnavailableError as exc:
         tj.emit(warning=True, reason="OutcomeNotRecorded", message=str(exc))

@@ -37,6 +37,10 @@ class Settings:
     estimator_timeout_seconds: float = 30.0
     """Total time allowed for one `POST /v1/plans`."""
 
+    outcome_report_seconds: float = 120.0
+    """Total time for reporting one finished job's outcome (`POST /v1/outcomes`), retries of
+    transient failures (429/502/503/504, timeouts, refused connections) included."""
+
     estimator_token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
     """The operator's ServiceAccount token, sent as `Authorization: Bearer` with every outcome
     post (the estimator verifies it with a TokenReview, issue #16); re-read on each post, since
@@ -242,7 +246,8 @@ def _problems(s: Settings) -> list[str]:
     url = urlsplit(s.estimator_url)
     if url.scheme not in {"http", "https"} or not url.netloc:
         out.append(f"estimator_url: need an http(s) URL, got {s.estimator_url!r}")
-    for name in ("estimator_timeout_seconds", "model_fetch_timeout_seconds",
+    for name in ("estimator_timeout_seconds", "outcome_report_seconds",
+                 "model_fetch_timeout_seconds",
                  "retry_base_delay_seconds", "retry_max_delay_seconds"):
         if not getattr(s, name) > 0:
             out.append(f"{name}: must be > 0, got {getattr(s, name)}")

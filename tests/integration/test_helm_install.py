@@ -44,7 +44,7 @@ INSTANCE = "app.kubernetes.io/instance"
 CRD_MANAGER = "gpuplan-install-test"
 READY_TIMEOUT_S = 120
 EXAMPLE_TIMEOUT_S = 150
-OUTCOME_TIMEOUT_S = 30
+OUTCOME_TIMEOUT_S = 60  # the operator retries a 503 outcome with 1, 2, 4 ... s waits
 # Objects a namespace holds without any release: its default account, the root CA, events, and
 # the Lease kube-scheduler takes at run time for leader election (not a Helm object).
 NAMESPACE_DEFAULTS = {("serviceaccount", "default"), ("configmap", "kube-root-ca.crt")}
@@ -333,7 +333,8 @@ def served_failure(metrics: str, endpoint: str, release: Release,
     lost = [e["message"] for e in events if e["reason"] == "OutcomeNotRecorded"]
     log = [line for c in release.containers if c.deployment.endswith("-estimator")
            for line in c.log_text().splitlines()
-           if "error" in line.lower() or "Traceback" in line or line.startswith(" ")]
+           if any(w in line.lower() for w in ("error", "warning", "refused"))
+           or "Traceback" in line or line.startswith(" ")]
     return "\n".join([f"too few {endpoint}:", *counters, "lost outcomes:", *lost,
                       "estimator errors:", *log[-60:]])
 

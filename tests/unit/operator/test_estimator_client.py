@@ -172,6 +172,80 @@ def test_outcome_answers(status: int, ok: bool) -> None:
             asyncio.run(run())
 
 
+def _answers(*replies: tuple[int, dict[str, str]]) -> tuple[web.Application, list[int]]:
+    """An estimator answering /v1/outcomes with `replies` in turn (status, headers), then 201."""
+    served: list[int] = []
+
+    async def outcomes(_: web.Request) -> web.Response:
+        status, headers = replies[len(served)] if len(served) < len(replies) else (201, {})
+        served.append(status)
+        body = {"error": {"reason": "DatabaseUnavailable", "message": "database is locked"}}
+        return web.json_response(body if status >= 400 else {"id": 1}, status=status,
+                                 headers=headers)
+
+    app = web.Application()
+    app.router.add_post("/v1/outcomes", outcomes)
+    return app, served
+
+
+def _report(app: web.Application, *, deadline_seconds: float | None,
+            clock_step_s: float = 0.0) -> list[float]:
+    """Report one outcome to `app` with waits recorded (not slept); the clock advances by each
+    wait plus `clock_step_s` per reading. Returns the waits."""
+    waits: list[float] = []
+    now = [0.0]
+
+    async def wait(seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+
+    def clock() -> float:
+        now[0] += clock_step_s
+        return now[0]
+
+    async def run() -> None:
+        async with LocalServer(app) as srv:
+            await estimator_client.report_outcome(
+                srv.url, {"job_uid": "u"}, timeout_seconds=5, deadline_seconds=deadline_seconds,
+                sleep=wait, clock=clock)
+
+    asyncio.run(run())
+    return waits
+
+
+def test_transient_outcome_failures_are_retried_with_doubling_waits_or_retry_after() -> None:
+    retry_after: dict[str, str] = {"Retry-After": "7"}
+    app, served = _answers((503, {}), (429, retry_after), (504, {}))
+    waits = _report(app, deadline_seconds=60)
+    assert served == [503, 429, 504, 201]
+    first = estimator_client.FIRST_OUTCOME_RETRY_DELAY_S
+    assert waits == [first, 7.0, 4 * first]
+
+
+def test_an_outcome_post_gives_up_at_its_deadline_and_says_why() -> None:
+    none: dict[str, str] = {}
+    app, served = _answers(*[(503, none)] * 50)
+    with pytest.raises(errors.EstimatorUnavailableError,
+                       match=r"answered 503: database is locked after \d+ attempt"):
+        _report(app, deadline_seconds=10)
+    assert 2 <= len(served) <= 4  # waits of 1, 2, 4 s fit in 10 s; 8 more would not
+
+
+@pytest.mark.parametrize("status", [400, 401, 422])
+def test_a_refused_outcome_is_not_sent_again(status: int) -> None:
+    app, served = _answers((status, {}))
+    with pytest.raises(errors.EstimatorUnavailableError, match=str(status)):
+        _report(app, deadline_seconds=60)
+    assert served == [status]
+
+
+def test_without_a_deadline_an_outcome_is_posted_once() -> None:
+    app, served = _answers((503, {}))
+    with pytest.raises(errors.EstimatorUnavailableError, match="503"):
+        _report(app, deadline_seconds=None)
+    assert served == [503]
+
+
 def test_the_real_estimators_rejections_are_described_per_gpu_type_and_field() -> None:
     """Against `gpuplan serve`'s app: a NoFeasiblePlan's details are one rejection per GPU type,
     an InvalidRequest's one object per field (issue #20); both read as one line each."""

@@ -11,9 +11,10 @@ import onnx
 import pytest
 
 from gpuplan_estimator import devices
+from gpuplan_estimator.core.errors import DatabaseError
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.interfaces.cli import serving
-from gpuplan_estimator.interfaces.http import service, work
+from gpuplan_estimator.interfaces.http import service, wire, work
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import planner
 from gpuplan_operator import errors, estimator_client, resources
@@ -92,3 +93,40 @@ def test_calibrated_plans_feed_back_the_models_own_estimate(tmp_path: pathlib.Pa
         plan.estimated_seconds / plan.calibration_factor)
     # The job took exactly the calibrated estimate: against the model it ran slow by the factor.
     assert float(row["drift_ratio"].iloc[0]) == pytest.approx(plan.calibration_factor)
+
+
+def test_an_outcome_refused_while_the_database_is_busy_is_sent_again_and_stored_once(
+        tmp_path: pathlib.Path) -> None:
+    """The real service answers 503 DatabaseUnavailable while its database fails; the operator
+    sends the outcome again after a backoff and it is stored once (the helm install test lost
+    one outcome in three runs to a single 503)."""
+    url = f"sqlite:///{tmp_path / 'perf.db'}"
+    stored = serving.perfdb_outcome_sink(url)
+    failures = [DatabaseError("performance database unavailable: database is locked")]
+
+    def flaky_sink(req: wire.OutcomeRequest, device: str) -> tuple[int, bool]:
+        if failures:
+            raise failures.pop()
+        return stored(req, device)
+
+    context = planner.PlannerContext(catalog=devices.load_catalog(),
+                                     predictor=roofline.RooflinePredictor(),
+                                     predictor_source="roofline")
+    app = service.make_app(service.ServiceState(functools.partial(work.given_context, context)),
+                           service.ServiceSettings(bundle_poll_s=3600), outcome_sink=flaky_sink,
+                           outcome_history=serving.perfdb_outcome_history(url))
+    waits: list[float] = []
+
+    async def no_wait(seconds: float) -> None:
+        waits.append(seconds)
+
+    async def main() -> None:
+        async with LocalServer(app) as srv:
+            body = estimator_client.build_outcome(job_uid="u1", plan=PLAN, actual_seconds=90.0)
+            await estimator_client.report_outcome(srv.url, body, timeout_seconds=10,
+                                                  deadline_seconds=60, sleep=no_wait)
+
+    asyncio.run(main())
+    assert waits == [estimator_client.FIRST_OUTCOME_RETRY_DELAY_S]
+    assert len(PerfStore.open(url).job_outcomes(job_uid="u1")) == 1
+

@@ -469,9 +469,11 @@ def make_app(
             row, created = await in_threads(lambda: sink(req, device))
         except InvalidRequestError as exc:
             return _reply(work.invalid_request_reply(exc))
-        except DatabaseError as exc:
+        except DatabaseError as exc:  # logged: the operator retries, but an operator may not
+            log.warning("job outcome not stored (503 DatabaseUnavailable): %s", exc)
             return _json_error(503, "DatabaseUnavailable", str(exc))
         except TimeoutError:
+            log.warning("job outcome not stored: storing it timed out (504)")
             return _json_error(504, "Timeout", "storing the outcome timed out")
         except GpuplanError as exc:
             return _json_error(422, "InvalidRequest", str(exc))

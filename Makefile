@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test unit integration loop-e2e lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean
+.PHONY: help install demo test unit integration loop-e2e lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean gpu-wheels gpu-predict
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -49,6 +49,20 @@ fuzz: $(STAMP) ## 10^5 mutated ONNX graphs through load + estimate: no crash, < 
 
 chaos: $(STAMP) ## kill-safety campaign on a private testbed: 100 TrainingJobs, operator/estimator SIGKILLs, an apiserver restart; summary table
 	PYTHONPATH=tests:testbed $(PYTHON) -m gpuplan_testing.chaos --jobs 100
+
+# What `gpuplan bench` needs beyond the lent GPU image (torch, transformers, onnx, onnxruntime,
+# pandas, pyarrow, nvidia-ml-py are there), at this venv's versions, as CPython 3.12 wheels.
+GPU_WHEELS := lightgbm sqlalchemy alembic mako greenlet pydantic pydantic_core annotated-types typing-inspection zstandard shtab
+GPU_PLATFORMS := $(foreach n,2_28 2_27 2_17 2_5,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64
+
+gpu-wheels: $(STAMP) ## cp312 wheels hack/gpu_campaign.sh installs on a lent GPU machine, into .whl/
+	$(BIN)/pip freeze | grep -iE '^($(subst $() ,|,$(GPU_WHEELS)))==' > .whl.txt
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  $(GPU_PLATFORMS) -d .whl -r .whl.txt && rm .whl.txt && ls .whl
+
+gpu-predict: $(STAMP) ## the estimator's prices of the GPU campaign's cases on H100/H200, before measuring
+	$(PYTHON) -m gpuplan_estimator.evaluation.model_step_scoring predict --device h100-sxm-80gb \
+	  --device h100-pcie-80gb --device h200-sxm-141gb --out docs/gpu-steps/predicted.json
 
 bench: $(STAMP) ## speed benchmarks (reported, not asserted)
 	$(PYTHON) -m gpuplan_estimator.evaluation.speed

@@ -1,0 +1,245 @@
+"""The estimator against whole-model steps measured by `model_steps` (issue #18 part 4).
+
+Two halves, so that the prediction is on record before the measurement exists:
+
+    python -m gpuplan_estimator.evaluation.model_step_scoring predict \\
+        --device h100-sxm-80gb --device h200-sxm-141gb --out predicted.json
+    python -m gpuplan_estimator.evaluation.model_step_scoring score \\
+        --predicted predicted.json --measured steps.jsonl [--markdown table.md]
+
+`predict` prices every case of `model_steps.FULL_CASES` with the active bundle (GPT-2, BERT
+and OPT written by `zoo`; the torchvision models exported on the meta device) and records the
+bundle, commit, date and command. `score` joins the two on (model, batch, precision) and the
+device the measurement names (NVML's name resolved in the catalog), and reports the error of
+the inference forward, the training step's forward + backward (what the NeuSight labels
+compare) and the whole step with AdamW, their interval coverage, and the memory estimate
+against the measured peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpuplan_estimator import devices, graph
+from gpuplan_estimator.core import provenance
+from gpuplan_estimator.evaluation.model_steps import FULL_CASES, PRECISIONS, ModelCase
+from gpuplan_estimator.graph import batching, exporting
+from gpuplan_estimator.models import selection
+from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.step.decomposition import TrainingSettings
+
+MODULE = "gpuplan_estimator.evaluation.model_step_scoring"
+OPTIMIZER = "adamw"  # what `model_steps` steps with
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+PHASES = ("inference_forward", "forward_backward", "train_step")
+
+
+def case_graph(case: ModelCase, batch: int) -> graph.ModelGraph:
+    """The estimator's graph of one case at `batch` (structure only, no weights)."""
+    if case.source == "torchvision":
+        def factory() -> tuple[Any, tuple[Any, ...]]:
+            import torch
+            import torchvision
+
+            model = getattr(torchvision.models, case.arch)(weights=None)
+            size = case.image_size or 224
+            return model, (torch.randn(batch, 3, size, size),)
+
+        source = exporting.from_torch_factory(factory, label=case.name)
+        return batching.load_at_batch(source, batch, {}, name=case.name)
+    source = exporting.hf_config_graph(hf_config(case), batch=batch, sequence=case.sequence,
+                                       label=case.name, name=case.name)
+    dims = {batching.SEQUENCE_DIM: case.sequence} if case.sequence is not None else {}
+    return batching.load_at_batch(source, batch, dims, name=case.name)
+
+
+def hf_config(case: ModelCase) -> dict[str, Any]:
+    """The whole config `model_steps.build_model` builds from (transformers fills the fields a
+    case leaves to its defaults), so both sides price and run one architecture."""
+    import transformers
+
+    return dict(transformers.AutoConfig.for_model(case.arch, **case.config).to_dict())
+
+
+def _estimate(g: graph.ModelGraph, batch: int, mode: str, precision: str,
+              specs: Sequence[devices.DeviceSpec], predictor: Any
+              ) -> list[estimates.DeviceEstimate]:
+    settings = TrainingSettings(batch_size=batch, mode=mode, optimizer=OPTIMIZER,
+                                precision=precision)
+    return list(estimates.estimate(g, specs, settings, predictor=predictor))
+
+
+def predict(cases: Sequence[ModelCase], specs: Sequence[devices.DeviceSpec],
+            precisions: Sequence[str], bundle: str | None,
+            progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Predicted rows of every (case, batch, precision, device), and what predicted them."""
+    predictor, source = selection.select_predictor(bundle, None)
+    rows = []
+    for case in cases:
+        for batch in case.batches:
+            g = case_graph(case, batch)
+            for precision in precisions:
+                progress(f"{case.name} batch {batch} {precision}")
+                usable = [d for d in specs if devices.supports_precision(d, precision)]
+                inference = _estimate(g, batch, "inference", precision, usable, predictor)
+                train = _estimate(g, batch, "train", precision, usable, predictor)
+                for inf, tr in zip(inference, train, strict=True):
+                    rows.append({
+                        "model": case.name, "batch": batch, "precision": precision,
+                        "device": tr.device, "data_basis": tr.data_basis,
+                        "inference_forward_ms": inf.forward_ms,
+                        "inference_forward_interval_ms": list(inf.interval_ms),
+                        "forward_backward_ms": tr.forward_ms + tr.backward_ms,
+                        "forward_backward_interval_ms": list(tr.forward_backward_interval_ms),
+                        "train_step_ms": tr.step_time_ms,
+                        "train_step_interval_ms": list(tr.interval_ms),
+                        "optimizer_ms": tr.optimizer_ms,
+                        "train_memory_bytes": tr.memory.total_bytes})
+    return {"predictor": source, "bundle_version": selection.bundle_version_of(source),
+            "rows": rows}
+
+
+def measured_phases(row: Mapping[str, Any]) -> dict[str, float]:
+    """A `model_steps` row's medians under the names `predict` writes."""
+    train = row["train"]
+    return {"inference_forward": float(row["inference"]["forward"]["median_ms"]),
+            "forward_backward": float(train["forward"]["median_ms"])
+            + float(train["backward"]["median_ms"]),
+            "train_step": float(train["step"]["median_ms"])}
+
+
+def score(predicted: Mapping[str, Any], measured: Iterable[Mapping[str, Any]],
+          resolve: Callable[[str], str]) -> list[dict[str, Any]]:
+    """One row per measured configuration that has a prediction: predicted, measured, signed
+    error (predicted / measured - 1) and whether the measurement is inside the interval."""
+    lines = list(measured)
+    head = next((r for r in lines if r.get("kind") == "provenance"), None)
+    if head is None:
+        raise ValueError("the measured file has no provenance row (is it model_steps output?)")
+    name = (head.get("nvml") or {}).get("name") or head.get("device_name") or head["device"]
+    device = resolve(str(name))
+    by_key = {(p["model"], p["batch"], p["precision"], p["device"]): p
+              for p in predicted["rows"]}
+    out = []
+    for r in lines:
+        if r.get("kind") != "model_step" or r.get("status") != "ok":
+            continue
+        p = by_key.get((r["model"], r["batch"], r["precision"], device))
+        if p is None:
+            continue
+        row: dict[str, Any] = {"model": r["model"], "batch": r["batch"],
+                               "precision": r["precision"], "device": device,
+                               "data_basis": p["data_basis"]}
+        for phase, ms in measured_phases(r).items():
+            low, high = p[f"{phase}_interval_ms"]
+            row[phase] = {"predicted_ms": p[f"{phase}_ms"], "measured_ms": ms,
+                          "error": p[f"{phase}_ms"] / ms - 1.0, "inside": low <= ms <= high}
+        peak = r["train"].get("peak_memory_bytes")
+        if peak:
+            row["train_memory"] = {"predicted_bytes": p["train_memory_bytes"],
+                                   "measured_bytes": peak,
+                                   "error": p["train_memory_bytes"] / peak - 1.0}
+        out.append(row)
+    return out
+
+
+def summary(scored: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """MAPE, P90 APE and interval coverage per precision and phase, and over all."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for row in scored:
+        for phase in (*PHASES, "train_memory"):
+            if phase in row:
+                for precision in (row["precision"], "all"):
+                    groups.setdefault((precision, phase), []).append(row[phase])
+    out = []
+    for (precision, phase), cells in sorted(groups.items()):
+        ape = sorted(abs(c["error"]) * 100.0 for c in cells)
+        inside = [c["inside"] for c in cells if "inside" in c]
+        out.append({"precision": precision, "phase": phase, "rows": len(cells),
+                    "mape_pct": statistics.fmean(ape),
+                    "p90_ape_pct": ape[min(len(ape) - 1, int(0.9 * len(ape)))],
+                    "inside_pct": 100.0 * sum(inside) / len(inside) if inside else None})
+    return out
+
+
+def markdown(scored: Sequence[Mapping[str, Any]]) -> str:
+    """The summary and every row as Markdown tables."""
+    lines = ["| precision | phase | rows | MAPE % | P90 APE % | in P10–P90 % |",
+             "|---|---|--:|--:|--:|--:|"]
+    for s in summary(scored):
+        inside = f"{s['inside_pct']:.0f}" if s["inside_pct"] is not None else "–"
+        lines.append(f"| {s['precision']} | {s['phase']} | {s['rows']} | {s['mape_pct']:.1f} "
+                     f"| {s['p90_ape_pct']:.1f} | {inside} |")
+    lines += ["", "| model | batch | precision | device | basis | phase | predicted ms | "
+              "measured ms | error % |", "|---|--:|---|---|---|---|--:|--:|--:|"]
+    for r in scored:
+        for phase in PHASES:
+            c = r[phase]
+            lines.append(f"| {r['model']} | {r['batch']} | {r['precision']} | {r['device']} "
+                         f"| {r['data_basis']} | {phase} | {c['predicted_ms']:.2f} | "
+                         f"{c['measured_ms']:.2f} | {100 * c['error']:+.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _read(path: Path) -> str:
+    if path.stat().st_size > MAX_INPUT_BYTES:
+        raise SystemExit(f"{path}: larger than {MAX_INPUT_BYTES} bytes")
+    return path.read_text(encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`predict` or `score` (see the module's doc)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("predict", help="price the campaign's cases before they are measured")
+    p.add_argument("--device", action="append", required=True, help="catalog device (repeat)")
+    p.add_argument("--precisions", default=",".join(PRECISIONS))
+    p.add_argument("--models", default="", help="comma-separated case names (default all)")
+    p.add_argument("--bundle", default=None, help="model bundle directory (default: active)")
+    p.add_argument("--out", type=Path, required=True)
+    s = sub.add_parser("score", help="join predictions with a model_steps measurement")
+    s.add_argument("--predicted", type=Path, required=True)
+    s.add_argument("--measured", type=Path, required=True)
+    s.add_argument("--markdown", type=Path, default=None, help="also write the tables here")
+    args = parser.parse_args(argv)
+    if args.command == "predict":
+        catalog = devices.load_catalog()
+        specs = [devices.resolve_device(d, catalog) for d in args.device]
+        wanted = [m for m in args.models.split(",") if m]
+        cases = [c for c in FULL_CASES if not wanted or c.name in wanted]
+        if wanted and len(cases) != len(wanted):
+            parser.error(f"--models: not all of {wanted} in {[c.name for c in FULL_CASES]}")
+        doc = predict(cases, specs, [p for p in args.precisions.split(",") if p], args.bundle,
+                      progress=lambda m: print(m, file=sys.stderr, flush=True))
+        doc["provenance"] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
+                             "commit": provenance.git_commit(),
+                             "command": shlex.join(["python", "-m", MODULE, *argv])}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {len(doc['rows'])} predictions to {args.out}")
+        return 0
+    predicted = json.loads(_read(args.predicted))
+    measured = [json.loads(line) for line in _read(args.measured).splitlines() if line.strip()]
+    scored = score(predicted, measured, lambda n: devices.resolve_device(n).key)
+    if not scored:
+        print("no measured row has a prediction (device, model, batch or precision differ)",
+              file=sys.stderr)
+        return 1
+    text = markdown(scored)
+    if args.markdown is not None:
+        args.markdown.write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""Predictions of the GPU campaign's cases, and their scoring against measured rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuplan_estimator.evaluation import model_step_scoring as scoring
+from gpuplan_estimator.evaluation import model_steps
+
+DEVICE = "h100-sxm-80gb"
+
+
+def _measured(forward_ms: float, step_ms: float, peak: int | None) -> dict:
+    def timed(ms: float) -> dict:
+        return {"median_ms": ms, "p10_ms": ms, "p90_ms": ms}
+
+    return {"kind": "model_step", "model": "gpt2-tiny", "batch": 2, "precision": "fp32",
+            "status": "ok", "inference": {"forward": timed(forward_ms)},
+            "train": {"forward": timed(step_ms * 0.3), "backward": timed(step_ms * 0.6),
+                      "optimizer": timed(step_ms * 0.1), "step": timed(step_ms),
+                      "peak_memory_bytes": peak}}
+
+
+@pytest.fixture(scope="module")
+def predicted() -> dict:
+    from gpuplan_estimator import devices
+
+    spec = devices.resolve_device(DEVICE)
+    return scoring.predict(model_steps.SMOKE_CASES[:1], [spec], ["fp32", "bf16"], None)
+
+
+def test_each_case_is_priced_per_precision_with_its_basis_and_intervals(predicted: dict) -> None:
+    rows = predicted["rows"]
+    assert [(r["model"], r["precision"], r["device"]) for r in rows] == [
+        ("gpt2-tiny", "fp32", DEVICE), ("gpt2-tiny", "bf16", DEVICE)]
+    for r in rows:
+        assert r["data_basis"] in {"measured", "probed", "extrapolated", "roofline"}
+        for phase in scoring.PHASES:
+            low, high = r[f"{phase}_interval_ms"]
+            assert 0 < low <= r[f"{phase}_ms"] <= high
+        assert r["forward_backward_ms"] < r["train_step_ms"]
+    fp32, bf16 = rows
+    assert bf16["train_step_ms"] != fp32["train_step_ms"]  # tensor cores price bf16 apart
+
+
+def test_measured_rows_are_joined_on_the_device_nvml_names(predicted: dict) -> None:
+    p = next(r for r in predicted["rows"] if r["precision"] == "fp32")
+    head = {"kind": "provenance", "device": "cuda",
+            "nvml": {"name": "NVIDIA H100 80GB HBM3"}}
+    measured = [head, _measured(p["inference_forward_ms"] / 2, p["train_step_ms"], 2 * 10**9),
+                {**_measured(1.0, 1.0, None), "status": "out of memory"}]
+    seen: list[str] = []
+
+    def resolve(name: str) -> str:
+        seen.append(name)
+        return DEVICE
+
+    (row,) = scoring.score(predicted, measured, resolve)
+    assert seen == ["NVIDIA H100 80GB HBM3"]
+    assert row["inference_forward"]["error"] == pytest.approx(1.0)  # predicted twice as slow
+    assert row["train_step"]["error"] == pytest.approx(0.0)
+    assert row["train_step"]["inside"] is True
+    assert row["train_memory"]["measured_bytes"] == 2 * 10**9
+    by = {(s["precision"], s["phase"]): s for s in scoring.summary([row])}
+    assert by[("all", "inference_forward")]["mape_pct"] == pytest.approx(100.0)
+    assert "| gpt2-tiny | 2 | fp32 |" in scoring.markdown([row])
+
+
+def test_a_measurement_without_provenance_is_refused(predicted: dict) -> None:
+    with pytest.raises(ValueError, match="provenance"):
+        scoring.score(predicted, [_measured(1.0, 1.0, None)], lambda n: DEVICE)
+
+
+def test_score_command_writes_the_tables(predicted: dict, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "p.json").write_text(json.dumps(predicted))
+    lines = [{"kind": "provenance", "device": "cuda", "device_name": DEVICE},
+             _measured(1.0, 5.0, None)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    code = scoring.main(["score", "--predicted", str(tmp_path / "p.json"), "--measured",
+                         str(tmp_path / "m.jsonl"), "--markdown", str(tmp_path / "t.md")])
+    assert code == 0
+    assert "| fp32 | train_step | 1 |" in (tmp_path / "t.md").read_text()

@@ -76,6 +76,7 @@ def parse_plan(body: Mapping[str, Any], *, generation: int) -> resources.Plan:
             memory_bytes_by_part=_memory_parts(p.get("memory")),
             bundle_version=_bundle_version(body.get("bundle_version")),
             workload_id=_workload_id(body.get("workload_id")),
+            data_basis=_data_basis(p.get("data_basis")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.EstimatorProtocolError(
@@ -237,9 +238,20 @@ def with_planned_steps(plan: resources.Plan, training: resources.Training) -> re
     return dataclasses.replace(plan, scaling_inputs=inputs)
 
 
+def _data_basis(value: object) -> str | None:
+    """The plan's `data_basis`: one of `resources.DATA_BASES`, or None from an older estimator."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in resources.DATA_BASES:
+        raise ValueError(f"data_basis: need one of {', '.join(resources.DATA_BASES)} or null, "
+                         f"got {value!r:.80}")
+    return value
+
+
 def _alternative(c: Mapping[str, Any]) -> dict[str, Any]:
     keys = {"gpu_type": "gpuType", "gpu_count": "gpuCount", "estimated_seconds": "estimatedSeconds",
-            "cost_usd": "costUsd", "memory_bytes_per_gpu": "memoryBytes"}
+            "cost_usd": "costUsd", "memory_bytes_per_gpu": "memoryBytes",
+            "data_basis": "dataBasis"}
     return {camel: c[snake] for snake, camel in keys.items() if snake in c}
 
 

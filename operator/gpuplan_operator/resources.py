@@ -230,6 +230,16 @@ def memory_part_name(key: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
 
 
+DATA_BASIS_PHRASES: Mapping[str, str] = {
+    "measured": "measured on this GPU type",
+    "probed": "spec sheet corrected by a probe of this GPU type",
+    "extrapolated": "extrapolated from the spec sheet (no measurements of this GPU type)",
+    "roofline": "roofline bound (no learned model)",
+}
+"""The estimator's `models.basis` labels (tested equal), as the Estimated message says them."""
+DATA_BASES: tuple[str, ...] = tuple(DATA_BASIS_PHRASES)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The estimator's choice, as stored in `status.plan`."""
@@ -267,6 +277,9 @@ class Plan:
     """The estimator's id of the plan's stored workload, reported back with the outcome so the
     promotion gate can re-estimate the job with each bundle (issue #17); None when the
     estimator stored none (no database, or it predates workloads)."""
+    data_basis: str | None = None
+    """What the estimate for this GPU type rests on (`DATA_BASES`, issue #18): kernel rows
+    measured on it, a probe, or its spec sheet alone; None from an estimator that predates it."""
 
     def setup_summary(self) -> str:
         """The layout and strategy for people, e.g. "dp=8 tp=1 pp=1, zero-2 + accumulate x2";
@@ -281,10 +294,14 @@ class Plan:
         return ", ".join(parts)
 
     def predictor_summary(self) -> str:
-        """E.g. "predictor learned, bundle version 4" (no version: the predictor alone)."""
-        text = f"predictor {self.predictor}"
-        return text if self.bundle_version is None else \
-            f"{text}, bundle version {self.bundle_version}"
+        """E.g. "predictor learned, bundle version 4, extrapolated from the spec sheet" (each
+        part the plan has)."""
+        parts = [f"predictor {self.predictor}"]
+        if self.bundle_version is not None:
+            parts.append(f"bundle version {self.bundle_version}")
+        if self.data_basis is not None:
+            parts.append(DATA_BASIS_PHRASES[self.data_basis])
+        return ", ".join(parts)
 
     @property
     def multi_node(self) -> bool:
@@ -310,6 +327,8 @@ class Plan:
             out["bundleVersion"] = self.bundle_version
         if self.workload_id is not None:
             out["workloadId"] = self.workload_id
+        if self.data_basis is not None:
+            out["dataBasis"] = self.data_basis
         inputs = self.scaling_inputs.present()
         if inputs:
             out["scalingInputs"] = {SCALING_INPUT_KEYS[k]: v for k, v in inputs.items()}
@@ -353,6 +372,8 @@ class Plan:
                             else None),
             workload_id=(str(data["workloadId"]) if data.get("workloadId") is not None
                          else None),
+            # Plans stored before issue #18's basis carry none.
+            data_basis=(str(data["dataBasis"]) if data.get("dataBasis") is not None else None),
         )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpuplan_operator import resources
 from gpuplan_testing import operator_harness as h
 from gpuplan_testing import testbed_extender
 from gpuplan_testing.estimator_server import EstimatorServer
@@ -91,6 +92,9 @@ def test_resnet50_is_planned_launched_and_measured(
     layout, strategy = plan["parallelism"], plan["memoryStrategy"]
     assert layout["dp"] * layout["tp"] * layout["pp"] == plan["gpuCount"]
     assert "STRATEGY" in wide and "STRATEGY" not in table and strategy["label"] in wide
+    # What the estimate rests on survives pruning too, and shows in the wide table (#18).
+    assert plan["dataBasis"] in resources.DATA_BASES
+    assert "BASIS" in wide and "BASIS" not in table and plan["dataBasis"] in wide
     env = {e.name: e.value for e in container.env}
     assert env["GPUPLAN_DATA_PARALLEL"] == str(layout["dp"])
     assert env["GPUPLAN_MEMORY_STRATEGY"] == strategy["label"]

@@ -87,6 +87,7 @@ def test_calibrated_plans_feed_back_the_models_own_estimate(tmp_path: pathlib.Pa
             return plan
 
     plan = asyncio.run(main())
+    assert plan.data_basis == "roofline"  # the real service's answer says what it rests on
     assert 1.0 < plan.calibration_factor < 1.5
     row = PerfStore.open(url).job_outcomes(job_uid="new")
     assert float(row["estimated_seconds"].iloc[0]) == pytest.approx(

@@ -553,6 +553,21 @@ class PerfStore:
 
         return bool(self._retry(_do))
 
+    def prune_workloads(self, *, older_than: datetime) -> int:
+        """Delete the plan workloads stored before `older_than` that no job outcome names, and
+        return how many went. Every plan stores one (content-addressed, up to 2 MiB), so
+        without this the table grows with every distinct plan; a workload an outcome names
+        stays, since the promotion gate re-estimates it with each new bundle."""
+        named = select(JobOutcome.workload_id).where(JobOutcome.workload_id.is_not(None))
+        stmt = delete(PlanWorkload).where(PlanWorkload.created_at < older_than,
+                                          PlanWorkload.workload_id.not_in(named))
+
+        def _do() -> int:
+            with self.engine.begin() as conn:
+                return int(conn.execute(stmt).rowcount or 0)
+
+        return int(self._retry(_do))
+
     def outcome_workloads(self, *, limit: int) -> list[OutcomeWorkload]:
         """The newest `limit` job outcomes whose plan's workload is stored, newest first."""
         stmt = (select(JobOutcome.job_uid, JobOutcome.actual_seconds,

@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +67,11 @@ def register(sub: Any) -> None:
                    "like 1m; default 30)")
     s.add_argument("--db", metavar="URL", help="performance database URL for job outcomes "
                    "(default: $GPUPLAN_DB_URL, else SQLite in the data dir)")
+    s.add_argument("--workload-retention", type=arguments.duration_seconds,
+                   default=WORKLOAD_RETENTION_S, metavar="DURATION",
+                   help="keep a plan's stored workload this long unless a job outcome names it "
+                   "(the promotion gate re-estimates those); checked hourly (a duration like "
+                   "720h, or seconds; default 720h = 30 days)")
     s.add_argument("--prices", default=None, metavar="FILE",
                    help=f"{arguments.PRICES_HELP} (default: ${PRICES_ENV}, which the "
                    "Helm chart sets from its prices value)")
@@ -256,6 +261,24 @@ def perfdb_workload_sink(db_url: str | None) -> service.WorkloadSink:
     return sink
 
 
+WORKLOAD_RETENTION_S = 30 * 24 * 3600.0
+"""Longer than a plan waits in a queue and its job runs, so the outcome that names a workload
+arrives while it is still stored."""
+
+
+def perfdb_workload_pruner(db_url: str | None, retention_s: float,
+                           clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+                           ) -> service.WorkloadPruner:
+    """Deletes plan workloads older than `retention_s` that no outcome names
+    (`PerfStore.prune_workloads`), from the database opened on first use."""
+    store = _lazy_store(db_url)
+
+    def prune() -> int:
+        return store().prune_workloads(older_than=clock() - timedelta(seconds=retention_s))
+
+    return prune
+
+
 def perfdb_bundle_activator(db_url: str | None) -> service.BundleActivator:
     """`POST /v1/models/{version}/activate` activates in the database, opened on first use."""
     store = _lazy_store(db_url)
@@ -315,6 +338,8 @@ def run_serve(args: argparse.Namespace) -> int:
                            scaling_history=perfdb_scaling_history(args.db),
                            bundle_activator=perfdb_bundle_activator(args.db),
                            workload_sink=perfdb_workload_sink(args.db),
+                           workload_pruner=perfdb_workload_pruner(args.db,
+                                                                  args.workload_retention),
                            write_guard=guard)
     web.run_app(app, host=settings.host, port=settings.port)
     return 0

@@ -24,6 +24,7 @@ import asyncio
 import base64
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +101,8 @@ class ServiceSettings:
     """Multi-GPU outcomes with scaling fields needed before the scaling model is fitted."""
     scaling_random_state: int = 0
     """Seed of the scaling fit (differential evolution and its held-out folds)."""
+    workload_prune_interval_s: float = 3600.0
+    """How often the bundle poll also prunes old plan workloads (`WorkloadPruner`)."""
 
 
 BundleSync = Callable[[], int | None]
@@ -214,6 +217,8 @@ ScalingHistory = Callable[[], Sequence[Mapping[str, Any]]]
 
 
 WorkloadSink = Callable[[str, bytes, str, int], None]
+WorkloadPruner = Callable[[], int]
+"""Deletes plan workloads past their retention that no outcome names; returns how many."""
 """Stores a plan's compressed workload (id, bytes, device key, GPU count) once per id —
 `PerfStore.add_workload`."""
 STORED_WORKLOAD_IDS = 4096
@@ -288,6 +293,7 @@ def make_app(
     bundle_activator: BundleActivator | None = None,
     write_guard: auth.WriteGuard | None = None,
     workload_sink: WorkloadSink | None = None,
+    workload_pruner: WorkloadPruner | None = None,
 ) -> web.Application:
     """The service; without `outcome_history` (no database) predictions stay uncalibrated,
     without `scaling_history` multi-GPU plans use the analytic scaling model, without
@@ -295,7 +301,8 @@ def make_app(
     outcomes and activate bundles (issue #16); None leaves writes open (`auth.OPEN`: tests, and
     `gpuplan serve` on loopback, which always passes its own). With `workload_sink`, each plan's
     chosen workload is stored and the plan names it (`workload_id`); without, it is null and the
-    workers do not build it."""
+    workers do not build it. `workload_pruner` runs from the bundle poll every
+    `settings.workload_prune_interval_s`."""
     guard = write_guard or auth.WriteGuard(auth.OPEN)
     metrics = Metrics(registry or CollectorRegistry())
     metrics.calibration_stale.set_function(lambda: float(state.calibration_stale))
@@ -564,10 +571,26 @@ def make_app(
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def prune_workloads() -> None:
+        if workload_pruner is None:
+            return
+        pruner = workload_pruner
+        try:
+            pruned = await asyncio.get_running_loop().run_in_executor(io_threads, pruner)
+        except Exception:  # the next interval retries; plans are stored all the same
+            log.exception("pruning old plan workloads failed")
+            return
+        if pruned:
+            log.info("pruned %d plan workload(s) past their retention", pruned)
+
     async def lifecycle(app: web.Application) -> Any:
         async def poll() -> None:
+            pruned_at = -math.inf
             while True:
                 await asyncio.sleep(settings.bundle_poll_s)
+                if time.monotonic() - pruned_at >= settings.workload_prune_interval_s:
+                    pruned_at = time.monotonic()
+                    await prune_workloads()
                 try:
                     await asyncio.get_running_loop().run_in_executor(io_threads, state.load)
                 except Exception:  # a broken new bundle must not take the service down

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import itertools
 import math
 import os
 import pathlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -302,3 +304,46 @@ def test_the_documented_limits_are_the_enforced_ones() -> None:
     ]
     missing = [line for line in expected if line not in doc]
     assert not missing, missing
+
+
+def test_the_poll_prunes_plan_workloads_once_an_interval_and_outlives_a_failed_prune() -> None:
+    calls: list[float] = []
+
+    def pruner() -> int:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("database is locked")
+        return 3
+
+    async def check(_: TestClient, __: CollectorRegistry) -> None:
+        for _ in range(60):
+            if len(calls) >= 2:
+                break
+            await asyncio.sleep(0.1)
+
+    serve(check, bundle_poll_s=0.05, settings={"workload_prune_interval_s": 0.5},
+          workload_pruner=pruner)
+    assert len(calls) >= 2  # the failure did not stop the poll
+    # Not every 0.05 s poll: once an interval (less a thread start on a loaded machine).
+    assert all(b - a >= 0.3 for a, b in itertools.pairwise(calls))
+
+
+def test_the_served_pruner_deletes_only_old_unnamed_workloads(tmp_path: pathlib.Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from gpuplan_estimator.interfaces.cli import serving
+    from gpuplan_estimator.perfdb import PerfStore
+
+    url = f"sqlite:///{tmp_path / 'perf.db'}"
+    stored = datetime(2026, 1, 1, tzinfo=UTC)
+    with PerfStore.open(url, clock=lambda: stored) as store:
+        for n in (1, 2):
+            store.add_workload(f"{n:064x}", b"w", device="t4", gpu_count=1)
+        store.record_job_outcome(job_uid="j", device="t4", gpu_count=1, estimated_seconds=1.0,
+                                 actual_seconds=1.0, workload_id=f"{1:064x}")
+    day = timedelta(days=1)
+    early = serving.perfdb_workload_pruner(url, 30 * day.total_seconds(),
+                                           clock=lambda: stored + 29 * day)
+    late = serving.perfdb_workload_pruner(url, 30 * day.total_seconds(),
+                                          clock=lambda: stored + 31 * day)
+    assert (early(), late(), late()) == (0, 1, 0)

@@ -5,6 +5,7 @@ real PostgreSQL server when its binaries exist (the server of `test_model_bundle
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -45,15 +46,41 @@ def contract_workloads_link_outcomes(store: PerfStore) -> None:
     assert store.job_outcomes(job_uid="a")["workload_id"].tolist() == [IDS[0]]
 
 
+def contract_pruning_keeps_named_and_recent_workloads(url: str) -> None:
+    """Old workloads no outcome names go; a named one and a recent one stay."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    now = [start]
+    with PerfStore.open(url, clock=lambda: now[0]) as store:
+        store.add_workload(IDS[0], b"named", device="t4", gpu_count=1)
+        store.add_workload(IDS[1], b"orphan", device="t4", gpu_count=1)
+        store.record_job_outcome(job_uid="a", device="t4", gpu_count=1, estimated_seconds=1.0,
+                                 actual_seconds=1.0, workload_id=IDS[0])
+        store.record_job_outcome(job_uid="plain", device="t4", gpu_count=1,
+                                 estimated_seconds=1.0, actual_seconds=1.0)
+        now[0] = start + timedelta(days=40)
+        store.add_workload(IDS[2], b"recent", device="t4", gpu_count=1)
+        assert store.prune_workloads(older_than=start + timedelta(days=30)) == 1
+        assert store.prune_workloads(older_than=start + timedelta(days=30)) == 0
+        assert [r.workload_id for r in store.outcome_workloads(limit=10)] == [IDS[0]]
+        # Gone, so a later plan of that workload stores it afresh.
+        assert store.add_workload(IDS[1], b"orphan", device="t4", gpu_count=1) is True
+        assert store.add_workload(IDS[2], b"recent", device="t4", gpu_count=1) is False
+
+
 def test_contract_on_sqlite(tmp_path: Path) -> None:
     with PerfStore.open(f"sqlite:///{tmp_path / 'perf.db'}") as store:
         contract_workloads_link_outcomes(store)
+    contract_pruning_keeps_named_and_recent_workloads(f"sqlite:///{tmp_path / 'prune.db'}")
 
 
 @pytest.mark.postgres
 def test_contract_on_postgres(pg_url: str) -> None:  # noqa: F811
     with PerfStore.open(pg_url) as store:
         contract_workloads_link_outcomes(store)
+    with PerfStore.open(pg_url) as store, store.engine.begin() as conn:
+        conn.execute(text("delete from job_outcomes"))
+        conn.execute(text("delete from plan_workloads"))
+    contract_pruning_keeps_named_and_recent_workloads(pg_url)
 
 
 @pytest.mark.parametrize(("bad", "field"), [

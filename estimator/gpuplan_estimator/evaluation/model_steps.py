@@ -253,6 +253,10 @@ def measure(case: ModelCase, model: Any, batch: int, precision: str, settings: R
     out["train"] = {**{k: _summary(v) for k, v in phases.items()}, "step": _summary(steps),
                     "peak_memory_bytes": peak()}
     out["parameters"] = sum(int(p.numel()) for p in model.parameters())
+    # transformers picks SDPA (fused attention) where torch has it; the estimator prices the
+    # unfused graph, so which one ran is part of the label.
+    config = getattr(model, "config", None)
+    out["attention"] = getattr(config, "_attn_implementation", None) if config else None
     return out
 
 

@@ -28,7 +28,7 @@ def test_a_smoke_campaign_times_every_phase_and_records_where_it_ran(tmp_path: P
     assert head["torch"] and head["transformers"] and head["date"]
     assert [(r["model"], r["status"]) for r in rows] == [("gpt2-tiny", "ok"), ("bert-tiny", "ok")]
     for r in rows:
-        assert r["parameters"] > 0
+        assert r["parameters"] > 0 and r["attention"]  # e.g. "sdpa" or "eager"
         timed = [r["inference"]["forward"], *(r["train"][k] for k in
                                               ("forward", "backward", "optimizer", "step"))]
         for t in timed:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from gpuplan_estimator.interfaces.cli import main as estimator_cli
+from gpuplan_estimator.interfaces.cli import serving
 from gpuplan_operator import __main__ as operator_main
 from gpuplan_operator import settings
 from gpuplan_operator.extender import cli as extender_cli
@@ -19,6 +20,7 @@ from gpuplan_testing.helm_render import CHART, helm, render
 # Numbers past 1e6, where Helm's float64 values print as 6.7108864e+07 unless cast.
 LARGE_NUMBERS = ("estimator.maxBodyBytes=134217728", "estimator.requestTimeoutSeconds=86400",
                  "estimator.queuedPerClient=10000", "estimator.runningPerClient=2",
+                 "estimator.workloadRetentionHours=87600",
                  "operator.modelUrl.maxBytes=1000000000",
                  "operator.benchmarks.intervalSeconds=2592000",
                  "operator.retraining.maxRows=10000000")
@@ -38,7 +40,8 @@ def _values_file_containers(tmp_path: Any) -> dict[str, dict[str, Any]]:
     """Large numbers from a values file (parsed as float64 by Helm), as users write them."""
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({
-        "estimator": {"maxBodyBytes": 134217728, "requestTimeoutSeconds": 86400},
+        "estimator": {"maxBodyBytes": 134217728, "requestTimeoutSeconds": 86400,
+                      "workloadRetentionHours": 87600},
         "operator": {"modelUrl": {"maxBytes": 1000000000},
                      "benchmarks": {"intervalSeconds": 2592000},
                      "retraining": {"maxRows": 10000000}}}))
@@ -58,6 +61,9 @@ def test_estimator_args_parse_with_the_estimator_cli(source: str, tmp_path: Any)
     parsed = estimator_cli.build_parser().parse_args(args)  # exits 2 on a value it refuses
     if source != "defaults":
         assert parsed.max_body_bytes == 134217728 and parsed.request_timeout == 86400
+        assert parsed.workload_retention == 87600 * 3600.0
+    else:
+        assert parsed.workload_retention == serving.WORKLOAD_RETENTION_S  # one default
 
 
 def test_extender_args_parse_with_the_extender_cli() -> None:

@@ -28,6 +28,7 @@ import pandas as pd
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.bench import nvml, sweep, timing, torch_units, units
+from gpuplan_estimator.bench.targets import parse_device
 from gpuplan_estimator.core import errors, paths, provenance
 from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.core.progress import Progress, Step, silent
@@ -84,18 +85,6 @@ class BenchReport:
     def rows_per_min(self) -> float:
         """Rows measured per minute of this invocation (0.0 when no time elapsed)."""
         return 60.0 * self.rows_added / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-
-def parse_device(device: str) -> tuple[str, int]:
-    """``cpu`` → ("cpu", 0); ``cuda`` / ``cuda:N`` → ("cuda", N)."""
-    kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda") or (kind == "cpu" and index):
-        raise errors.InvalidRequestError("device", f"expected cpu, cuda or cuda:N, got {device!r}")
-    if not index:
-        return kind, 0
-    if not index.isdigit():
-        raise errors.InvalidRequestError("device", f"bad GPU index in {device!r}")
-    return kind, int(index)
 
 
 def backend_name(backend: str, kind: str) -> str:

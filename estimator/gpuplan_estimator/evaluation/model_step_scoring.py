@@ -30,6 +30,7 @@ from typing import Any
 
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core import provenance
+from gpuplan_estimator.evaluation import model_steps
 from gpuplan_estimator.evaluation.model_steps import FULL_CASES, PRECISIONS, ModelCase
 from gpuplan_estimator.graph import batching, exporting
 from gpuplan_estimator.models import selection
@@ -45,28 +46,17 @@ PHASES = ("inference_forward", "forward_backward", "train_step")
 def case_graph(case: ModelCase, batch: int) -> graph.ModelGraph:
     """The estimator's graph of one case at `batch` (structure only, no weights)."""
     if case.source == "torchvision":
-        def factory() -> tuple[Any, tuple[Any, ...]]:
-            import torch
-            import torchvision
-
-            model = getattr(torchvision.models, case.arch)(weights=None)
-            size = case.image_size or 224
-            return model, (torch.randn(batch, 3, size, size),)
+        def factory() -> tuple[Any, tuple[Any, ...]]:  # what `model_steps` runs, on meta
+            inputs, _ = model_steps.make_batch(case, batch, "cpu")
+            return model_steps.build_model(case), tuple(inputs.values())
 
         source = exporting.from_torch_factory(factory, label=case.name)
         return batching.load_at_batch(source, batch, {}, name=case.name)
-    source = exporting.hf_config_graph(hf_config(case), batch=batch, sequence=case.sequence,
+    config = dict(model_steps.hf_config(case).to_dict())
+    source = exporting.hf_config_graph(config, batch=batch, sequence=case.sequence,
                                        label=case.name, name=case.name)
     dims = {batching.SEQUENCE_DIM: case.sequence} if case.sequence is not None else {}
     return batching.load_at_batch(source, batch, dims, name=case.name)
-
-
-def hf_config(case: ModelCase) -> dict[str, Any]:
-    """The whole config `model_steps.build_model` builds from (transformers fills the fields a
-    case leaves to its defaults), so both sides price and run one architecture."""
-    import transformers
-
-    return dict(transformers.AutoConfig.for_model(case.arch, **case.config).to_dict())
 
 
 def _estimate(g: graph.ModelGraph, batch: int, mode: str, precision: str,
@@ -214,10 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "predict":
         catalog = devices.load_catalog()
         specs = [devices.resolve_device(d, catalog) for d in args.device]
-        wanted = [m for m in args.models.split(",") if m]
-        cases = [c for c in FULL_CASES if not wanted or c.name in wanted]
-        if wanted and len(cases) != len(wanted):
-            parser.error(f"--models: not all of {wanted} in {[c.name for c in FULL_CASES]}")
+        try:
+            cases = model_steps.select_cases(FULL_CASES,
+                                             [m for m in args.models.split(",") if m])
+        except ValueError as exc:
+            parser.error(f"--models: {exc}")
         doc = predict(cases, specs, [p for p in args.precisions.split(",") if p], args.bundle,
                       progress=lambda m: print(m, file=sys.stderr, flush=True))
         doc["provenance"] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -21,6 +21,7 @@ CUDA events on the current stream and read after one synchronize per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -34,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan_estimator.bench import nvml
-from gpuplan_estimator.core import provenance
+from gpuplan_estimator.bench.targets import parse_device
+from gpuplan_estimator.core import errors, provenance
 
 MODULE = "gpuplan_estimator.evaluation.model_steps"
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -87,6 +89,16 @@ SMOKE_CASES = (  # seconds on a CPU: what the tests run
 CASE_SETS = {"full": FULL_CASES, "smoke": SMOKE_CASES}
 
 
+def select_cases(cases: Sequence[ModelCase], names: Sequence[str]) -> tuple[ModelCase, ...]:
+    """The cases `names` names (all of them when empty); ValueError names any unknown one."""
+    if not names:
+        return tuple(cases)
+    known = {c.name for c in cases}
+    if missing := [n for n in names if n not in known]:
+        raise ValueError(f"{missing} not in {sorted(known)}")
+    return tuple(c for c in cases if c.name in names)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     """What one campaign runs and how long it may take."""
@@ -97,6 +109,20 @@ class RunSettings:
     repeats: int
     budget_s: float
 
+    @property
+    def gpu_index(self) -> int | None:
+        """The CUDA device's index; None on a CPU."""
+        kind, index = parse_device(self.device)
+        return index if kind == "cuda" else None
+
+
+def hf_config(case: ModelCase) -> Any:
+    """The transformers config of a text case: the fields it gives over transformers' defaults
+    (the estimator's `model_step_scoring` prices the same config)."""
+    import transformers
+
+    return transformers.AutoConfig.for_model(case.arch, **case.config)
+
 
 def build_model(case: ModelCase) -> Any:
     """The case's model with random weights, built offline."""
@@ -106,10 +132,9 @@ def build_model(case: ModelCase) -> Any:
         return getattr(torchvision.models, case.arch)(weights=None, num_classes=IMAGE_CLASSES)
     import transformers
 
-    config = transformers.AutoConfig.for_model(case.arch, **case.config)
     auto = (transformers.AutoModelForCausalLM if case.source == "causal-lm"
             else transformers.AutoModelForMaskedLM)
-    return auto.from_config(config)
+    return auto.from_config(hf_config(case))
 
 
 def make_batch(case: ModelCase, batch: int, device: str) -> tuple[dict[str, Any], Any]:
@@ -163,8 +188,6 @@ class _Timer:
 
 def _precision_context(precision: str, device: str) -> Any:
     """Set tf32 for this precision and return the autocast context of its forward passes."""
-    import contextlib
-
     import torch
 
     tf32 = precision == "tf32"
@@ -277,7 +300,7 @@ def run(cases: Sequence[ModelCase], settings: RunSettings, write: Callable[[dict
 
     deadline = clock() + settings.budget_s
     counts: dict[str, int] = {}
-    index = int(settings.device.partition(":")[2] or 0)
+    index = settings.gpu_index
     built: dict[str, Any] = {}  # the last case's model: its precisions come one after another
     for case, batch, precision in configurations(cases, settings.precisions):
         row: dict[str, Any] = {"kind": "model_step", "model": case.name, "batch": batch,
@@ -286,29 +309,22 @@ def run(cases: Sequence[ModelCase], settings: RunSettings, write: Callable[[dict
         if clock() >= deadline:
             row["status"] = "skipped: the run's budget was spent"
         else:
-            sampler = (nvml.PowerSampler(index) if settings.device.startswith("cuda")
-                       else None)
-            try:
-                if sampler is not None:
-                    sampler.__enter__()
-                if case.name not in built:
-                    built.clear()  # frees the previous case's weights before the next is built
-                    if settings.device.startswith("cuda"):
-                        torch.cuda.empty_cache()
-                    built[case.name] = build_on(case, settings.device)
-                row.update(measure(case, built[case.name], batch, precision, settings),
-                           status="ok")
-            except torch.cuda.OutOfMemoryError:
-                row["status"] = "out of memory"
-            except Exception as exc:  # one broken configuration must not lose the rest
-                row["status"] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
-            finally:
-                if sampler is not None:
-                    sampler.__exit__(None, None, None)
-                    row["mean_sm_clock_mhz"] = sampler.mean_sm_clock_mhz
-                    row["mean_power_watts"] = sampler.mean_watts
-                if settings.device.startswith("cuda"):
-                    torch.cuda.empty_cache()
+            sampler = nvml.PowerSampler(index) if index is not None else None
+            with sampler or contextlib.nullcontext():
+                try:
+                    if case.name not in built:
+                        built.clear()  # frees the previous case's weights first
+                        built[case.name] = build_on(case, settings.device)
+                    row.update(measure(case, built[case.name], batch, precision, settings),
+                               status="ok")
+                except torch.cuda.OutOfMemoryError:
+                    row["status"] = "out of memory"
+                except Exception as exc:  # one broken configuration must not lose the rest
+                    row["status"] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
+            if sampler is not None:
+                row["mean_sm_clock_mhz"] = sampler.mean_sm_clock_mhz
+                row["mean_power_watts"] = sampler.mean_watts
+                torch.cuda.empty_cache()  # an out-of-memory case leaves none for the next
         key = row["status"].split(":")[0]
         counts[key] = counts.get(key, 0) + 1
         write(row)
@@ -331,8 +347,8 @@ def provenance_row(settings: RunSettings, argv: Sequence[str], commit: str,
         row["transformers"] = transformers.__version__
     except ImportError:
         row["transformers"] = None
-    if settings.device.startswith("cuda"):
-        index = int(settings.device.partition(":")[2] or 0)
+    index = settings.gpu_index
+    if index is not None:
         identity = nvml.device_identity(index)
         row["nvml"] = dataclasses.asdict(identity) if identity is not None else None
         row["device_name"] = torch.cuda.get_device_name(index)
@@ -363,13 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--precisions: {sorted(unknown)} not in {list(PRECISIONS)}")
     if args.warmup < 0 or args.repeats < 1 or args.budget_s <= 0:
         parser.error("--warmup must be >= 0, --repeats >= 1 and --budget-s > 0")
-    cases = CASE_SETS[args.cases]
-    if args.models:
-        wanted = args.models.split(",")
-        names = {c.name for c in cases}
-        if missing := [m for m in wanted if m not in names]:
-            parser.error(f"--models: {missing} not in {sorted(names)}")
-        cases = tuple(c for c in cases if c.name in wanted)
+    try:
+        cases = select_cases(CASE_SETS[args.cases], [m for m in args.models.split(",") if m])
+        parse_device(args.device)
+    except ValueError as exc:
+        parser.error(f"--models: {exc}")
+    except errors.InvalidRequestError as exc:
+        parser.error(f"--device: {exc.message}")
     settings = RunSettings(args.device, precisions, args.warmup, args.repeats, args.budget_s)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as f:

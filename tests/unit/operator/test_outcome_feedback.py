@@ -9,6 +9,7 @@ import socket
 
 import onnx
 import pytest
+from aiohttp import web
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core.errors import DatabaseError
@@ -52,6 +53,17 @@ def test_unreachable_estimator_is_a_typed_error() -> None:
                                                     timeout_seconds=2))
 
 
+def _roofline_service(url: str, outcome_sink: service.OutcomeSink) -> web.Application:
+    """`gpuplan serve`'s app on the roofline, calibrating from the database at `url`."""
+    context = planner.PlannerContext(catalog=devices.load_catalog(),
+                                     predictor=roofline.RooflinePredictor(),
+                                     predictor_source="roofline")
+    return service.make_app(service.ServiceState(functools.partial(work.given_context, context)),
+                            service.ServiceSettings(bundle_poll_s=3600),
+                            outcome_sink=outcome_sink,
+                            outcome_history=serving.perfdb_outcome_history(url))
+
+
 def test_calibrated_plans_feed_back_the_models_own_estimate(tmp_path: pathlib.Path) -> None:
     """Operator client ↔ the real estimator service and SQLite: a job planned after earlier
     outcomes were learned is stored against the uncalibrated estimate, never counted twice."""
@@ -60,13 +72,7 @@ def test_calibrated_plans_feed_back_the_models_own_estimate(tmp_path: pathlib.Pa
         for i in range(3):
             store.record_job_outcome(job_uid=f"old{i}", device="l4", gpu_count=1,
                                      estimated_seconds=100.0, actual_seconds=150.0)
-    context = planner.PlannerContext(catalog=devices.load_catalog(),
-                                   predictor=roofline.RooflinePredictor(),
-                                   predictor_source="roofline")
-    app = service.make_app(service.ServiceState(functools.partial(work.given_context, context)),
-                           service.ServiceSettings(bundle_poll_s=3600),
-                           outcome_sink=serving.perfdb_outcome_sink(url),
-                           outcome_history=serving.perfdb_outcome_history(url))
+    app = _roofline_service(url, serving.perfdb_outcome_sink(url))
     body = {"model_onnx_b64": base64.b64encode(RESNET50.read_bytes()).decode(),
             "training": {"batch_size": 1, "dataset_size": 1000, "epochs": 1,
                          "optimizer": "sgd", "dims": {}},
@@ -110,12 +116,7 @@ def test_an_outcome_refused_while_the_database_is_busy_is_sent_again_and_stored_
             raise failures.pop()
         return stored(req, device)
 
-    context = planner.PlannerContext(catalog=devices.load_catalog(),
-                                     predictor=roofline.RooflinePredictor(),
-                                     predictor_source="roofline")
-    app = service.make_app(service.ServiceState(functools.partial(work.given_context, context)),
-                           service.ServiceSettings(bundle_poll_s=3600), outcome_sink=flaky_sink,
-                           outcome_history=serving.perfdb_outcome_history(url))
+    app = _roofline_service(url, flaky_sink)
     waits: list[float] = []
 
     async def no_wait(seconds: float) -> None:

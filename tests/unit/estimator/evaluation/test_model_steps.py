@@ -71,6 +71,7 @@ def test_smaller_batches_of_every_model_come_before_larger_ones() -> None:
     (["--precisions", "fp8"], "--precisions"),
     (["--models", "gpt5"], "--models"),
     (["--repeats", "0"], "--repeats"),
+    (["--device", "tpu"], "--device"),
 ])
 def test_bad_arguments_name_the_flag(argv: list[str], message: str, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:

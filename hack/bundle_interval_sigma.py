@@ -48,9 +48,10 @@ def gpu_rows(manifest: dict[str, Any], settings: fitting.TrainSettings) -> pd.Da
 
 
 def kernel_sigmas(manifest: dict[str, Any], frame: pd.DataFrame,
-                  settings: fitting.TrainSettings) -> dict[str, float]:
-    """Shared log-sigma per kernel the bundle has a transfer model of."""
-    out: dict[str, float] = {}
+                  settings: fitting.TrainSettings) -> dict[str, intervals.SharedSigma]:
+    """Shared log-sigma (all sizes and per duration band) per kernel the bundle has a transfer
+    model of."""
+    out: dict[str, intervals.SharedSigma] = {}
     for kernel in sorted(manifest.get("transfer_files", {})):
         start_s = time.perf_counter()
         # The bundle's own backend list: the backend feature is an index into it.
@@ -58,7 +59,9 @@ def kernel_sigmas(manifest: dict[str, Any], frame: pd.DataFrame,
                                    settings.transfer_kind)
         held_out = fitting.leave_one_device_out(kernel, data, settings)
         out[kernel] = fitting.shared_log_sigma(data, held_out, settings.seed)
-        print(f"  {kernel:12s} sigma {out[kernel]:.4f}  rows {len(data.y):6d}  "
+        bands = " ".join("-" if b is None else f"{b:.3f}" for b in out[kernel].by_band)
+        print(f"  {kernel:12s} sigma {out[kernel].all_sizes:.4f} by band {bands}  "
+              f"rows {len(data.y):6d}  "
               f"GPUs left out {len(held_out)}  {time.perf_counter() - start_s:6.1f} s",
               flush=True)
     return out

@@ -253,6 +253,8 @@ def _price(
     p90 = p90_u[plan.unique_index] * plan.counts
     by_phase = np.bincount(plan.phase, weights=med, minlength=3)
     sigmas = _shared_sigmas(predictor, device)
+    shape_sd = None if sigmas is None else intervals.shape_log_sigmas(
+        sigmas, [item.kernel for item in plan.unique], med_u)
     no_optimizer = plan.phase != _PHASE_CODE[Phase.OPTIMIZER]
     step_ms = float(med.sum())
     label_names, label_of_item = _labels(labels_u, plan.unique_index)
@@ -268,9 +270,9 @@ def _price(
         optimizer_ms=float(by_phase[2]),
         step_time_ms=step_ms,
         interval_ms=_around(_interval(plan, med, p10, p90, np.ones(len(med), dtype=bool),
-                                      sigmas), step_ms),
+                                      shape_sd), step_ms),
         forward_backward_interval_ms=_around(_interval(plan, med, p10, p90, no_optimizer,
-                                                       sigmas), float(by_phase[:2].sum())),
+                                                       shape_sd), float(by_phase[:2].sum())),
         steps_per_epoch=steps,
         epoch_seconds=epoch_s,
         total_seconds=epoch_s * epochs if epoch_s is not None and epochs is not None else None,
@@ -286,7 +288,8 @@ def _price(
     )
 
 
-def _shared_sigmas(predictor: LatencyPredictor, device: DeviceSpec) -> Mapping[str, float] | None:
+def _shared_sigmas(predictor: LatencyPredictor, device: DeviceSpec
+                   ) -> Mapping[str, intervals.SharedSigma] | None:
     """The bundle's shared log-error per kernel family for this device's basis, if it has one."""
     bundle = getattr(predictor, "bundle", None)
     manifest = getattr(bundle, "manifest", None)
@@ -302,7 +305,7 @@ def _around(interval: tuple[float, float], median_ms: float) -> tuple[float, flo
 
 def _interval(plan: _Plan, med: npt.NDArray[np.float64], p10: npt.NDArray[np.float64],
               p90: npt.NDArray[np.float64], mask: npt.NDArray[np.bool_],
-              sigmas: Mapping[str, float] | None) -> tuple[float, float]:
+              shape_sd: npt.NDArray[np.float64] | None) -> tuple[float, float]:
     """The interval of the masked items: identical shapes are totalled first (they err
     together), then combined by `intervals.step_interval`."""
     n = len(plan.unique)
@@ -312,7 +315,7 @@ def _interval(plan: _Plan, med: npt.NDArray[np.float64], p10: npt.NDArray[np.flo
         return np.asarray(np.bincount(idx, weights=x[mask], minlength=n), dtype=np.float64)
 
     kernels = [item.kernel for item in plan.unique]
-    return intervals.step_interval(total(med), total(p10), total(p90), kernels, sigmas)
+    return intervals.step_interval(total(med), total(p10), total(p90), kernels, shape_sd)
 
 
 def _checked(

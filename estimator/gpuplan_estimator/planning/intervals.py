@@ -14,12 +14,21 @@ for a whole GPU. The error of a step is modelled as two parts, in log space:
 
 Families are independent of one another. With no shared estimate for the device (a bundle that
 predates them, or a measured GPU), the comonotone bound (quantiles summed) is kept.
+
+The shared error depends on how long a kernel runs: a launch-bound kernel errs by what the GPU's
+floor is, a long one by how much of the peak the GPU sustains, and the two differ per GPU
+(leave-one-GPU-out gemm rows of 5 ms and more err by 0.19-0.25 log-sigma, those of 0.05-5 ms by
+0.12-0.18). Whole models spend most of their time in long kernels, so one sigma pooled over all
+sizes, most of them short, understated it. The shared sigma is therefore kept per duration band
+(`DURATION_BAND_EDGES_MS`) of the kernel's predicted time, with the family's all-sizes figure
+where a band had too few held-out rows (`MIN_BAND_ROWS`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +43,54 @@ SYNTHETIC_MODEL_KERNELS = 30
 shapes, a GPT-2 ~10 gemm shapes per phase; 30 keeps a group's own scatter small, as in a model."""
 SYNTHETIC_MODELS = 200
 """Synthetic models drawn per (device, family): enough for a stable RMS (its error ~5 %)."""
+DURATION_BAND_EDGES_MS = (0.05, 0.5, 5.0)
+"""Upper edges of the duration bands but the last: launch-bound (< 0.05 ms, the eager floor is
+~0.025 ms), short, medium, and long (>= 5 ms, where sustained clocks and power caps show)."""
+BAND_NAMES = ("<0.05ms", "0.05-0.5ms", "0.5-5ms", ">=5ms")
+MIN_BAND_ROWS = 30
+"""Held-out rows a device needs in a band to say anything about it: one synthetic model's worth."""
+
+
+@dataclass(frozen=True)
+class SharedSigma:
+    """One kernel family's shared log-sigma: over all sizes, and per duration band (None where
+    no device had `MIN_BAND_ROWS` held-out rows in it: the all-sizes figure stands in)."""
+
+    all_sizes: float
+    by_band: tuple[float | None, ...] = (None,) * len(BAND_NAMES)
+
+    def __post_init__(self) -> None:
+        if len(self.by_band) != len(BAND_NAMES):
+            raise ValueError(f"need {len(BAND_NAMES)} bands, got {len(self.by_band)}")
+
+    def at(self, instance_ms: FloatArray) -> FloatArray:
+        """The sigma of kernels predicted to take `instance_ms` each."""
+        table = np.array([self.all_sizes if s is None else s for s in self.by_band])
+        return np.asarray(table[band_index(instance_ms)], dtype=np.float64)
+
+    def to_manifest(self) -> dict[str, object]:
+        """The bundle manifest's JSON form, bands by name."""
+        return {"all_sizes": self.all_sizes, "by_band": dict(zip(BAND_NAMES, self.by_band,
+                                                                 strict=True))}
+
+    @classmethod
+    def from_manifest(cls, value: object) -> SharedSigma:
+        """From `to_manifest`'s form, or a bare number (bundles written before the bands)."""
+        if isinstance(value, int | float):
+            return cls(float(value))
+        if not isinstance(value, Mapping):
+            raise ValueError(f"a shared sigma is a number or a mapping, got {value!r}")
+        bands = value.get("by_band", {})
+        if not isinstance(bands, Mapping):
+            raise ValueError(f"by_band must be a mapping, got {bands!r}")
+        return cls(float(value["all_sizes"]),
+                   tuple(None if bands.get(n) is None else float(bands[n]) for n in BAND_NAMES))
+
+
+def band_index(instance_ms: FloatArray) -> npt.NDArray[np.intp]:
+    """Duration band of each time (`DURATION_BAND_EDGES_MS`; an edge opens the band above)."""
+    return np.searchsorted(np.asarray(DURATION_BAND_EDGES_MS), np.asarray(instance_ms),
+                           side="right")
 
 
 def synthetic_model_log_errors(actual_ms: FloatArray, predicted_ms: FloatArray, *,
@@ -62,32 +119,72 @@ def shared_log_sigma(errors_by_device: Mapping[str, FloatArray]) -> float:
     return math.sqrt(float(np.mean([np.mean(np.square(e)) for e in errors_by_device.values()])))
 
 
+def synthetic_model_log_errors_by_band(actual_ms: FloatArray, predicted_ms: FloatArray, *,
+                                       seed: int = 0) -> dict[int, FloatArray]:
+    """`synthetic_model_log_errors` of the rows in each duration band of their predicted time
+    (the only time an estimate knows), for the bands with at least `MIN_BAND_ROWS` rows."""
+    bands = band_index(predicted_ms)
+    return {int(b): synthetic_model_log_errors(actual_ms[bands == b], predicted_ms[bands == b],
+                                               seed=seed)
+            for b in range(len(BAND_NAMES)) if np.count_nonzero(bands == b) >= MIN_BAND_ROWS}
+
+
+def shared_sigma(actual_by_device: Mapping[str, tuple[FloatArray, FloatArray]], *,
+                 seed: int = 0) -> SharedSigma:
+    """A family's `SharedSigma` from its left-out devices' (measured, predicted) op rows."""
+    whole = {d: synthetic_model_log_errors(a, p, seed=seed)
+             for d, (a, p) in actual_by_device.items()}
+    banded = {d: synthetic_model_log_errors_by_band(a, p, seed=seed)
+              for d, (a, p) in actual_by_device.items()}
+    by_band: list[float | None] = []
+    for b in range(len(BAND_NAMES)):
+        have = {d: e[b] for d, e in banded.items() if b in e}
+        by_band.append(round(shared_log_sigma(have), 5) if have else None)
+    return SharedSigma(round(shared_log_sigma(whole), 5), tuple(by_band))
+
+
+def shape_log_sigmas(sigmas: Mapping[str, SharedSigma], kernels: Sequence[str],
+                     instance_ms: FloatArray) -> FloatArray:
+    """Each distinct shape's shared log-sigma: its family's, at its own predicted time; 0 for
+    a family without one (its shapes share no error beyond their own intervals)."""
+    instance_ms = np.asarray(instance_ms, dtype=np.float64)
+    out = np.zeros(len(kernels))
+    for kernel, sigma in sigmas.items():
+        mine = np.fromiter((k == kernel for k in kernels), dtype=bool, count=len(kernels))
+        if mine.any():
+            out[mine] = sigma.at(instance_ms[mine])
+    return out
+
+
 def step_interval(median_ms: FloatArray, p10_ms: FloatArray, p90_ms: FloatArray,
-                  kernels: Sequence[str], shared_sigma: Mapping[str, float] | None
+                  kernels: Sequence[str], shared_log_sd: FloatArray | None
                   ) -> tuple[float, float]:
     """(P10, P90) ms of a step from its distinct kernel shapes' totals (median, P10, P90, each
-    already times its count) and their families; `shared_sigma` None: quantiles summed."""
+    already times its count), their families and each shape's shared log-sigma
+    (`shape_log_sigmas`); `shared_log_sd` None: quantiles summed."""
     total = float(median_ms.sum())
-    if shared_sigma is None or total <= 0.0:
+    if shared_log_sd is None or total <= 0.0:
         # Clamped: summed in another order, equal quantiles can differ from the median by an ulp.
         return min(float(p10_ms.sum()), total), max(float(p90_ms.sum()), total)
     ratio = np.where(p10_ms > 0, p90_ms / np.where(p10_ms > 0, p10_ms, 1.0), 1.0)
     own = np.log(np.maximum(ratio, 1.0)) / (2 * Z90)  # each shape's log-sd from its P10-P90
     var = float(np.sum(np.square(median_ms * own)))
+    # A family errs as one: its shapes' shared parts add up before they are squared.
     by_family: dict[str, float] = {}
-    for kernel, ms in zip(kernels, median_ms, strict=True):
-        by_family[kernel] = by_family.get(kernel, 0.0) + float(ms)
-    var += sum((ms * shared_sigma.get(k, 0.0)) ** 2 for k, ms in by_family.items())
+    for kernel, ms, sd in zip(kernels, median_ms, shared_log_sd, strict=True):
+        by_family[kernel] = by_family.get(kernel, 0.0) + float(ms) * float(sd)
+    var += sum(v * v for v in by_family.values())
     sigma = math.sqrt(var) / total
     return total * math.exp(-Z90 * sigma), total * math.exp(Z90 * sigma)
 
 
-def manifest_sigmas(manifest: Mapping[str, object], data_basis: str) -> Mapping[str, float] | None:
-    """The bundle's shared log-sigma per kernel for a device of `data_basis`, or None."""
+def manifest_sigmas(manifest: Mapping[str, object], data_basis: str
+                    ) -> Mapping[str, SharedSigma] | None:
+    """The bundle's shared sigma per kernel for a device of `data_basis`, or None."""
     table = manifest.get(MANIFEST_KEY)
     if not isinstance(table, Mapping):
         return None
     sigmas = table.get(data_basis)
     if not isinstance(sigmas, Mapping) or not sigmas:
         return None
-    return {str(k): float(v) for k, v in sigmas.items()}
+    return {str(k): SharedSigma.from_manifest(v) for k, v in sigmas.items()}

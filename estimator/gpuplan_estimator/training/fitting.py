@@ -202,20 +202,21 @@ def leave_one_device_out(kernel: str, data: KernelData, settings: TrainSettings
 
 def shared_log_sigma(data: KernelData,
                      held_out: Mapping[str, tuple[npt.NDArray[np.intp], FloatArray]],
-                     seed: int) -> float:
+                     seed: int) -> intervals.SharedSigma:
     """The kernel family's shared log-error for an unseen device (`planning.intervals`): its
-    left-out devices' rows drawn into synthetic models, pooled over the devices."""
-    errors_by_device = {
-        d: intervals.synthetic_model_log_errors(data.latency_ms[held], pred, seed=seed)
-        for d, (held, pred) in held_out.items()}
-    return round(intervals.shared_log_sigma(errors_by_device), 5)
+    left-out devices' rows drawn into synthetic models, pooled over the devices, over all
+    sizes and per duration band."""
+    return intervals.shared_sigma(
+        {d: (data.latency_ms[held], pred) for d, (held, pred) in held_out.items()}, seed=seed)
 
 
-def interval_sigma_table(sigmas: Mapping[str, float]) -> dict[str, dict[str, float]]:
+def interval_sigma_table(sigmas: Mapping[str, intervals.SharedSigma]
+                         ) -> dict[str, dict[str, dict[str, object]]]:
     """The manifest's `intervals.MANIFEST_KEY` entry: the shared log-sigma per kernel for an
     extrapolated GPU and, the same, for a probed one (a probe lowers the bias, so the unseen
     GPU's figure is the conservative side); measured GPUs keep their summed quantiles."""
-    return {basis.EXTRAPOLATED: dict(sigmas), basis.PROBED: dict(sigmas)}
+    table = {k: s.to_manifest() for k, s in sigmas.items()}
+    return {basis.EXTRAPOLATED: table, basis.PROBED: dict(table)}
 
 
 def _probe_metrics(actual_ms: FloatArray, predicted_ms: FloatArray, base: FloatArray,
@@ -288,7 +289,8 @@ def train_bundle(
     cpu_models: dict[str, LayerLatencyModel] = {}
     metrics: dict[str, Any] = {}
     skipped: dict[str, int] = {}
-    sigmas: dict[str, float] = {}  # shared log-sigma per GPU kernel, from leave-one-GPU-out
+    # shared log-sigma per GPU kernel, from leave-one-GPU-out
+    sigmas: dict[str, intervals.SharedSigma] = {}
     platform = frame["device"].map(kinds)
     counts = (frame.assign(platform=platform).groupby(["kernel", "platform"]).size()
               .reset_index(name="rows"))

@@ -324,17 +324,17 @@ def leave_one_gpu_out(
     settings = fitting.TrainSettings(max_rows_per_kernel=max_rows)
     keys = gpu_labels.devices_of(rows, catalog)
     fitted: dict[str, bundles.Bundle] = {}
-    errors: dict[str, dict[str, shared_errors.FloatArray]] = {}
+    held_out: dict[str, dict[str, shared_errors.HeldOut]] = {}
     for key in track(keys, "eval: leave one GPU out", progress):
         fitted[key] = fitting.train_bundle(frame[frame["device"] != key], settings,
                                            validate=False)
-        errors[key] = shared_errors.transfer_log_errors(
-            fitted[key], frame[frame["device"] == key], seed=settings.seed)
+        held_out[key] = shared_errors.transfer_predictions(fitted[key],
+                                                           frame[frame["device"] == key])
     out: list[RowResult] = []
     for key in keys:
         # The interval's shared error for GPU `key` comes from the other GPUs' op rows only.
         held = shared_errors.with_shared_sigmas(fitted[key], shared_errors.pooled_sigmas(
-            {k: e for k, e in errors.items() if k != key}))
+            {k: e for k, e in held_out.items() if k != key}, seed=settings.seed))
         # The same models, corrected by a few of the left-out GPU's rows (as `train_bundle`
         # does for a GPU with fewer than `probe_max_rows` rows of a kernel).
         probe = fitting.probe_rows(frame[frame["device"] == key], settings.probe_rows,

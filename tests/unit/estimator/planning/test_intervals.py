@@ -33,7 +33,7 @@ def test_without_a_shared_estimate_the_quantiles_are_summed() -> None:
 
 def test_independent_shapes_narrow_the_interval_by_root_n() -> None:
     med, lo, hi = _shapes(100)
-    p10, p90 = intervals.step_interval(med, lo, hi, ["gemm"] * 100, {})
+    p10, p90 = intervals.step_interval(med, lo, hi, ["gemm"] * 100, np.zeros(100))
     one_sd = math.log(SPREAD) / intervals.Z90
     assert math.log(p90 / 100) == pytest.approx(intervals.Z90 * one_sd / 10)
     assert p10 * p90 == pytest.approx(100.0**2)
@@ -42,7 +42,7 @@ def test_independent_shapes_narrow_the_interval_by_root_n() -> None:
 def test_a_shared_family_error_does_not_average_out() -> None:
     med, lo, hi = _shapes(400)
     _p10, p90 = intervals.step_interval(med, lo, hi, ["gemm"] * 200 + ["softmax"] * 200,
-                                       {"gemm": 0.3, "softmax": 0.3})
+                                       np.full(400, 0.3))
     # Two independent halves, each off by sigma 0.3: the step is off by 0.3 / sqrt(2) (plus
     # the shapes' own, nearly averaged-out part).
     sigma = math.log(p90 / 400) / intervals.Z90
@@ -56,7 +56,7 @@ def test_simulated_models_are_covered_near_eighty_percent() -> None:
     shapes, shared, own = 40, 0.2, 0.08
     med = rng.uniform(0.1, 2.0, shapes)
     lo, hi = med * math.exp(-intervals.Z90 * own), med * math.exp(intervals.Z90 * own)
-    band = intervals.step_interval(med, lo, hi, ["gemm"] * shapes, {"gemm": shared})
+    band = intervals.step_interval(med, lo, hi, ["gemm"] * shapes, np.full(shapes, shared))
     summed = (lo.sum(), hi.sum())
     hits_band = hits_summed = 0
     trials = 4000
@@ -86,10 +86,44 @@ def test_devices_are_pooled_with_equal_weight() -> None:
 
 
 def test_manifest_sigmas_read_by_basis() -> None:
-    manifest = {intervals.MANIFEST_KEY: {basis.EXTRAPOLATED: {"gemm": 0.2}}}
-    assert intervals.manifest_sigmas(manifest, basis.EXTRAPOLATED) == {"gemm": 0.2}
+    banded = intervals.SharedSigma(0.2, (0.1, None, 0.2, 0.3))
+    manifest = {intervals.MANIFEST_KEY: {basis.EXTRAPOLATED: {
+        "gemm": banded.to_manifest(), "softmax": 0.25}}}  # a number: a bundle before the bands
+    assert intervals.manifest_sigmas(manifest, basis.EXTRAPOLATED) == {
+        "gemm": banded, "softmax": intervals.SharedSigma(0.25)}
     assert intervals.manifest_sigmas(manifest, basis.MEASURED) is None
     assert intervals.manifest_sigmas({}, basis.EXTRAPOLATED) is None
+    with pytest.raises(ValueError, match="by_band"):
+        intervals.SharedSigma.from_manifest({"all_sizes": 0.2, "by_band": [0.1]})
+
+
+def test_a_kernel_takes_the_sigma_of_its_duration_band() -> None:
+    sigma = intervals.SharedSigma(0.15, (0.1, None, 0.2, 0.3))
+    ms = np.array([0.01, 0.05, 0.2, 0.5, 4.9, 5.0, 80.0])
+    # An edge opens the band above it; a band without rows takes the all-sizes figure.
+    assert list(sigma.at(ms)) == [0.1, 0.15, 0.15, 0.2, 0.2, 0.3, 0.3]
+    sds = intervals.shape_log_sigmas({"gemm": sigma}, ["gemm", "softmax", "gemm"],
+                                     np.array([10.0, 10.0, 0.01]))
+    assert list(sds) == [0.3, 0.0, 0.1]  # softmax has no shared sigma here
+
+
+def test_band_sigmas_come_from_the_rows_of_that_band_only() -> None:
+    """Long kernels off by a GPU-wide factor, short ones only scattered: the long band's sigma
+    carries the factor, the short band's does not, and the all-sizes one sits between."""
+    rng = np.random.default_rng(2)
+    held_out = {}
+    for device, factor in (("a", 1.3), ("b", 1 / 1.3), ("c", 1.25)):
+        short = rng.uniform(0.01, 0.04, 400)
+        long = rng.uniform(6.0, 60.0, 100)
+        actual = np.concatenate([short, long])
+        predicted = np.concatenate([short * np.exp(rng.normal(0, 0.05, 400)), long * factor])
+        held_out[device] = (actual, predicted)
+    sigma = intervals.shared_sigma(held_out)
+    short_sd, _, _, long_sd = sigma.by_band
+    assert short_sd is not None and long_sd is not None
+    assert short_sd < 0.03 and long_sd == pytest.approx(0.25, abs=0.02)
+    assert short_sd < sigma.all_sizes < long_sd
+    assert sigma.by_band[1] is None and sigma.by_band[2] is None  # no rows there
 
 
 class _Bundle:
@@ -120,7 +154,8 @@ def test_an_unseen_device_gets_the_shared_error_and_a_measured_one_the_summed_qu
     g = examples.resnet50(8)
     catalog = devices.load_catalog()
     t4, h100 = catalog.resolve("t4"), catalog.resolve("h100-sxm-80gb")
-    with_sigma = _Scattered({intervals.MANIFEST_KEY: {basis.EXTRAPOLATED: {"conv2d": 0.25}}})
+    with_sigma = _Scattered({intervals.MANIFEST_KEY: {basis.EXTRAPOLATED: {
+        "conv2d": intervals.SharedSigma(0.25).to_manifest()}}})
     without = _Scattered({})
     s = TrainingSettings(batch_size=8, mode="train")
     a_t4, a_h100 = estimates.estimate(g, [t4, h100], s, predictor=with_sigma)

@@ -102,16 +102,18 @@ def test_leave_one_gpu_out_gives_unseen_and_probed_gpus_a_shared_interval_sigma(
     assert intervals.manifest_sigmas(fitted.manifest, basis.MEASURED) is None
     even = intervals.manifest_sigmas(fitted.manifest, basis.EXTRAPOLATED)
     assert even is not None and set(even) == {"gemm", "softmax"}
-    assert all(0 < s < 0.15 for s in even.values())
+    assert all(0 < s.all_sizes < 0.15 for s in even.values())
     assert all(fitting.SHARED_LOG_SIGMA not in m for m in fitted.manifest["metrics"].values())
 
     uneven = pd.concat([synthetic_frame(keys=(k,), seed=i, slowdown=s) for i, (k, s) in
                         enumerate(zip(DEVICES, (1.0, 1.6, 0.6), strict=True))],
                        ignore_index=True)
     settings = fitting.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
-    sigmas = fitting.train_bundle(uneven, settings).manifest[intervals.MANIFEST_KEY]
+    sigmas = intervals.manifest_sigmas(fitting.train_bundle(uneven, settings).manifest,
+                                       basis.EXTRAPOLATED)
+    assert sigmas is not None
     # Left out, the slow V100 and the fast A100 are each off by ~log 1.6 as a whole.
-    assert all(sigmas[basis.EXTRAPOLATED][k] > 0.3 > 2 * even[k] for k in even)
+    assert all(sigmas[k].all_sizes > 0.3 > 2 * even[k].all_sizes for k in even)
     assert "interval_log_sigma" not in fitting.train_bundle(
         uneven, settings, validate=False).manifest
 

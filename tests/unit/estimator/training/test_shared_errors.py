@@ -46,9 +46,10 @@ def _pooled(slowdowns: dict[str, float]) -> tuple[float, dict[str, float]]:
     errors, bias = {}, {}
     for key in slowdowns:
         held = fitting.train_bundle(frame[frame["device"] != key], settings, validate=False)
-        errors[key] = shared_errors.transfer_log_errors(held, frame[frame["device"] == key])
-        bias[key] = float(np.mean(errors[key]["gemm"]))
-    return shared_errors.pooled_sigmas(errors)["gemm"], bias
+        errors[key] = shared_errors.transfer_predictions(held, frame[frame["device"] == key])
+        actual, predicted = errors[key]["gemm"]
+        bias[key] = float(np.mean(np.log(predicted / actual)))
+    return shared_errors.pooled_sigmas(errors)["gemm"].all_sizes, bias
 
 
 def test_a_device_constant_no_spec_explains_becomes_the_shared_sigma() -> None:
@@ -65,9 +66,10 @@ def test_the_sigma_reaches_the_manifest_for_unseen_and_probed_gpus() -> None:
                       ignore_index=True)
     settings = fitting.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
     fitted = fitting.train_bundle(frame, settings, validate=False)
-    with_sigma = shared_errors.with_shared_sigmas(fitted, {"gemm": 0.25})
+    sigma = intervals.SharedSigma(0.25, (0.2, 0.25, None, 0.3))
+    with_sigma = shared_errors.with_shared_sigmas(fitted, {"gemm": sigma})
     for name in (basis.EXTRAPOLATED, basis.PROBED):
-        assert intervals.manifest_sigmas(with_sigma.manifest, name) == {"gemm": 0.25}
+        assert intervals.manifest_sigmas(with_sigma.manifest, name) == {"gemm": sigma}
     assert intervals.manifest_sigmas(with_sigma.manifest, basis.MEASURED) is None
     assert with_sigma.models is fitted.models
 

@@ -363,7 +363,11 @@ def notes(fitted: bundles.Bundle) -> tuple[str, ...]:
         "`/compiled` rows are torch.compile runs, priced with `framework=pytorch-compiled` "
         "(decomposed GELU/LayerNorm/softmax as one kernel, attention scale and mask inside "
         "the softmax, residual Add inside the LayerNorm; GEMMs unchanged).",
-        "Intervals: sum of per-layer P10/P90 (quantile LightGBM); the roofline has none.",
+        "Intervals (`planning.intervals`): on a GPU the bundle measured, the per-layer P10/P90 "
+        "of the quantile models summed; on a GPU left out, each distinct kernel shape's own "
+        "spread plus the error its kernel family shares on an unseen GPU, sized per duration "
+        "band of the kernel from the other GPUs' leave-one-GPU-out op rows (never from these "
+        "labels). The roofline has none.",
         "Leave one GPU out, `lightgbm+probe`: the same refit plus a probe of the left-out GPU:"
         " 20 of its op rows per kernel, one from each twentieth of the kernel's sizes "
         "(`training.fitting.probe_rows`, as `gpuplan bench`'s log-uniform sweeps spread them): "

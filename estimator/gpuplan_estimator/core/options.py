@@ -17,6 +17,17 @@ FRAMEWORKS: tuple[str, ...] = (PYTORCH_EAGER, ONNXRUNTIME, PYTORCH_COMPILED)
 INFERENCE_ONLY_FRAMEWORKS = frozenset({ONNXRUNTIME, PYTORCH_COMPILED})
 """Frameworks priced for inference only: their folded kernels have no backward here."""
 
+EAGER_ATTENTION = "eager"
+FUSED_ATTENTION = "fused"
+ATTENTIONS: tuple[str, ...] = (EAGER_ATTENTION, FUSED_ATTENTION)
+"""How the attention core (scores, scale, mask, softmax, ·V) runs: "eager", one kernel per op
+with the score matrix in memory (PyTorch's math path, `attn_implementation="eager"`), or
+"fused", one kernel that never stores it (`torch.nn.functional.scaled_dot_product_attention`
+with a flash or memory-efficient backend, Hugging Face's default "sdpa")."""
+FUSED_ATTENTION_FRAMEWORKS = frozenset({PYTORCH_EAGER, PYTORCH_COMPILED})
+"""Frameworks that run a fused attention kernel (onnxruntime's needs its transformers
+optimizer, which the estimator does not model)."""
+
 OBJECTIVES: tuple[str, ...] = ("cheapest", "fastest", "balanced")
 """What a plan optimises: cost meeting the deadline, time within the budget, or both."""
 
@@ -26,6 +37,9 @@ DEFAULT_OPTIMIZER = "adamw"
 DEFAULT_PRECISION = "fp32"
 DEFAULT_FRAMEWORK = PYTORCH_EAGER
 """One kernel per node, as the GPU rows were measured."""
+DEFAULT_ATTENTION = EAGER_ATTENTION
+"""The attention as the graph spells it out: its score matrix is what an eager step stores,
+so memory is never understated. Say "fused" for SDPA/FlashAttention runs."""
 DEFAULT_OBJECTIVE = "cheapest"
 DEFAULT_MAX_GPUS = 8
 """GPU cap of a plan when the request names none."""

@@ -17,9 +17,10 @@ Measured, per component:
   optimizer state + activations + workspace less the CUDA-only constants (context, cuBLAS).
 
 A warm-up step runs first, so optimizer state exists and the profiled step is a steady one.
-GPT-2 runs with dropout 0 and eager attention, as `graph.zoo` writes it; the loss is the mean
-of the logits, whose backward keeps nothing (a cross-entropy would keep the log-softmax of the
-logits, which the graph does not contain).
+GPT-2 runs with dropout 0 and eager attention, as `graph.zoo` writes it, and once with
+Hugging Face's "sdpa" attention (`torch.nn.functional.scaled_dot_product_attention`), priced
+with `attention="fused"`; the loss is the mean of the logits, whose backward keeps nothing (a
+cross-entropy would keep the log-softmax of the logits, which the graph does not contain).
 
 Run: ``python -m gpuplan_estimator.evaluation.memory_check`` (a Markdown table on stdout).
 """
@@ -32,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplan_estimator.core import extras
+from gpuplan_estimator.core import extras, options
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.graph import exporting, loading, zoo
 from gpuplan_estimator.planning import rollup
@@ -42,8 +43,9 @@ from gpuplan_estimator.step.strategies import MemoryStrategy
 
 COMPONENTS = ("parameters", "gradients", "optimizer_state", "activations", "step_peak")
 BACKWARD_MARK = "gpuplan.memory_check.backward"
+TINY_POSITIONS = 64
 TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
-             "vocab_size": 1000, "n_positions": 64, "activation_function": "gelu_new",
+             "vocab_size": 1000, "n_positions": TINY_POSITIONS, "activation_function": "gelu_new",
              "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 
 
@@ -56,6 +58,7 @@ class Case:
     batch: int
     optimizer: str  # one of options.OPTIMIZERS
     checkpointing: bool
+    attention: str  # one of options.ATTENTIONS: how the prediction prices the attention core
     build: Callable[[Any, bool], tuple[Any, tuple[Any, ...]]]
     """(torch, checkpointing) -> (module in train mode, example inputs)."""
     graph: Callable[[int], ModelGraph]
@@ -80,14 +83,21 @@ class Row:
         return 100.0 * (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
 
 
-def gpt2_case(*, checkpointing: bool, batch: int = 4, sequence: int = 32) -> Case:
+HF_ATTENTION = {options.EAGER_ATTENTION: "eager", options.FUSED_ATTENTION: "sdpa"}
+"""Hugging Face's `attn_implementation` that runs each of `options.ATTENTIONS`."""
+
+
+def gpt2_case(*, checkpointing: bool, batch: int = 4, sequence: int = 32,
+              attention: str = options.EAGER_ATTENTION) -> Case:
     """A two-block GPT-2 (d=64) at [batch, sequence] tokens, AdamW."""
+
+    config_dict = {**TINY_GPT2, "n_positions": max(TINY_POSITIONS, sequence)}
 
     def build(torch: Any, checkpoint: bool) -> tuple[Any, tuple[Any, ...]]:
         transformers = extras.require("transformers", "torch", needed_by="memory_check")
         config = transformers.GPT2Config(
-            **{k: v for k, v in TINY_GPT2.items() if k != "model_type"},
-            bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+            **{k: v for k, v in config_dict.items() if k != "model_type"},
+            bos_token_id=0, eos_token_id=0, attn_implementation=HF_ATTENTION[attention])
         model = transformers.GPT2LMHeadModel(config)
         if checkpoint:
             model.activation_checkpointing_enable(  # torch.utils.checkpoint per GPT2Block
@@ -96,11 +106,12 @@ def gpt2_case(*, checkpointing: bool, batch: int = 4, sequence: int = 32) -> Cas
         return model.train(), (ids,)
 
     def graph(b: int) -> ModelGraph:
-        data = zoo.build_transformer(TINY_GPT2, name="tiny-gpt2").SerializeToString()
+        data = zoo.build_transformer(config_dict, name="tiny-gpt2").SerializeToString()
         return loading.load_model(data, batch=b, dim_bindings={"sequence": sequence})
 
-    setting = "fp32, adamw" + (", full checkpointing" if checkpointing else "")
-    return Case("gpt2 2x64", setting, batch, "adamw", checkpointing, build, graph)
+    setting = ("fp32, adamw" + (", full checkpointing" if checkpointing else "")
+               + f", {HF_ATTENTION[attention]} attention, sequence {sequence}")
+    return Case("gpt2 2x64", setting, batch, "adamw", checkpointing, attention, build, graph)
 
 
 def cnn_case(*, batch: int = 8) -> Case:
@@ -125,18 +136,23 @@ def cnn_case(*, batch: int = 8) -> Case:
                                        label="cnn")
         return loading.load_model(data)
 
-    return Case("cnn 3-conv", "fp32, sgd momentum", batch, "momentum", False, build, graph)
+    return Case("cnn 3-conv", "fp32, sgd momentum", batch, "momentum", False,
+                options.EAGER_ATTENTION, build, graph)
 
 
 def default_cases() -> tuple[Case, ...]:
     """The cases `docs/memory.md` reports."""
-    return (gpt2_case(checkpointing=False), gpt2_case(checkpointing=True), cnn_case())
+    long = 256  # a sequence where the scores outweigh the rest
+    return (gpt2_case(checkpointing=False), gpt2_case(checkpointing=True),
+            gpt2_case(checkpointing=False, sequence=long),
+            gpt2_case(checkpointing=False, sequence=long, attention=options.FUSED_ATTENTION),
+            cnn_case())
 
 
 def predict(case: Case) -> dict[str, int]:
     """Bytes per component the model predicts for `case` (CPU: no CUDA constants)."""
     settings = TrainingSettings(batch_size=case.batch, optimizer=case.optimizer,
-                                precision="fp32")
+                                precision="fp32", attention=case.attention)
     strategy = MemoryStrategy(checkpointing="full" if case.checkpointing else "none")
     m = sharding.strategy_memory(
         case.graph(case.batch), settings, strategy, data_parallel=1, gpus_per_node=1,

@@ -20,8 +20,9 @@ ACTIVATIONS = frozenset({
 
 
 class _Index:
-    def __init__(self, layers: Sequence[Layer]) -> None:
+    def __init__(self, layers: Sequence[Layer], graph_outputs: frozenset[str]) -> None:
         self.layers = layers
+        self.graph_outputs = graph_outputs
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = {}
         for i, layer in enumerate(layers):
@@ -61,10 +62,11 @@ class _Index:
         return rest[0] if rest else ""
 
     def closed(self, members: Sequence[int], sink: int) -> bool:
-        """Every output of a non-sink member is consumed only inside the unit."""
+        """Every output of a non-sink member is consumed only inside the unit (and is no
+        graph output)."""
         inside = set(members)
         return all(
-            set(self.consumers.get(t.name, [])) <= inside
+            set(self.consumers.get(t.name, [])) <= inside and t.name not in self.graph_outputs
             for i in members if i != sink for t in self.layers[i].outputs
         )
 
@@ -246,15 +248,34 @@ def _attention_scores(ix: _Index, i: int) -> Match:
     return [*members, soft], "attention_scores"
 
 
+def _attention(ix: _Index, i: int) -> Match:
+    """The whole attention core: the scores unit, an optional dropout of the probabilities,
+    and the MatMul with V that consumes them (what one SDPA kernel computes)."""
+    found = _attention_scores(ix, i)
+    if found is None:
+        return None
+    members, _ = found
+    last = members[-1]
+    dropout = ix.consumer_of(last, {"Dropout"})
+    if dropout is not None:
+        members, last = [*members, dropout], dropout
+    pv = ix.consumer_of(last, {"MatMul"})
+    if pv is None or ix.layers[pv].parameter_inputs or ix.ins(pv)[0] != ix.out(last):
+        return None
+    return [*members, pv], "attention"
+
+
 MATCHERS: tuple[Callable[[_Index, int], Match], ...] = (
-    _layernorm, _softmax, _gelu_erf, _gelu_tanh, _attention_scores, _conv_bn_act,
+    _layernorm, _softmax, _gelu_erf, _gelu_tanh, _attention, _attention_scores, _conv_bn_act,
     _matmul_bias_act,
 )
 
 
-def fuse(layers: Sequence[Layer]) -> tuple[tuple[Layer, ...], tuple[FusionUnit, ...]]:
-    """Layers with `unit` ids set, and the units in the order they were found."""
-    ix = _Index(layers)
+def fuse(layers: Sequence[Layer], graph_outputs: frozenset[str] = frozenset()
+         ) -> tuple[tuple[Layer, ...], tuple[FusionUnit, ...]]:
+    """Layers with `unit` ids set, and the units in the order they were found; a tensor named
+    in `graph_outputs` is read outside the graph, so no unit may hide it."""
+    ix = _Index(layers, graph_outputs)
     unit_of: dict[int, str] = {}
     units: list[FusionUnit] = []
     for matcher in MATCHERS:

@@ -322,7 +322,7 @@ def load_model(
     model_name = name or inferred.graph.name or os.path.basename(label)
     record = extract_graph(inferred, symbolic, folded)
     layers, unknown = records.build_layers(record, opset=opset, label=label)
-    fused, units = fusion.fuse(layers)
+    fused, units = fusion.fuse(layers, frozenset(o.name for o in inferred.graph.output))
     return ModelGraph(name=model_name, layers=fused, units=units, dim_bindings=used,
                       opset=opset, unknown_op_types=unknown)
 

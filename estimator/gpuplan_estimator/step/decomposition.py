@@ -20,7 +20,7 @@ from gpuplan_estimator.core import options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import DTYPE_BYTES, FLOAT_DTYPES, Layer, ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
-from gpuplan_estimator.step import backward, frameworks, layout_credits
+from gpuplan_estimator.step import attention, backward, frameworks, layout_credits
 
 KernelDims = tuple[str, Mapping[str, int]]
 KernelDimsFn = Callable[[Layer], KernelDims]
@@ -93,6 +93,9 @@ class TrainingSettings:
     """How fusion units run: "pytorch-eager" (one kernel per node, as the GPU data was
     measured), "onnxruntime" or "pytorch-compiled" (inference with that framework's fusions;
     see `framework`)."""
+    attention: str = options.DEFAULT_ATTENTION
+    """"eager" (the attention core's ops one by one, its score matrix stored) or "fused"
+    (one SDPA/FlashAttention kernel; see `step.attention`)."""
 
     def validate(self) -> tuple[str, ...]:
         """Every problem as "field: message"; empty when valid."""
@@ -113,6 +116,14 @@ class TrainingSettings:
         elif self.framework in options.INFERENCE_ONLY_FRAMEWORKS and self.mode != "inference":
             errors.append(f"framework: {self.framework} is priced for inference only (its "
                           "folded kernels have no backward here), set mode to inference")
+        if self.attention not in options.ATTENTIONS:
+            errors.append(f"attention: must be one of {', '.join(options.ATTENTIONS)}, "
+                          f"got {self.attention!r}")
+        elif (self.attention == options.FUSED_ATTENTION
+              and self.framework not in options.FUSED_ATTENTION_FRAMEWORKS):
+            errors.append(f"attention: fused attention is priced for "
+                          f"{' and '.join(sorted(options.FUSED_ATTENTION_FRAMEWORKS))}, not "
+                          f"{self.framework}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
             errors.append(f"batch_size: must be an integer, got {self.batch_size!r}")
         elif self.batch_size <= 0:
@@ -184,7 +195,12 @@ def build_step(
     fused: list[str] = []
     overrides = frameworks.overrides(graph, settings.framework)
     credits = layout_credits.credits_for(graph, settings.framework, overrides)
+    fused_attention = attention.fused_attention(graph, settings.attention)
     for layer in graph.layers:
+        if layer.name in fused_attention.folded:  # inside the fused kernel, both ways
+            fused.append(layer.name)
+            forward.append(forward_item(layer, ("none", {}), settings, role="fused"))
+            continue
         if layer.name in overrides:
             unit_kernel = overrides[layer.name]
             if unit_kernel is None:
@@ -208,6 +224,8 @@ def build_step(
             no_grad.append(layer.name)
             continue
         backward_items.extend(backward.backward_items(layer, item, grads, settings.precision))
+        if layer.name in fused_attention.recomputed:
+            backward_items.append(replace(item, phase=Phase.BACKWARD, role="recompute"))
     optimizer = optimizer_items(graph.parameter_count, settings) if settings.training else ()
     return StepWork(
         forward=tuple(forward),

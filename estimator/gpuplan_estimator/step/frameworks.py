@@ -104,8 +104,10 @@ def _blocked_pool(layer: Layer) -> UnitKernel:
 
 
 def _compiled_unit_overrides(pattern: str, members: list[Layer]) -> dict[str, UnitKernel | None]:
-    if pattern == "attention_scores":  # scores GEMM and softmax stay; scale/mask fold into it
-        return dict.fromkeys((m.name for m in members[1:-1]), None)
+    if pattern in ("attention_scores", "attention"):
+        # The GEMMs and the softmax stay; the scale and mask between them fold into the softmax.
+        soft = next(i for i, m in enumerate(members) if m.op_type == "Softmax")
+        return dict.fromkeys((m.name for m in members[1:soft]), None)
     if pattern in ("gelu", "layernorm", "softmax"):
         return _unit_overrides(pattern, members)
     return {}  # conv/matmul epilogues: Inductor keeps cuBLAS/cuDNN calls and the eager BN

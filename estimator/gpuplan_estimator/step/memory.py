@@ -9,7 +9,8 @@ Parts (bytes per GPU, P = parameter count):
   gradients this gives the 16P of mixed-precision Adam in ZeRO (Rajbhandari et al., SC'20, §3.1).
 - activations: training keeps every tensor some layer's backward reads (`saved_tensors`), each
   counted once, as PyTorch autograd's saved tensors do; inference keeps only the peak of
-  simultaneously live tensors.
+  simultaneously live tensors. A fused attention (`step.attention`) keeps its output and
+  logsumexp instead of its scores and probabilities, which never exist in memory.
 - workspace: the largest single layer's inputs+outputs (transient gradient buffers of the layer
   being differentiated) plus a fixed cuBLAS/cuDNN workspace.
 - framework overhead: the CUDA context and allocator reserve, a documented constant.
@@ -33,6 +34,7 @@ from gpuplan_estimator.core.layers import (
     TensorInfo,
 )
 from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.step import attention
 from gpuplan_estimator.step.decomposition import TrainingSettings, gradient_tensors
 
 MIB = 1024 * 1024
@@ -108,15 +110,17 @@ def training_memory(
     batch_scale = per_gpu_batch / settings.batch_size
     p = graph.parameter_count
     width = settings.activation_bytes
+    fused = attention.fused_attention(graph, settings.attention)
     if settings.training:
         params = p * (4 + width) if settings.mixed_precision else 4 * p
         grads = p * width if settings.mixed_precision else 4 * p
         state = 4 * p * OPTIMIZER_STATE_WORDS[settings.optimizer]
-        activations = saved_activation_bytes(graph, width)
+        activations = saved_activation_bytes(graph, width, fused)
     else:
         params, grads, state = p * width, 0, 0
-        activations = peak_live_bytes(graph, width)
-    workspace = max((_layer_io_bytes(layer, width) for layer in graph.layers), default=0)
+        activations = peak_live_bytes(graph, width, fused.internal)
+    workspace = max((_layer_io_bytes(layer, width, fused.internal) for layer in graph.layers),
+                    default=0)
     return MemoryBreakdown(
         parameters_bytes=params,
         gradients_bytes=grads,
@@ -136,12 +140,23 @@ def tensor_bytes(tensor: TensorInfo, width: int) -> int:
     return tensor.elements * DTYPE_BYTES[tensor.dtype]
 
 
-def saved_tensors(layer: Layer, needs_grad: frozenset[str]) -> tuple[TensorInfo, ...]:
-    """Activations this layer's backward reads (parameters are counted separately).
+def saved_tensors(layer: Layer, needs_grad: frozenset[str],
+                  fused: attention.FusedAttention = attention.EAGER) -> tuple[TensorInfo, ...]:
+    """Activations this layer's backward reads (parameters are counted separately), under the
+    attention `fused` describes.
 
     Products (MatMul, Conv, Mul, Div, Where) keep an operand only when another operand needs a
     gradient: dX of X·W needs W, dW needs X; Where needs only its condition.
     """
+    if layer.name in fused.folded:
+        return ()
+    own = _saved_tensors(layer, needs_grad)
+    if fused.internal:
+        own = tuple(t for t in own if t.name not in fused.internal)
+    return own + fused.kept.get(layer.name, ())
+
+
+def _saved_tensors(layer: Layer, needs_grad: frozenset[str]) -> tuple[TensorInfo, ...]:
     if layer.family is OpFamily.SHAPE_ONLY or layer.op_type in _SAVES_NOTHING:
         return ()
     if layer.op_type in _SAVES_OUTPUT:
@@ -162,20 +177,23 @@ def saved_tensors(layer: Layer, needs_grad: frozenset[str]) -> tuple[TensorInfo,
     )
 
 
-def saved_activation_bytes(graph: ModelGraph, width: int) -> int:
+def saved_activation_bytes(graph: ModelGraph, width: int,
+                           fused: attention.FusedAttention = attention.EAGER) -> int:
     """Tensors kept from forward to backward: saved by a layer whose backward runs, once each."""
     needs_grad = gradient_tensors(graph)
     kept: dict[str, int] = {}
     for layer in graph.layers:
         if not any(t.name in needs_grad for t in layer.inputs):
             continue
-        for tensor in saved_tensors(layer, needs_grad):
+        for tensor in saved_tensors(layer, needs_grad, fused):
             kept[tensor.name] = tensor_bytes(tensor, width)
     return sum(kept.values())
 
 
-def peak_live_bytes(graph: ModelGraph, width: int) -> int:
-    """Inference: the largest sum of tensors alive at once (produced, not yet last consumed)."""
+def peak_live_bytes(graph: ModelGraph, width: int, internal: frozenset[str] = frozenset()
+                    ) -> int:
+    """Inference: the largest sum of tensors alive at once (produced, not yet last consumed);
+    `internal` tensors stay inside a fused kernel and take no memory."""
     last_use: dict[str, int] = {}
     for i, layer in enumerate(graph.layers):
         for t in layer.inputs:
@@ -188,16 +206,17 @@ def peak_live_bytes(graph: ModelGraph, width: int) -> int:
             if t.name not in params and t.name not in live:
                 live[t.name] = tensor_bytes(t, width)  # graph inputs are alive from the start
         for t in layer.outputs:
-            live[t.name] = tensor_bytes(t, width)
+            live[t.name] = 0 if t.name in internal else tensor_bytes(t, width)
         peak = max(peak, sum(live.values()))
         for name in [n for n in live if last_use.get(n, i) <= i]:
             del live[name]
     return peak
 
 
-def _layer_io_bytes(layer: Layer, width: int) -> int:
+def _layer_io_bytes(layer: Layer, width: int, internal: frozenset[str]) -> int:
     if layer.family is OpFamily.SHAPE_ONLY:
         return 0
     params = set(layer.parameter_inputs)
-    tensors = [t for t in layer.inputs if t.name not in params] + list(layer.outputs)
+    tensors = [t for t in [*layer.inputs, *layer.outputs]
+               if t.name not in params and t.name not in internal]
     return sum(tensor_bytes(t, width) for t in tensors)

@@ -64,6 +64,11 @@ def _register_estimate(sub: Any) -> None:
                    default=options.DEFAULT_FRAMEWORK,
                    help=f"how kernels are run (default {options.DEFAULT_FRAMEWORK}); "
                    "onnxruntime: inference with its graph fusions (BN folded, ...)")
+    p.add_argument("--attention", choices=options.ATTENTIONS,
+                   default=options.DEFAULT_ATTENTION,
+                   help=f"how the attention core runs (default {options.DEFAULT_ATTENTION}): "
+                   "eager, op by op with the score matrix in memory; fused, one SDPA/"
+                   "FlashAttention kernel (Hugging Face's attn_implementation=\"sdpa\")")
     p.add_argument("--epochs", type=arguments.count_up_to(limits.MAX_EPOCHS), default=None,
                    metavar="N",
                    help="epochs of the run, for time and cost per run (needs --dataset-size; "
@@ -161,7 +166,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         g, batch = _load(source, args)
         settings = TrainingSettings(batch_size=batch, mode=args.mode,
                                     optimizer=args.optimizer, precision=args.precision,
-                                    framework=args.framework)
+                                    framework=args.framework, attention=args.attention)
         try:
             predictor, predictor_source = selection.select_predictor(args.bundle,
                                                                      args.cpu_backend)

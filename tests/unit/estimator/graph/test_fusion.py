@@ -102,6 +102,34 @@ def test_attention_scores_and_matmul_bias_act() -> None:
                         ("matmul_bias_act", ("proj", "bias", "relu"))]
 
 
+def _attention_nodes(dropout: bool) -> list[onnx.NodeProto]:
+    probs = "p"
+    nodes = [helper.make_node("Transpose", ["x"], ["kt"], name="kt", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "kt"], ["sc"], name="scores"),
+             helper.make_node("Div", ["sc", "root"], ["ss"], name="scale"),
+             helper.make_node("Softmax", ["ss"], ["p"], name="softmax", axis=-1)]
+    if dropout:
+        nodes.append(helper.make_node("Dropout", ["p"], ["pd"], name="dropout"))
+        probs = "pd"
+    return [*nodes, helper.make_node("MatMul", [probs, "x"], ["y"], name="context")]
+
+
+def test_the_whole_attention_core_through_the_product_with_v() -> None:
+    inits = [scalar("root", 8 ** 0.5)]
+    g = load(_attention_nodes(dropout=False), inits, ["batch", 4, 8])
+    assert units(g) == [("attention", ("scores", "scale", "softmax", "context"))]
+    g = load(_attention_nodes(dropout=True), inits, ["batch", 4, 8])
+    assert units(g) == [("attention", ("scores", "scale", "softmax", "dropout", "context"))]
+
+
+def test_no_attention_core_when_the_probabilities_escape() -> None:
+    # The probabilities are also a graph output (e.g. output_attentions=True): an SDPA kernel
+    # could not return them, so only the scores unit is kept.
+    g = load(_attention_nodes(dropout=False), [scalar("root", 8 ** 0.5)], ["batch", 4, 8],
+             outputs=("y", "p"))
+    assert units(g) == [("attention_scores", ("scores", "scale", "softmax"))]
+
+
 def test_no_unit_when_an_intermediate_escapes() -> None:
     # the Erf output is also a graph output: fusing would hide a tensor someone reads
     nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"], name="div"),

@@ -62,7 +62,7 @@ def test_gpt2_structure_op_for_op() -> None:
     assert families[OpFamily.SOFTMAX] == layers
     assert families[OpFamily.NORMALIZATION] == 2 * layers + 1
     assert families[OpFamily.EMBEDDING] == 2
-    assert Counter(u.pattern for u in g.units) == {"gelu": layers, "attention_scores": layers}
+    assert Counter(u.pattern for u in g.units) == {"gelu": layers, "attention": layers}
     h, heads = int(cfg["n_embd"]), int(cfg["n_head"])
     scores = next(ly for ly in g.layers if ly.name.endswith("h.0.attn.scores"))
     assert scores.outputs[0].shape == (2, heads, 64, 64)

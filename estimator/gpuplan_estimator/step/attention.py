@@ -1,0 +1,77 @@
+"""Pure: what a fused attention kernel changes in a step, per `graph.fusion`'s attention units.
+
+A fused attention (PyTorch's `scaled_dot_product_attention` with its flash or memory-efficient
+backend; Dao et al., FlashAttention, NeurIPS 2022, §3.1) computes softmax(Q·Kᵀ·scale + mask)·V
+tile by tile in on-chip memory. Against the same core run op by op (`options.EAGER_ATTENTION`):
+
+- forward: the scale, mask, softmax and dropout run inside the kernel (free here); its two
+  matrix products are priced as the GEMMs they are. The learned gemm model prices them with
+  the score matrix written and read back, which the fused kernel skips: where that traffic
+  dominates (half precision, head dim <= 64 on GPUs with a high FLOP/byte ratio) the price is
+  an upper bound;
+- backward: the products' four gradient GEMMs, plus Q·Kᵀ once more (the scores are recomputed
+  from the saved statistics instead of being stored, FlashAttention §3.1 "Recomputation"); the
+  softmax, mask and scale gradients run inside that kernel too;
+- memory: Q, K, V, the output and one logsumexp per query row are kept for backward, never the
+  [batch, heads, queries, keys] scores or probabilities (or a dropout mask: it is regenerated
+  from the RNG state), and inference never holds them either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpuplan_estimator.core import options
+from gpuplan_estimator.core.layers import ModelGraph, TensorInfo
+
+ATTENTION_PATTERN = "attention"
+"""`graph.fusion`'s pattern of a whole attention core (scores through ·V)."""
+
+
+@dataclass(frozen=True)
+class FusedAttention:
+    """The layers, tensors and saved state a fused attention changes in one graph."""
+
+    folded: frozenset[str] = frozenset()
+    """Layers computed inside the fused kernel: scale, mask, softmax, dropout."""
+    recomputed: frozenset[str] = frozenset()
+    """Q·Kᵀ layers whose forward GEMM runs again in backward."""
+    internal: frozenset[str] = frozenset()
+    """Tensors that never reach memory: scores, masked scores, probabilities."""
+    kept: Mapping[str, tuple[TensorInfo, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    """Per ·V layer: the output and its logsumexp, saved for the backward kernel."""
+
+
+EAGER = FusedAttention()
+"""Nothing fused: every op of the attention core as the graph spells it out."""
+
+
+def fused_attention(graph: ModelGraph, attention: str) -> FusedAttention:
+    """What `attention` ("eager" or "fused", `options.ATTENTIONS`) changes in `graph`."""
+    if attention == options.EAGER_ATTENTION:
+        return EAGER
+    if attention != options.FUSED_ATTENTION:
+        raise ValueError(f"attention must be one of {options.ATTENTIONS}, got {attention!r}")
+    by_name = {layer.name: layer for layer in graph.layers}
+    folded: set[str] = set()
+    recomputed: set[str] = set()
+    internal: set[str] = set()
+    kept: dict[str, tuple[TensorInfo, ...]] = {}
+    for unit in graph.units:
+        if unit.pattern != ATTENTION_PATTERN:
+            continue
+        members = [by_name[name] for name in unit.layer_names]  # in graph order
+        scores, output = members[0], members[-1]
+        folded.update(m.name for m in members[1:-1])
+        recomputed.add(scores.name)
+        internal.update(t.name for m in members[:-1] for t in m.outputs)
+        out = output.outputs[0]
+        # One float per query row; counted at the activation width like every saved tensor
+        # (it is fp32 in half precision too, 1/head_dim of the output either way).
+        logsumexp = TensorInfo(f"{out.name}#logsumexp", out.shape[:-1], out.dtype)
+        kept[output.name] = (out, logsumexp)
+    return FusedAttention(frozenset(folded), frozenset(recomputed), frozenset(internal),
+                          MappingProxyType(kept))

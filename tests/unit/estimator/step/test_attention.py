@@ -1,0 +1,115 @@
+"""Fused attention (SDPA/FlashAttention) against the same graph's eager attention core."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from gpuplan_estimator import graph
+from gpuplan_estimator.core import options
+from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.layers import ModelGraph
+from gpuplan_estimator.core.workload import Phase
+from gpuplan_estimator.graph import zoo
+from gpuplan_estimator.step import attention, memory
+from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
+
+LAYERS, HEADS, HIDDEN, SEQUENCE, BATCH = 2, 4, 64, 128, 2
+GPT2 = {"model_type": "gpt2", "n_embd": HIDDEN, "n_head": HEADS, "n_layer": LAYERS,
+        "vocab_size": 1000, "n_positions": SEQUENCE}
+FUSED, EAGER = options.FUSED_ATTENTION, options.EAGER_ATTENTION
+
+
+@pytest.fixture(scope="module")
+def gpt2() -> ModelGraph:
+    data = zoo.build_transformer(GPT2, name="gpt2").SerializeToString()
+    return graph.load_model(data, batch=BATCH, dim_bindings={"sequence": SEQUENCE})
+
+
+def _settings(attention_impl: str, mode: str = "train", **kw: str) -> TrainingSettings:
+    return TrainingSettings(batch_size=BATCH, mode=mode, attention=attention_impl, **kw)
+
+
+def test_each_attention_core_folds_its_softmax_mask_and_scale(gpt2: ModelGraph) -> None:
+    fused = attention.fused_attention(gpt2, FUSED)
+    ops = Counter(layer.op_type for layer in gpt2.layers if layer.name in fused.folded)
+    assert ops == {"Div": LAYERS, "Where": LAYERS, "Softmax": LAYERS}
+    assert len(fused.recomputed) == len(fused.kept) == LAYERS
+    # The scores, scaled and masked scores and probabilities never reach memory.
+    assert len(fused.internal) == 4 * LAYERS
+    assert attention.fused_attention(gpt2, EAGER) == attention.EAGER
+    with pytest.raises(ValueError):
+        attention.fused_attention(gpt2, "flash")
+
+
+def test_fused_backward_runs_five_gemms_per_core_and_no_softmax(gpt2: ModelGraph) -> None:
+    eager, fused = (build_step(gpt2, _settings(a)) for a in (EAGER, FUSED))
+    fused_names = attention.fused_attention(gpt2, FUSED).folded
+    assert set(fused.fused) == fused_names
+    assert all(i.kernel == "none" for i in fused.forward if i.layer in fused_names)
+    assert not any(i.layer in fused_names for i in fused.backward)
+    recomputes = [i for i in fused.backward if i.role == "recompute"]
+    assert len(recomputes) == LAYERS
+    forward_of = {i.layer: i for i in fused.forward}
+    for item in recomputes:  # Q·Kᵀ again, the same GEMM as in forward
+        assert item.phase is Phase.BACKWARD
+        assert (item.kernel, dict(item.dims), item.flops) == (
+            forward_of[item.layer].kernel, dict(forward_of[item.layer].dims),
+            forward_of[item.layer].flops)
+    scores_and_context = {i.layer for i in fused.backward if i.role == "recompute"} | {
+        name for name, out in attention.fused_attention(gpt2, FUSED).kept.items()}
+    gemms = [i for i in fused.backward if i.layer in scores_and_context and i.kernel == "gemm"]
+    assert len(gemms) == 5 * LAYERS
+    # Every GEMM of the eager step is still there, plus the recomputed scores.
+    eager_gemm_flops = sum(i.flops for i in eager.items if i.kernel == "gemm")
+    fused_gemm_flops = sum(i.flops for i in fused.items if i.kernel == "gemm")
+    assert fused_gemm_flops == eager_gemm_flops + sum(i.flops for i in recomputes)
+    assert sum(i.kernel == "softmax" for i in fused.items) == 0
+    assert sum(i.kernel == "softmax" for i in eager.items) == 2 * LAYERS  # forward, backward
+
+
+def test_fused_training_keeps_output_and_logsumexp_instead_of_probabilities(
+        gpt2: ModelGraph) -> None:
+    eager, fused = (memory.training_memory(gpt2, _settings(a)).activations_bytes
+                    for a in (EAGER, FUSED))
+    head_dim = HIDDEN // HEADS
+    probabilities = LAYERS * BATCH * HEADS * SEQUENCE * SEQUENCE * 4
+    # The bool causal mask the eager Where keeps and the scalar the scale divides by, both
+    # one tensor shared by every layer.
+    shared = SEQUENCE * SEQUENCE * 1 + 4
+    kept = LAYERS * BATCH * HEADS * SEQUENCE * (head_dim + 1) * 4  # output and logsumexp
+    assert eager - fused == probabilities + shared - kept
+
+
+def test_fused_inference_never_holds_the_scores() -> None:
+    sequence = 512  # the scores outgrow the logits, so they set the eager peak
+    data = zoo.build_transformer({**GPT2, "n_positions": sequence}, name="gpt2")
+    long = graph.load_model(data.SerializeToString(), batch=BATCH,
+                            dim_bindings={"sequence": sequence})
+    eager, fused = (memory.training_memory(long, _settings(a, mode="inference"))
+                    for a in (EAGER, FUSED))
+    scores = BATCH * HEADS * sequence * sequence * 4
+    assert eager.activations_bytes - fused.activations_bytes >= scores
+    # Eager's largest layer is a softmax over the scores (in and out); fused has none.
+    assert eager.workspace_bytes - memory.LIBRARY_WORKSPACE_BYTES >= 2 * scores
+    assert fused.workspace_bytes - memory.LIBRARY_WORKSPACE_BYTES < scores
+
+
+def test_attention_is_validated_and_refused_where_no_fused_kernel_runs() -> None:
+    with pytest.raises(InvalidRequestError) as bad:
+        _settings("flash").check()
+    assert bad.value.field == "attention"
+    with pytest.raises(InvalidRequestError) as ort:
+        _settings(FUSED, mode="inference", framework=options.ONNXRUNTIME).check()
+    assert ort.value.field == "attention" and "onnxruntime" in ort.value.message
+    _settings(FUSED, mode="inference", framework=options.PYTORCH_COMPILED).check()
+
+
+def test_compiled_inference_with_fused_attention_runs_no_softmax(gpt2: ModelGraph) -> None:
+    s = _settings(FUSED, mode="inference", framework=options.PYTORCH_COMPILED)
+    step = build_step(gpt2, s)
+    assert not any(i.kernel == "softmax" for i in step.forward)
+    gemms = sum(i.kernel == "gemm" for i in step.forward)
+    assert gemms == sum(i.kernel == "gemm" for i in build_step(
+        gpt2, _settings(EAGER, mode="inference", framework=options.PYTORCH_COMPILED)).forward)

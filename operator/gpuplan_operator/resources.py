@@ -62,13 +62,15 @@ class ModelRef:
 
 @dataclasses.dataclass(frozen=True)
 class Training:
-    """`spec.training`: batch, dataset, epochs, optimizer, precision and symbolic dims."""
+    """`spec.training`: batch, dataset, epochs, optimizer, precision, attention and symbolic
+    dims."""
 
     batch_size: int
     dataset_size: int
     epochs: int
     optimizer: str
     precision: str
+    attention: str
     sequence_length: int | None
     dims: Mapping[str, int]
 

@@ -12,6 +12,7 @@ from gpuplan_operator import errors, resources
 
 OPTIMIZERS = frozenset(options.OPTIMIZERS)
 PRECISIONS = frozenset(options.PRECISIONS)
+ATTENTIONS = frozenset(options.ATTENTIONS)
 PREFERENCES = frozenset(options.OBJECTIVES)
 FORMATS = frozenset({"auto", "raw", "gzip", "xz", "zstd"})
 MAX_DIMS = 32
@@ -52,6 +53,7 @@ def parse_spec(spec: Mapping[str, Any]) -> resources.TrainingJobSpec:
             epochs=int(training["epochs"]),
             optimizer=training.get("optimizer", options.DEFAULT_OPTIMIZER),
             precision=training.get("precision", options.DEFAULT_PRECISION),
+            attention=training.get("attention", options.DEFAULT_ATTENTION),
             sequence_length=training.get("sequenceLength"),
             dims={str(k): int(v) for k, v in (training.get("dims") or {}).items()},
         ),
@@ -137,6 +139,7 @@ def _check_training(training: object, out: list[str]) -> None:
     _check_int(training, "sequenceLength", path, 1, 1 << 20, out, required=False)
     _check_enum(training, "optimizer", path, OPTIMIZERS, out)
     _check_enum(training, "precision", path, PRECISIONS, out)
+    _check_enum(training, "attention", path, ATTENTIONS, out)
     dims = training.get("dims", {})
     if not isinstance(dims, Mapping):
         out.append(f"{path}.dims: must be a map of name to integer")

@@ -406,7 +406,8 @@ def to_json(
             "mode": settings.mode,
             # Inference updates no weights: no optimizer to name.
             "optimizer": settings.optimizer if settings.mode == "train" else None,
-            "precision": settings.precision, "batch_size": settings.batch_size,
+            "precision": settings.precision, "attention": settings.attention,
+            "batch_size": settings.batch_size,
             "epochs": epochs, "dataset_size": dataset_size,
         },
         "predictor_source": predictor_source,

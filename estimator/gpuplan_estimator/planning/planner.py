@@ -68,9 +68,9 @@ class PlannerContext:
 
 
 def training_settings(t: requests.TrainingRequest, batch: int) -> TrainingSettings:
-    """The request's mode, optimizer and precision at batch size `batch`."""
+    """The request's mode, optimizer, precision and attention at batch size `batch`."""
     return TrainingSettings(mode=t.mode, optimizer=t.optimizer, precision=t.precision,
-                            batch_size=batch)
+                            attention=t.attention, batch_size=batch)
 
 
 def graph_at(model: bytes, t: requests.TrainingRequest, batch: int) -> ModelGraph:

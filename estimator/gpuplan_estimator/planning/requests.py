@@ -13,7 +13,8 @@ from gpuplan_estimator.planning.placement import GpuPool, Objective
 
 @dataclass(frozen=True)
 class TrainingRequest:
-    """What the job trains: batch, data, optimizer, precision, mode and symbolic dims."""
+    """What the job trains: batch, data, optimizer, precision, mode, attention and symbolic
+    dims."""
 
     batch_size: int
     dataset_size: int
@@ -21,6 +22,7 @@ class TrainingRequest:
     optimizer: str = options.DEFAULT_OPTIMIZER
     precision: str = options.DEFAULT_PRECISION
     mode: str = options.DEFAULT_MODE
+    attention: str = options.DEFAULT_ATTENTION
     dims: Mapping[str, int] = field(default_factory=dict)
 
     @property

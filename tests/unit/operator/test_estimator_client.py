@@ -138,11 +138,17 @@ def test_request_body_follows_the_contract() -> None:
     assert base64.b64decode(body["model_onnx_b64"]) == b"\x01\x02"
     assert body["training"] == {"batch_size": 256, "dataset_size": 1_281_167, "epochs": 1,
                                 "optimizer": "adamw", "precision": "fp32",
-                                "dims": {"heads": 12, "sequence": 128}}
+                                "attention": "eager", "dims": {"heads": 12, "sequence": 128}}
     assert body["objective"] == {"prefer": "cheapest", "max_gpus": 8, "deadline_seconds": 14400}
     assert body["inventory"] == [{"gpu_type": "NVIDIA-L4", "gpus_per_node": 4, "nodes": 8,
                                   "free_gpus": 30}]
     assert body["gpu_types"] == ["NVIDIA-L4"]
+
+
+def test_the_attention_the_job_runs_is_sent() -> None:
+    spec = validation.parse_spec(SpecBuilder().set("training.attention", "fused").obj())
+    body = estimator_client.build_request(spec, b"\x01", [])
+    assert body["training"]["attention"] == "fused"
 
 
 def test_a_hf_config_model_is_sent_as_its_json() -> None:

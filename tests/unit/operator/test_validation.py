@@ -40,6 +40,7 @@ def test_a_hf_config_model_parses_to_its_config_map_key() -> None:
     (SpecBuilder().drop("training.epochs"), "spec.training.epochs: required"),
     (SpecBuilder().set("training.optimizer", "lbfgs"), "spec.training.optimizer"),
     (SpecBuilder().set("training.precision", "int8"), "spec.training.precision"),
+    (SpecBuilder().set("training.attention", "flash"), "spec.training.attention"),
     (SpecBuilder().set("training.dims", {"seq": 0}), "spec.training.dims.seq"),
     (SpecBuilder().set("objective.maxGpus", 0), "spec.objective.maxGpus"),
     (SpecBuilder().set("objective.deadline", "4 hours"), "spec.objective.deadline"),

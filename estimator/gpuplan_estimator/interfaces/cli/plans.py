@@ -71,6 +71,9 @@ def register(sub: Any) -> None:
                    help=f"optimizer (default {options.DEFAULT_OPTIMIZER})")
     p.add_argument("--precision", default=options.DEFAULT_PRECISION, choices=options.PRECISIONS,
                    help=f"compute precision (default {options.DEFAULT_PRECISION})")
+    p.add_argument("--attention", default=options.DEFAULT_ATTENTION, choices=options.ATTENTIONS,
+                   help=f"how the attention core runs (default {options.DEFAULT_ATTENTION}; "
+                   "fused: one SDPA/FlashAttention kernel)")
     p.add_argument("--prefer", default=options.DEFAULT_OBJECTIVE, choices=options.OBJECTIVES,
                    help="cheapest: least cost meeting the deadline; fastest: least time within "
                    "the budget; balanced: least cost x time "
@@ -133,7 +136,8 @@ def request_body(args: argparse.Namespace) -> dict[str, Any]:
         **model,
         "training": {"batch_size": args.batch, "dataset_size": args.dataset_size,
                      "epochs": args.epochs, "optimizer": args.optimizer,
-                     "precision": args.precision, "dims": dict(args.dim)},
+                     "precision": args.precision, "attention": args.attention,
+                     "dims": dict(args.dim)},
         "objective": {"prefer": args.prefer, "max_gpus": args.max_gpus,
                       "deadline_seconds": args.deadline, "budget_usd": args.budget},
         "inventory": pools(args.pool),

@@ -186,6 +186,8 @@ class EstimateSettings(_Response):
     mode: str
     optimizer: str | None = Field(description="null for inference (no weights updated).")
     precision: str
+    attention: str = Field(description="How the attention core was priced: eager (op by op, "
+                           "scores in memory) or fused (one SDPA/FlashAttention kernel).")
     batch_size: int
     epochs: int | None
     dataset_size: int | None

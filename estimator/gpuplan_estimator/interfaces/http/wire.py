@@ -94,6 +94,8 @@ Optimizer = Annotated[str, AfterValidator(_one_of(options.OPTIMIZERS)),
                       Field(json_schema_extra={"enum": list(options.OPTIMIZERS)})]
 Precision = Annotated[str, AfterValidator(_one_of(options.PRECISIONS)),
                       Field(json_schema_extra={"enum": list(options.PRECISIONS)})]
+Attention = Annotated[str, AfterValidator(_one_of(options.ATTENTIONS)),
+                      Field(json_schema_extra={"enum": list(options.ATTENTIONS)})]
 Prefer = Annotated[str, AfterValidator(_one_of(options.OBJECTIVES)),
                    Field(json_schema_extra={"enum": list(options.OBJECTIVES)})]
 DimName = Annotated[str, Field(min_length=1, max_length=limits.MAX_DIM_NAME_CHARS)]
@@ -117,7 +119,8 @@ class HfConfigBody(BaseModel):
 
 
 class TrainingBody(_Body):
-    """What the job trains: batch, data, optimizer, precision, mode and symbolic dims."""
+    """What the job trains: batch, data, optimizer, precision, mode, attention and symbolic
+    dims."""
 
     batch_size: int = Field(ge=1, le=limits.MAX_BATCH_SIZE,
                             description="Global batch in samples per optimizer step.")
@@ -128,6 +131,11 @@ class TrainingBody(_Body):
     optimizer: Optimizer = options.DEFAULT_OPTIMIZER
     precision: Precision = options.DEFAULT_PRECISION
     mode: Mode = options.DEFAULT_MODE
+    attention: Attention = Field(
+        options.DEFAULT_ATTENTION,
+        description="How the attention core runs: eager (op by op, its score matrix in memory) "
+                    "or fused (one SDPA/FlashAttention kernel, Hugging Face's \"sdpa\"); "
+                    "fused keeps no scores, so it needs less memory and time.")
     dims: Annotated[dict[DimName, DimValue] | None,
                     BeforeValidator(_at_most(limits.MAX_DIMS, "dims"))] = Field(
         None, max_length=limits.MAX_DIMS,
@@ -303,7 +311,7 @@ def _training(body: TrainingBody, problems: list[tuple[str, str]]) -> TrainingRe
         batch_size=body.batch_size,
         dataset_size=body.dataset_size if body.dataset_size is not None else body.batch_size,
         epochs=body.epochs, optimizer=body.optimizer, precision=body.precision,
-        mode=body.mode, dims=dims)
+        mode=body.mode, attention=body.attention, dims=dims)
 
 
 def _hf_config(body: _ModelBody) -> dict[str, Any] | None:

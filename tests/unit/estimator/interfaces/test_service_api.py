@@ -126,6 +126,8 @@ def test_every_answer_of_the_running_service_matches_its_model() -> None:
      ["inventory[1].nodes", "inventory[2].gpus_per_node"]),
     ("/v1/plans", plan_body(training={"batch_size": 1, "optimizer": "lion", "mode": 3}),
      ["training.optimizer", "training.mode"]),
+    ("/v1/plans", plan_body(training={"batch_size": 1, "attention": "flash"}),
+     ["training.attention"]),
     ("/v1/plans", plan_body(gpu_types=["a", 7]), ["gpu_types[1]"]),
     ("/v1/plans", plan_body(model_onnx_b64="not base64!"), ["model_onnx_b64"]),
     ("/v1/plans", {**plan_body(), "training": "big"}, ["training"]),
@@ -237,3 +239,28 @@ def test_the_documented_examples_are_valid_bodies() -> None:
     for name, text in examples:
         model = getattr(wire, name, None) or getattr(responses, name)
         model.model_validate(json.loads(text))
+
+
+def test_a_fused_attention_estimate_keeps_no_scores() -> None:
+    """The same GPT-2 estimated with eager and with fused attention: the answer says which,
+    and fused needs less activation memory and time (no [batch, heads, S, S] tensors)."""
+    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
+            "vocab_size": 1000, "n_positions": 512}
+
+    async def check(c: TestClient) -> None:
+        got = {}
+        for attention in ("eager", "fused"):
+            resp = await c.post("/v1/estimate", json={
+                "model_hf_config": gpt2, "devices": ["l4"],
+                "training": {"batch_size": 4, "attention": attention,
+                             "dims": {"sequence": 512}}})
+            assert resp.status == 200, await resp.text()
+            got[attention] = await resp.json()
+            assert got[attention]["settings"]["attention"] == attention
+        (eager,), (fused,) = (got[a]["devices"] for a in ("eager", "fused"))
+        scores = 2 * 4 * 4 * 512 * 512 * 4  # two layers' probabilities, fp32
+        assert eager["memory"]["activations_bytes"] - fused["memory"]["activations_bytes"] > (
+            scores / 2)
+        assert fused["step_time_ms"] < eager["step_time_ms"]
+
+    serve(check)

@@ -9,8 +9,9 @@ Two halves, so that the prediction is on record before the measurement exists:
 
 `predict` prices every case of `model_steps.FULL_CASES` with the active bundle (GPT-2, BERT
 and OPT written by `zoo`; the torchvision models exported on the meta device) and records the
-bundle, commit, date and command. `score` joins the two on (model, batch, precision) and the
-device the measurement names (NVML's name resolved in the catalog), and reports the error of
+bundle, commit, date and command, once with each attention (`options.ATTENTIONS`). `score`
+joins the two on (model, batch, precision), the device the measurement names (NVML's name
+resolved in the catalog) and the attention it ran (`attention_of`), and reports the error of
 the inference forward, the training step's forward + backward (what the NeuSight labels
 compare) and the whole step with AdamW, their interval coverage, and the memory estimate
 against the measured peak.
@@ -19,6 +20,7 @@ against the measured peak.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shlex
 import statistics
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan_estimator import devices, graph
-from gpuplan_estimator.core import provenance
+from gpuplan_estimator.core import options, provenance
 from gpuplan_estimator.evaluation import model_steps
 from gpuplan_estimator.evaluation.model_steps import FULL_CASES, PRECISIONS, ModelCase
 from gpuplan_estimator.graph import batching, exporting
@@ -41,6 +43,9 @@ MODULE = "gpuplan_estimator.evaluation.model_step_scoring"
 OPTIMIZER = "adamw"  # what `model_steps` steps with
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 PHASES = ("inference_forward", "forward_backward", "train_step")
+FUSED_IMPLEMENTATIONS = frozenset({"sdpa", "flash_attention_2", "flash_attention_3",
+                                   "flex_attention"})
+"""Attention implementations that run the core as one fused kernel."""
 
 
 def case_graph(case: ModelCase, batch: int) -> graph.ModelGraph:
@@ -59,11 +64,18 @@ def case_graph(case: ModelCase, batch: int) -> graph.ModelGraph:
     return batching.load_at_batch(source, batch, dims, name=case.name)
 
 
-def _estimate(g: graph.ModelGraph, batch: int, mode: str, precision: str,
+def attention_of(implementation: str | None) -> str:
+    """The estimator's attention (`options.ATTENTIONS`) for the implementation a measured row
+    ran: transformers' `_attn_implementation`, or what `model_steps` records for torchvision."""
+    return options.FUSED_ATTENTION if implementation in FUSED_IMPLEMENTATIONS \
+        else options.EAGER_ATTENTION
+
+
+def _estimate(g: graph.ModelGraph, batch: int, mode: str, precision: str, attention: str,
               specs: Sequence[devices.DeviceSpec], predictor: Any
               ) -> list[estimates.DeviceEstimate]:
     settings = TrainingSettings(batch_size=batch, mode=mode, optimizer=OPTIMIZER,
-                                precision=precision)
+                                precision=precision, attention=attention)
     return list(estimates.estimate(g, specs, settings, predictor=predictor))
 
 
@@ -76,15 +88,17 @@ def predict(cases: Sequence[ModelCase], specs: Sequence[devices.DeviceSpec],
     for case in cases:
         for batch in case.batches:
             g = case_graph(case, batch)
-            for precision in precisions:
-                progress(f"{case.name} batch {batch} {precision}")
+            for precision, attention in itertools.product(precisions, options.ATTENTIONS):
+                progress(f"{case.name} batch {batch} {precision} {attention} attention")
                 usable = [d for d in specs if devices.supports_precision(d, precision)]
-                inference = _estimate(g, batch, "inference", precision, usable, predictor)
-                train = _estimate(g, batch, "train", precision, usable, predictor)
+                inference = _estimate(g, batch, "inference", precision, attention, usable,
+                                      predictor)
+                train = _estimate(g, batch, "train", precision, attention, usable, predictor)
                 for inf, tr in zip(inference, train, strict=True):
                     rows.append({
                         "model": case.name, "batch": batch, "precision": precision,
-                        "device": tr.device, "data_basis": tr.data_basis,
+                        "attention": attention, "device": tr.device,
+                        "data_basis": tr.data_basis,
                         "inference_forward_ms": inf.forward_ms,
                         "inference_forward_interval_ms": list(inf.interval_ms),
                         "forward_backward_ms": tr.forward_ms + tr.backward_ms,
@@ -116,18 +130,20 @@ def score(predicted: Mapping[str, Any], measured: Iterable[Mapping[str, Any]],
         raise ValueError("the measured file has no provenance row (is it model_steps output?)")
     name = (head.get("nvml") or {}).get("name") or head.get("device_name") or head["device"]
     device = resolve(str(name))
-    by_key = {(p["model"], p["batch"], p["precision"], p["device"]): p
-              for p in predicted["rows"]}
+    # Predictions written before attention was a setting priced it eager.
+    by_key = {(p["model"], p["batch"], p["precision"], p["device"],
+               p.get("attention", options.EAGER_ATTENTION)): p for p in predicted["rows"]}
     out = []
     for r in lines:
         if r.get("kind") != "model_step" or r.get("status") != "ok":
             continue
-        p = by_key.get((r["model"], r["batch"], r["precision"], device))
+        attention = attention_of(r.get("attention"))
+        p = by_key.get((r["model"], r["batch"], r["precision"], device, attention))
         if p is None:
             continue
         row: dict[str, Any] = {"model": r["model"], "batch": r["batch"],
                                "precision": r["precision"], "device": device,
-                               "data_basis": p["data_basis"]}
+                               "attention": attention, "data_basis": p["data_basis"]}
         for phase, ms in measured_phases(r).items():
             low, high = p[f"{phase}_interval_ms"]
             row[phase] = {"predicted_ms": p[f"{phase}_ms"], "measured_ms": ms,
@@ -168,12 +184,14 @@ def markdown(scored: Sequence[Mapping[str, Any]]) -> str:
         inside = f"{s['inside_pct']:.0f}" if s["inside_pct"] is not None else "–"
         lines.append(f"| {s['precision']} | {s['phase']} | {s['rows']} | {s['mape_pct']:.1f} "
                      f"| {s['p90_ape_pct']:.1f} | {inside} |")
-    lines += ["", "| model | batch | precision | device | basis | phase | predicted ms | "
-              "measured ms | error % |", "|---|--:|---|---|---|---|--:|--:|--:|"]
+    lines += ["", "| model | batch | precision | attention | device | basis | phase | "
+              "predicted ms | measured ms | error % |",
+              "|---|--:|---|---|---|---|---|--:|--:|--:|"]
     for r in scored:
         for phase in PHASES:
             c = r[phase]
-            lines.append(f"| {r['model']} | {r['batch']} | {r['precision']} | {r['device']} "
+            lines.append(f"| {r['model']} | {r['batch']} | {r['precision']} | "
+                         f"{r.get('attention', options.EAGER_ATTENTION)} | {r['device']} "
                          f"| {r['data_basis']} | {phase} | {c['predicted_ms']:.2f} | "
                          f"{c['measured_ms']:.2f} | {100 * c['error']:+.1f} |")
     return "\n".join(lines) + "\n"

@@ -124,6 +124,21 @@ def hf_config(case: ModelCase) -> Any:
     return transformers.AutoConfig.for_model(case.arch, **case.config)
 
 
+TORCHVISION_ATTENTION = {"vit_b_16": "sdpa"}
+"""torchvision models with attention: ViT's nn.MultiheadAttention is called with
+need_weights=False, which runs torch's scaled_dot_product_attention."""
+
+
+def attention_implementation(case: ModelCase, model: Any) -> str | None:
+    """How the case's attention ran: transformers' choice (it picks "sdpa", fused, where torch
+    has it), torchvision's fixed one, or None for a model without attention. Part of the label:
+    the estimator prices the eager and the fused core differently."""
+    if case.source == "torchvision":
+        return TORCHVISION_ATTENTION.get(case.arch)
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) if config is not None else None
+
+
 def build_model(case: ModelCase) -> Any:
     """The case's model with random weights, built offline."""
     if case.source == "torchvision":
@@ -276,10 +291,7 @@ def measure(case: ModelCase, model: Any, batch: int, precision: str, settings: R
     out["train"] = {**{k: _summary(v) for k, v in phases.items()}, "step": _summary(steps),
                     "peak_memory_bytes": peak()}
     out["parameters"] = sum(int(p.numel()) for p in model.parameters())
-    # transformers picks SDPA (fused attention) where torch has it; the estimator prices the
-    # unfused graph, so which one ran is part of the label.
-    config = getattr(model, "config", None)
-    out["attention"] = getattr(config, "_attn_implementation", None) if config else None
+    out["attention"] = attention_implementation(case, model)
     return out
 
 

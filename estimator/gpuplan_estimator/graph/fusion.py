@@ -230,7 +230,8 @@ def _softmax(ix: _Index, i: int) -> Match:
     return [*members, total, div], "softmax"
 
 
-def _attention_scores(ix: _Index, i: int) -> Match:
+def _scores_to_softmax(ix: _Index, i: int) -> list[int] | None:
+    """An activation x activation MatMul, its scale, masks and the Softmax they feed."""
     if ix.op(i) != "MatMul" or ix.layers[i].parameter_inputs:
         return None
     members, last = [i], i
@@ -243,18 +244,24 @@ def _attention_scores(ix: _Index, i: int) -> Match:
             break
         members, last = [*members, mask], mask
     soft = ix.consumer_of(last, {"Softmax"})
-    if soft is None or len(members) < 2:
+    return None if soft is None else [*members, soft]
+
+
+def _attention_scores(ix: _Index, i: int) -> Match:
+    members = _scores_to_softmax(ix, i)
+    # A bare MatMul -> Softmax is left alone: only a scale or mask marks it as attention here.
+    if members is None or len(members) < 3:
         return None
-    return [*members, soft], "attention_scores"
+    return members, "attention_scores"
 
 
 def _attention(ix: _Index, i: int) -> Match:
-    """The whole attention core: the scores unit, an optional dropout of the probabilities,
-    and the MatMul with V that consumes them (what one SDPA kernel computes)."""
-    found = _attention_scores(ix, i)
-    if found is None:
+    """The whole attention core (what one SDPA kernel computes): the scores unit, a dropout
+    of the probabilities, and the MatMul with V that consumes them. Exporters that decompose
+    SDPA scale Q and K by sqrt(scale) each before the product; those Muls belong to it too."""
+    members = _scores_to_softmax(ix, i)
+    if members is None:
         return None
-    members, _ = found
     last = members[-1]
     dropout = ix.consumer_of(last, {"Dropout"})
     if dropout is not None:
@@ -262,7 +269,10 @@ def _attention(ix: _Index, i: int) -> Match:
     pv = ix.consumer_of(last, {"MatMul"})
     if pv is None or ix.layers[pv].parameter_inputs or ix.ins(pv)[0] != ix.out(last):
         return None
-    return [*members, pv], "attention"
+    pre_scales = [j for j in (ix.from_producer(t, {"Mul", "Div"}) for t in ix.ins(i))
+                  if j is not None and ix.sole_consumer(j) == i
+                  and ix.scalar_other(j, ix.ins(j)[0])]
+    return [*pre_scales, *members, pv], "attention"
 
 
 MATCHERS: tuple[Callable[[_Index, int], Match], ...] = (

@@ -12,7 +12,8 @@ tile by tile in on-chip memory. Against the same core run op by op (`options.EAG
 - backward: the products' four gradient GEMMs, plus Q·Kᵀ once more (the scores are recomputed
   from the saved statistics instead of being stored, FlashAttention §3.1 "Recomputation"); the
   softmax, mask and scale gradients run inside that kernel too;
-- memory: Q, K, V, the output and one logsumexp per query row are kept for backward, never the
+- memory: what entered the core (Q, K, V, a mask), the output and one logsumexp per query row
+  are kept for backward, never the
   [batch, heads, queries, keys] scores or probabilities (or a dropout mask: it is regenerated
   from the RNG state), and inference never holds them either.
 """
@@ -35,14 +36,17 @@ class FusedAttention:
     """The layers, tensors and saved state a fused attention changes in one graph."""
 
     folded: frozenset[str] = frozenset()
-    """Layers computed inside the fused kernel: scale, mask, softmax, dropout."""
+    """Layers computed inside the fused kernel: scales, mask, softmax, dropout."""
+    members: frozenset[str] = frozenset()
+    """Every layer of a fused core: their eager saved tensors give way to `kept`."""
     recomputed: frozenset[str] = frozenset()
     """Q·Kᵀ layers whose forward GEMM runs again in backward."""
     internal: frozenset[str] = frozenset()
     """Tensors that never reach memory: scores, masked scores, probabilities."""
     kept: Mapping[str, tuple[TensorInfo, ...]] = field(
         default_factory=lambda: MappingProxyType({}))
-    """Per ·V layer: the output and its logsumexp, saved for the backward kernel."""
+    """Per ·V layer: everything its core keeps for the backward kernel (what entered it, the
+    output and its logsumexp); the core's other layers keep nothing of their own."""
 
 
 EAGER = FusedAttention()
@@ -57,6 +61,7 @@ def fused_attention(graph: ModelGraph, attention: str) -> FusedAttention:
         raise ValueError(f"attention must be one of {options.ATTENTIONS}, got {attention!r}")
     by_name = {layer.name: layer for layer in graph.layers}
     folded: set[str] = set()
+    members_all: set[str] = set()
     recomputed: set[str] = set()
     internal: set[str] = set()
     kept: dict[str, tuple[TensorInfo, ...]] = {}
@@ -64,14 +69,21 @@ def fused_attention(graph: ModelGraph, attention: str) -> FusedAttention:
         if unit.pattern != ATTENTION_PATTERN:
             continue
         members = [by_name[name] for name in unit.layer_names]  # in graph order
-        scores, output = members[0], members[-1]
-        folded.update(m.name for m in members[1:-1])
+        scores = next(m for m in members if m.op_type == "MatMul")
+        output = members[-1]
+        folded.update(m.name for m in members if m is not scores and m is not output)
         recomputed.add(scores.name)
-        internal.update(t.name for m in members[:-1] for t in m.outputs)
+        members_all.update(m.name for m in members)
+        made_inside = {t.name for m in members[:-1] for t in m.outputs}
+        internal.update(made_inside)
+        # The kernel's backward reads what entered it (Q, K, V, a mask, scalars), once each,
+        # whichever member read it in eager.
+        entered = {t.name: t for m in members for t in m.inputs
+                   if t.name not in made_inside and t.name not in m.parameter_inputs}
         out = output.outputs[0]
         # One float per query row; counted at the activation width like every saved tensor
         # (it is fp32 in half precision too, 1/head_dim of the output either way).
         logsumexp = TensorInfo(f"{out.name}#logsumexp", out.shape[:-1], out.dtype)
-        kept[output.name] = (out, logsumexp)
-    return FusedAttention(frozenset(folded), frozenset(recomputed), frozenset(internal),
-                          MappingProxyType(kept))
+        kept[output.name] = (*entered.values(), out, logsumexp)
+    return FusedAttention(frozenset(folded), frozenset(members_all), frozenset(recomputed),
+                          frozenset(internal), MappingProxyType(kept))

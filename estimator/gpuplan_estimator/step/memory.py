@@ -148,12 +148,9 @@ def saved_tensors(layer: Layer, needs_grad: frozenset[str],
     Products (MatMul, Conv, Mul, Div, Where) keep an operand only when another operand needs a
     gradient: dX of X·W needs W, dW needs X; Where needs only its condition.
     """
-    if layer.name in fused.folded:
-        return ()
-    own = _saved_tensors(layer, needs_grad)
-    if fused.internal:
-        own = tuple(t for t in own if t.name not in fused.internal)
-    return own + fused.kept.get(layer.name, ())
+    if layer.name in fused.members:
+        return tuple(fused.kept.get(layer.name, ()))
+    return _saved_tensors(layer, needs_grad)
 
 
 def _saved_tensors(layer: Layer, needs_grad: frozenset[str]) -> tuple[TensorInfo, ...]:

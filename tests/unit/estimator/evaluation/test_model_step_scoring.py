@@ -13,12 +13,13 @@ from gpuplan_estimator.evaluation import model_steps
 DEVICE = "h100-sxm-80gb"
 
 
-def _measured(forward_ms: float, step_ms: float, peak: int | None) -> dict:
+def _measured(forward_ms: float, step_ms: float, peak: int | None,
+              attention: str | None = "eager") -> dict:
     def timed(ms: float) -> dict:
         return {"median_ms": ms, "p10_ms": ms, "p90_ms": ms}
 
     return {"kind": "model_step", "model": "gpt2-tiny", "batch": 2, "precision": "fp32",
-            "status": "ok", "inference": {"forward": timed(forward_ms)},
+            "status": "ok", "attention": attention, "inference": {"forward": timed(forward_ms)},
             "train": {"forward": timed(step_ms * 0.3), "backward": timed(step_ms * 0.6),
                       "optimizer": timed(step_ms * 0.1), "step": timed(step_ms),
                       "peak_memory_bytes": peak}}
@@ -33,7 +34,7 @@ def predicted() -> dict:
 
 
 def test_each_case_is_priced_per_precision_with_its_basis_and_intervals(predicted: dict) -> None:
-    rows = predicted["rows"]
+    rows = [r for r in predicted["rows"] if r["attention"] == "eager"]
     assert [(r["model"], r["precision"], r["device"]) for r in rows] == [
         ("gpt2-tiny", "fp32", DEVICE), ("gpt2-tiny", "bf16", DEVICE)]
     for r in rows:
@@ -46,8 +47,33 @@ def test_each_case_is_priced_per_precision_with_its_basis_and_intervals(predicte
     assert bf16["train_step_ms"] != fp32["train_step_ms"]  # tensor cores price bf16 apart
 
 
+def test_each_case_is_priced_with_eager_and_with_fused_attention(predicted: dict) -> None:
+    by = {(r["precision"], r["attention"]): r for r in predicted["rows"]}
+    assert set(by) == {(p, a) for p in ("fp32", "bf16") for a in ("eager", "fused")}
+    for precision in ("fp32", "bf16"):
+        eager, fused = by[(precision, "eager")], by[(precision, "fused")]
+        # The same GEMMs without the scale, mask and softmax kernels.
+        assert fused["inference_forward_ms"] < eager["inference_forward_ms"]
+        # At sequence 16 < head dim 32 the output it keeps outweighs the probabilities.
+        assert fused["train_memory_bytes"] != eager["train_memory_bytes"]
+
+
+@pytest.mark.parametrize(("implementation", "attention"), [
+    ("eager", "eager"), ("sdpa", "fused"), ("flash_attention_2", "fused"), (None, "eager")])
+def test_a_measured_row_meets_the_prediction_of_the_attention_it_ran(
+        predicted: dict, implementation: str | None, attention: str) -> None:
+    p = next(r for r in predicted["rows"]
+             if r["precision"] == "fp32" and r["attention"] == attention)
+    head = {"kind": "provenance", "device": "cuda", "device_name": DEVICE}
+    measured = [head, _measured(p["inference_forward_ms"], p["train_step_ms"], None,
+                                implementation)]
+    (row,) = scoring.score(predicted, measured, lambda n: DEVICE)
+    assert row["attention"] == attention
+    assert row["train_step"]["error"] == pytest.approx(0.0)
+
+
 def test_measured_rows_are_joined_on_the_device_nvml_names(predicted: dict) -> None:
-    p = next(r for r in predicted["rows"] if r["precision"] == "fp32")
+    p = next(r for r in predicted["rows"] if r["precision"] == "fp32" and r["attention"] == "eager")
     head = {"kind": "provenance", "device": "cuda",
             "nvml": {"name": "NVIDIA H100 80GB HBM3"}}
     measured = [head, _measured(p["inference_forward_ms"] / 2, p["train_step_ms"], 2 * 10**9),
@@ -66,7 +92,7 @@ def test_measured_rows_are_joined_on_the_device_nvml_names(predicted: dict) -> N
     assert row["train_memory"]["measured_bytes"] == 2 * 10**9
     by = {(s["precision"], s["phase"]): s for s in scoring.summary([row])}
     assert by[("all", "inference_forward")]["mape_pct"] == pytest.approx(100.0)
-    assert "| gpt2-tiny | 2 | fp32 |" in scoring.markdown([row])
+    assert "| gpt2-tiny | 2 | fp32 | eager |" in scoring.markdown([row])
 
 
 def test_a_measurement_without_provenance_is_refused(predicted: dict) -> None:

@@ -122,6 +122,26 @@ def test_the_whole_attention_core_through_the_product_with_v() -> None:
     assert units(g) == [("attention", ("scores", "scale", "softmax", "dropout", "context"))]
 
 
+def test_the_exporters_sdpa_form_scales_q_and_k_before_the_product() -> None:
+    """torch.onnx's decomposition of scaled_dot_product_attention: Q and Kᵀ each times
+    sqrt(scale), their product straight into the Softmax, then ·V."""
+    nodes = [helper.make_node("Transpose", ["x"], ["kt"], name="kt", perm=[0, 2, 1]),
+             helper.make_node("Mul", ["x", "s"], ["qs"], name="q_scale"),
+             helper.make_node("Mul", ["kt", "s"], ["ks"], name="k_scale"),
+             helper.make_node("MatMul", ["qs", "ks"], ["sc"], name="scores"),
+             helper.make_node("Softmax", ["sc"], ["p"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["p", "x"], ["y"], name="context")]
+    g = load(nodes, [scalar("s", 8 ** -0.25)], ["batch", 4, 8])
+    assert units(g) == [("attention", ("q_scale", "k_scale", "scores", "softmax", "context"))]
+
+
+def test_a_bare_product_into_a_softmax_is_no_scores_unit() -> None:
+    nodes = [helper.make_node("Transpose", ["x"], ["kt"], name="kt", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "kt"], ["sc"], name="scores"),
+             helper.make_node("Softmax", ["sc"], ["y"], name="softmax", axis=-1)]
+    assert load(nodes, [], ["batch", 4, 8]).units == ()
+
+
 def test_no_attention_core_when_the_probabilities_escape() -> None:
     # The probabilities are also a graph output (e.g. output_attentions=True): an SDPA kernel
     # could not return them, so only the scores unit is kept.

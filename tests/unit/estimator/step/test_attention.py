@@ -75,11 +75,10 @@ def test_fused_training_keeps_output_and_logsumexp_instead_of_probabilities(
                     for a in (EAGER, FUSED))
     head_dim = HIDDEN // HEADS
     probabilities = LAYERS * BATCH * HEADS * SEQUENCE * SEQUENCE * 4
-    # The bool causal mask the eager Where keeps and the scalar the scale divides by, both
-    # one tensor shared by every layer.
-    shared = SEQUENCE * SEQUENCE * 1 + 4
     kept = LAYERS * BATCH * HEADS * SEQUENCE * (head_dim + 1) * 4  # output and logsumexp
-    assert eager - fused == probabilities + shared - kept
+    # Both keep Q, Kᵀ, V, the causal mask and the scale's divisor; the fused kernel also the
+    # masked-out value (one scalar shared by every layer), which eager's Where does not read.
+    assert eager - fused == probabilities - kept - 4
 
 
 def test_fused_inference_never_holds_the_scores() -> None:

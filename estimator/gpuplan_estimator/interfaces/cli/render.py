@@ -75,7 +75,7 @@ def header(graph: ModelGraph, settings: TrainingSettings, predictor_source: str)
         f"{graph.parameter_count / 1e6:.1f} M parameters"
         + (f" ({bindings})" if bindings else "")
         + f"\n{settings.mode}, batch {settings.batch_size}{optimizer}, precision "
-        f"{settings.precision}; predictor: {predictor_source}"
+        f"{settings.precision}, {settings.attention} attention; predictor: {predictor_source}"
     )
 
 

@@ -57,6 +57,7 @@ def test_estimate_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["schema_version"] == estimates.SCHEMA_VERSION
     assert doc["predictor_source"] == "roofline" or doc["predictor_source"].startswith("bundle:")
     assert doc["settings"] == {"mode": "train", "optimizer": "adamw", "precision": "fp32",
+                               "attention": "eager",
                                "batch_size": 1, "epochs": 2, "dataset_size": 100}
     assert doc["kind"] == "Estimate"
     # Ranked by the objective: the H100 steps faster, and it is the recommendation.
@@ -129,6 +130,9 @@ def test_onnxruntime_framework_folds_resnet_batchnorms(
         (["estimate", str(RESNET), "--optimizer", "lamb"], "invalid choice"),
         (["estimate", str(RESNET), "--framework", "onnxruntime", "--device", "t4"],
          "inference only"),
+        (["estimate", str(RESNET), "--attention", "flash"], "invalid choice"),
+        (["estimate", str(RESNET), "--framework", "onnxruntime", "--mode", "inference",
+          "--attention", "fused", "--device", "t4"], "attention: fused attention is priced"),
         (["nonsense"], "invalid choice"),
     ],
 )

@@ -26,6 +26,11 @@ from dataclasses import dataclass, field
 
 from gpuplan_estimator.core.layers import OpFamily
 
+FUSED_IO_BYTES = "fused_io_bytes"
+"""`WorkItem.attributes` key: the bytes the item moves when it runs inside a fused kernel that
+keeps an operand on chip (a fused attention's [queries, keys] scores), below `bytes_moved`.
+Predictors price it at the same efficiency against its own roofline as the unfused kernel."""
+
 
 class Phase(str, enum.Enum):
     """Where in a step a work item runs."""

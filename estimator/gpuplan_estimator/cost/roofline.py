@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
+import numpy.typing as npt
 
-from gpuplan_estimator.core import errors
+from gpuplan_estimator.core import errors, workload
 from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost.predictors import FloatArray, LatencyPrediction
 from gpuplan_estimator.devices import catalog
@@ -111,6 +112,27 @@ def roofline_ms(
     return max(compute_s, memory_s) / settings.efficiency * 1e3 + settings.launch_floor_ms
 
 
+def fused_io_factors(items: Sequence[WorkItem], device: DeviceSpec,
+                     settings: RooflineSettings = RooflineSettings()
+                     ) -> tuple[npt.NDArray[np.intp], FloatArray]:
+    """Items that move fewer bytes inside a fused kernel (`workload.FUSED_IO_BYTES`): their
+    indices and roofline(fused bytes) / roofline(their own bytes) on `device`, the factor a
+    price of the unfused kernel takes (same efficiency against its own roofline)."""
+    idx = [i for i, it in enumerate(items) if workload.FUSED_IO_BYTES in it.attributes]
+    if not idx:
+        return np.zeros(0, dtype=np.intp), np.zeros(0)
+    chosen = [items[i] for i in idx]
+    flops = np.array([float(it.flops) for it in chosen])
+    own = np.array([float(it.bytes_moved) for it in chosen])
+    fused = np.array([float(it.attributes[workload.FUSED_IO_BYTES]) for it in chosen])
+    peak = np.array([item_peak_flops_per_s(device, it.dtype, it.kernel,
+                                           str(it.attributes.get("math", ""))) for it in chosen])
+    per_s = _bytes_per_s(device)
+    factor = (roofline_ms_array(flops, np.minimum(fused, own), peak, per_s, settings)
+              / roofline_ms_array(flops, own, peak, per_s, settings))
+    return np.asarray(idx, dtype=np.intp), factor
+
+
 def roofline_ms_array(
     flops: FloatArray, bytes_moved: FloatArray, peak_flops: FloatArray, bytes_per_s: float,
     settings: RooflineSettings,
@@ -143,6 +165,8 @@ class RooflinePredictor:
         peak = np.fromiter((peaks.get(k, 1.0) for k in keys), dtype=np.float64, count=n)
         median = roofline_ms_array(flops, moved, peak, _bytes_per_s(device), self.settings)
         median[shape_only] = 0.0
+        idx, factor = fused_io_factors(items, device, self.settings)
+        median[idx] *= factor
         return LatencyPrediction(
             median_ms=median, p10_ms=median.copy(), p90_ms=median.copy(),
             predictor=(self.name,) * n,

@@ -10,13 +10,24 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuplan_estimator.core.workload import WorkItem
-from gpuplan_estimator.cost import features
+from gpuplan_estimator.cost import features, roofline
 from gpuplan_estimator.cost.predictors import FloatArray, LatencyPrediction, LatencyPredictor
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.models.bundles import Bundle
 from gpuplan_estimator.models.latency import NO_CORRECTION, LayerLatencyModel, ProbeCorrection
 from gpuplan_estimator.step import layout_credits
+
+
+def _price_fused_io(items: Sequence[WorkItem], device: DeviceSpec,
+                    parts: tuple[FloatArray, FloatArray, FloatArray], names: list[str]) -> None:
+    """Rows a bundle model priced as their unfused kernel, moved to their fused kernel's
+    roofline at the same efficiency (`roofline.fused_io_factors`), in place. Rows the fallback
+    priced are its own business (the roofline applies it itself)."""
+    idx, factor = roofline.fused_io_factors(items, device)
+    learned = np.array([names[i].startswith("lightgbm:") for i in idx], dtype=bool)
+    for values in parts:
+        values[idx[learned]] *= factor[learned]
 
 
 class LearnedPredictor:
@@ -63,6 +74,7 @@ class LearnedPredictor:
             if device.platform == "cpu":
                 self._take_off_layout_credits(items, device, codes[i], parts[i])
             median, p10, p90 = parts[i]
+            _price_fused_io(items, device, parts[i], names[i])
             out.append(LatencyPrediction(median_ms=median, p10_ms=p10, p90_ms=p90,
                                          predictor=tuple(names[i])))
         return out

@@ -5,13 +5,15 @@ backend; Dao et al., FlashAttention, NeurIPS 2022, §3.1) computes softmax(Q·K�
 tile by tile in on-chip memory. Against the same core run op by op (`options.EAGER_ATTENTION`):
 
 - forward: the scale, mask, softmax and dropout run inside the kernel (free here); its two
-  matrix products are priced as the GEMMs they are. The learned gemm model prices them with
-  the score matrix written and read back, which the fused kernel skips: where that traffic
-  dominates (half precision, head dim <= 64 on GPUs with a high FLOP/byte ratio) the price is
-  an upper bound;
+  matrix products are priced as the GEMMs they are, each at the efficiency its unfused GEMM
+  reaches against its roofline, but against the roofline of the bytes it moves in the fused
+  kernel: without the [queries, keys] scores, which stay on chip (`workload.FUSED_IO_BYTES`).
+  In half precision with head dim 64 the scores' round trip is most of an unfused GEMM's
+  roofline on an A100 or H100 (3-4x its compute time);
 - backward: the products' four gradient GEMMs, plus Q·Kᵀ once more (the scores are recomputed
-  from the saved statistics instead of being stored, FlashAttention §3.1 "Recomputation"); the
-  softmax, mask and scale gradients run inside that kernel too;
+  from the saved statistics instead of being stored, FlashAttention §3.1 "Recomputation"),
+  again without the scores' traffic; the softmax, mask and scale gradients run inside that
+  kernel too;
 - memory: what entered the core (Q, K, V, a mask), the output and one logsumexp per query row
   are kept for backward, never the
   [batch, heads, queries, keys] scores or probabilities (or a dropout mask: it is regenerated
@@ -21,11 +23,12 @@ tile by tile in on-chip memory. Against the same core run op by op (`options.EAG
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpuplan_estimator.core import options
+from gpuplan_estimator.core import options, workload
 from gpuplan_estimator.core.layers import ModelGraph, TensorInfo
+from gpuplan_estimator.core.workload import WorkItem
 
 ATTENTION_PATTERN = "attention"
 """`graph.fusion`'s pattern of a whole attention core (scores through ·V)."""
@@ -47,6 +50,9 @@ class FusedAttention:
         default_factory=lambda: MappingProxyType({}))
     """Per ·V layer: everything its core keeps for the backward kernel (what entered it, the
     output and its logsumexp); the core's other layers keep nothing of their own."""
+    scores_shape: Mapping[str, tuple[int, int]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    """Per Q·Kᵀ and ·V layer: (queries, keys), the shape of the scores its GEMMs never store."""
 
 
 EAGER = FusedAttention()
@@ -65,6 +71,7 @@ def fused_attention(graph: ModelGraph, attention: str) -> FusedAttention:
     recomputed: set[str] = set()
     internal: set[str] = set()
     kept: dict[str, tuple[TensorInfo, ...]] = {}
+    shape: dict[str, tuple[int, int]] = {}
     for unit in graph.units:
         if unit.pattern != ATTENTION_PATTERN:
             continue
@@ -80,10 +87,30 @@ def fused_attention(graph: ModelGraph, attention: str) -> FusedAttention:
         # whichever member read it in eager.
         entered = {t.name: t for m in members for t in m.inputs
                    if t.name not in made_inside and t.name not in m.parameter_inputs}
+        queries, keys = scores.outputs[0].shape[-2:]
+        shape[scores.name] = shape[output.name] = (queries, keys)
         out = output.outputs[0]
         # One float per query row; counted at the activation width like every saved tensor
         # (it is fp32 in half precision too, 1/head_dim of the output either way).
         logsumexp = TensorInfo(f"{out.name}#logsumexp", out.shape[:-1], out.dtype)
         kept[output.name] = (*entered.values(), out, logsumexp)
     return FusedAttention(frozenset(folded), frozenset(members_all), frozenset(recomputed),
-                          frozenset(internal), MappingProxyType(kept))
+                          frozenset(internal), MappingProxyType(kept), MappingProxyType(shape))
+
+
+def without_scores_traffic(item: WorkItem, queries: int, keys: int) -> WorkItem:
+    """`item` (a GEMM of a fused core, forward or backward) with the bytes it moves inside the
+    fused kernel: its operands and result less the [queries, keys] matrix, which stays on chip.
+    A GEMM with no such matrix, or another kernel, is returned as it is. (A head dim equal to
+    the sequence makes Q look like the scores too; such a core is tiny either way.)"""
+    if item.kernel != "gemm":
+        return item
+    m, k, n = item.dims["m"], item.dims["k"], item.dims["n"]
+    matrices = ((m, k), (k, n), (m, n))
+    scores = {(queries, keys), (keys, queries)}
+    total = sum(rows * cols for rows, cols in matrices)
+    off_chip = sum(rows * cols for rows, cols in matrices if (rows, cols) not in scores)
+    if off_chip == total or total == 0:
+        return item
+    return replace(item, attributes=MappingProxyType({
+        **item.attributes, workload.FUSED_IO_BYTES: item.bytes_moved * off_chip // total}))

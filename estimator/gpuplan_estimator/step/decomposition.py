@@ -210,6 +210,9 @@ def build_step(
                 forward.append(unit_item(layer, unit_kernel, settings))
             continue  # overrides exist for inference only (checked by `settings.check`)
         item = forward_item(layer, dims_of(layer), settings)
+        scores_shape = fused_attention.scores_shape.get(layer.name)
+        if scores_shape is not None:
+            item = attention.without_scores_traffic(item, *scores_shape)
         if layer.name in credits:
             item = replace(item, attributes=MappingProxyType(
                 {**item.attributes, layout_credits.LAYOUT_CREDIT: credits[layer.name]}))
@@ -223,7 +226,10 @@ def build_step(
         if not any(grads):
             no_grad.append(layer.name)
             continue
-        backward_items.extend(backward.backward_items(layer, item, grads, settings.precision))
+        derived = backward.backward_items(layer, item, grads, settings.precision)
+        if scores_shape is not None:
+            derived = [attention.without_scores_traffic(b, *scores_shape) for b in derived]
+        backward_items.extend(derived)
         if layer.name in fused_attention.recomputed:
             backward_items.append(replace(item, phase=Phase.BACKWARD, role="recompute"))
     optimizer = optimizer_items(graph.parameter_count, settings) if settings.training else ()

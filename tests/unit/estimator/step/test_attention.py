@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
 
-from gpuplan_estimator import graph
-from gpuplan_estimator.core import options
+from gpuplan_estimator import devices, graph
+from gpuplan_estimator.core import options, workload
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.core.workload import Phase
+from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.graph import zoo
 from gpuplan_estimator.step import attention, memory
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
@@ -112,3 +114,51 @@ def test_compiled_inference_with_fused_attention_runs_no_softmax(gpt2: ModelGrap
     gemms = sum(i.kernel == "gemm" for i in step.forward)
     assert gemms == sum(i.kernel == "gemm" for i in build_step(
         gpt2, _settings(EAGER, mode="inference", framework=options.PYTORCH_COMPILED)).forward)
+
+
+def test_fused_gemms_move_no_scores_and_are_priced_against_that_roofline(
+        gpt2: ModelGraph) -> None:
+    """Every GEMM of a fused core says what it moves without the [S, S] scores; the roofline
+    prices exactly that, and a bundle model scales its unfused price by the same ratio."""
+    step = build_step(gpt2, _settings(FUSED, precision="bf16"))
+    fused = attention.fused_attention(gpt2, FUSED)
+    core = {*fused.recomputed, *fused.kept}
+    tagged = [i for i in step.items if workload.FUSED_IO_BYTES in i.attributes]
+    assert {i.layer for i in tagged} == core
+    assert len(tagged) == 7 * LAYERS  # 2 forward, 1 recomputed, 4 gradient GEMMs per core
+    head_dim, width = HIDDEN // HEADS, 2
+    for item in tagged:
+        # Each moves two [S, head_dim] matrices per batch x head once the scores are gone.
+        assert item.attributes[workload.FUSED_IO_BYTES] == (
+            BATCH * HEADS * 2 * SEQUENCE * head_dim * width)
+    h100 = devices.resolve_device("h100-sxm-80gb")
+    priced = roofline.RooflinePredictor().predict(tagged, h100).median_ms
+    flops_only = [roofline.roofline_ms(i.flops, float(i.attributes[workload.FUSED_IO_BYTES]),
+                                       i.dtype, h100) for i in tagged]
+    assert list(priced) == pytest.approx(flops_only)
+    idx, factor = roofline.fused_io_factors(tagged, h100)
+    assert list(idx) == list(range(len(tagged))) and all(0 < f < 1 for f in factor)
+
+
+def test_eager_gemms_keep_their_own_bytes(gpt2: ModelGraph) -> None:
+    step = build_step(gpt2, _settings(EAGER, precision="bf16"))
+    assert not any(workload.FUSED_IO_BYTES in i.attributes for i in step.items)
+
+
+def test_a_bundle_model_prices_a_fused_gemm_at_its_unfused_efficiency(
+        gpt2: ModelGraph) -> None:
+    from gpuplan_estimator.models import bundles, learned
+
+    predictor = learned.LearnedPredictor(bundles.load_bundle(bundles.SHIPPED_BUNDLE,
+                                                             origin="shipped"))
+    step = build_step(gpt2, _settings(FUSED, precision="bf16"))
+    tagged = [i for i in step.items if workload.FUSED_IO_BYTES in i.attributes]
+    untagged = [dataclasses.replace(i, attributes={
+        k: v for k, v in i.attributes.items() if k != workload.FUSED_IO_BYTES}) for i in tagged]
+    a100 = devices.resolve_device("a100-sxm4-80gb")
+    fused = predictor.predict(tagged, a100)
+    unfused = predictor.predict(untagged, a100)
+    assert all(label.startswith("lightgbm:gemm") for label in fused.predictor)
+    _, factor = roofline.fused_io_factors(tagged, a100)
+    for name in ("median_ms", "p10_ms", "p90_ms"):
+        assert list(getattr(fused, name)) == pytest.approx(list(getattr(unfused, name) * factor))

@@ -15,9 +15,8 @@ tile by tile in on-chip memory. Against the same core run op by op (`options.EAG
   again without the scores' traffic; the softmax, mask and scale gradients run inside that
   kernel too;
 - memory: what entered the core (Q, K, V, a mask), the output and one logsumexp per query row
-  are kept for backward, never the
-  [batch, heads, queries, keys] scores or probabilities (or a dropout mask: it is regenerated
-  from the RNG state), and inference never holds them either.
+  are kept for backward, never the [batch, heads, queries, keys] scores or probabilities (or a
+  dropout mask: it is regenerated from the RNG state), and inference never holds them either.
 """
 
 from __future__ import annotations

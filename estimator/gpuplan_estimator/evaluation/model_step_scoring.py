@@ -7,7 +7,8 @@ Two halves, so that the prediction is on record before the measurement exists:
     python -m gpuplan_estimator.evaluation.model_step_scoring score \\
         --predicted predicted.json --measured steps.jsonl [--markdown table.md]
 
-`predict` prices every case of `model_steps.FULL_CASES` with the active bundle (GPT-2, BERT
+`predict` prices every case of `model_steps.FULL_CASES` (`--cases smoke`: the tiny ones a CPU
+rehearsal of `hack/gpu_campaign.sh` runs) with the active bundle (GPT-2, BERT
 and OPT written by `zoo`; the torchvision models exported on the meta device) and records the
 bundle, commit, date and command, once with each attention (`options.ATTENTIONS`). `score`
 joins the two on (model, batch, precision), the device the measurement names (NVML's name
@@ -33,7 +34,7 @@ from typing import Any
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core import options, provenance
 from gpuplan_estimator.evaluation import model_steps
-from gpuplan_estimator.evaluation.model_steps import FULL_CASES, PRECISIONS, ModelCase
+from gpuplan_estimator.evaluation.model_steps import PRECISIONS, ModelCase
 from gpuplan_estimator.graph import batching, exporting
 from gpuplan_estimator.models import selection
 from gpuplan_estimator.planning import estimates
@@ -211,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("predict", help="price the campaign's cases before they are measured")
     p.add_argument("--device", action="append", required=True, help="catalog device (repeat)")
     p.add_argument("--precisions", default=",".join(PRECISIONS))
+    p.add_argument("--cases", choices=sorted(model_steps.CASE_SETS), default="full",
+                   help="the campaign's case set (smoke: the tiny models a CPU rehearsal runs)")
     p.add_argument("--models", default="", help="comma-separated case names (default all)")
     p.add_argument("--bundle", default=None, help="model bundle directory (default: active)")
     p.add_argument("--out", type=Path, required=True)
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         catalog = devices.load_catalog()
         specs = [devices.resolve_device(d, catalog) for d in args.device]
         try:
-            cases = model_steps.select_cases(FULL_CASES,
+            cases = model_steps.select_cases(model_steps.CASE_SETS[args.cases],
                                              [m for m in args.models.split(",") if m])
         except ValueError as exc:
             parser.error(f"--models: {exc}")

@@ -110,3 +110,14 @@ def test_score_command_writes_the_tables(predicted: dict, tmp_path: Path,
                          str(tmp_path / "m.jsonl"), "--markdown", str(tmp_path / "t.md")])
     assert code == 0
     assert "| fp32 | train_step | 1 |" in (tmp_path / "t.md").read_text()
+
+
+def test_predict_command_prices_the_smoke_cases_a_cpu_rehearsal_runs(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    code = scoring.main(["predict", "--device", DEVICE, "--cases", "smoke", "--models",
+                         "gpt2-tiny", "--precisions", "fp32", "--out", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert {(r["model"], r["attention"]) for r in doc["rows"]} == {
+        ("gpt2-tiny", "eager"), ("gpt2-tiny", "fused")}
+    assert "--cases smoke" in doc["provenance"]["command"]

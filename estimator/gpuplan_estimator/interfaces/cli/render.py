@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpuplan_estimator.core import options
 from gpuplan_estimator.core.durations import format_duration
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.interfaces.cli.output import Column
@@ -15,6 +16,7 @@ from gpuplan_estimator.models import basis
 from gpuplan_estimator.planning import rollup
 from gpuplan_estimator.planning.estimates import DeviceEstimate, LayerEstimate
 from gpuplan_estimator.planning.ranking import Recommendation
+from gpuplan_estimator.step import attention
 from gpuplan_estimator.step.decomposition import TrainingSettings
 
 GIB = 1024**3
@@ -152,6 +154,17 @@ def recommendation_lines(rec: Recommendation, prefer: str) -> list[str]:
     if rec.device is None:
         return [f"no recommendation: {rec.reason}"]
     return [f"{RECOMMENDED_MARK} recommended ({prefer}): {rec.device.device}, {rec.reason}"]
+
+
+def attention_lines(graph: ModelGraph, settings: TrainingSettings) -> list[str]:
+    """A hint when the graph has attention cores priced eager: most PyTorch 2 trainers run
+    them fused, and at long sequences the two differ by whole multiples in time and memory."""
+    cores = sum(unit.pattern == attention.ATTENTION_PATTERN for unit in graph.units)
+    if not cores or settings.attention != options.EAGER_ATTENTION:
+        return []
+    return [f"attention: {cores} attention core(s) priced eager (op by op, scores in memory); "
+            "--attention fused if the trainer runs scaled_dot_product_attention "
+            "(Hugging Face's default \"sdpa\")"]
 
 
 def basis_lines(results: Sequence[DeviceEstimate]) -> list[str]:

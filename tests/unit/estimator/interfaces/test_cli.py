@@ -328,3 +328,19 @@ def test_hf_config_errors_are_one_line(argv: list[str], needle: str,
     code, out, err = run(argv, capsys)
     assert code == 2 and out == ""
     assert needle in one_error_line(err)
+
+
+def test_an_eager_attention_estimate_says_how_to_price_it_fused(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "gpt2.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_head": 4,
+                                  "n_layer": 2, "vocab_size": 1000, "n_positions": 256}))
+    argv = ["estimate", "--hf-config", str(config), "--batch", "2", "--dim", "sequence=256",
+            "--device", "h100-sxm-80gb"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert "attention: 2 attention core(s) priced eager" in out
+    assert "--attention fused" in out
+    code, out, err = run([*argv, "--attention", "fused"], capsys)
+    assert code == 0, err
+    assert "fused attention" in out and "priced eager" not in out

@@ -154,7 +154,9 @@ class RooflinePredictor:
         """max(FLOPs / peak, bytes / bandwidth) plus the launch floor, per item; P10 = P90."""
         n = len(items)
         flops = np.fromiter((it.flops for it in items), dtype=np.float64, count=n)
-        moved = np.fromiter((it.bytes_moved for it in items), dtype=np.float64, count=n)
+        # Inside a fused kernel an item moves only what leaves the chip.
+        moved = np.fromiter((float(it.attributes.get(workload.FUSED_IO_BYTES, it.bytes_moved))
+                             for it in items), dtype=np.float64, count=n)
         # Shape-only work (metadata reshapes, Shape ops) launches no kernel, whatever its dtype.
         shape_only = np.fromiter((it.kernel == "none" for it in items), dtype=bool, count=n)
         keys = [(it.dtype, it.kernel, str(it.attributes.get("math", ""))) for it in items]
@@ -165,8 +167,6 @@ class RooflinePredictor:
         peak = np.fromiter((peaks.get(k, 1.0) for k in keys), dtype=np.float64, count=n)
         median = roofline_ms_array(flops, moved, peak, _bytes_per_s(device), self.settings)
         median[shape_only] = 0.0
-        idx, factor = fused_io_factors(items, device, self.settings)
-        median[idx] *= factor
         return LatencyPrediction(
             median_ms=median, p10_ms=median.copy(), p90_ms=median.copy(),
             predictor=(self.name,) * n,

@@ -39,8 +39,6 @@ class FusedAttention:
 
     folded: frozenset[str] = frozenset()
     """Layers computed inside the fused kernel: scales, mask, softmax, dropout."""
-    members: frozenset[str] = frozenset()
-    """Every layer of a fused core: their eager saved tensors give way to `kept`."""
     recomputed: frozenset[str] = frozenset()
     """Q·Kᵀ layers whose forward GEMM runs again in backward."""
     internal: frozenset[str] = frozenset()
@@ -52,6 +50,11 @@ class FusedAttention:
     scores_shape: Mapping[str, tuple[int, int]] = field(
         default_factory=lambda: MappingProxyType({}))
     """Per Q·Kᵀ and ·V layer: (queries, keys), the shape of the scores its GEMMs never store."""
+
+    @property
+    def members(self) -> frozenset[str]:
+        """Every layer of a fused core: their eager saved tensors give way to `kept`."""
+        return self.folded | self.recomputed | frozenset(self.kept)
 
 
 EAGER = FusedAttention()
@@ -66,7 +69,6 @@ def fused_attention(graph: ModelGraph, attention: str) -> FusedAttention:
         raise ValueError(f"attention must be one of {options.ATTENTIONS}, got {attention!r}")
     by_name = {layer.name: layer for layer in graph.layers}
     folded: set[str] = set()
-    members_all: set[str] = set()
     recomputed: set[str] = set()
     internal: set[str] = set()
     kept: dict[str, tuple[TensorInfo, ...]] = {}
@@ -79,7 +81,6 @@ def fused_attention(graph: ModelGraph, attention: str) -> FusedAttention:
         output = members[-1]
         folded.update(m.name for m in members if m is not scores and m is not output)
         recomputed.add(scores.name)
-        members_all.update(m.name for m in members)
         made_inside = {t.name for m in members[:-1] for t in m.outputs}
         internal.update(made_inside)
         # The kernel's backward reads what entered it (Q, K, V, a mask, scalars), once each,
@@ -93,8 +94,8 @@ def fused_attention(graph: ModelGraph, attention: str) -> FusedAttention:
         # (it is fp32 in half precision too, 1/head_dim of the output either way).
         logsumexp = TensorInfo(f"{out.name}#logsumexp", out.shape[:-1], out.dtype)
         kept[output.name] = (*entered.values(), out, logsumexp)
-    return FusedAttention(frozenset(folded), frozenset(members_all), frozenset(recomputed),
-                          frozenset(internal), MappingProxyType(kept), MappingProxyType(shape))
+    return FusedAttention(frozenset(folded), frozenset(recomputed), frozenset(internal),
+                          MappingProxyType(kept), MappingProxyType(shape))
 
 
 def without_scores_traffic(item: WorkItem, queries: int, keys: int) -> WorkItem:

@@ -217,10 +217,10 @@ ScalingHistory = Callable[[], Sequence[Mapping[str, Any]]]
 
 
 WorkloadSink = Callable[[str, bytes, str, int], None]
-WorkloadPruner = Callable[[], int]
-"""Deletes plan workloads past their retention that no outcome names; returns how many."""
 """Stores a plan's compressed workload (id, bytes, device key, GPU count) once per id —
 `PerfStore.add_workload`."""
+WorkloadPruner = Callable[[], int]
+"""Deletes plan workloads past their retention that no outcome names; returns how many."""
 STORED_WORKLOAD_IDS = 4096
 """Workload ids this replica remembers as stored, so a cached plan answered again does not
 write again (the store ignores a repeat anyway; this saves the round trip)."""

@@ -1,37 +1,76 @@
 #!/usr/bin/env bash
-# Issue #18 part 4 in one device call: whole-model steps of real models, then kernel rows.
+# The one prepared run for a lent GPU (issue #30 part 7), <= 9 minutes in one device call.
 #
 # Here, first (no device time):
 #   make gpu-wheels                     # cp312 wheels the device image lacks, into .whl/
-#   make gpu-predict                    # docs/gpu-steps/predicted.json, if the bundle changed
-# Then one `run` of the device tool (carry [".whl"], timeout_s 600):
+#   make gpu-predict                    # docs/gpu-steps/predicted*.json, if the bundle changed
+# Then one `run` of the device tool (carry [".whl"], timeout_s 590):
 #   GPUPLAN_COMMIT=$(git rev-parse HEAD) bash hack/gpu_campaign.sh
 # The machine has torch, transformers, torchvision, onnx, onnxruntime and nvidia-ml-py; the
-# checkout travels without .git, so the commit comes in GPUPLAN_COMMIT. Everything lands in
-# $OUT: nvidia-smi.txt, steps.jsonl (+ .log), bench.parquet with its JSON sidecar (+ .log).
-# Then, here: copy them to docs/gpu-steps/<date>-<gpu>/ and
-#   python -m gpuplan_estimator.evaluation.model_step_scoring score \
-#       --predicted docs/gpu-steps/predicted.json --measured docs/gpu-steps/<run>/steps.jsonl
-# The model steps run first: they are the labels; the bench gets the minutes left.
+# checkout travels without .git, so the commit comes in GPUPLAN_COMMIT. Everything lands in $OUT:
+#   nvidia-smi.txt       the machine
+#   host-probe.json      the host probe (bench.host_probe): per-op issue costs of this node's CPU
+#   steps.jsonl          the 51 first whole-model cases (eager; host and device time per phase,
+#                        kernels and memory per phase of one instrumented step)
+#   steps-large.jsonl    GPT-2 large and a 1B Llama-shaped model at sequence 2048 (fused SDPA)
+#   bench.parquet/.json  fp32/tf32/bf16 kernel rows (fast batched bench)
+#   steps-compiled.jsonl torch.compile steps of three models in bf16
+#   *.log                each stage's output
+# Every stage has its own budget and a hard `timeout`, so one stage can't eat the others'.
+# Then, here: copy them to docs/gpu-steps/<date>-<gpu>/ and score (docs/gpu-steps/README.md).
 set -uo pipefail
 : "${OUT:?run this through the device tool: results go to \$OUT}"
-STEPS_BUDGET_S=${STEPS_BUDGET_S:-300}
-BENCH_MINUTES=${BENCH_MINUTES:-3}
-BENCH_SAMPLES=${BENCH_SAMPLES:-3000}
+STEPS_BUDGET_S=${STEPS_BUDGET_S:-170}
+LARGE_BUDGET_S=${LARGE_BUDGET_S:-80}
+BENCH_MINUTES=${BENCH_MINUTES:-2}
+COMPILED_BUDGET_S=${COMPILED_BUDGET_S:-60}
 DEVICE=${CAMPAIGN_DEVICE:-cuda}  # cpu, with CAMPAIGN_CASES=smoke, rehearses the script here
 CASES=${CAMPAIGN_CASES:-full}
+LARGE=${CAMPAIGN_LARGE:-large}
+COMMIT=${GPUPLAN_COMMIT:-}
 export PYTHONPATH="$PWD/estimator" PYTHONUNBUFFERED=1
+started=$(date +%s)
+stage() { echo "[campaign] $(( $(date +%s) - started )) s: $*"; }
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 2
   export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 nvidia-smi -q >"$OUT/nvidia-smi.txt" 2>&1
-python3 -m gpuplan_estimator.evaluation.model_steps --device "$DEVICE" --cases "$CASES" \
-  --out "$OUT/steps.jsonl" --budget-s "$STEPS_BUDGET_S" --commit "${GPUPLAN_COMMIT:-}" 2>&1 | tee "$OUT/steps.log"
-steps=${PIPESTATUS[0]}
-python3 -m gpuplan_estimator.interfaces.cli bench --device "$DEVICE" --backend torch \
-  --samples "$BENCH_SAMPLES" --budget-minutes "$BENCH_MINUTES" --db "sqlite:////tmp/bench.db" \
-  --export "$OUT/bench.parquet" 2>&1 | tail -200 >"$OUT/bench.log"
-bench=${PIPESTATUS[0]}
-echo "model steps exit $steps, bench exit $bench (3: resumable, budget spent)"
+STEPS=(python3 -m gpuplan_estimator.evaluation.model_steps --device "$DEVICE" --commit "$COMMIT")
+
+stage "host probe"
+timeout -k 5 60 python3 -m gpuplan_estimator.bench.host_probe --device "$DEVICE" \
+  --out "$OUT/host-probe.json" --commit "$COMMIT" >"$OUT/host-probe.log" 2>&1
+probe=$?
+
+stage "model steps ($CASES)"
+timeout -k 10 $((STEPS_BUDGET_S + 60)) "${STEPS[@]}" --cases "$CASES" --warmup 2 --repeats 6 \
+  --budget-s "$STEPS_BUDGET_S" --out "$OUT/steps.jsonl" >"$OUT/steps.log" 2>&1
+steps=$?
+
+stage "model steps ($LARGE)"
+timeout -k 10 $((LARGE_BUDGET_S + 60)) "${STEPS[@]}" --cases "$LARGE" --warmup 2 --repeats 4 \
+  --budget-s "$LARGE_BUDGET_S" --out "$OUT/steps-large.jsonl" >"$OUT/steps-large.log" 2>&1
+large=$?
+
+stage "kernel bench"
+timeout -k 10 $((BENCH_MINUTES * 60 + 30)) python3 -m gpuplan_estimator.interfaces.cli bench \
+  --device "$DEVICE" --backend torch --budget-minutes "$BENCH_MINUTES" \
+  --db "sqlite:////tmp/bench.db" --export "$OUT/bench.parquet" ${COMMIT:+--commit "$COMMIT"} \
+  ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+bench=$?
+
+stage "compiled steps"
+COMPILED_MODELS=${COMPILED_MODELS:-gpt2-small,bert-base,resnet50}
+[ "$CASES" = smoke ] && COMPILED_MODELS=gpt2-tiny
+timeout -k 10 $((COMPILED_BUDGET_S + 60)) "${STEPS[@]}" --cases "$CASES" --framework compiled \
+  --models "$COMPILED_MODELS" --precisions bf16 --warmup 3 --repeats 5 \
+  --budget-s "$COMPILED_BUDGET_S" --out "$OUT/steps-compiled.jsonl" \
+  >"$OUT/steps-compiled.log" 2>&1
+compiled=$?
+
+stage "done"
+echo "exit codes: probe $probe, steps $steps, large $large, bench $bench, compiled $compiled" \
+  "(124: timed out; bench 3 or 5: its budget ended)"
+tail -n 3 "$OUT"/*.log

@@ -121,3 +121,8 @@ class ModelGraph:
     def parameter_count(self) -> int:
         """Trainable parameter elements summed over all layers."""
         return sum(layer.parameter_count for layer in self.layers)
+
+    @property
+    def parameter_tensor_count(self) -> int:
+        """Distinct trainable tensors (an optimizer's per-tensor work counts these)."""
+        return len({name for layer in self.layers for name in layer.parameter_inputs})

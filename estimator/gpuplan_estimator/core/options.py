@@ -6,9 +6,12 @@ operator's spec validation too, and the CRD's enums and defaults are tested agai
 
 from __future__ import annotations
 
+from gpuplan_estimator.core.precisions import PRECISION_TABLE
+
 MODES: tuple[str, ...] = ("train", "inference")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop")
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+PRECISIONS: tuple[str, ...] = tuple(PRECISION_TABLE)
+"""fp32, tf32, fp16, bf16: what each means is `core.precisions`."""
 
 PYTORCH_EAGER = "pytorch-eager"
 ONNXRUNTIME = "onnxruntime"

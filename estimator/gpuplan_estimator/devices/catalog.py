@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gpuplan_estimator.core import errors, paths
+from gpuplan_estimator.core import errors, paths, precisions
 
 DEFAULT_CATALOG_PATH = paths.PACKAGE_DATA_DIR / "gpus.yaml"
 CPU_KEY = "cpu"
@@ -173,17 +173,16 @@ _KNOWN = frozenset(
 
 # --- precisions and rates ----------------------------------------------------------------------
 
-# A training precision that needs its own math: without a peak for it the device has no such
-# units (bf16 before Ampere/CDNA2, tf32 before Ampere/CDNA3). fp32 runs everywhere; fp16 is
-# stored and computed (at worst with fp32 math) on every catalog GPU, so it is never refused.
-_PRECISION_NEEDS_PEAK = {"tf32": "tf32", "bf16": "bf16"}
 SIMT_FP32_EXTRA = "fp32_vector_tflops"
 """`extra` key of an AMD part's vector (non-MFMA) fp32 rate; its `peak_tflops.fp32` is MFMA."""
 
 
 def supports_precision(spec: DeviceSpec, precision: str) -> bool:
     """Whether `spec` has math units for a training precision (`core.options.PRECISIONS`)."""
-    needed = _PRECISION_NEEDS_PEAK.get(precision)
+    # Without the peak a precision needs the device has no such units (bf16 before
+    # Ampere/CDNA2, tf32 before Ampere/CDNA3); fp16 is stored and computed (at worst with fp32
+    # math) on every catalog GPU, so it is never refused.
+    needed = precisions.precision(precision).needs_peak
     if spec.vendor == "cpu" or needed is None:
         return True
     return spec.peak_tflops.get(needed, 0.0) > 0.0
@@ -192,7 +191,7 @@ def supports_precision(spec: DeviceSpec, precision: str) -> bool:
 def check_precision(spec: DeviceSpec, precision: str) -> None:
     """`UnsupportedPrecisionError` naming device and precision when `spec` lacks its math."""
     if not supports_precision(spec, precision):
-        have = ", ".join(p for p in ("fp32", "tf32", "fp16", "bf16") if supports_precision(spec, p))
+        have = ", ".join(p for p in precisions.PRECISION_TABLE if supports_precision(spec, p))
         raise errors.UnsupportedPrecisionError(
             spec.key, precision, f"{spec.name} has no {precision} math units; it supports {have}")
 

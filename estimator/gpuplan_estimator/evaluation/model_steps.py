@@ -29,7 +29,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from gpuplan_estimator.core import errors, provenance
 
 MODULE = "gpuplan_estimator.evaluation.model_steps"
 PRECISIONS = ("fp32", "tf32", "bf16")
+FRAMEWORKS = ("eager", "compiled")
 IMAGE_CLASSES = 1000
 
 
@@ -86,7 +87,17 @@ SMOKE_CASES = (  # seconds on a CPU: what the tests run
               {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                "intermediate_size": 128, "vocab_size": 128}, (2,), sequence=16),
 )
-CASE_SETS = {"full": FULL_CASES, "smoke": SMOKE_CASES}
+LARGE_CASES = (  # issue #30 part 7: the sizes people train beyond the 51 first cases
+    ModelCase("gpt2-large", "causal-lm", "gpt2",
+              {**_GPT2_SMALL, "n_layer": 36, "n_embd": 1280, "n_head": 20}, (1, 4),
+              sequence=1024),
+    ModelCase("llama-1b", "causal-lm", "llama",  # Llama 3.2 1B's published shape
+              {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+               "max_position_embeddings": 2048, "tie_word_embeddings": True},
+              (1, 2), sequence=2048),
+)
+CASE_SETS = {"full": FULL_CASES, "smoke": SMOKE_CASES, "large": LARGE_CASES}
 
 
 def select_cases(cases: Sequence[ModelCase], names: Sequence[str]) -> tuple[ModelCase, ...]:
@@ -108,6 +119,11 @@ class RunSettings:
     warmup: int
     repeats: int
     budget_s: float
+    framework: str = "eager"
+    """"eager", or "compiled": the model wrapped in torch.compile (Inductor, default mode)."""
+    instrument: bool = True
+    """After the timed steps, one more step with each phase synchronised apart: its kernels'
+    GPU time (torch.profiler) and its memory per phase."""
 
     @property
     def gpu_index(self) -> int | None:
@@ -201,13 +217,18 @@ class _Timer:
         return [(b - a) * 1000.0 for a, b in itertools.pairwise(marks)]
 
 
+TF32_SWITCHES = {"fp32": (False, True), "tf32": (True, True), "bf16": (False, True)}
+"""(matmul, cuDNN) TF32 per precision: "fp32" and "bf16" keep PyTorch's defaults (matmul TF32
+off, cuDNN convolutions in TF32 on Ampere and later), "tf32" turns matmul TF32 on too, which is
+what the estimator's precisions mean (`core.precisions`)."""
+
+
 def _precision_context(precision: str, device: str) -> Any:
-    """Set tf32 for this precision and return the autocast context of its forward passes."""
+    """Set TF32 for this precision and return the autocast context of its forward passes."""
     import torch
 
-    tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = \
+        TF32_SWITCHES[precision]
     if precision == "bf16":
         return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -245,54 +266,140 @@ def build_on(case: ModelCase, device: str) -> Any:
 def measure(case: ModelCase, model: Any, batch: int, precision: str, settings: RunSettings
             ) -> dict[str, Any]:
     """Inference forward and the three training phases of one configuration of `model`
-    (on `settings.device`; its optimizer is made here and dropped after)."""
+    (on `settings.device`; its optimizer is made here and dropped after).
+
+    Beside each phase's device time (events), the host's: the wall time the Python call took
+    to return, which is the time to issue its kernels unless the host waited on the GPU (a
+    full launch queue, a synchronising call). Where host time ~ device time the phase was
+    host-bound."""
     import torch
 
     device = settings.device
     inputs, targets = make_batch(case, batch, device)
     autocast = _precision_context(precision, device)
     timer = _Timer(device)
+    runner = torch.compile(model) if settings.framework == "compiled" else model
     out: dict[str, Any] = {}
 
     model.eval()
     peak = _peak_reset(device)
     forward: list[float] = []
+    forward_host: list[float] = []
     with torch.no_grad():
         for i in range(settings.warmup + settings.repeats):
             timer.mark()
+            started = time.perf_counter()
             with autocast:
-                model(**inputs)
+                runner(**inputs)
+            issued = time.perf_counter()
             timer.mark()
             (ms,) = timer.durations_ms()
             if i >= settings.warmup:
                 forward.append(ms)
-    out["inference"] = {"forward": _summary(forward), "peak_memory_bytes": peak()}
+                forward_host.append((issued - started) * 1000.0)
+    out["inference"] = {"forward": _summary(forward), "forward_host": _summary(forward_host),
+                        "peak_memory_bytes": peak()}
 
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     peak = _peak_reset(device)
     phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
+    host: dict[str, list[float]] = {name: [] for name in phases}
     for i in range(settings.warmup + settings.repeats):
+        clocks = [time.perf_counter()]
         timer.mark()
         with autocast:
-            loss = loss_of(case, model, inputs, targets)
+            loss = loss_of(case, runner, inputs, targets)
+        clocks.append(time.perf_counter())
         timer.mark()
         loss.backward()
+        clocks.append(time.perf_counter())
         timer.mark()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        clocks.append(time.perf_counter())
         timer.mark()
         if i >= settings.warmup:
             for name, ms in zip(phases, timer.durations_ms(), strict=True):
                 phases[name].append(ms)
+            for name, (a, b) in zip(host, itertools.pairwise(clocks), strict=True):
+                host[name].append((b - a) * 1000.0)
         else:
             timer.durations_ms()
     steps = [sum(parts) for parts in zip(*phases.values(), strict=True)]
+    host_steps = [sum(parts) for parts in zip(*host.values(), strict=True)]
     out["train"] = {**{k: _summary(v) for k, v in phases.items()}, "step": _summary(steps),
+                    "host": {**{k: _summary(v) for k, v in host.items()},
+                             "step": _summary(host_steps)},
                     "peak_memory_bytes": peak()}
+    if settings.instrument:
+        out["instrumented"] = instrumented_step(
+            case, runner, optimizer, inputs, targets, autocast, device)
     out["parameters"] = sum(int(p.numel()) for p in model.parameters())
     out["attention"] = attention_implementation(case, model)
+    out["framework"] = settings.framework
+    out["tf32"] = dict(zip(("matmul", "cudnn"), TF32_SWITCHES[precision], strict=True))
     return out
+
+
+def instrumented_step(case: ModelCase, model: Any, optimizer: Any, inputs: Mapping[str, Any],
+                      targets: Any, autocast: Any, device: str) -> dict[str, Any]:
+    """One training step with a synchronise between phases: per phase, the kernels it ran
+    (torch.profiler: count and summed GPU time, by kernel name) and memory (allocated after,
+    peak during). The profiler slows the host, so no wall time is read here."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    activity = (torch.profiler.ProfilerActivity.CUDA if cuda
+                else torch.profiler.ProfilerActivity.CPU)
+    state: dict[str, Any] = {}
+
+    def forward() -> None:
+        with autocast:
+            state["loss"] = loss_of(case, model, inputs, targets)
+
+    def backward() -> None:
+        state.pop("loss").backward()
+
+    def step() -> None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    out: dict[str, Any] = {}
+    for name, phase in (("forward", forward), ("backward", backward), ("optimizer", step)):
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        with torch.profiler.profile(activities=[activity]) as prof:
+            phase()
+            if cuda:
+                torch.cuda.synchronize()
+        out[name] = {"kernels": kernel_table(prof.key_averages())}
+        if cuda:
+            out[name]["allocated_after_bytes"] = int(torch.cuda.memory_allocated())
+            out[name]["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+            out[name]["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+    return out
+
+
+_TIME_FIELDS = ("self_device_time_total", "self_cuda_time_total", "device_time_total",
+                "cuda_time_total", "self_cpu_time_total")
+
+
+def kernel_table(averages: Iterable[Any], limit: int = 60) -> dict[str, Any]:
+    """Profiler averages as plain data: total count and microseconds, and the `limit` longest
+    kernels by name (the rest summed), whichever of torch's time fields this version has."""
+    rows = []
+    for entry in averages:
+        field = next((f for f in _TIME_FIELDS if getattr(entry, f, 0)), None)
+        us = float(getattr(entry, field)) if field else 0.0
+        rows.append((str(entry.key), int(entry.count), us))
+    rows.sort(key=lambda r: -r[2])
+    top = [{"name": n[:200], "count": c, "us": round(us, 2)} for n, c, us in rows[:limit]]
+    rest = rows[limit:]
+    return {"count": sum(r[1] for r in rows), "total_us": round(sum(r[2] for r in rows), 2),
+            "top": top, "rest": {"count": sum(r[1] for r in rest),
+                                 "us": round(sum(r[2] for r in rest), 2)}}
 
 
 def configurations(cases: Sequence[ModelCase], precisions: Sequence[str]
@@ -317,7 +424,7 @@ def run(cases: Sequence[ModelCase], settings: RunSettings, write: Callable[[dict
     for case, batch, precision in configurations(cases, settings.precisions):
         row: dict[str, Any] = {"kind": "model_step", "model": case.name, "batch": batch,
                                "sequence": case.sequence, "image_size": case.image_size,
-                               "precision": precision}
+                               "precision": precision, "framework": settings.framework}
         if clock() >= deadline:
             row["status"] = "skipped: the run's budget was spent"
         else:
@@ -384,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="start no configuration after this many seconds")
     parser.add_argument("--commit", default="",
                         help="the commit measured (default: git's HEAD; a device copy has no .git)")
+    parser.add_argument("--framework", choices=FRAMEWORKS, default="eager",
+                        help="eager PyTorch, or the model wrapped in torch.compile")
+    parser.add_argument("--no-instrument", dest="instrument", action="store_false",
+                        help="skip the profiled step (kernels and memory per phase)")
     args = parser.parse_args(argv)
     precisions = tuple(p for p in args.precisions.split(",") if p)
     unknown = set(precisions) - set(PRECISIONS)
@@ -398,14 +509,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--models: {exc}")
     except errors.InvalidRequestError as exc:
         parser.error(f"--device: {exc.message}")
-    settings = RunSettings(args.device, precisions, args.warmup, args.repeats, args.budget_s)
+    settings = RunSettings(args.device, precisions, args.warmup, args.repeats, args.budget_s,
+                           args.framework, args.instrument)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as f:
         def write(row: dict[str, Any]) -> None:
             f.write(json.dumps(row) + "\n")
             f.flush()  # rows measured before a kill still come back
             print(f"{row.get('model', 'provenance'):12s} {row.get('batch', ''):>4} "
-                  f"{row.get('precision', ''):5s} {row.get('status', '')}", flush=True)
+                  f"{row.get('precision', ''):5s} {row.get('framework', ''):8s} "
+                  f"{row.get('status', '')}", flush=True)
 
         write(provenance_row(settings, argv, args.commit or provenance.git_commit()))
         counts = run(cases, settings, write)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gpuplan_estimator.core import options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
@@ -25,6 +26,7 @@ from gpuplan_estimator.devices import catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.models import basis
 from gpuplan_estimator.planning import calibrating, intervals
+from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import (
     KernelDimsFn,
     StepWork,
@@ -88,6 +90,15 @@ class DeviceEstimate:
     price_per_hour_usd: float | None  # None: no known price (never "free")
     forward_backward_interval_ms: tuple[float, float]
     """(p10, p90) of forward + backward alone: what a label without the optimizer compares."""
+    gpu_busy_ms: float = 0.0
+    """The step's kernels alone, summed: what the step takes when the host keeps ahead."""
+    host_ms: float | None = None
+    """The host's time to issue the step (`step.host`); None where no host model applies
+    (CPU devices, fused frameworks, a bundle without one)."""
+    host_bound: bool = False
+    """Whether the GPU waits for the host more than half the step."""
+    host_source: str = ""
+    """The host model's probe: where its per-op costs were measured."""
 
     @property
     def samples_per_s(self) -> float:
@@ -130,6 +141,8 @@ class _Plan:
     layer_index: npt.NDArray[np.intp]  # -1 for optimizer items
     phase: npt.NDArray[np.intp]
     op_types: tuple[str, ...]  # per item: the ONNX op type it prices
+    item_row: npt.NDArray[np.intp]
+    """Per item of `step.items`: the row it is issued with (a free item's, the next row's)."""
 
 
 def estimate(
@@ -141,8 +154,12 @@ def estimate(
     epochs: int | None = None,
     dataset_size: int | None = None,
     kernel_dims: KernelDimsFn | None = None,
+    host_model: host.HostModel | None = None,
 ) -> tuple[DeviceEstimate, ...]:
-    """Estimate one step of `graph` on each device; epoch/total time when sizes are given."""
+    """Estimate one step of `graph` on each device; epoch/total time when sizes are given.
+
+    On a GPU in eager PyTorch the step is priced on two clocks (`step.host`): `host_model`,
+    else the predictor bundle's, prices the host issuing the kernels."""
     settings.check()
     _check_sizes(epochs, dataset_size)
     if not devices:
@@ -151,11 +168,13 @@ def estimate(
         catalog.check_precision(device, settings.precision)
     plan = _plan(graph, build_step(graph, settings, kernel_dims=kernel_dims))
     memory = training_memory(graph, settings)
+    hosts = _host_costs(graph, plan, settings, host_model or bundle_host_model(predictor))
     steps = math.ceil(dataset_size / settings.batch_size) if dataset_size else None
     preds: Sequence[LatencyPrediction | None] = (
         predict_on_each(predictor, plan.unique, devices) if plan.unique else [None] * len(devices))
     return tuple(
-        _with_economics(_price(graph, plan, device, pred, predictor, memory, steps, epochs),
+        _with_economics(_price(graph, plan, device, pred, predictor, memory, steps, epochs,
+                               hosts),
                         graph, device, settings, predictor)
         for device, pred in zip(devices, preds, strict=True)
     )
@@ -204,8 +223,14 @@ def _plan(graph: ModelGraph, step: StepWork) -> _Plan:
     family_of = [layer.family for layer in graph.layers]
     seen: dict[Hashable, int] = {}
     unique: list[WorkItem] = []
-    uidx, counts, lidx, phase, ops = [], [], [], [], []
+    uidx: list[int] = []
+    counts: list[float] = []
+    lidx: list[int] = []
+    phase: list[int] = []
+    ops: list[str] = []
+    item_row: list[int] = []
     for item in step.items:
+        item_row.append(len(uidx))
         if item.kernel == "none":
             continue
         key = _item_key(item)
@@ -227,6 +252,7 @@ def _plan(graph: ModelGraph, step: StepWork) -> _Plan:
         layer_index=np.asarray(lidx, dtype=np.intp),
         phase=np.asarray(phase, dtype=np.intp),
         op_types=tuple(ops),
+        item_row=np.minimum(np.asarray(item_row, dtype=np.intp), max(len(uidx) - 1, 0)),
     )
 
 
@@ -240,6 +266,7 @@ def _op_type(item: WorkItem, layer_op: str | None, layer_family: OpFamily | None
 def _price(
     graph: ModelGraph, plan: _Plan, device: DeviceSpec, pred: LatencyPrediction | None,
     predictor: LatencyPredictor, memory: MemoryBreakdown, steps: int | None, epochs: int | None,
+    hosts: _HostCosts | None = None,
 ) -> DeviceEstimate:
     n = len(plan.unique)
     med_u = _checked(pred.median_ms if pred else None, n, "median_ms", predictor)
@@ -263,7 +290,7 @@ def _price(
               for name, s in zip(label_names, share, strict=True)}
     uncovered = _uncovered(graph, plan, predictor, label_names, label_of_item)
     epoch_s = steps * step_ms / 1000.0 if steps is not None else None
-    return DeviceEstimate(
+    return _on_host(DeviceEstimate(
         device=device.key,
         forward_ms=float(by_phase[0]),
         backward_ms=float(by_phase[1]),
@@ -285,7 +312,7 @@ def _price(
         shape_only_layers=len(plan.step.shape_only),
         data_basis=basis.ROOFLINE, samples_per_step=0, tokens_per_sample=None,
         model_flops_per_step=0.0, peak_flops_per_s=None, price_per_hour_usd=None,
-    )
+    ), plan, med, device, hosts)
 
 
 def _shared_sigmas(predictor: LatencyPredictor, device: DeviceSpec
@@ -463,3 +490,67 @@ def _layer_json(layer: LayerEstimate) -> dict[str, Any]:
         "forward_ms": layer.forward_ms, "backward_ms": layer.backward_ms,
         "p10_ms": layer.p10_ms, "p90_ms": layer.p90_ms, "predictor": layer.predictor,
     }
+
+
+@dataclass(frozen=True)
+class _HostCosts:
+    """Each plan row's issue cost on the host, and what priced it."""
+
+    row_us: npt.NDArray[np.float64]
+    model: host.HostModel
+
+
+def bundle_host_model(predictor: LatencyPredictor) -> host.HostModel | None:
+    """The host model the predictor's bundle ships (its manifest's `host_model`), if any."""
+    manifest = getattr(getattr(predictor, "bundle", None), "manifest", None)
+    doc = manifest.get(host.MANIFEST_KEY) if isinstance(manifest, Mapping) else None
+    return host.model_from_json(doc) if isinstance(doc, Mapping) else None
+
+
+def _host_costs(graph: ModelGraph, plan: _Plan, settings: TrainingSettings,
+                model: host.HostModel | None) -> _HostCosts | None:
+    """Issue costs per plan row: a shape-only or folded item's cost goes to the next kernel
+    (the host issues it on the way there)."""
+    if model is None or settings.framework != options.PYTORCH_EAGER:
+        return None
+    items = plan.step.items
+    per_item = model.item_host_us(items, settings.precision, graph.parameter_tensor_count)
+    rows = np.bincount(plan.item_row, weights=per_item, minlength=len(plan.phase))
+    return _HostCosts(rows.astype(np.float64), model)
+
+
+def _on_host(r: DeviceEstimate, plan: _Plan, med: npt.NDArray[np.float64], device: DeviceSpec,
+             hosts: _HostCosts | None) -> DeviceEstimate:
+    """`r` priced on two clocks: phase times as events read them, its interval moved with
+    them (the kernels' relative spread, and the host's at the same quantiles)."""
+    busy = r.forward_ms + r.backward_ms + r.optimizer_ms
+    if hosts is None or device.vendor == "cpu" or not len(plan.phase):
+        return dataclasses.replace(r, gpu_busy_ms=busy)
+    latency_ms = hosts.model.probe.launch_latency_us / 1000.0
+    mid = host.timeline(med, hosts.row_us, plan.phase, latency_ms)
+    spread = hosts.model.coefficients.log_sigma * host.Z90
+
+    def moved(interval: tuple[float, float], total: float, phases: int) -> tuple[float, float]:
+        low_ratio = interval[0] / total if total > 0 else 1.0
+        high_ratio = interval[1] / total if total > 0 else 1.0
+        low = host.timeline(med * low_ratio, hosts.row_us * np.exp(-spread), plan.phase,
+                            latency_ms)
+        high = host.timeline(med * high_ratio, hosts.row_us * np.exp(spread), plan.phase,
+                             latency_ms)
+        return (float(sum(low.device_ms[:phases])), float(sum(high.device_ms[:phases])))
+
+    forward, backward, optimizer = mid.device_ms
+    step_ms = mid.step_ms
+    return dataclasses.replace(
+        r, forward_ms=forward, backward_ms=backward, optimizer_ms=optimizer,
+        step_time_ms=step_ms,
+        interval_ms=_around(moved(r.interval_ms, busy, 3), step_ms),
+        forward_backward_interval_ms=_around(
+            moved(r.forward_backward_interval_ms, r.forward_ms + r.backward_ms, 2),
+            forward + backward),
+        epoch_seconds=(r.steps_per_epoch * step_ms / 1000.0
+                       if r.steps_per_epoch is not None else None),
+        total_seconds=(r.total_seconds * step_ms / r.step_time_ms
+                       if r.total_seconds is not None and r.step_time_ms > 0 else None),
+        gpu_busy_ms=busy, host_ms=float(sum(mid.host_ms)), host_bound=mid.host_bound,
+        host_source=hosts.model.probe.source)

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 
+from gpuplan_estimator.core import precisions
 from gpuplan_estimator.core.layers import DTYPE_BYTES, Layer, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
 
@@ -49,10 +50,11 @@ def op_name(layer: Layer) -> str:
 
 
 def math_attributes(kernel: str, precision: str) -> Mapping[str, str]:
-    """TF32 keeps float32 tensors but runs gemm/conv on tensor cores: tell the predictor."""
-    if precision == "tf32" and kernel in ("gemm", "conv2d"):
-        return MappingProxyType({"math": "tf32"})
-    return MappingProxyType({})
+    """TF32 keeps float32 tensors but runs gemm/conv on tensor cores: tell the predictor
+    (`core.precisions`: matmuls under "tf32", convolutions under every precision's defaults)."""
+    entry = precisions.precision(precision)
+    math = "" if entry.autocast else entry.math_of(kernel)  # autocast lowers them to 16 bit
+    return MappingProxyType({"math": math} if math else {})
 
 
 def backward_items(

@@ -12,15 +12,22 @@ of whose inputs need a gradient (e.g. the stem's preprocessing, shape arithmetic
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpuplan_estimator.core import options
+from gpuplan_estimator.core import options, precisions
 from gpuplan_estimator.core.errors import InvalidRequestError
-from gpuplan_estimator.core.layers import DTYPE_BYTES, FLOAT_DTYPES, Layer, ModelGraph, OpFamily
+from gpuplan_estimator.core.layers import (
+    DTYPE_BYTES,
+    FLOAT_DTYPES,
+    Layer,
+    ModelGraph,
+    OpFamily,
+    TensorInfo,
+)
 from gpuplan_estimator.core.workload import Phase, WorkItem
-from gpuplan_estimator.step import attention, backward, frameworks, layout_credits
+from gpuplan_estimator.step import attention, autocast, backward, frameworks, layout_credits
 
 KernelDims = tuple[str, Mapping[str, int]]
 KernelDimsFn = Callable[[Layer], KernelDims]
@@ -68,14 +75,14 @@ OPTIMIZER_PASSES: Mapping[str, tuple[tuple[str, int, int, int], ...]] = MappingP
         ),
     }
 )
-# Mixed precision (torch.amp): fp32 master weights are cast to the half dtype every step, and
-# fp16 (not bf16) unscales the gradients with GradScaler (one read+write pass over them).
-CAST_PASS = ("cast", 1, 1, 1)
+# Mixed precision (torch.amp): fp16 (not bf16) unscales the gradients with GradScaler (one
+# read+write pass over them). The weights' casts to the half dtype are forward work
+# (`autocast.cast_items`), as autocast runs them.
 UNSCALE_PASS = ("unscale", 1, 1, 1)
 # multi_tensor_apply walks parameters in chunks of 65536 elements (ATen's kChunkSize), so the
 # optimizer passes are priced as [chunks, 65536] elementwise kernels.
 OPTIMIZER_CHUNK_ELEMENTS = 65536
-MASTER_DTYPE = "float32"
+MASTER_DTYPE = precisions.PRECISION_TABLE["fp32"].master_dtype
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,12 +152,12 @@ class TrainingSettings:
     @property
     def mixed_precision(self) -> bool:
         """fp16/bf16: half-precision compute with fp32 master weights (torch.amp)."""
-        return self.precision in ("fp16", "bf16")
+        return precisions.precision(self.precision).autocast
 
     @property
     def compute_dtype(self) -> str:
         """The ONNX dtype kernels compute in under this precision."""
-        return {"fp16": "float16", "bf16": "bfloat16"}.get(self.precision, "float32")
+        return precisions.precision(self.precision).compute_dtype
 
     @property
     def activation_bytes(self) -> int:
@@ -196,7 +203,14 @@ def build_step(
     overrides = frameworks.overrides(graph, settings.framework)
     credits = layout_credits.credits_for(graph, settings.framework, overrides)
     fused_attention = attention.fused_attention(graph, settings.attention)
+    dtypes = autocast.tensor_dtypes(graph, settings.precision)
+    casts_forward, casts_backward = autocast.cast_items(graph, settings.precision, dtypes,
+                                                        needs_grad)
+    cast_before = _by_layer(casts_forward)
+    cast_grads = _by_layer(casts_backward)
     for layer in graph.layers:
+        forward.extend(cast_before.get(layer.name, ()))
+        backward_items.extend(cast_grads.get(layer.name, ()))
         if layer.name in fused_attention.folded:  # inside the fused kernel, both ways
             fused.append(layer.name)
             forward.append(forward_item(layer, ("none", {}), settings, role="fused"))
@@ -209,7 +223,7 @@ def build_step(
             else:
                 forward.append(unit_item(layer, unit_kernel, settings))
             continue  # overrides exist for inference only (checked by `settings.check`)
-        item = forward_item(layer, dims_of(layer), settings)
+        item = forward_item(layer, dims_of(layer), settings, dtypes=dtypes)
         scores_shape = fused_attention.scores_shape.get(layer.name)
         if scores_shape is not None:
             item = attention.without_scores_traffic(item, *scores_shape)
@@ -255,11 +269,20 @@ def gradient_tensors(graph: ModelGraph) -> frozenset[str]:
     return frozenset(needs)
 
 
+def _by_layer(items: Sequence[WorkItem]) -> dict[str, list[WorkItem]]:
+    out: dict[str, list[WorkItem]] = {}
+    for item in items:
+        out.setdefault(item.layer, []).append(item)
+    return out
+
+
 def forward_item(
     layer: Layer, kernel_and_dims: KernelDims, settings: TrainingSettings,
-    role: str = "shape_only",
+    role: str = "shape_only", dtypes: Mapping[str, str] = MappingProxyType({}),
 ) -> WorkItem:
-    """The forward item of `layer`; `role` labels a free ("none") item."""
+    """The forward item of `layer`; `role` labels a free ("none") item. `dtypes` holds the
+    run-time dtype of tensors autocast keeps apart from the compute dtype
+    (`autocast.tensor_dtypes`)."""
     kernel, dims = kernel_and_dims
     if layer.family is OpFamily.SHAPE_ONLY or kernel == "none":
         return WorkItem(
@@ -273,9 +296,9 @@ def forward_item(
         kernel=kernel,
         phase=Phase.FORWARD,
         dims=MappingProxyType(dict(dims)),
-        dtype=item_dtype(layer, settings),
+        dtype=item_dtype(layer, settings, dtypes),
         flops=layer.flops,
-        bytes_moved=_scaled_bytes(layer, settings),
+        bytes_moved=_scaled_bytes(layer, settings, dtypes),
         op=backward.op_name(layer),
         role="fwd",
         attributes=backward.math_attributes(kernel, settings.precision),
@@ -298,22 +321,36 @@ def unit_item(
     )
 
 
-def item_dtype(layer: Layer, settings: TrainingSettings) -> str:
-    """Compute dtype: the precision's for float work, the tensor's own for integer work."""
-    dtypes = [t.dtype for t in layer.outputs] or [t.dtype for t in layer.inputs]
-    if dtypes and all(d not in FLOAT_DTYPES for d in dtypes):
-        return dtypes[0]
+def item_dtype(layer: Layer, settings: TrainingSettings,
+               dtypes: Mapping[str, str] = MappingProxyType({})) -> str:
+    """Compute dtype: the tensor's own for integer work; for float work the run-time dtype of
+    its first float output under autocast, else the precision's."""
+    own = [t.dtype for t in layer.outputs] or [t.dtype for t in layer.inputs]
+    if own and all(d not in FLOAT_DTYPES for d in own):
+        return own[0]
+    for t in layer.outputs:
+        if t.name in dtypes:
+            return dtypes[t.name]
     return settings.compute_dtype
 
 
-def _scaled_bytes(layer: Layer, settings: TrainingSettings) -> int:
-    """The layer's bytes with float tensors stored at the activation width of `settings`."""
+def _scaled_bytes(layer: Layer, settings: TrainingSettings,
+                  dtypes: Mapping[str, str] = MappingProxyType({})) -> int:
+    """The layer's bytes with float tensors stored at their run-time width: the autocast dtype
+    `dtypes` gives (a lowered op reads its operands' half casts), else the activation width."""
     tensors = layer.inputs + layer.outputs
     as_built = sum(t.size_bytes for t in tensors)
     if as_built == 0:
         return layer.bytes_moved
+    lowered = layer.op_type in precisions.AUTOCAST_LOWER_OPS
+
+    def width(t: TensorInfo) -> int:
+        if lowered or t.name not in dtypes:
+            return settings.activation_bytes
+        return DTYPE_BYTES[dtypes[t.name]]
+
     as_run = sum(
-        t.elements * settings.activation_bytes if t.dtype in FLOAT_DTYPES else t.size_bytes
+        t.elements * width(t) if t.dtype in FLOAT_DTYPES else t.size_bytes
         for t in tensors
     )
     return round(layer.bytes_moved * as_run / as_built)
@@ -324,18 +361,12 @@ def optimizer_items(parameter_count: int, settings: TrainingSettings) -> tuple[W
     if parameter_count <= 0:
         return ()
     passes = list(OPTIMIZER_PASSES[settings.optimizer])
-    if settings.precision == "fp16":
+    if precisions.precision(settings.precision).grad_scaler:
         passes.insert(0, UNSCALE_PASS)
-    if settings.mixed_precision:
-        passes.append(CAST_PASS)
     rows = math.ceil(parameter_count / OPTIMIZER_CHUNK_ELEMENTS)
     items = []
     for op, reads, writes, flops_per_element in passes:
-        width = DTYPE_BYTES[MASTER_DTYPE]
-        if op == "cast":  # writes the half copy
-            moved = parameter_count * (width + settings.activation_bytes)
-        else:
-            moved = parameter_count * width * (reads + writes)
+        moved = parameter_count * DTYPE_BYTES[MASTER_DTYPE] * (reads + writes)
         items.append(
             WorkItem(
                 layer="optimizer",

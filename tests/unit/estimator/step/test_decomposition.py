@@ -176,21 +176,21 @@ def test_optimizer_passes_match_pytorch_foreach_arithmetic(
     assert items[0].dims["rows"] * items[0].dims["cols"] >= 1_000_000
 
 
-def test_mixed_precision_adds_cast_and_fp16_unscale_passes() -> None:
+def test_mixed_precision_optimizer_has_no_cast_and_fp16_unscales() -> None:
     fp32 = optimizer_items(1000, settings())
     bf16 = optimizer_items(1000, settings(precision="bf16"))
     fp16 = optimizer_items(1000, settings(precision="fp16"))
-    assert [i.op for i in bf16] == [i.op for i in fp32] + ["cast"]
+    assert [i.op for i in bf16] == [i.op for i in fp32]  # weight casts are forward work
     assert [i.op for i in fp16] == ["unscale"] + [i.op for i in bf16]
-    assert bf16[-1].bytes_moved == 1000 * (4 + 2)
 
 
 def test_precision_sets_compute_dtype_and_bytes() -> None:
     fp32 = build_step(mlp(), settings())
     fp16 = build_step(mlp(), settings(precision="fp16"))
     tf32 = build_step(mlp(), settings(precision="tf32"))
-    assert {i.dtype for i in fp16.forward} == {"float16"}
-    assert fp16.forward[0].bytes_moved * 2 == fp32.forward[0].bytes_moved
+    fc1_fp16 = [i for i in fp16.forward if i.layer == "fc1" and i.role == "fwd"][0]
+    assert {i.dtype for i in fp16.forward if i.layer != "softmax"} == {"float16"}
+    assert fc1_fp16.bytes_moved * 2 == fp32.forward[0].bytes_moved
     assert tf32.forward[0].attributes == {"math": "tf32"}
     assert tf32.forward[1].attributes == {}
     assert {i.dtype for i in tf32.forward} == {"float32"}

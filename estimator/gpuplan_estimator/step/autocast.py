@@ -1,0 +1,119 @@
+"""Pure: mixed precision as torch.autocast runs it (issue #30 part 2).
+
+Under `torch.autocast(bfloat16)` (or float16) over fp32 weights:
+
+- GEMMs, convolutions and attention (`precisions.AUTOCAST_LOWER_OPS`) run in the half dtype:
+  every fp32 operand is cast first. A weight's cast is cached for the autocast region, so each
+  weight is cast once per forward; an activation is cast at each use.
+- Softmax, norms, reductions, pow/exp/log and the losses (`precisions.AUTOCAST_FP32_OPS`) run
+  in fp32: a half operand is cast up, and the output is fp32.
+- Everything else runs in the widest float dtype of its operands (0-dim and one-element
+  operands do not promote, as in PyTorch), so a transformer's residual stream, fed by fp32
+  embeddings and LayerNorm outputs, stays fp32 while its GEMM outputs are half.
+- Backward runs each cast's backward (ToCopyBackward: one more cast of the gradient).
+
+`tensor_dtypes` propagates those rules over the graph; `cast_items` is the cast kernels they
+add. Precisions without autocast run every float tensor at their compute dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from gpuplan_estimator.core import precisions
+from gpuplan_estimator.core.layers import (
+    DTYPE_BYTES,
+    FLOAT_DTYPES,
+    Layer,
+    ModelGraph,
+    OpFamily,
+    TensorInfo,
+)
+from gpuplan_estimator.core.workload import Phase, WorkItem
+
+CAST_OP = "cast"
+FP32 = "float32"
+
+
+def tensor_dtypes(graph: ModelGraph, precision: str) -> Mapping[str, str]:
+    """The dtype each float tensor has when `graph` runs under `precision` (empty without
+    autocast: every float tensor is then at the precision's compute dtype)."""
+    entry = precisions.precision(precision)
+    if not entry.autocast:
+        return MappingProxyType({})
+    half = entry.compute_dtype
+    dtypes: dict[str, str] = {}
+    for layer in graph.layers:
+        out = _output_dtype(layer, dtypes, half)
+        if out is None:
+            continue
+        for t in layer.outputs:
+            if t.dtype in FLOAT_DTYPES:
+                dtypes[t.name] = out
+    return MappingProxyType(dtypes)
+
+
+def _output_dtype(layer: Layer, dtypes: Mapping[str, str], half: str) -> str | None:
+    if layer.op_type in precisions.AUTOCAST_LOWER_OPS:
+        return half
+    if layer.op_type in precisions.AUTOCAST_FP32_OPS:
+        return FP32
+    operands = [dtype_of(t, dtypes) for t in layer.inputs
+                if t.dtype in FLOAT_DTYPES and t.elements > 1]
+    if not operands:
+        return None  # integer work, or only scalars: outputs keep their graph dtype
+    return FP32 if FP32 in operands else half
+
+
+def dtype_of(tensor: TensorInfo, dtypes: Mapping[str, str]) -> str:
+    """A tensor's run-time dtype: the propagated one, else fp32 for a float graph input or
+    weight (master weights and fp32 data), else its own."""
+    if tensor.name in dtypes:
+        return dtypes[tensor.name]
+    return FP32 if tensor.dtype in FLOAT_DTYPES else tensor.dtype
+
+
+def cast_items(graph: ModelGraph, precision: str, dtypes: Mapping[str, str],
+               needs_grad: frozenset[str]) -> tuple[tuple[WorkItem, ...], tuple[WorkItem, ...]]:
+    """(forward, backward) cast kernels autocast adds to a step of `graph`: each weight cast
+    once per forward, each activation cast at each use, and a gradient cast in backward for
+    every cast of a tensor that needs one."""
+    entry = precisions.precision(precision)
+    if not entry.autocast:
+        return (), ()
+    half = entry.compute_dtype
+    forward: list[WorkItem] = []
+    backward: list[WorkItem] = []
+    weights_cast: set[str] = set()
+    for layer in graph.layers:
+        target = (half if layer.op_type in precisions.AUTOCAST_LOWER_OPS
+                  else FP32 if layer.op_type in precisions.AUTOCAST_FP32_OPS else None)
+        if target is None:
+            continue
+        for t in layer.inputs:
+            if t.dtype not in FLOAT_DTYPES or t.elements <= 1:
+                continue
+            source = dtype_of(t, dtypes)
+            if source == target:
+                continue
+            if t.name in layer.parameter_inputs:
+                if t.name in weights_cast:
+                    continue  # autocast's cast cache: once per forward
+                weights_cast.add(t.name)
+            forward.append(_cast(layer, t, source, target, Phase.FORWARD))
+            if t.name in needs_grad:
+                backward.append(_cast(layer, t, target, source, Phase.BACKWARD))
+    return tuple(forward), tuple(backward)
+
+
+def _cast(layer: Layer, tensor: TensorInfo, source: str, target: str, phase: Phase
+          ) -> WorkItem:
+    cols = tensor.shape[-1] if tensor.shape else 1
+    return WorkItem(
+        layer=layer.name, family=OpFamily.ELEMENTWISE, kernel="elementwise", phase=phase,
+        dims=MappingProxyType({"rows": tensor.elements // max(cols, 1), "cols": cols,
+                               "operands": 1}),
+        dtype=target, flops=0,
+        bytes_moved=tensor.elements * (DTYPE_BYTES[source] + DTYPE_BYTES[target]),
+        op=CAST_OP, role="autocast_cast" if phase is Phase.FORWARD else "autocast_cast_grad")

@@ -1,0 +1,73 @@
+"""Mixed precision as torch.autocast runs it: dtypes, casts and their gradients."""
+
+from __future__ import annotations
+
+from gpuplan_estimator.core.layers import Layer, ModelGraph, OpFamily, TensorInfo
+from gpuplan_estimator.core.workload import Phase
+from gpuplan_estimator.step import autocast
+from gpuplan_estimator.step.decomposition import TrainingSettings, build_step, gradient_tensors
+
+FAMILY = {"MatMul": OpFamily.MATMUL, "Gemm": OpFamily.MATMUL, "Add": OpFamily.ELEMENTWISE,
+          "LayerNormalization": OpFamily.NORMALIZATION, "Softmax": OpFamily.SOFTMAX,
+          "Relu": OpFamily.ELEMENTWISE, "Gather": OpFamily.EMBEDDING}
+
+
+def t(name: str, *shape: int, dtype: str = "float32") -> TensorInfo:
+    return TensorInfo(name, tuple(shape), dtype)
+
+
+def layer(name: str, op: str, inputs: list[TensorInfo], outputs: list[TensorInfo],
+          params: tuple[str, ...] = ()) -> Layer:
+    return Layer(name, op, FAMILY[op], tuple(inputs), tuple(outputs), flops=1, bytes_read=1,
+                 bytes_written=1, parameter_count=sum(
+                     x.elements for x in inputs if x.name in params), parameter_inputs=params)
+
+
+def block() -> ModelGraph:
+    """Embedding -> LayerNorm -> two GEMMs sharing one weight -> residual add -> softmax."""
+    return ModelGraph("block", (
+        layer("embed", "Gather", [t("table", 100, 16), t("ids", 4, 8, dtype="int64")],
+              [t("x", 4, 8, 16)], params=("table",)),
+        layer("ln", "LayerNormalization", [t("x", 4, 8, 16), t("g", 16), t("b", 16)],
+              [t("n", 4, 8, 16)], params=("g", "b")),
+        layer("fc1", "MatMul", [t("n", 4, 8, 16), t("w", 16, 16)], [t("h1", 4, 8, 16)],
+              params=("w",)),
+        layer("fc2", "MatMul", [t("h1", 4, 8, 16), t("w", 16, 16)], [t("h2", 4, 8, 16)],
+              params=("w",)),
+        layer("res", "Add", [t("x", 4, 8, 16), t("h2", 4, 8, 16)], [t("r", 4, 8, 16)]),
+        layer("soft", "Softmax", [t("r", 4, 8, 16)], [t("p", 4, 8, 16)]),
+    ), (), {}, 17)
+
+
+def test_dtypes_follow_autocast_rules() -> None:
+    dtypes = autocast.tensor_dtypes(block(), "bf16")
+    assert dtypes["x"] == "float32"  # gathered from an fp32 table
+    assert dtypes["n"] == "float32"  # LayerNorm is kept in fp32
+    assert dtypes["h1"] == dtypes["h2"] == "bfloat16"  # lowered GEMMs
+    assert dtypes["r"] == "float32"  # fp32 + bf16 promotes: the residual stream stays fp32
+    assert dtypes["p"] == "float32"
+    assert autocast.tensor_dtypes(block(), "fp32") == {}
+
+
+def test_casts_weights_once_and_activations_per_use_with_gradient_casts() -> None:
+    g = block()
+    dtypes = autocast.tensor_dtypes(g, "bf16")
+    forward, backward = autocast.cast_items(g, "bf16", dtypes, gradient_tensors(g))
+    cast = [(i.layer, i.dims["rows"] * i.dims["cols"]) for i in forward]
+    # fc1: its fp32 input and the weight; fc2: nothing (bf16 input, weight cached);
+    # softmax: its fp32 input needs none.
+    assert cast == [("fc1", 4 * 8 * 16), ("fc1", 16 * 16)]
+    assert {i.bytes_moved for i in forward} == {4 * 8 * 16 * 6, 16 * 16 * 6}
+    assert [i.phase for i in backward] == [Phase.BACKWARD] * 2
+    assert autocast.cast_items(g, "tf32", {}, gradient_tensors(g)) == ((), ())
+
+
+def test_build_step_prices_kept_fp32_ops_at_fp32_width_under_bf16() -> None:
+    step = build_step(block(), TrainingSettings(batch_size=4, precision="bf16"))
+    by_role = {(i.layer, i.role): i for i in step.forward}
+    assert by_role[("ln", "fwd")].dtype == "float32"
+    assert by_role[("fc1", "fwd")].dtype == "bfloat16"
+    assert by_role[("res", "fwd")].dtype == "float32"
+    assert sum(i.role == "autocast_cast" for i in step.forward) == 2
+    fp32 = build_step(block(), TrainingSettings(batch_size=4, precision="fp32"))
+    assert not any(i.role.startswith("autocast") for i in fp32.items)

@@ -145,6 +145,8 @@ def probe(settings: ProbeSettings, clock: Callable[[], float] = time.perf_counte
 
         out["launch_latency_us"] = timed(one_round_trip, n // 10)
         out["gpu_min_kernel_us"] = _graph_kernel_us(torch, x)
+    else:  # a CPU op runs on the issuing thread itself: nothing waits between issue and start
+        out["launch_latency_us"] = 0.0
     return out
 
 

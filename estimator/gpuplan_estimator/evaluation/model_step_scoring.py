@@ -38,7 +38,9 @@ from gpuplan_estimator.evaluation.model_steps import PRECISIONS, ModelCase
 from gpuplan_estimator.graph import batching, exporting
 from gpuplan_estimator.models import selection
 from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings
+from gpuplan_estimator.step.host import HostModel
 
 MODULE = "gpuplan_estimator.evaluation.model_step_scoring"
 OPTIMIZER = "adamw"  # what `model_steps` steps with
@@ -73,28 +75,35 @@ def attention_of(implementation: str | None) -> str:
 
 
 def _estimate(g: graph.ModelGraph, batch: int, mode: str, precision: str, attention: str,
-              specs: Sequence[devices.DeviceSpec], predictor: Any
-              ) -> list[estimates.DeviceEstimate]:
+              specs: Sequence[devices.DeviceSpec], predictor: Any,
+              host_model: HostModel | None = None) -> list[estimates.DeviceEstimate]:
     settings = TrainingSettings(batch_size=batch, mode=mode, optimizer=OPTIMIZER,
                                 precision=precision, attention=attention)
-    return list(estimates.estimate(g, specs, settings, predictor=predictor))
+    return list(estimates.estimate(g, specs, settings, predictor=predictor,
+                                   host_model=host_model))
 
 
 def predict(cases: Sequence[ModelCase], specs: Sequence[devices.DeviceSpec],
             precisions: Sequence[str], bundle: str | None,
-            progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Predicted rows of every (case, batch, precision, device), and what predicted them."""
+            progress: Callable[[str], None] = lambda _: None,
+            host_folds: Mapping[str, HostModel] | None = None) -> dict[str, Any]:
+    """Predicted rows of every (case, batch, precision, device), and what predicted them.
+
+    `host_folds` maps a case to the host model fitted without it (leave-one-model-out); a
+    case it lacks is priced with the bundle's."""
     predictor, source = selection.select_predictor(bundle, None)
     rows = []
     for case in cases:
+        host_model = (host_folds or {}).get(case.name)
         for batch in case.batches:
             g = case_graph(case, batch)
             for precision, attention in itertools.product(precisions, options.ATTENTIONS):
                 progress(f"{case.name} batch {batch} {precision} {attention} attention")
                 usable = [d for d in specs if devices.supports_precision(d, precision)]
                 inference = _estimate(g, batch, "inference", precision, attention, usable,
-                                      predictor)
-                train = _estimate(g, batch, "train", precision, attention, usable, predictor)
+                                      predictor, host_model)
+                train = _estimate(g, batch, "train", precision, attention, usable, predictor,
+                                  host_model)
                 for inf, tr in zip(inference, train, strict=True):
                     rows.append({
                         "model": case.name, "batch": batch, "precision": precision,
@@ -107,6 +116,10 @@ def predict(cases: Sequence[ModelCase], specs: Sequence[devices.DeviceSpec],
                         "train_step_ms": tr.step_time_ms,
                         "train_step_interval_ms": list(tr.interval_ms),
                         "optimizer_ms": tr.optimizer_ms,
+                        "train_gpu_busy_ms": tr.gpu_busy_ms,
+                        "train_host_ms": tr.host_ms,
+                        "train_host_bound": tr.host_bound,
+                        "inference_host_bound": inf.host_bound,
                         "train_memory_bytes": tr.memory.total_bytes})
     return {"predictor": source, "bundle_version": selection.bundle_version_of(source),
             "rows": rows}
@@ -217,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="", help="comma-separated case names (default all)")
     p.add_argument("--bundle", default=None, help="model bundle directory (default: active)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--host-folds", type=Path, default=None,
+                   help="JSON of case -> host model fitted without it (host_check --folds)")
     s = sub.add_parser("score", help="join predictions with a model_steps measurement")
     s.add_argument("--predicted", type=Path, required=True)
     s.add_argument("--measured", type=Path, required=True)
@@ -230,8 +245,13 @@ def main(argv: list[str] | None = None) -> int:
                                              [m for m in args.models.split(",") if m])
         except ValueError as exc:
             parser.error(f"--models: {exc}")
+        folds = None
+        if args.host_folds is not None:
+            folds = {name: host.model_from_json(doc)
+                     for name, doc in json.loads(_read(args.host_folds)).items()}
         doc = predict(cases, specs, [p for p in args.precisions.split(",") if p], args.bundle,
-                      progress=lambda m: print(m, file=sys.stderr, flush=True))
+                      progress=lambda m: print(m, file=sys.stderr, flush=True),
+                      host_folds=folds)
         doc["provenance"] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
                              "commit": provenance.git_commit(),
                              "command": shlex.join(["python", "-m", MODULE, *argv])}

@@ -1,0 +1,87 @@
+"""The host as a second timeline: the two-clock recurrence, the per-item costs, JSON."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import numpy as np
+import pytest
+
+from gpuplan_estimator.core.layers import OpFamily
+from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.step import host
+
+PROBE = host.HostProbe(eager_op_us=10.0, module_call_us=30.0, autocast_linear_us=40.0,
+                       linear_us=15.0, backward_node_us=8.0,
+                       optimizer_foreach_us_per_tensor=2.0, launch_latency_us=5.0,
+                       source="test")
+UNIT = host.HostCoefficients(forward_kernel=1.0, forward_view=0.5, autocast_cast=1.0,
+                             backward_kernel=1.0, autocast_backward=2.0, optimizer_tensor=1.0,
+                             log_sigma=0.1)
+
+
+def naive_end_ms(issued: list[float], gpu: list[float], latency: float) -> list[float]:
+    end, out = 0.0, []
+    for h, g in zip(issued, gpu, strict=True):
+        end = max(h + latency, end) + g
+        out.append(end)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_closed_form_matches_the_recurrence(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    gpu = rng.exponential(0.05, 300)
+    issued = np.cumsum(rng.exponential(0.02, 300))
+    np.testing.assert_allclose(host.device_end_ms(issued, gpu, 0.004),
+                               naive_end_ms(list(issued), list(gpu), 0.004))
+
+
+def test_short_kernels_run_at_the_host_and_long_ones_at_the_gpu() -> None:
+    phase = np.zeros(100, dtype=np.intp)
+    short = host.timeline(np.full(100, 0.001), np.full(100, 20.0), phase, 0.005)
+    assert short.device_ms[0] == pytest.approx(2.0 + 0.005 + 0.001)
+    assert short.host_bound and short.idle_share > 0.9
+    long = host.timeline(np.full(100, 1.0), np.full(100, 20.0), phase, 0.005)
+    assert long.device_ms[0] == pytest.approx(100.0 + 0.02 + 0.005)
+    assert not long.host_bound
+
+
+def test_phase_events_read_what_the_stream_drained() -> None:
+    # A long forward kernel lets the host issue backward early; backward's event still waits.
+    gpu = np.array([5.0, 0.1, 0.1])
+    t = host.timeline(gpu, np.array([10.0, 10.0, 10.0]), np.array([0, 1, 2]), 0.0)
+    assert t.device_ms == pytest.approx((5.01, 0.1, 0.1))
+    assert t.gpu_busy_ms == pytest.approx((5.0, 0.1, 0.1))
+    assert t.step_ms == pytest.approx(5.21)
+
+
+def item(phase: Phase, kernel: str = "elementwise", op: str = "add", role: str = "fwd",
+         count: int = 1) -> WorkItem:
+    return WorkItem(layer="l", family=OpFamily.ELEMENTWISE, kernel=kernel, phase=phase,
+                    dims=MappingProxyType({}), dtype="float32", flops=0, bytes_moved=0, op=op,
+                    role=role, count=count)
+
+
+def test_item_costs_follow_kind_precision_and_count() -> None:
+    model = host.HostModel(PROBE, UNIT)
+    items = [item(Phase.FORWARD), item(Phase.FORWARD, kernel="none", role="shape_only"),
+             item(Phase.FORWARD, kernel="gemm", op="MatMul"),
+             item(Phase.FORWARD, kernel="none", role="fused"),
+             item(Phase.BACKWARD, count=3), item(Phase.OPTIMIZER), item(Phase.OPTIMIZER)]
+    fp32 = model.item_host_us(items, "fp32", parameter_tensors=10)
+    np.testing.assert_allclose(fp32, [10.0, 5.0, 10.0, 0.0, 24.0, 10.0, 10.0])
+    bf16 = model.item_host_us(items, "bf16", parameter_tensors=10)
+    # the MatMul pays autocast's casts (40 - 15 us); backward doubles under autocast
+    np.testing.assert_allclose(bf16, [10.0, 5.0, 35.0, 0.0, 48.0, 10.0, 10.0])
+
+
+def test_json_round_trip_and_errors() -> None:
+    model = host.HostModel(PROBE, UNIT)
+    assert host.model_from_json(host.model_to_json(model)) == model
+    with pytest.raises(ValueError, match="host_model"):
+        host.model_from_json({"probe": {}})
+    doc = host.model_to_json(model)
+    del doc["probe"]["eager_op_us"]  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="eager_op_us"):
+        host.model_from_json(doc)

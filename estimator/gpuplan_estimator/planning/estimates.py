@@ -477,11 +477,20 @@ def _device_json(r: DeviceEstimate, include_layers: bool, cal: calibrating.Calib
         "predictor": {name: round(share, 6) for name, share in r.predictor.items()},
         "uncovered_ops": list(r.uncovered_ops),
         "shape_only_layers": r.shape_only_layers,
+        "host": {"gpu_busy_ms": r.gpu_busy_ms, "host_ms": r.host_ms, "bound": bound_of(r),
+                 "probe": r.host_source},
         "top_layers": [_layer_json(layer) for layer in r.top_layers(5)],
     }
     if include_layers:
         out["layers"] = [_layer_json(layer) for layer in r.layers]
     return out
+
+
+def bound_of(r: DeviceEstimate) -> str:
+    """"host", "gpu" or "unknown" (no host model priced the step)."""
+    if r.host_ms is None:
+        return "unknown"
+    return "host" if r.host_bound else "gpu"
 
 
 def _layer_json(layer: LayerEstimate) -> dict[str, Any]:

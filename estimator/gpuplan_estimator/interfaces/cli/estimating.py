@@ -230,7 +230,8 @@ def print_estimate(g: ModelGraph, results: Sequence[estimates.DeviceEstimate],
                         marked_row=next((i for i, r in enumerate(results) if r is rec.device),
                                         None))
     lines = ["", *render.recommendation_lines(rec, view.prefer), *render.basis_lines(results),
-             *render.attention_lines(g, settings)]
+             *render.attention_lines(g, settings), *render.precision_lines(settings),
+             *render.host_lines(results)]
     shown = results if view.details else [rec.device] if rec.device else results[:1]
     for r in shown:
         lines += ["", render.device_detail(r, mode=settings.mode), *render.top_layer_lines(r)]

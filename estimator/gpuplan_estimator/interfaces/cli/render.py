@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuplan_estimator.core import options
+from gpuplan_estimator.core import options, precisions
 from gpuplan_estimator.core.durations import format_duration
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.interfaces.cli.output import Column
 from gpuplan_estimator.models import basis
-from gpuplan_estimator.planning import rollup
+from gpuplan_estimator.planning import estimates, rollup
 from gpuplan_estimator.planning.estimates import DeviceEstimate, LayerEstimate
 from gpuplan_estimator.planning.ranking import Recommendation
 from gpuplan_estimator.step import attention
@@ -109,6 +109,7 @@ def estimate_columns(results: Sequence[DeviceEstimate], settings: TrainingSettin
         Column("P10-P90 ms", numeric=True),
         Column("TOKENS/S" if tokens else "SAMPLES/S", numeric=True),
         Column("MFU", numeric=True), Column("MEMORY", numeric=True), Column("FITS"),
+        Column("BOUND"),
         *([Column(time_header, numeric=True)] if time_header else []),
         Column(_cost_column(results)[0], numeric=True),
         Column("FWD ms", numeric=True, wide_only=True),
@@ -138,6 +139,7 @@ def estimate_rows(results: Sequence[DeviceEstimate], settings: TrainingSettings,
             f"{r.mfu:.0%}" if r.mfu is not None else "-",
             f"{r.memory.total_bytes / GIB:.1f}/{r.memory_available_bytes / GIB:.0f} GiB",
             "yes" if r.fits else "NO",
+            estimates.bound_of(r),
             *([duration(r.total_seconds if time_header == "TIME/RUN" else r.epoch_seconds)]
               if time_header else []),
             usd(r.cost_usd(seconds)),
@@ -154,6 +156,31 @@ def recommendation_lines(rec: Recommendation, prefer: str) -> list[str]:
     if rec.device is None:
         return [f"no recommendation: {rec.reason}"]
     return [f"{RECOMMENDED_MARK} recommended ({prefer}): {rec.device.device}, {rec.reason}"]
+
+
+def precision_lines(settings: TrainingSettings) -> list[str]:
+    """What the precision means as PyTorch runs it (`core.precisions`)."""
+    entry = precisions.precision(settings.precision)
+    if entry.autocast:
+        return [f"precision: {entry.name} is torch.autocast over fp32 weights (casts each step; "
+                "softmax, norms and losses kept in fp32)"]
+    gemm = "TF32" if entry.gemm_math == precisions.TF32_MATH else "true fp32"
+    conv = "TF32" if entry.conv_math == precisions.TF32_MATH else "true fp32"
+    return [f"precision: {entry.name}: matmuls in {gemm}, convolutions in {conv} on GPUs with "
+            "TF32 (PyTorch's defaults" + (")" if entry.name != "fp32" else
+                                          "; --precision tf32 for TF32 matmuls)")]
+
+
+def host_lines(results: Sequence[DeviceEstimate]) -> list[str]:
+    """Which devices' steps are bound by the host issuing kernels, and by how much."""
+    bound = [r for r in results if r.host_bound and r.step_time_ms > 0]
+    if not bound:
+        return []
+    idle = max(1.0 - r.gpu_busy_ms / r.step_time_ms for r in bound)
+    names = ", ".join(r.device for r in bound[:4]) + (" ..." if len(bound) > 4 else "")
+    return [f"host-bound on {names}: the GPU waits for the CPU issuing kernels (up to "
+            f"{idle:.0%} of the step); a larger batch or a compiled step (torch.compile, "
+            "CUDA graphs) uses the GPU better"]
 
 
 def attention_lines(graph: ModelGraph, settings: TrainingSettings) -> list[str]:

@@ -241,6 +241,17 @@ class Cost(_Response):
     total: float | None
 
 
+class HostTimeline(_Response):
+    """The step on two clocks: the host issuing kernels, the GPU running them."""
+
+    gpu_busy_ms: float = Field(description="The kernels alone, summed.")
+    host_ms: float | None = Field(description="The host's time to issue the step; null where "
+                                  "no host model applies (CPU devices, fused frameworks).")
+    bound: str = Field(description="host (the GPU waits for the CPU more than half the step), "
+                       "gpu, or unknown (no host model).")
+    probe: str = Field(description="Where the host's per-op costs were measured.")
+
+
 class DeviceEstimate(_Response):
     """One device's estimate; see docs/estimate-json.md for every field."""
 
@@ -269,6 +280,7 @@ class DeviceEstimate(_Response):
     predictor: dict[str, float] = Field(description="Predictor label -> share of step time.")
     uncovered_ops: list[str]
     shape_only_layers: int
+    host: HostTimeline
     top_layers: list[LayerEstimate]
     layers: list[LayerEstimate] | None = Field(None, description="CLI --layers only.")
 

@@ -5,8 +5,8 @@ kernel of 10 µs costs a row ~0.3 s of Python, launches and syncs: 125 rows/min 
 Here a batch of items of one family is built at once and:
 
 1. each item's forward runs once (warm-up: allocations, cuBLAS/cuDNN heuristics), then once
-   more between two events (CUDA) or perf_counter reads (CPU) to estimate its duration;
-   one synchronisation for the batch;
+   more between two events to estimate its duration, with one synchronisation for the batch
+   (on a CPU the timed first call is both);
 2. each item gets K repetitions per timed launch, K = target_launch_ms / estimate within
    [1, max_reps]; with ``graph`` timing the K calls are captured in one CUDA graph
    (`torch.cuda.CUDAGraph`), so launch overhead and Python are not in the number; an item whose
@@ -183,9 +183,11 @@ def _time_batch_cpu(
     for i, u in enumerate(units):
         if clock() >= deadline:
             break
-        u.forward()  # warm-up
+        # On a CPU the first call is as fast as the next (no heuristics, no lazy init worth
+        # a separate run): it is both the warm-up and the estimate.
         fwd_est.append(launch(u.forward, 1))
-        bwd_est.append(launch(u.forward_backward, 1) if _backward_wanted(i, settings) else 0.0)
+        back = _backward_wanted(i, settings) and clock() < deadline
+        bwd_est.append(launch(u.forward_backward, 1) if back else 0.0)
     fwd_k = [reps_per_launch(ms, settings) for ms in fwd_est]
     bwd_k = [reps_per_launch(ms, settings) if ms else 0 for ms in bwd_est]
     costs = [_launch_cost_ms(*c, settings.repeats)

@@ -502,13 +502,19 @@ def _measure_batch_items(
     torch = torch_units.import_torch()
     device = "cpu" if tgt.kind == "cpu" else f"cuda:{tgt.index}"
     torch_units.set_precision_flags(torch, precisions.precision_of(items[0]))
+    deadline = time.monotonic() + budget_s
+    built: list[torch_units.TorchUnit] = []
     try:
-        built = [torch_units.build_unit(
-            it, np.random.default_rng([settings.seed, *(int(v) for v in it.dims.values())]),
-            device, device_init=True) for it in items]
+        for it in items:
+            if time.monotonic() >= deadline:  # building GB-sized CPU inputs takes seconds
+                break
+            built.append(torch_units.build_unit(
+                it, np.random.default_rng([settings.seed, *(int(v) for v in it.dims.values())]),
+                device, device_init=True))
         with nvml.PowerSampler(tgt.index) if tgt.kind == "cuda" else _NoPower() as power:
             timings = batched.time_batch(built, torch=torch, device=device,
-                                         settings=settings.batch, budget_s=budget_s)
+                                         settings=settings.batch,
+                                         budget_s=deadline - time.monotonic())
     except (RuntimeError, errors.GpuplanError):
         # RuntimeError is how torch reports out of memory and unsupported dtypes.
         return [], len(items)

@@ -414,7 +414,7 @@ def _measure_batched(
                 break
             st = states[fam]
             t0 = clock()
-            rows, skipped = _next_batch(st, tgt, settings, deadline - clock())
+            rows, skipped = _next_batch(st, tgt, settings, deadline - clock(), log)
             st.seconds += clock() - t0
             out.skipped += skipped
             methods = [r.pop(_METHOD) for r in rows]
@@ -466,7 +466,8 @@ def _update_stop(
 
 
 def _next_batch(
-    st: _FamilyState, tgt: Target, settings: BenchSettings, budget_s: float
+    st: _FamilyState, tgt: Target, settings: BenchSettings, budget_s: float,
+    log: Callable[[str], None],
 ) -> tuple[list[dict[str, Any]], int]:
     """Measure the next batch of a family's queue; (rows, items skipped). Pops what it used."""
     assert settings.batch is not None
@@ -478,7 +479,7 @@ def _next_batch(
     items = [head[i] for i in take]
     st.queue = [it for i, it in enumerate(head) if i not in used] + st.queue[len(head):]
     started = time.monotonic()
-    rows, failed = _measure_batch_items(items, tgt, settings, budget_s)
+    rows, failed = _measure_batch_items(items, tgt, settings, budget_s, log)
     if failed and len(items) > 1:
         # One bad item (out of memory, unsupported in this dtype) must not cost the batch:
         # measure the others one by one.
@@ -487,13 +488,14 @@ def _next_batch(
             left = budget_s - (time.monotonic() - started)
             if left <= 0:
                 break
-            rows += _measure_batch_items([it], tgt, settings, left)[0]
+            rows += _measure_batch_items([it], tgt, settings, left, log)[0]
         failed = len(items) - len(rows)
     return rows, len(skip) + failed
 
 
 def _measure_batch_items(
-    items: Sequence[sweep.PlanItem], tgt: Target, settings: BenchSettings, budget_s: float
+    items: Sequence[sweep.PlanItem], tgt: Target, settings: BenchSettings, budget_s: float,
+    log: Callable[[str], None],
 ) -> tuple[list[dict[str, Any]], int]:
     """Rows of one batch, or ([], len(items)) when building or timing it failed."""
     assert settings.batch is not None
@@ -515,8 +517,10 @@ def _measure_batch_items(
             timings = batched.time_batch(built, torch=torch, device=device,
                                          settings=settings.batch,
                                          budget_s=deadline - time.monotonic())
-    except (RuntimeError, errors.GpuplanError):
+    except (RuntimeError, errors.GpuplanError) as exc:
         # RuntimeError is how torch reports out of memory and unsupported dtypes.
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        log(f"{precisions.family_of(items[0])}: a batch of {len(items)} failed: {first}")
         return [], len(items)
     finally:
         built = []

@@ -89,3 +89,29 @@ def test_cli_runs_batched_and_writes_the_commit_it_was_given(sweep_dir: Path,
         "gemm/fp32", "gemm/bf16", "softmax/fp32", "softmax/bf16"}
     printed = capsys.readouterr()
     assert "rows/min" in printed.out and "gemm/bf16" in printed.err
+
+
+POOL_WITH_A_BAD_OP = """
+kernel: pool
+ops: [maxpool, lppool]
+dims: {batch: 1, channels: {log: [1, 8]}, h: {int: [4, 12]}, w: {int: [4, 12]}, kernel_h: 2,
+       kernel_w: 2, stride_h: 2, stride_w: 2}
+limits: {cpu: {max_flops: 1.0e6, max_bytes: 1.0e6}}
+"""
+
+
+def test_a_failing_item_costs_only_itself(tmp_path: Path, store: PerfStore) -> None:
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "pool.yaml").write_text(POOL_WITH_A_BAD_OP)
+    lines: list[str] = []
+    report = runner.run_bench(
+        settings(specs, backend="torch", samples=8, precisions=("fp32",), batch=BATCH), store,
+        target=TARGET, log=lines.append)
+    frame = store.measurements(run_id=report.run_id)
+    # lppool has no torch layer: those items are skipped, the maxpool ones of their batches
+    # are measured one by one.
+    assert set(frame["op"]) == {"maxpool"} and report.skipped == 8 - len(frame) > 0
+    assert any("failed: pool op 'lppool'" in line for line in lines)
+    # Every family ran out of items: the run is done, and says how many it skipped.
+    assert report.status == "done" and report.rows_total == len(frame)

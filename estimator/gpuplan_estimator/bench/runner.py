@@ -27,7 +27,17 @@ import onnxruntime as ort
 import pandas as pd
 
 from gpuplan_estimator import devices
-from gpuplan_estimator.bench import nvml, sweep, timing, torch_units, units
+from gpuplan_estimator.bench import (
+    batched,
+    nvml,
+    precisions,
+    shapes,
+    stopping,
+    sweep,
+    timing,
+    torch_units,
+    units,
+)
 from gpuplan_estimator.bench.targets import parse_device
 from gpuplan_estimator.core import errors, paths, provenance
 from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
@@ -65,6 +75,15 @@ class BenchSettings:
     timing: timing.TimingSettings = field(default_factory=timing.TimingSettings)
     command: str = ""
     """Command line recorded with the run (provenance)."""
+    commit: str = ""
+    """Project commit recorded with the run; "" asks `provenance.git_commit` (a checkout that
+    travelled without .git must pass it: ``--commit`` / ``GPUPLAN_COMMIT``)."""
+    precisions: tuple[str, ...] | None = None
+    """Measure each float32 item in these precisions (`precisions.expand`); None: spec dtypes."""
+    batch: batched.BatchSettings | None = None
+    """Time many items per launch (`batched`, torch backend); None: the per-row protocol."""
+    stop_rule: stopping.StopRule | None = None
+    """With `batch`: stop a family once its held-out error stops improving; None: never."""
 
 
 @dataclass(frozen=True)
@@ -80,11 +99,33 @@ class BenchReport:
     rows_total: int
     elapsed_s: float
     intra_op_threads: int
+    families: tuple[FamilyReport, ...] = ()
+    """Per family (`precisions.family_of`), with the batched protocol only."""
+    skipped: int = 0
+    """Items not measured: over the byte cap, or failing to build or run (batched only)."""
 
     @property
     def rows_per_min(self) -> float:
         """Rows measured per minute of this invocation (0.0 when no time elapsed)."""
         return 60.0 * self.rows_added / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class FamilyReport:
+    """One kernel family's share of a batched run: rows, time, held-out error, why it ended."""
+
+    family: str
+    rows: int
+    seconds: float
+    heldout_error_pct: float | None
+    ended: str  # converged | exhausted | budget
+    eager_rows: int = 0
+    """Rows timed eagerly between events although graph timing was asked (capture failed)."""
+
+    @property
+    def rows_per_min(self) -> float:
+        """Rows per minute of this family's own batches (0.0 when none ran)."""
+        return 60.0 * self.rows / self.seconds if self.seconds > 0 else 0.0
 
 
 def backend_name(backend: str, kind: str) -> str:
@@ -195,6 +236,7 @@ def run_bench(
     clock: Clock = time.monotonic,
     progress: Progress = silent,
     stop_requested: StopRequested = _never,
+    log: Callable[[str], None] = lambda _line: None,
 ) -> BenchReport:
     """Measure the plan of `settings` (resuming an unfinished identical run) into `store`.
 
@@ -205,9 +247,11 @@ def run_bench(
     tgt = target or resolve_target(settings.device)
     backend = backend_name(settings.backend, tgt.kind)
     specs = sweep.load_specs(settings.sweep_paths)
+    extra = {"precisions": list(settings.precisions)} if settings.precisions else {}
     digest = sweep.plan_digest(
         specs, samples=settings.samples, seed=settings.seed, kind=tgt.kind,
         families=sorted(settings.families) if settings.families else None, backend=backend,
+        **extra,
     )
     threads = timing.resolved_threads(settings.timing)
     found = _find_resumable(store, tgt.key, digest)
@@ -220,6 +264,8 @@ def run_bench(
             specs, samples=settings.samples, seed=settings.seed, device_kind=tgt.kind,
             families=settings.families,
         )
+        if settings.precisions:
+            plan = precisions.expand(plan, settings.precisions)
         run_id = _start_run(store, settings, tgt, backend, digest, plan, threads)
         done = set()
     store.upsert_device(
@@ -229,10 +275,17 @@ def run_bench(
     )
     todo = [it for it in plan if it.key() not in done]
     started = clock()
+    outcome = _BatchedOutcome()
     try:
-        added = _measure_all(store, run_id, todo, tgt, backend, settings, started, clock,
-                             progress, stop_requested, already=len(plan) - len(todo),
-                             planned=len(plan))
+        if settings.batch is not None:
+            outcome = _measure_batched(store, run_id, todo, tgt, backend, settings, started,
+                                       clock, progress, stop_requested, log,
+                                       already=len(plan) - len(todo), planned=len(plan))
+            added = outcome.added
+        else:
+            added = _measure_all(store, run_id, todo, tgt, backend, settings, started, clock,
+                                 progress, stop_requested, already=len(plan) - len(todo),
+                                 planned=len(plan))
     except BaseException as exc:
         # The rows are flushed (see _measure_all); a run left "running" would look alive to
         # anyone reading the table. Best effort: the database may be what failed.
@@ -242,13 +295,16 @@ def run_bench(
         raise
     # Count from the database: a concurrent run of the same plan may have stored rows too.
     remaining = len(plan) - len(_measured_keys(store, run_id))
-    final = "done" if remaining == 0 else "interrupted"
+    # A batched run whose every family ended by its stop rule or its queue is done: the
+    # unmeasured rows are those the stop rule judged not worth their GPU time.
+    final = "done" if remaining == 0 or outcome.all_ended else "interrupted"
     if todo or found is None or found.status != final:
         store.finish_run(run_id, final)
     return BenchReport(
         run_id=run_id, device=tgt.key, backend=backend, status=final,
         resumed=found is not None, planned=len(plan), rows_added=added,
         rows_total=len(plan) - remaining, elapsed_s=clock() - started, intra_op_threads=threads,
+        families=outcome.families, skipped=outcome.skipped,
     )
 
 
@@ -265,10 +321,15 @@ def _start_run(
         "platform": platform.platform(),
         "cpu_model": tgt.spec.name if tgt.kind == "cpu" else "",
         "nvml": asdict(tgt.identity) if tgt.identity else None,
+        **({"precisions": list(settings.precisions)} if settings.precisions else {}),
+        **({"batch": asdict(settings.batch)} if settings.batch else {}),
+        **({"stop_rule": asdict(settings.stop_rule)} if settings.stop_rule else {}),
+        **({"versions": torch_units.versions()} if settings.backend == "torch" else {}),
     }
     return store.add_run(
         device=tgt.key, backend=backend, backend_version=backend_version(settings.backend),
-        host=socket.gethostname(), git_commit=provenance.git_commit(), command=settings.command,
+        host=socket.gethostname(), git_commit=settings.commit or provenance.git_commit(),
+        command=settings.command,
         sweep_digest=digest, source="gpuplan-bench",
         plan_json=json.dumps([it.to_json() for it in plan]), settings=run_settings,
     )
@@ -302,6 +363,189 @@ def _measure_all(
         if buffer:
             added += store.add_measurements(run_id, pd.DataFrame(buffer))
     return added
+
+
+
+@dataclass
+class _FamilyState:
+    queue: list[sweep.PlanItem]
+    rows: list[stopping.FamilyRow] = field(default_factory=list)
+    errors_pct: list[float | None] = field(default_factory=list)
+    seconds: float = 0.0
+    ended: str = ""
+    eager_rows: int = 0
+
+
+@dataclass
+class _BatchedOutcome:
+    added: int = 0
+    skipped: int = 0
+    families: tuple[FamilyReport, ...] = ()
+    all_ended: bool = False
+
+
+def _measure_batched(
+    store: PerfStore, run_id: int, todo: Sequence[sweep.PlanItem], tgt: Target, backend: str,
+    settings: BenchSettings, started: float, clock: Clock, progress: Progress,
+    stop_requested: StopRequested, log: Callable[[str], None], *, already: int, planned: int,
+) -> _BatchedOutcome:
+    """Round-robin over families, one batch at a time, until each ends or the budget does."""
+    assert settings.batch is not None
+    bs = settings.batch
+    bs.validate()
+    if settings.backend != "torch":
+        raise errors.InvalidRequestError("batch_size", "batched timing needs --backend torch")
+    if settings.stop_rule is not None:
+        settings.stop_rule.validate()
+    deadline = started + settings.budget_minutes * 60.0
+    states: dict[str, _FamilyState] = {}
+    for item in todo:
+        states.setdefault(precisions.family_of(item), _FamilyState([])).queue.append(item)
+    out = _BatchedOutcome()
+    measured = already
+    task = f"bench {tgt.key}"
+    progress(Step(task, measured, planned))
+    while not stop_requested() and clock() < deadline:
+        active = [f for f, st in states.items() if not st.ended]
+        if not active:
+            break
+        for fam in active:
+            if stop_requested() or clock() >= deadline:
+                break
+            st = states[fam]
+            t0 = clock()
+            rows, skipped = _next_batch(st, tgt, settings, deadline - clock(), log)
+            st.seconds += clock() - t0
+            out.skipped += skipped
+            methods = [r.pop(_METHOD) for r in rows]
+            if settings.batch.mode == "graph" and tgt.kind == "cuda":
+                st.eager_rows += sum(m != "graph" for m in methods)
+            if rows:
+                out.added += store.add_measurements(run_id, pd.DataFrame(
+                    [{**r, "device": tgt.key, "backend": backend,
+                      "source": f"gpuplan-bench run {run_id}"} for r in rows]))
+            measured += len(rows)
+            progress(Step(task, measured, planned, fam))
+            _update_stop(st, rows, settings.stop_rule)
+            log(_progress_line(fam, st, len(rows), _rate(measured - already, clock() - started)))
+    for st in states.values():
+        if not st.ended:
+            st.ended = "budget"
+    out.all_ended = all(st.ended in ("converged", "exhausted") for st in states.values())
+    out.families = tuple(
+        FamilyReport(f, len(st.rows), round(st.seconds, 3),
+                     st.errors_pct[-1] if st.errors_pct else None, st.ended, st.eager_rows)
+        for f, st in sorted(states.items()))
+    return out
+
+
+def _progress_line(fam: str, st: _FamilyState, added: int, overall_rate: str) -> str:
+    err = st.errors_pct[-1] if st.errors_pct else None
+    return (f"{fam}: +{added} rows ({len(st.rows)} total, {_rate(len(st.rows), st.seconds)} "
+            f"rows/min), held-out error {'-' if err is None else f'{err:.1f} %'}"
+            f"{', ' + st.ended if st.ended else ''}; {overall_rate} rows/min overall")
+
+
+def _rate(rows: int, seconds: float) -> str:
+    return f"{60.0 * rows / seconds:.0f}" if seconds > 0 else "-"
+
+
+def _update_stop(
+    st: _FamilyState, rows: Sequence[dict[str, Any]], rule: stopping.StopRule | None
+) -> None:
+    for r in rows:
+        flops, nbytes = shapes.cost(r["kernel"], r["op"], json.loads(r["dims"]), r["dtype"])
+        st.rows.append(stopping.FamilyRow(r["op"], flops, nbytes, float(r["latency_ms"])))
+    if not st.queue:
+        st.ended = "exhausted"
+    if rule is None:
+        return
+    st.errors_pct.append(stopping.heldout_error_pct(st.rows, rule.holdout_every))
+    if not st.ended and stopping.should_stop(st.errors_pct, len(st.rows), rule):
+        st.ended = "converged"
+
+
+def _next_batch(
+    st: _FamilyState, tgt: Target, settings: BenchSettings, budget_s: float,
+    log: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], int]:
+    """Measure the next batch of a family's queue; (rows, items skipped). Pops what it used."""
+    assert settings.batch is not None
+    bs = settings.batch
+    head = st.queue[: bs.batch_size * 4]
+    sizes = [shapes.cost(it.kernel, it.op, it.dims, it.dtype)[1] for it in head]
+    take, skip = batched.take_batch(head, sizes, bs)
+    used = set(take) | set(skip)
+    items = [head[i] for i in take]
+    st.queue = [it for i, it in enumerate(head) if i not in used] + st.queue[len(head):]
+    started = time.monotonic()
+    rows, failed = _measure_batch_items(items, tgt, settings, budget_s, log)
+    if failed and len(items) > 1:
+        # One bad item (out of memory, unsupported in this dtype) must not cost the batch:
+        # measure the others one by one.
+        rows = []
+        for it in items:
+            left = budget_s - (time.monotonic() - started)
+            if left <= 0:
+                break
+            rows += _measure_batch_items([it], tgt, settings, left, log)[0]
+        failed = len(items) - len(rows)
+    return rows, len(skip) + failed
+
+
+def _measure_batch_items(
+    items: Sequence[sweep.PlanItem], tgt: Target, settings: BenchSettings, budget_s: float,
+    log: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], int]:
+    """Rows of one batch, or ([], len(items)) when building or timing it failed."""
+    assert settings.batch is not None
+    if not items:
+        return [], 0
+    torch = torch_units.import_torch()
+    device = "cpu" if tgt.kind == "cpu" else f"cuda:{tgt.index}"
+    torch_units.set_precision_flags(torch, precisions.precision_of(items[0]))
+    deadline = time.monotonic() + budget_s
+    built: list[torch_units.TorchUnit] = []
+    try:
+        for it in items:
+            if time.monotonic() >= deadline:  # building GB-sized CPU inputs takes seconds
+                break
+            built.append(torch_units.build_unit(
+                it, np.random.default_rng([settings.seed, *(int(v) for v in it.dims.values())]),
+                device, device_init=True))
+        with nvml.PowerSampler(tgt.index) if tgt.kind == "cuda" else _NoPower() as power:
+            timings = batched.time_batch(built, torch=torch, device=device,
+                                         settings=settings.batch,
+                                         budget_s=deadline - time.monotonic())
+    except (RuntimeError, errors.GpuplanError) as exc:
+        # RuntimeError is how torch reports out of memory and unsupported dtypes.
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        log(f"{precisions.family_of(items[0])}: a batch of {len(items)} failed: {first}")
+        return [], len(items)
+    finally:
+        built = []
+        if tgt.kind == "cuda":
+            torch.cuda.empty_cache()  # the batch's tensors and graph pools go back
+    clock_mhz = power.mean_sm_clock_mhz
+    # Items past the budget (timings is a prefix) are neither rows nor failures.
+    return [_row(it, t, clock_mhz) for it, t in zip(items, timings, strict=False)], 0
+
+
+_METHOD = "_timing_method"
+"""Key of a batched row's timing method until it is counted (not a measurement column)."""
+
+
+def _row(item: sweep.PlanItem, t: batched.ItemTiming, clock_mhz: float | None) -> dict[str, Any]:
+    return {
+        _METHOD: t.method,
+        "kernel": item.kernel, "op": item.op, "dtype": item.dtype,
+        "dims": sweep.dims_json(item.dims),
+        "latency_ms": t.forward.latency_ms, "latency_std_ms": t.forward.latency_std_ms,
+        "latency_min_ms": t.forward.latency_min_ms, "repeats": t.forward.repeats,
+        "fwd_bwd_latency_ms": t.forward_backward.latency_ms if t.forward_backward else None,
+        # Power is sampled per batch, not per kernel: no per-row energy can be told from it.
+        "power_watts": None, "energy_mj": None, "sm_clock_mhz": clock_mhz,
+    }
 
 
 def export_run(store: PerfStore, run_id: int, path: Path, sidecar: dict[str, Any]) -> int:

@@ -23,7 +23,7 @@ from gpuplan_estimator.bench.sweep import PlanItem
 from gpuplan_estimator.bench.units import MEMCPY_INNER
 from gpuplan_estimator.core import errors, extras
 
-_DTYPES = ("float32", "float16", "float64")
+_DTYPES = ("float32", "float16", "bfloat16", "float64")
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow"}
 _SCALAR = {"addu": "add", "mulu": "mul", "divu": "div", "powu": "pow"}
 _UNARY = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "exp": "exp", "sqrt": "sqrt",
@@ -51,8 +51,14 @@ class TorchUnit:
     """Forward with autograd, then backward from a fixed output gradient."""
 
 
-def build_unit(item: PlanItem, rng: np.random.Generator, device: str) -> TorchUnit:
-    """The PyTorch eager layer that runs `item`'s kernel on `device` (``cpu``, ``cuda:N``)."""
+def build_unit(
+    item: PlanItem, rng: np.random.Generator, device: str, *, device_init: bool = False
+) -> TorchUnit:
+    """The PyTorch eager layer that runs `item`'s kernel on `device` (``cpu``, ``cuda:N``).
+
+    With `device_init` the random values are drawn by torch on the device (seeded from `rng`)
+    instead of by numpy on the host and copied: a GB-sized GPU input then takes milliseconds.
+    """
     torch = import_torch()
     if item.dtype not in _DTYPES:
         raise errors.GpuplanError(f"bench dtype {item.dtype!r} unsupported by the torch backend")
@@ -60,7 +66,7 @@ def build_unit(item: PlanItem, rng: np.random.Generator, device: str) -> TorchUn
         builder = _KERNEL_BUILDERS[item.kernel]
     except KeyError:
         raise errors.GpuplanError(f"no torch unit builder for kernel {item.kernel!r}") from None
-    tensors = _Tensors(torch, getattr(torch, item.dtype), device, rng)
+    tensors = _Tensors(torch, getattr(torch, item.dtype), device, rng, device_init)
     try:
         fn = builder(torch, tensors, item.op, item.dims)
     except KeyError as exc:
@@ -73,15 +79,28 @@ def build_unit(item: PlanItem, rng: np.random.Generator, device: str) -> TorchUn
 class _Tensors:
     """Random inputs and parameters on the device; all of them are autograd leaves."""
 
-    def __init__(self, torch: Any, dtype: Any, device: str, rng: np.random.Generator) -> None:
+    def __init__(
+        self, torch: Any, dtype: Any, device: str, rng: np.random.Generator,
+        device_init: bool = False,
+    ) -> None:
         self.torch, self.dtype, self.device, self.rng = torch, dtype, device, rng
         self.leaves: list[Any] = []
+        self.generator: Any = None
+        if device_init:
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(int(rng.integers(2**62)))
+
+    def _uniform(self, shape: tuple[int, ...]) -> Any:
+        if self.generator is not None:
+            return self.torch.rand(shape, generator=self.generator, device=self.device,
+                                   dtype=self.torch.float32)
+        return self.torch.from_numpy(self.rng.random(shape, dtype=np.float32))
 
     def new(self, shape: Sequence[int], positive: bool = False) -> Any:
-        values = self.rng.random(tuple(shape), dtype=np.float32)
+        values = self._uniform(tuple(shape))
         # Keep pow/div/sqrt away from 0 and negatives so no NaN/inf slow paths are timed.
         values = values + 0.5 if positive else values * 2.0 - 1.0
-        tensor = self.torch.from_numpy(values).to(device=self.device, dtype=self.dtype)
+        tensor = values.to(device=self.device, dtype=self.dtype)
         tensor.requires_grad_(True)
         self.leaves.append(tensor)
         return tensor
@@ -198,6 +217,22 @@ _KERNEL_BUILDERS: Mapping[str, Builder] = {
     "elementwise": _elementwise,
     "memcpy": _memcpy,
 }
+
+
+def set_precision_flags(torch: Any, precision: str) -> None:
+    """TF32 math for matmul and cuDNN on for ``tf32``, off otherwise (``fp32`` is IEEE float32
+    math, for convolutions too, although PyTorch's own default lets cuDNN use TF32)."""
+    on = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+
+
+def versions() -> dict[str, str]:
+    """torch, CUDA and cuDNN versions of this process (provenance of torch-backend rows)."""
+    torch = import_torch()
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"torch": str(torch.__version__), "cuda": str(torch.version.cuda or ""),
+            "cudnn": str(cudnn or "")}
 
 
 def time_unit(

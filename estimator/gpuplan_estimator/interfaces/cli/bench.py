@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gpuplan_estimator.bench import runner, timing
+from gpuplan_estimator.bench import batched, precisions, runner, stopping, timing
 from gpuplan_estimator.core import errors, provenance
 from gpuplan_estimator.interfaces.cli import arguments, exits, output, progress
 from gpuplan_estimator.perfdb.store import PerfStore
@@ -112,6 +112,35 @@ def register(subparsers: Any) -> None:
                        help="intra-op threads (default 0: all cores)")
     bench.add_argument("--export", type=Path, default=None, metavar="PARQUET",
                        help="also write the run's rows to PARQUET plus a JSON sidecar")
+    bench.add_argument("--precisions", type=_precisions, default=None, metavar="LIST",
+                       help="measure every float32 item in these precisions, of fp32,tf32,bf16 "
+                       "(tf32 only for gemm and conv2d) (default: the dtype of each sweep spec)")
+    bench.add_argument("--batch-size", type=_positive_int, default=1, metavar="N",
+                       help="with --backend torch: build and time N items of one family per "
+                       "batch, many calls per timed launch, one sync per batch; families stop "
+                       "once their held-out error stops improving (default: 1, the per-row "
+                       "protocol)")
+    bench.add_argument("--timing", choices=batched.TIMING_MODES, default="graph",
+                       help="with --batch-size > 1 on CUDA: K calls captured in a CUDA graph per "
+                       "timed launch, or eager calls between events (default: graph; an item "
+                       "whose capture fails is timed with events)")
+    bench.add_argument("--stop-patience", type=int, default=stopping.StopRule().patience,
+                       metavar="BATCHES", help="batches without improvement before a family "
+                       "stops; 0 never stops a family (default: %(default)s)")
+    bench.add_argument("--stop-min-gain-pct", type=float,
+                       default=stopping.StopRule().min_gain_pct, metavar="PCT",
+                       help="held-out error gain that counts as improving (default: %(default)s)")
+    bench.add_argument("--stop-min-rows", type=_positive_int,
+                       default=stopping.StopRule().min_rows, metavar="ROWS",
+                       help="rows a family gets before its stop rule may end it "
+                       "(default: %(default)s)")
+    bench.add_argument("--max-item-gib", type=float,
+                       default=batched.BatchSettings().max_item_bytes / 2**30, metavar="GIB",
+                       help="with --batch-size > 1: skip items moving more than this many GiB "
+                       "(default: %(default)s)")
+    bench.add_argument("--commit", default=os.environ.get("GPUPLAN_COMMIT", ""), metavar="SHA",
+                       help="project commit recorded with the run and the export (default: "
+                       "$GPUPLAN_COMMIT, else the checkout's HEAD)")
     progress.add_flag(bench)
     output.add_output_argument(bench)
     bench.set_defaults(func=run_bench_command)
@@ -141,6 +170,30 @@ def _families(text: str) -> tuple[str, ...]:
     return names
 
 
+def _precisions(text: str) -> tuple[str, ...]:
+    try:
+        return precisions.parse_precisions(text)
+    except errors.InvalidRequestError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _batch_settings(args: argparse.Namespace) -> batched.BatchSettings | None:
+    if args.batch_size <= 1:
+        return None
+    max_item = args.max_item_gib * 2**30
+    default = batched.BatchSettings()
+    return batched.BatchSettings(
+        batch_size=args.batch_size, mode=args.timing, repeats=args.repeats,
+        max_item_bytes=max_item, max_batch_bytes=max(default.max_batch_bytes, max_item))
+
+
+def _stop_rule(args: argparse.Namespace) -> stopping.StopRule | None:
+    if args.batch_size <= 1 or args.stop_patience == 0:
+        return None
+    return stopping.StopRule(patience=args.stop_patience, min_gain_pct=args.stop_min_gain_pct,
+                             min_rows=args.stop_min_rows)
+
+
 def _command(argv: Sequence[str] | None) -> str:
     return shlex.join(["gpuplan", *(argv if argv is not None else sys.argv[1:])])
 
@@ -159,12 +212,17 @@ def run_bench_command(args: argparse.Namespace) -> int:
         timing=timing.TimingSettings(repeats=args.repeats, intra_op_threads=args.threads,
                                      sessions=args.sessions),
         command=getattr(args, "command_line", "") or _command(None),
+        commit=args.commit,
+        precisions=args.precisions,
+        batch=_batch_settings(args),
+        stop_rule=_stop_rule(args),
     )
     # Installed before the database opens: a SIGTERM during start-up then also ends cleanly.
     with (StopOnSignals() as stop, PerfStore.open(args.db) as store,
           progress.for_args(args) as bars):
         try:
-            report = runner.run_bench(settings, store, progress=bars, stop_requested=stop)
+            report = runner.run_bench(settings, store, progress=bars, stop_requested=stop,
+                                      log=_log)
         except KeyboardInterrupt:  # a second signal: the run is marked interrupted already
             signum = stop.signum if stop.signum is not None else signal.SIGINT
             print(f"gpuplan: bench stopped by {signal.Signals(signum).name} (twice); run the "
@@ -182,19 +240,29 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 f"({report.rows_per_min:.0f} rows/min), {report.rows_total}/{report.planned} "
                 f"measured{' (resumed)' if report.resumed else ''}; db {store.url}"
             )
+            for fam in report.families:
+                print(f"  {fam.family}: {fam.rows} rows in {fam.seconds:.1f} s "
+                      f"({fam.rows_per_min:.0f} rows/min), held-out error "
+                      f"{_pct(fam.heldout_error_pct)}, {fam.ended}"
+                      f"{f', {fam.eager_rows} timed eagerly' if fam.eager_rows else ''}")
+            if report.skipped:
+                print(f"  {report.skipped} items skipped (over --max-item-gib or failed)")
         if args.export is not None:
             run = next(r for r in store.runs(device=report.device) if r.id == report.run_id)
             sidecar = {
                 "device": report.device,
                 "backend": report.backend,
                 "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "commit": provenance.git_commit(),
+                "commit": settings.commit or provenance.git_commit(),
                 "command": settings.command,
                 "run_id": report.run_id,
                 "status": report.status,
                 "settings": run.settings_json,
                 "rows": report.rows_total,
                 "rows_per_min": round(report.rows_per_min, 1),
+                "families": [{**dataclasses.asdict(f), "rows_per_min": round(f.rows_per_min, 1)}
+                             for f in report.families],
+                "skipped": report.skipped,
                 # Timings from a busy host are inflated; keep the evidence with the data.
                 "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
             }
@@ -207,6 +275,14 @@ def run_bench_command(args: argparse.Namespace) -> int:
               f"command again to resume", file=sys.stderr)
         return exit_code_for_signal(stop.signum)
     return EXIT_BUDGET_SPENT
+
+
+def _log(line: str) -> None:
+    print(f"gpuplan bench: {line}", file=sys.stderr, flush=True)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} %"
 
 
 def run_import_command(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from gpuplan_operator import benchmarks, errors, inventory, resources
+from gpuplan_operator.core import benchmarks, errors, gpu_pools, resources
 
 COVERAGE_PATH = "/v1/coverage"
 OUTCOMES_PATH = "/v1/outcomes"
@@ -26,7 +26,7 @@ SEQUENCE_DIM = "sequence"
 
 
 def build_request(
-    spec: resources.TrainingJobSpec, model_bytes: bytes, pools: Sequence[inventory.GpuPool]
+    spec: resources.TrainingJobSpec, model_bytes: bytes, pools: Sequence[gpu_pools.GpuPool]
 ) -> dict[str, Any]:
     """The JSON body of `POST /v1/plans` (pure)."""
     t, o = spec.training, spec.objective

@@ -36,8 +36,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from gpuplan_operator.extender import plans, protocol, scoring
-from gpuplan_operator.extender.inventory import Snapshot
+from gpuplan_operator.extender.core import plans, protocol, scoring
+from gpuplan_operator.extender.core.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from gpuplan_operator.extender.store import NODES, PODS, InventoryStore
+from gpuplan_operator.extender.core.store import NODES, PODS, InventoryStore
 from gpuplan_operator.extender.watcher import WatchExpired, WatchSettings, run_kind
 from gpuplan_testing import extender_builders as builders
 

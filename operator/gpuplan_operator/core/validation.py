@@ -8,7 +8,7 @@ from typing import Any
 
 from gpuplan_estimator.core import options
 from gpuplan_estimator.core.durations import parse_duration_seconds
-from gpuplan_operator import errors, resources
+from gpuplan_operator.core import errors, resources
 
 OPTIMIZERS = frozenset(options.OPTIMIZERS)
 PRECISIONS = frozenset(options.PRECISIONS)

@@ -66,7 +66,7 @@ class FixedSource:
     def snapshot(self) -> Snapshot | None:
         return self._snapshot
 
-    def age_seconds(self) -> float | None:
+    def age_s(self) -> float | None:
         return 0.0
 
 

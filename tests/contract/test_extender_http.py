@@ -44,7 +44,7 @@ class StaticSource:
     def snapshot(self) -> Snapshot | None:
         return self._snapshot
 
-    def age_seconds(self) -> float | None:
+    def age_s(self) -> float | None:
         return self._age_s
 
 

@@ -51,7 +51,7 @@ class SnapshotSource(Protocol):
     def snapshot(self) -> Snapshot | None:
         """The inventory to decide on; None before the first full sync."""
 
-    def age_seconds(self) -> float | None:
+    def age_s(self) -> float | None:
         """Seconds since the inventory was last known current; None before the first sync."""
 
 
@@ -97,7 +97,7 @@ def _make_metrics(registry: CollectorRegistry, source: SnapshotSource) -> _Metri
         "Seconds since the node/pod inventory was last known current (NaN before the first sync)",
         registry=registry,
     )
-    age.set_function(lambda: _or_nan(source.age_seconds()))
+    age.set_function(lambda: _or_nan(source.age_s()))
     nodes = Gauge("gpuplan_extender_inventory_nodes", "Nodes in the inventory", registry=registry)
     nodes.set_function(lambda: _node_count(source.snapshot()))
     return _Metrics(requests=requests, latency=latency)
@@ -258,7 +258,7 @@ class Probes:
 
     async def readyz(self, _: web.Request) -> web.Response:
         """`GET /readyz`: 503 before the first sync or once the inventory is stale."""
-        age = self.snapshot_source.age_seconds()
+        age = self.snapshot_source.age_s()
         if age is None:
             return web.Response(status=503, text="inventory not synced")
         if age > self.stale_after_s:

@@ -43,7 +43,7 @@ class StaticSource:
     def snapshot(self) -> Snapshot | None:
         return self._snapshot
 
-    def age_seconds(self) -> float | None:
+    def age_s(self) -> float | None:
         return None if self._snapshot is None else 1.0
 
 

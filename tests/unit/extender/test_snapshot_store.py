@@ -58,7 +58,7 @@ class FakeClock:
 
 def test_store_is_unsynced_until_both_kinds_are_listed() -> None:
     store = InventoryStore(FakeClock())
-    assert store.snapshot() is None and store.age_seconds() is None
+    assert store.snapshot() is None and store.age_s() is None
     store.replace(NODES, [builders.make_node("a", L4, 4)])
     assert store.snapshot() is None
     store.replace(PODS, [])
@@ -102,9 +102,9 @@ def test_store_age_tracks_the_oldest_kind() -> None:
     clock.now_s += 10
     store.replace(PODS, [])
     clock.now_s += 5
-    assert store.age_seconds() == 15.0
+    assert store.age_s() == 15.0
     store.mark_fresh(NODES)
-    assert store.age_seconds() == 5.0
+    assert store.age_s() == 5.0
     snap = store.snapshot()
     assert snap is not None and snap.fresh_at_s == 110.0
 

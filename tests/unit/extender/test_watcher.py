@@ -128,4 +128,4 @@ def test_clean_watch_end_marks_fresh() -> None:
     store = synced_store(clock)
     run(lw, store, clock)
     assert lw.list_calls == 1  # 20 s silent < stale_after_s 50: keep watching
-    assert store.age_seconds() == 20.0  # pods were listed at 0 s; nodes confirmed at 20 s
+    assert store.age_s() == 20.0  # pods were listed at 0 s; nodes confirmed at 20 s

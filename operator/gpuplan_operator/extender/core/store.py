@@ -154,7 +154,7 @@ class InventoryStore:
 
     # -- readers -------------------------------------------------------------------------------
 
-    def age_seconds(self) -> float | None:
+    def age_s(self) -> float | None:
         """Seconds since both kinds were last known current; None before the first sync."""
         with self._lock:
             if len(self._fresh_at_s) < len(KINDS):

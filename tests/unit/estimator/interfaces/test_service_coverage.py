@@ -15,7 +15,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.interfaces.cli import serving
-from gpuplan_estimator.interfaces.http import coverage, service, work
+from gpuplan_estimator.interfaces.http import coverage, service, storage, work
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import planner
 
@@ -28,7 +28,7 @@ def _context() -> planner.PlannerContext:
         predictor_source="roofline", manifest={"devices": ["t4", "cpu"]})
 
 
-async def _get(source: service.CoverageSource | None) -> tuple[int, dict[str, Any]]:
+async def _get(source: storage.CoverageSource | None) -> tuple[int, dict[str, Any]]:
     app = service.make_app(service.ServiceState(functools.partial(work.given_context, _context())),
                            service.ServiceSettings(bundle_poll_s=3600), coverage_source=source)
     async with TestClient(TestServer(app)) as client:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpuplan_estimator.core.errors import (
@@ -57,7 +58,7 @@ def split_workload(document: dict[str, Any]) -> Mapping[str, Any]:
     return found if isinstance(found, Mapping) else {}
 
 
-def envelope_middleware(metrics: Metrics, max_body_bytes: int) -> Any:
+def envelope_middleware(metrics: Metrics, max_body_bytes: int) -> Middleware:
     """Every answer is counted, and every failure is the JSON error envelope."""
 
     @web.middleware

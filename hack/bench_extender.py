@@ -31,11 +31,11 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gpuplan_operator.extender import plans, protocol, scoring
+from gpuplan_operator.extender.core import plans, protocol, scoring
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # a script, not a test
 from gpuplan_operator.extender.app import make_app
-from gpuplan_operator.extender.inventory import Snapshot, build_snapshot
+from gpuplan_operator.extender.core.snapshot import Snapshot, build_snapshot
 from gpuplan_testing import extender_builders as builders
 
 POOLS = (("NVIDIA-H100-80GB-HBM3", 8, 0.4), ("NVIDIA-A100-SXM4-80GB", 8, 0.3),
@@ -66,7 +66,7 @@ class FixedSource:
     def snapshot(self) -> Snapshot | None:
         return self._snapshot
 
-    def age_seconds(self) -> float | None:
+    def age_s(self) -> float | None:
         return 0.0
 
 

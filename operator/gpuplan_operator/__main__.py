@@ -19,7 +19,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 
 from gpuplan_estimator.core import provenance
-from gpuplan_operator import settings
+from gpuplan_operator.core import settings
 
 HANDLERS = pathlib.Path(__file__).with_name("handlers.py")
 PROG = "gpuplan-operator"

@@ -13,16 +13,9 @@ import datetime
 import logging
 from collections.abc import Callable, Mapping
 
-from gpuplan_operator import (
-    benchmarks,
-    errors,
-    estimator_client,
-    inventory,
-    kube,
-    metrics,
-    retraining,
-)
-from gpuplan_operator import settings as operator_settings
+from gpuplan_operator import estimator_client, kube, metrics
+from gpuplan_operator.core import benchmarks, errors, gpu_pools, retraining
+from gpuplan_operator.core import settings as operator_settings
 
 LOG = logging.getLogger(__name__)
 SECONDS_PER_DAY = 86400
@@ -115,7 +108,7 @@ async def refresh(ctx: LoopContext) -> list[benchmarks.GpuTypeCoverage]:
     """One pass; returns the assessment. Created Jobs are logged; "already exists" is fine."""
     s = ctx.settings
     nodes = await ctx.kube.list_gpu_nodes()
-    gpu_types = [pool.gpu_type for pool in inventory.build_inventory(nodes, [])]
+    gpu_types = [pool.gpu_type for pool in gpu_pools.build_inventory(nodes, [])]
     coverage = await estimator_client.fetch_coverage(
         s.estimator_url, timeout_seconds=s.estimator_timeout_seconds)
     running: set[str] = set()

@@ -14,7 +14,8 @@ from typing import Any
 
 import aiohttp
 
-from gpuplan_operator import benchmarks, errors, inventory, resources
+from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM, WORKLOAD_ID_PATTERN
+from gpuplan_operator.core import benchmarks, errors, gpu_pools, resources
 
 COVERAGE_PATH = "/v1/coverage"
 OUTCOMES_PATH = "/v1/outcomes"
@@ -22,11 +23,10 @@ PLANS_PATH = "/v1/plans"
 CLIENT_HEADER = "X-Gpuplan-Client"
 """The estimator's per-client share key (`interfaces/http/admission.py`)."""
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
-SEQUENCE_DIM = "sequence"
 
 
 def build_request(
-    spec: resources.TrainingJobSpec, model_bytes: bytes, pools: Sequence[inventory.GpuPool]
+    spec: resources.TrainingJobSpec, model_bytes: bytes, pools: Sequence[gpu_pools.GpuPool]
 ) -> dict[str, Any]:
     """The JSON body of `POST /v1/plans` (pure)."""
     t, o = spec.training, spec.objective
@@ -94,7 +94,7 @@ def _bundle_version(raw: Any) -> int | None:
     return raw
 
 
-WORKLOAD_ID_RE = re.compile(r"[0-9a-f]{64}")
+WORKLOAD_ID_RE = re.compile(WORKLOAD_ID_PATTERN)
 
 
 def _workload_id(raw: Any) -> str | None:

@@ -16,17 +16,9 @@ import kopf
 import prometheus_client
 
 from gpuplan_estimator import devices
-from gpuplan_operator import (
-    benchmark_loop,
-    benchmarks,
-    errors,
-    kube,
-    metrics,
-    modelsource,
-    reconcile,
-    resources,
-)
-from gpuplan_operator import settings as operator_settings
+from gpuplan_operator import benchmark_loop, kube, metrics, modelsource, reconcile
+from gpuplan_operator.core import benchmarks, errors, resources
+from gpuplan_operator.core import settings as operator_settings
 
 LOG = logging.getLogger(__name__)
 TRAINING_JOBS = (resources.GROUP, resources.VERSION, resources.PLURAL)

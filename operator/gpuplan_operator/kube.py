@@ -13,7 +13,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpuplan_operator import errors, gpu_accounting, kueue, resources
+from gpuplan_operator.core import errors, gpu_accounting, kueue, resources
 
 ApiError = ApiException
 """What the Kubernetes client raises for a 4xx answer; callers catch this, not the client.

@@ -10,7 +10,7 @@ from typing import Any
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpuplan_operator import benchmarks, resources, retraining
+from gpuplan_operator.core import benchmarks, resources, retraining
 
 # Drift is a ratio around 1: buckets are symmetric in log scale.
 DRIFT_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)

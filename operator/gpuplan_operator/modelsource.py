@@ -23,14 +23,14 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from gpuplan_operator import errors
+from gpuplan_estimator.core.vocabulary import MODEL_COMPRESSION_MAGIC
+from gpuplan_operator.core import errors
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 MAX_REDIRECTS = 3
 # HTTP Content-Encodings the fetch accepts, as zlib window bits (gzip header / zlib header).
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-_MAGIC = {"gzip": b"\x1f\x8b", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
 # Metadata endpoints of the big clouds (AWS/GCP/Azure/OCI share 169.254.169.254, which is
 # link-local anyway); listed so they stay blocked even when private ranges are allowed.
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
@@ -250,7 +250,8 @@ def check_hf_config(data: bytes, where: str) -> None:
 
 def check_format(data: bytes, fmt: str) -> None:
     """Verify the declared `spec.model.format` against the bytes' magic numbers."""
-    detected = next((name for name, magic in _MAGIC.items() if data.startswith(magic)), "raw")
+    detected = next((name for name, magic in MODEL_COMPRESSION_MAGIC.items()
+                     if data.startswith(magic)), "raw")
     if fmt != "auto" and fmt != detected:
         raise errors.InvalidModelError(
             f"spec.model.format is {fmt!r} but the model bytes look like {detected!r}")

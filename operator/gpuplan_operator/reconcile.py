@@ -16,23 +16,20 @@ import datetime
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from gpuplan_operator import (
+from gpuplan_operator import estimator_client, kube, metrics, modelsource
+from gpuplan_operator.core import (
     coalescing,
     errors,
-    estimator_client,
-    inventory,
-    kube,
+    gpu_pools,
     kueue,
     manifests,
-    metrics,
-    modelsource,
     resources,
     settings,
     tracking,
     validation,
 )
-from gpuplan_operator.resources import ConditionType as Condition
-from gpuplan_operator.resources import Reason
+from gpuplan_operator.core.resources import ConditionType as Condition
+from gpuplan_operator.core.resources import Reason
 
 REPORTED_UIDS_KEPT = 10_000
 """How many job uids whose outcome was sent are remembered (a bounded guard against resends)."""
@@ -58,9 +55,9 @@ class Context:
     metrics: metrics.OperatorMetrics
     clock: Callable[[], datetime.datetime]
     guard: modelsource.UrlGuard
-    infeasible_at: dict[str, inventory.Capacity] = dataclasses.field(default_factory=dict)
+    infeasible_at: dict[str, gpu_pools.Capacity] = dataclasses.field(default_factory=dict)
     """TrainingJob uid → the GPU capacity its plan was infeasible for."""
-    capacity: coalescing.Coalesced[inventory.Capacity] = dataclasses.field(init=False)
+    capacity: coalescing.Coalesced[gpu_pools.Capacity] = dataclasses.field(init=False)
     """The cluster's GPU capacity, re-read at most once per capacity_check_interval_seconds
     for all TrainingJobs."""
     reported: collections.OrderedDict[str, None] = dataclasses.field(
@@ -71,7 +68,7 @@ class Context:
     admitted: dict[str, bool] = dataclasses.field(default_factory=dict)
     """Uids of queued (Kueue) Jobs → whether the TrainingJob's Queued condition says admitted,
     so a Job's further events do not re-read its TrainingJob."""
-    gpu_pools: coalescing.Coalesced[list[inventory.GpuPool]] = dataclasses.field(init=False)
+    gpu_pools: coalescing.Coalesced[list[gpu_pools.GpuPool]] = dataclasses.field(init=False)
     """The GPU pools of the latest node and pod lists, shared by concurrent plans."""
 
     config_maps: coalescing.CoalescedByKey[tuple[str, str], dict[str, Any] | None] = (
@@ -159,13 +156,13 @@ def awaits_capacity(status: Mapping[str, Any], generation: int) -> bool:
             and cond.get("observedGeneration") == generation)
 
 
-async def current_capacity(ctx: Context) -> inventory.Capacity:
+async def current_capacity(ctx: Context) -> gpu_pools.Capacity:
     """The cluster's GPU capacity, listed at most once per capacity_check_interval_seconds."""
     return await ctx.capacity.get(lambda: _read_capacity(ctx))
 
 
-async def _read_capacity(ctx: Context) -> inventory.Capacity:
-    return inventory.capacity(inventory.build_inventory(await ctx.kube.list_gpu_nodes(), []))
+async def _read_capacity(ctx: Context) -> gpu_pools.Capacity:
+    return gpu_pools.capacity(gpu_pools.build_inventory(await ctx.kube.list_gpu_nodes(), []))
 
 
 async def _capacity_changed(ctx: Context, tj: TrainingJobRef) -> bool:
@@ -225,9 +222,9 @@ async def _load_model(ctx: Context, tj: TrainingJobRef, ref: resources.ModelRef)
     return data
 
 
-async def _read_gpu_pools(ctx: Context) -> list[inventory.GpuPool]:
+async def _read_gpu_pools(ctx: Context) -> list[gpu_pools.GpuPool]:
     nodes, pods = await asyncio.gather(ctx.kube.list_gpu_nodes(), ctx.kube.list_active_pods())
-    return list(inventory.build_inventory(nodes, pods))
+    return list(gpu_pools.build_inventory(nodes, pods))
 
 
 async def _plan(ctx: Context, tj: TrainingJobRef,
@@ -248,7 +245,7 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
         if exc.reason == Reason.NO_FEASIBLE_PLAN and quota is None:
             # A queued job's feasibility also depends on its ClusterQueue's quota, which the
             # capacity record does not cover: it re-plans at every capacity check instead.
-            ctx.infeasible_at[tj.uid] = inventory.capacity(pools)
+            ctx.infeasible_at[tj.uid] = gpu_pools.capacity(pools)
         if quota is not None and isinstance(exc, errors.EstimatorRejectedError):
             raise errors.EstimatorRejectedError(
                 exc.reason, f"within {quota.name}: {exc}", exc.details) from exc
@@ -288,8 +285,8 @@ async def _read_queue_quota(ctx: Context, namespace: str, name: str) -> kueue.Qu
     return kueue.queue_quota(local_queue, cluster_queue, flavors)
 
 
-def _queue_pools(pools: list[inventory.GpuPool],
-                 quota: kueue.QueueQuota) -> list[inventory.GpuPool]:
+def _queue_pools(pools: list[gpu_pools.GpuPool],
+                 quota: kueue.QueueQuota) -> list[gpu_pools.GpuPool]:
     """The pools the queue's quota allows; NoQueueQuotaError naming the queue when none."""
     allowed = kueue.restrict_pools(pools, quota)
     if not allowed:

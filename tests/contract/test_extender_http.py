@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from gpuplan_operator.extender.app import AppSettings, make_app
-from gpuplan_operator.extender.inventory import Snapshot, build_snapshot
+from gpuplan_operator.extender.core.snapshot import Snapshot, build_snapshot
 from gpuplan_testing import extender_builders as builders
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -44,7 +44,7 @@ class StaticSource:
     def snapshot(self) -> Snapshot | None:
         return self._snapshot
 
-    def age_seconds(self) -> float | None:
+    def age_s(self) -> float | None:
         return self._age_s
 
 

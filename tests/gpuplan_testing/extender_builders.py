@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuplan_operator import annotations as plan_keys
-from gpuplan_operator.gpu_accounting import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpuplan_operator.core import annotations as plan_keys
+from gpuplan_operator.core.gpu_accounting import GPU_PRODUCT_LABEL, GPU_RESOURCE
 
 
 def make_node(name: str, product: str | None = None, gpus: int | None = None) -> dict[str, Any]:

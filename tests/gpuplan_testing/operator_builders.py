@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gpuplan_operator import resources
+from gpuplan_operator.core import resources
 
 
 class SpecBuilder:

@@ -23,9 +23,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from testbed_pytest import Testbed
 
-from gpuplan_operator import annotations as plan_keys
-from gpuplan_operator.extender import cli, inventory, watcher
-from gpuplan_operator.extender.store import NODES
+from gpuplan_operator.core import annotations as plan_keys
+from gpuplan_operator.extender import cli, watcher
+from gpuplan_operator.extender.core import snapshot
+from gpuplan_operator.extender.core.store import NODES
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +123,7 @@ def free_gpus_by_node(core_v1: Any, product: str) -> dict[str, int]:
                                          _request_timeout=HTTP_TIMEOUT_S).data)["items"]
     pods = json.loads(core_v1.list_pod_for_all_namespaces(
         _preload_content=False, _request_timeout=HTTP_TIMEOUT_S).data)["items"]
-    snap = inventory.build_snapshot(nodes, pods, fresh_at_s=0.0)
+    snap = snapshot.build_snapshot(nodes, pods, fresh_at_s=0.0)
     return {n.name: n.free_gpus or 0 for n in snap.nodes.values() if n.product == product}
 
 

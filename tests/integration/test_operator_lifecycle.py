@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuplan_operator import resources
+from gpuplan_operator.core import resources
 from gpuplan_testing import operator_harness as h
 from gpuplan_testing import testbed_extender
 from gpuplan_testing.estimator_server import EstimatorServer

@@ -40,7 +40,7 @@ def test_every_sweep_spec_is_listed_for_the_image() -> None:
 
 
 def test_the_image_runs_as_the_jobs_non_root_user() -> None:
-    from gpuplan_operator import benchmarks
+    from gpuplan_operator.core import benchmarks
 
     lines = (ROOT / "benchmark-jobs" / "Dockerfile.cuda").read_text().splitlines()
     uid = benchmarks.RUN_AS_UID
@@ -65,7 +65,7 @@ limits: {cpu: {max_flops: 1.0e6, max_bytes: 1.0e6}, cuda: {max_flops: 1.0e6, max
 def _job_args(**mapping: str) -> list[str]:
     """The container args of the operator's Job, with test-only substitutions (the sweep
     directory, and --device cuda → cpu where no GPU is at hand)."""
-    from gpuplan_operator import benchmarks
+    from gpuplan_operator.core import benchmarks
 
     job = benchmarks.build_job(
         "NVIDIA-L4", now=datetime.datetime(2026, 6, 15, tzinfo=datetime.UTC), namespace="ml",

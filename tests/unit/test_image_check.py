@@ -52,7 +52,7 @@ def test_cuda_image_has_onnxruntime_gpu_and_runs_as_the_jobs_uid() -> None:
     assert ic.re.fullmatch(r"nvidia/cuda:[\w.-]+-ubuntu22\.04@sha256:[0-9a-f]{64}", df.base_image)
     assert {"python3.11", "python3.11-venv", "libgomp1"} <= set(df.apt_packages)
     assert any(s.startswith("onnxruntime-gpu") for s in df.pip_specs)
-    assert df.user == "65532:65532"  # gpuplan_operator.benchmarks runs the Job as 65532
+    assert df.user == "65532:65532"  # gpuplan_operator.core.benchmarks runs the Job as 65532
     base = ic.resolve_base(df.base_image, df.apt_packages)
     assert (base.distro, base.suite, base.python_version) == ("ubuntu", "jammy", "3.11")
     bench = ic.cpu_bench_argv(df.cmd)

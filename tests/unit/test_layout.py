@@ -1,5 +1,6 @@
 """Guards the repository layout: the top-level folders must never become packages."""
 
+import configparser
 import operator
 import pathlib
 
@@ -31,6 +32,47 @@ def test_estimator_modules_live_in_subpackages() -> None:
     assert sorted(p.name for p in top.glob("*.py")) == ["__init__.py"]
     assert {p.name for p in top.iterdir() if (p / "__init__.py").is_file()} == set(
         ESTIMATOR_SUBPACKAGES)
+
+
+def _contract(name: str) -> configparser.SectionProxy:
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / ".importlinter")
+    return parser[f"importlinter:contract:{name}"]
+
+
+def _layer_names(contract: configparser.SectionProxy) -> set[str]:
+    return {name.strip() for line in contract["layers"].split("\n") if line.strip()
+            for name in line.split("|")}
+
+
+def _children(package: pathlib.Path) -> set[str]:
+    """Modules and subpackages directly in `package` (what an exhaustive layers contract
+    must name)."""
+    return ({p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+            | {p.name for p in package.iterdir() if (p / "__init__.py").is_file()})
+
+
+def test_layers_contracts_are_exhaustive_and_name_the_tree() -> None:
+    """The layers contracts name every subpackage or module of their container, and say
+    `exhaustive` so lint-imports fails a new one that is not given its floor."""
+    operator_root = ROOT / "operator" / "gpuplan_operator"
+    expected = {"estimator-layers": set(ESTIMATOR_SUBPACKAGES),
+                "operator-layers": _children(operator_root),
+                "extender-layers": _children(operator_root / "extender")}
+    for name, children in expected.items():
+        contract = _contract(name)
+        assert contract["exhaustive"] == "true", name
+        assert _layer_names(contract) == children, name
+
+
+def test_operator_purity_is_a_rule_over_packages() -> None:
+    """"Pure" is every module under the `core` packages, not a list that a new module misses."""
+    contract = _contract("operator-pure-core")
+    sources = {s.strip() for s in contract["source_modules"].split("\n") if s.strip()}
+    assert sources == {"gpuplan_operator.core", "gpuplan_operator.extender.core"}
+    for source in sources:
+        assert (ROOT / "operator" / source.replace(".", "/") / "__init__.py").is_file()
+    assert {"kopf", "kubernetes", "aiohttp"} <= set(contract["forbidden_modules"].split())
 
 
 def _import_cycles(*packages: str) -> list[list[str]]:

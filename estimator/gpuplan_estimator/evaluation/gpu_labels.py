@@ -20,6 +20,7 @@ from gpuplan_estimator import graph
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.core.progress import Progress, silent, track
+from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.devices.catalog import Catalog, DeviceSpec
 from gpuplan_estimator.graph import zoo
@@ -140,7 +141,7 @@ def zoo_graph_builder(config_dir: Path) -> GraphBuilder:
             config = zoo.load_hf_config(config_dir / f"{model}.json")
             proto = zoo.build_transformer(config, name=model)
             cache[key] = graph.load_model(proto.SerializeToString(), batch=batch,
-                                          dim_bindings={"sequence": seq_len}, name=model)
+                                          dim_bindings={SEQUENCE_DIM: seq_len}, name=model)
         return cache[key]
 
     return build

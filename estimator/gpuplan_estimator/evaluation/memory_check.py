@@ -35,6 +35,7 @@ from typing import Any
 
 from gpuplan_estimator.core import extras, options
 from gpuplan_estimator.core.layers import ModelGraph
+from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.graph import exporting, loading, zoo
 from gpuplan_estimator.planning import rollup
 from gpuplan_estimator.step import memory, sharding
@@ -107,7 +108,7 @@ def gpt2_case(*, checkpointing: bool, batch: int = 4, sequence: int = 32,
 
     def graph(b: int) -> ModelGraph:
         data = zoo.build_transformer(config_dict, name="tiny-gpt2").SerializeToString()
-        return loading.load_model(data, batch=b, dim_bindings={"sequence": sequence})
+        return loading.load_model(data, batch=b, dim_bindings={SEQUENCE_DIM: sequence})
 
     setting = ("fp32, adamw" + (", full checkpointing" if checkpointing else "")
                + f", {HF_ATTENTION[attention]} attention, sequence {sequence}")

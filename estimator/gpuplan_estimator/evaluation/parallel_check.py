@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplan_estimator import devices, graph
+from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.graph import exporting
 from gpuplan_estimator.models import selection
 from gpuplan_estimator.planning import estimates, parallel_inputs, parallelism
@@ -105,7 +106,7 @@ def predict(p: Published, *, bundle: str | None = None) -> Row:
     micro = p.layout.micro_batch_size(p.global_batch)
     model = exporting.hf_config_graph(CONFIGS[p.model], batch=micro, sequence=SEQUENCE[p.model],
                                       label=p.model)
-    g = graph.load_at_batch(model, micro, {"sequence": SEQUENCE[p.model]})
+    g = graph.load_at_batch(model, micro, {SEQUENCE_DIM: SEQUENCE[p.model]})
     settings = TrainingSettings(batch_size=micro, precision=PRECISION, optimizer=OPTIMIZER)
     (single,) = estimates.estimate(g, [device], settings, predictor=predictor)
     step = parallelism.step_time(

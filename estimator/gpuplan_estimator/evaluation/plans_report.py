@@ -20,6 +20,7 @@ from typing import Any
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import paths, provenance
 from gpuplan_estimator.core.durations import format_duration
+from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.graph import exporting
 from gpuplan_estimator.models import selection
 from gpuplan_estimator.planning import placement, planner, requests
@@ -76,7 +77,7 @@ def plan_case(case: Case, ctx: planner.PlannerContext) -> dict[str, Any]:
         model_onnx=model,
         training=requests.TrainingRequest(
             batch_size=case.batch, dataset_size=case.dataset_size, epochs=1, optimizer="adamw",
-            precision="bf16", dims={"sequence": case.sequence}),
+            precision="bf16", dims={SEQUENCE_DIM: case.sequence}),
         objective=placement.Objective(prefer="cheapest", max_gpus=32,
                                       deadline_seconds=DEADLINE_SECONDS),
         inventory=tuple(requests.InventoryEntry(gpu_type=t, gpus_per_node=g, nodes=n,

@@ -21,6 +21,7 @@ from typing import TypeVar
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core import paths
 from gpuplan_estimator.core.layers import ModelGraph
+from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.graph import examples
 from gpuplan_estimator.planning import estimates
@@ -59,7 +60,7 @@ def gpt2_large_loader(config_path: Path) -> Callable[[int], ModelGraph]:
 
     data = zoo.build_transformer(zoo.load_hf_config(config_path), name="gpt2-large")
     blob = data.SerializeToString()
-    return lambda batch: graph.load_model(blob, batch=batch, dim_bindings={"sequence": 1024},
+    return lambda batch: graph.load_model(blob, batch=batch, dim_bindings={SEQUENCE_DIM: 1024},
                                           name="gpt2-large")
 
 

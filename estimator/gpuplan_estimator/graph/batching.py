@@ -10,6 +10,7 @@ from onnx import numpy_helper
 
 from gpuplan_estimator.core.errors import GpuplanError, InvalidModelError, InvalidRequestError
 from gpuplan_estimator.core.layers import FLOAT_DTYPES, ModelGraph, OpFamily
+from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.graph import loading
 
 DATA_DTYPES = FLOAT_DTYPES | {"int64", "int32"}
@@ -58,10 +59,6 @@ def graph_batch(g: ModelGraph) -> int | None:
     if len(common) == 1:
         return common.pop()
     return first_computed
-
-
-SEQUENCE_DIM = "sequence"
-"""The dim name that re-sequences a fixed-sequence graph: axis 1 of its integer inputs."""
 
 
 def load_at_batch(source: loading.Source, batch: int | None, dims: Mapping[str, int],

@@ -13,6 +13,7 @@ from pathlib import Path
 from gpuplan_estimator.core import paths
 from gpuplan_estimator.core.errors import InvalidModelError
 from gpuplan_estimator.core.layers import ModelGraph
+from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.graph import batching, loading, zoo
 
 CONFIG_DIR = paths.PACKAGE_DATA_DIR / "model_configs"
@@ -41,4 +42,4 @@ def gpt2_medium(batch: int) -> ModelGraph:
     """GPT-2 medium built by `zoo` from its HuggingFace config, sequence 1024, at `batch`."""
     model = zoo.build_transformer(zoo.load_hf_config(GPT2_CONFIG), name="gpt2-medium")
     return loading.load_model(model.SerializeToString(), batch=batch,
-                            dim_bindings={"sequence": GPT2_SEQUENCE}, name="gpt2-medium")
+                            dim_bindings={SEQUENCE_DIM: GPT2_SEQUENCE}, name="gpt2-medium")

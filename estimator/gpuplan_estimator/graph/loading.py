@@ -22,6 +22,7 @@ from onnx import ModelProto, TensorProto, helper, shape_inference
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import DTYPE_BYTES, ModelGraph, TensorInfo
+from gpuplan_estimator.core.vocabulary import MODEL_COMPRESSION_MAGIC, MODEL_COMPRESSIONS
 from gpuplan_estimator.graph import contrib_schemas, folding, fusion, records
 
 DEFAULT_MAX_DECOMPRESSED_BYTES = 512 * 2**20
@@ -35,10 +36,7 @@ Beyond it a shape is corrupt or hostile, and its products would overflow int64 k
 # Protobuf cannot serialise a message past 2 GiB; above this, infer via a file (infer_shapes_path).
 _INFER_IN_MEMORY_LIMIT_BYTES = 2**31 - 2**24
 _BATCH_DIM_NAMES = frozenset({"batch", "batch_size", "batchsize", "n", "bs"})
-_MAGIC: tuple[tuple[bytes, str], ...] = (
-    (b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
-)
-COMPRESSIONS = ("gzip", "xz", "zstd")
+COMPRESSIONS = MODEL_COMPRESSIONS
 
 Source = str | os.PathLike[str] | bytes
 
@@ -66,7 +64,7 @@ def _raw_bytes(source: Source) -> bytes:
 
 def compression_of(data: bytes) -> str | None:
     """'gzip' | 'xz' | 'zstd' by magic bytes, None for anything else (plain ONNX)."""
-    for magic, kind in _MAGIC:
+    for kind, magic in MODEL_COMPRESSION_MAGIC.items():
         if data.startswith(magic):
             return kind
     return None

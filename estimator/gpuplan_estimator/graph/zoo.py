@@ -26,6 +26,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 
 OPSET = 20  # Gelu (erf form, BERT's single eager kernel) exists from opset 20
 _FLOAT_MIN = float(np.finfo(np.float32).min)  # HF's mask value: torch.finfo(dtype).min
@@ -148,9 +149,9 @@ def _merge_heads(b: _Builder, x: str, shapes: _Shapes, name: str) -> str:
 
 
 def _model(b: _Builder, name: str, logits: str) -> onnx.ModelProto:
-    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", SEQUENCE_DIM])
     out = helper.make_tensor_value_info(logits, TensorProto.FLOAT,
-                                        ["batch", "sequence", None])
+                                        ["batch", SEQUENCE_DIM, None])
     graph = helper.make_graph(b.nodes, name, [ids], [out], initializer=b.initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                              producer_name="gpuplan.zoo")

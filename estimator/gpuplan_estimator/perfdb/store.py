@@ -14,7 +14,7 @@ import pandas as pd
 from sqlalchemy import Select, delete, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 
-from gpuplan_estimator.core import errors, paths
+from gpuplan_estimator.core import errors, paths, vocabulary
 from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.perfdb import connections, frames
@@ -128,7 +128,6 @@ class OutcomeWorkload:
 
 
 MAX_WORKLOAD_BYTES = workloads.MAX_WORKLOAD_BYTES
-WORKLOAD_ID_CHARS = workloads.ID_CHARS
 
 
 _BUNDLE_INFO_COLUMNS = tuple(c for c in ModelBundle.__table__.columns if c.name != "bundle_bytes")
@@ -487,7 +486,7 @@ class PerfStore:
             "intra_node_gbps": intra_node_gbps}
         _check_scaling(scaling)
         if workload_id is not None:
-            _check_workload_id(workload_id)
+            vocabulary.check_workload_id(workload_id)
         row = {
             "job_uid": job_uid,
             "device": device,
@@ -536,7 +535,7 @@ class PerfStore:
                      ) -> bool:
         """Store a plan's compressed workload under its id (`planning.workloads.encode`) once;
         True when this call stored it, False when the id was already there."""
-        _check_workload_id(workload_id)
+        vocabulary.check_workload_id(workload_id)
         _check_text("device", device, required=True)
         if len(data) > MAX_WORKLOAD_BYTES:
             raise errors.InvalidRequestError(
@@ -784,14 +783,6 @@ def _check_text(name: str, value: object, *, required: bool) -> None:
         raise errors.InvalidRequestError(
             name, f"must be at most {MAX_KEY_CHARS} characters, got {len(value)}"
         )
-
-
-def _check_workload_id(value: object) -> None:
-    """64 lowercase hex digits (a SHA-256), the id `planning.workloads.encode` issues."""
-    if not isinstance(value, str) or len(value) != WORKLOAD_ID_CHARS \
-            or any(c not in "0123456789abcdef" for c in value):
-        raise errors.InvalidRequestError(
-            "workload_id", f"must be {WORKLOAD_ID_CHARS} lowercase hex digits, got {value!r}")
 
 
 def _check_seconds(name: str, value: object) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import zstandard
 
-from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError
+from gpuplan_estimator.core.errors import GpuplanError
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.cost.predictors import LatencyPredictor, predict_on_each
@@ -42,8 +42,6 @@ ZSTD_LEVEL = 10
 BUNDLE_PARTS = ("compute", "recompute", "pp_bubble", "optimizer")
 """Parts of a plan's `step_ms` a latency-model bundle prices; the others (tp_comm, pp_p2p,
 dp_comm, offload_copies) come from the scaling model and host link."""
-ID_CHARS = 64
-"""A workload id is a SHA-256 in hex."""
 
 
 class WorkloadTooLargeError(GpuplanError):
@@ -252,13 +250,6 @@ def decode(data: bytes) -> Workload:
     if not isinstance(loaded, Mapping):
         raise InvalidWorkloadError("not a stored workload: not a JSON object")
     return from_json(loaded)
-
-
-def check_id(value: str) -> str:
-    """A workload id as issued (64 lowercase hex digits), else `InvalidRequestError`."""
-    if len(value) != ID_CHARS or any(c not in "0123456789abcdef" for c in value):
-        raise InvalidRequestError("workload_id", f"must be {ID_CHARS} lowercase hex digits")
-    return value
 
 
 def planned_seconds(plan: Mapping[str, Any]) -> float:

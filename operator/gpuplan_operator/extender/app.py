@@ -36,8 +36,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from gpuplan_operator.extender import plans, protocol, scoring
-from gpuplan_operator.extender.inventory import Snapshot
+from gpuplan_operator.extender.core import plans, protocol, scoring
+from gpuplan_operator.extender.core.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class SnapshotSource(Protocol):
     def snapshot(self) -> Snapshot | None:
         """The inventory to decide on; None before the first full sync."""
 
-    def age_seconds(self) -> float | None:
+    def age_s(self) -> float | None:
         """Seconds since the inventory was last known current; None before the first sync."""
 
 
@@ -97,7 +97,7 @@ def _make_metrics(registry: CollectorRegistry, source: SnapshotSource) -> _Metri
         "Seconds since the node/pod inventory was last known current (NaN before the first sync)",
         registry=registry,
     )
-    age.set_function(lambda: _or_nan(source.age_seconds()))
+    age.set_function(lambda: _or_nan(source.age_s()))
     nodes = Gauge("gpuplan_extender_inventory_nodes", "Nodes in the inventory", registry=registry)
     nodes.set_function(lambda: _node_count(source.snapshot()))
     return _Metrics(requests=requests, latency=latency)
@@ -171,6 +171,127 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _REASONS = {404: "NotFound", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
 
 
+class Decisions:
+    """The verbs' decisions over one snapshot source: parse the pod's plan, then score."""
+
+    def __init__(self, snapshot_source: SnapshotSource, resolve_type: plans.TypeResolver
+                 ) -> None:
+        self.snapshot_source = snapshot_source
+        self.resolve_type = resolve_type
+
+    def read_plan(self, args: protocol.ExtenderArgs) -> plans.PodPlan | None:
+        """The pod's plan; PlanError for anything unreadable, an unexpected failure included."""
+        try:
+            return plans.plan_for_pod(args.pod, self.resolve_type)
+        except plans.PlanError:
+            raise
+        except Exception as exc:  # a bug in reading must reject the pod, not let it through
+            log.exception("reading the plan of %s failed", args.pod_key)
+            raise plans.PlanError("Pod", f"unreadable ({type(exc).__name__})") from exc
+
+    async def filter(self, args: protocol.ExtenderArgs) -> Decision:
+        """`filter`: the nodes the pod's plan fits on; 503 before the first sync."""
+        try:
+            plan = self.read_plan(args)
+        except plans.PlanError as exc:
+            result = scoring.reject_all(args.node_names, f"invalid gpuplan plan: {exc}")
+            return "invalid_plan", protocol.dumps_filter_result(result, args)
+        if plan is None:
+            return "pass_through", protocol.dumps_filter_result(
+                scoring.pass_through(args.node_names), args)
+        snapshot = self.snapshot_source.snapshot()
+        if snapshot is None:
+            raise _HttpError(503, "NotReady", "gpuplan inventory has not synced yet")
+        result = scoring.filter_nodes(snapshot, plan, args.node_names)
+        log.debug("filter %s: %d passed, %d failed", args.pod_key, len(result.passed),
+                  len(result.failed) + len(result.failed_unresolvable))
+        return "ok", protocol.dumps_filter_result(result, args)
+
+    async def prioritize(self, args: protocol.ExtenderArgs) -> Decision:
+        """`prioritize`: a score per node; never an error (the filter rejects bad plans)."""
+        try:
+            plan = self.read_plan(args)
+        except plans.PlanError:
+            plan = None  # the filter already rejected it; scores must never error
+        scores = scoring.prioritize_scores(self.snapshot_source.snapshot(), plan,
+                                           args.node_names)
+        return ("ok" if plan else "pass_through"), protocol.dumps_scores(
+            args.node_names, scores, args.plain_names)
+
+
+def verb_handler(
+    verb: str, decide: Callable[[protocol.ExtenderArgs], Awaitable[Decision]],
+    metrics: _Metrics, max_body_bytes: int,
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The handler of one extender verb: read the args, decide, count and time the result."""
+
+    async def handle(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        try:
+            args = await _read_args(request, max_body_bytes)
+            result, body = await decide(args)
+            response = _json(body)
+        except _HttpError as exc:
+            result, response = f"http_{exc.status}", exc.response()
+        except Exception as exc:  # a bug must cost one request, not the process
+            log.exception("%s failed", verb)
+            result, response = "internal_error", _internal_error(exc)
+        metrics.requests.labels(verb, result).inc()
+        metrics.latency.labels(verb, result).observe(time.perf_counter() - started)
+        return response
+
+    return handle
+
+
+class Probes:
+    """Health, readiness (a synced, fresh inventory) and Prometheus metrics."""
+
+    def __init__(self, snapshot_source: SnapshotSource, registry: CollectorRegistry,
+                 stale_after_s: float) -> None:
+        self.snapshot_source = snapshot_source
+        self.registry = registry
+        self.stale_after_s = stale_after_s
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        """`GET /healthz`."""
+        return web.Response(text="ok")
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        """`GET /readyz`: 503 before the first sync or once the inventory is stale."""
+        age = self.snapshot_source.age_s()
+        if age is None:
+            return web.Response(status=503, text="inventory not synced")
+        if age > self.stale_after_s:
+            return web.Response(status=503, text=f"inventory stale: {age:.0f}s old")
+        return web.Response(text="ok")
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        """`GET /metrics`: Prometheus text."""
+        response = web.Response(body=generate_latest(self.registry))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own errors (404, 405, 413 …) in the JSON envelope, not as plain text."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        reason = _REASONS.get(exc.status, exc.reason.replace(" ", ""))
+        response = _json(protocol.encode_error(
+            reason, f"{exc.status} {exc.reason}: {request.method} {request.path[:200]}"),
+            exc.status)
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except Exception as exc:  # outside the verbs (health, metrics): still JSON, no traceback
+        log.exception("%s %s failed", request.method, request.path[:200])
+        return _internal_error(exc)
+
+
 def make_app(
     snapshot_source: SnapshotSource,
     registry: CollectorRegistry,
@@ -181,102 +302,14 @@ def make_app(
     """The extender's HTTP app; serve it with aiohttp's runner or the test client."""
     cfg = settings or AppSettings()
     metrics = _make_metrics(registry, snapshot_source)
-
-    def read_plan(args: protocol.ExtenderArgs) -> plans.PodPlan | None:
-        """The pod's plan; PlanError for anything unreadable, an unexpected failure included."""
-        try:
-            return plans.plan_for_pod(args.pod, resolve_type)
-        except plans.PlanError:
-            raise
-        except Exception as exc:  # a bug in reading must reject the pod, not let it through
-            log.exception("reading the plan of %s failed", args.pod_key)
-            raise plans.PlanError("Pod", f"unreadable ({type(exc).__name__})") from exc
-
-    async def decide_filter(args: protocol.ExtenderArgs) -> Decision:
-        try:
-            plan = read_plan(args)
-        except plans.PlanError as exc:
-            result = scoring.reject_all(args.node_names, f"invalid gpuplan plan: {exc}")
-            return "invalid_plan", protocol.dumps_filter_result(result, args)
-        if plan is None:
-            return "pass_through", protocol.dumps_filter_result(
-                scoring.pass_through(args.node_names), args)
-        snapshot = snapshot_source.snapshot()
-        if snapshot is None:
-            raise _HttpError(503, "NotReady", "gpuplan inventory has not synced yet")
-        result = scoring.filter_nodes(snapshot, plan, args.node_names)
-        log.debug("filter %s: %d passed, %d failed", args.pod_key, len(result.passed),
-                  len(result.failed) + len(result.failed_unresolvable))
-        return "ok", protocol.dumps_filter_result(result, args)
-
-    async def decide_prioritize(args: protocol.ExtenderArgs) -> Decision:
-        try:
-            plan = read_plan(args)
-        except plans.PlanError:
-            plan = None  # the filter already rejected it; scores must never error
-        scores = scoring.prioritize_scores(snapshot_source.snapshot(), plan, args.node_names)
-        return ("ok" if plan else "pass_through"), protocol.dumps_scores(
-            args.node_names, scores, args.plain_names)
-
-    def verb_handler(
-        verb: str, decide: Callable[[protocol.ExtenderArgs], Awaitable[Decision]]
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def handle(request: web.Request) -> web.Response:
-            started = time.perf_counter()
-            try:
-                args = await _read_args(request, cfg.max_body_bytes)
-                result, body = await decide(args)
-                response = _json(body)
-            except _HttpError as exc:
-                result, response = f"http_{exc.status}", exc.response()
-            except Exception as exc:  # a bug must cost one request, not the process
-                log.exception("%s failed", verb)
-                result, response = "internal_error", _internal_error(exc)
-            metrics.requests.labels(verb, result).inc()
-            metrics.latency.labels(verb, result).observe(time.perf_counter() - started)
-            return response
-
-        return handle
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def readyz(_: web.Request) -> web.Response:
-        age = snapshot_source.age_seconds()
-        if age is None:
-            return web.Response(status=503, text="inventory not synced")
-        if age > cfg.stale_after_s:
-            return web.Response(status=503, text=f"inventory stale: {age:.0f}s old")
-        return web.Response(text="ok")
-
-    async def metrics_handler(_: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(registry))
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return response
-
-    @web.middleware
-    async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """aiohttp's own errors (404, 405, 413 …) in the JSON envelope, not as plain text."""
-        try:
-            return await handler(request)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            reason = _REASONS.get(exc.status, exc.reason.replace(" ", ""))
-            response = _json(protocol.encode_error(
-                reason, f"{exc.status} {exc.reason}: {request.method} {request.path[:200]}"),
-                exc.status)
-            if "Allow" in exc.headers:
-                response.headers["Allow"] = exc.headers["Allow"]
-            return response
-        except Exception as exc:  # outside the verbs (health, metrics): still JSON, no traceback
-            log.exception("%s %s failed", request.method, request.path[:200])
-            return _internal_error(exc)
-
+    decisions = Decisions(snapshot_source, resolve_type)
+    probes = Probes(snapshot_source, registry, cfg.stale_after_s)
     app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[errors_as_json])
-    app.router.add_post("/extender/filter", verb_handler(FILTER, decide_filter))
-    app.router.add_post("/extender/prioritize", verb_handler(PRIORITIZE, decide_prioritize))
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_post("/extender/filter", verb_handler(
+        FILTER, decisions.filter, metrics, cfg.max_body_bytes))
+    app.router.add_post("/extender/prioritize", verb_handler(
+        PRIORITIZE, decisions.prioritize, metrics, cfg.max_body_bytes))
+    app.router.add_get("/healthz", probes.healthz)
+    app.router.add_get("/readyz", probes.readyz)
+    app.router.add_get("/metrics", probes.metrics)
     return app

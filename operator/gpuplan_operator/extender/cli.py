@@ -18,7 +18,8 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import provenance
 from gpuplan_operator.extender import app as app_module
-from gpuplan_operator.extender import plans, store, watcher
+from gpuplan_operator.extender import watcher
+from gpuplan_operator.extender.core import plans, store
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuplan_operator import gpu_accounting
-from gpuplan_operator.extender.store import NODES, PODS, InventoryStore
+from gpuplan_operator.core import gpu_accounting
+from gpuplan_operator.extender.core.store import NODES, PODS, InventoryStore
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import yaml
 from gpuplan_estimator.interfaces.cli import main as estimator_cli
 from gpuplan_estimator.interfaces.cli import serving
 from gpuplan_operator import __main__ as operator_main
-from gpuplan_operator import settings
+from gpuplan_operator.core import settings
 from gpuplan_operator.extender import cli as extender_cli
 from gpuplan_testing.helm_render import CHART, helm, render
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuplan_operator import benchmark_loop, benchmarks, retraining, settings
+from gpuplan_operator import benchmark_loop
+from gpuplan_operator.core import benchmarks, retraining, settings
 from gpuplan_testing import pod_security
 from gpuplan_testing.helm_render import render
 

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from gpuplan_estimator import devices
-from gpuplan_operator.extender import plans
 from gpuplan_operator.extender.app import AppSettings, make_app
-from gpuplan_operator.extender.inventory import Snapshot, build_snapshot
+from gpuplan_operator.extender.core import plans
+from gpuplan_operator.extender.core.snapshot import Snapshot, build_snapshot
 from gpuplan_testing import extender_builders as builders
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -43,7 +43,7 @@ class StaticSource:
     def snapshot(self) -> Snapshot | None:
         return self._snapshot
 
-    def age_seconds(self) -> float | None:
+    def age_s(self) -> float | None:
         return None if self._snapshot is None else 1.0
 
 

@@ -51,7 +51,7 @@ def test_gc_is_frozen_once_the_inventory_synced() -> None:
     import asyncio
     import gc
 
-    from gpuplan_operator.extender.store import NODES, PODS, InventoryStore
+    from gpuplan_operator.extender.core.store import NODES, PODS, InventoryStore
 
     inventory = InventoryStore(lambda: 0.0)
 

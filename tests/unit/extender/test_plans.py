@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuplan_estimator import devices
-from gpuplan_operator.extender import plans
+from gpuplan_operator.extender.core import plans
 from gpuplan_testing import extender_builders as builders
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -77,8 +77,8 @@ def test_catalog_resolver_maps_keys_nvml_names_and_labels() -> None:
 
 
 def test_catalog_plan_passes_matching_gfd_node() -> None:
-    from gpuplan_operator.extender import scoring
-    from gpuplan_operator.extender.inventory import NodeGpus
+    from gpuplan_operator.extender.core import scoring
+    from gpuplan_operator.extender.core.snapshot import NodeGpus
 
     resolve = plans.catalog_resolver(devices.load_catalog())
     plan = plans.plan_for_pod(builders.make_pod("p", gpus=8, gpu_type="h100-sxm-80gb"), resolve)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuplan_operator.extender import protocol
+from gpuplan_operator.extender.core import protocol
 from gpuplan_testing import extender_builders as builders
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplan_operator.extender import plans, scoring
-from gpuplan_operator.extender.inventory import NodeGpus, Snapshot, make_snapshot
+from gpuplan_operator.extender.core import plans, scoring
+from gpuplan_operator.extender.core.snapshot import NodeGpus, Snapshot, make_snapshot
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 L4 = "NVIDIA-L4"

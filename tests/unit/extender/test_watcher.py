@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from gpuplan_operator.extender.store import NODES, PODS, InventoryStore
+from gpuplan_operator.extender.core.store import NODES, PODS, InventoryStore
 from gpuplan_operator.extender.watcher import WatchExpired, WatchSettings, run_kind
 from gpuplan_testing import extender_builders as builders
 
@@ -128,4 +128,4 @@ def test_clean_watch_end_marks_fresh() -> None:
     store = synced_store(clock)
     run(lw, store, clock)
     assert lw.list_calls == 1  # 20 s silent < stale_after_s 50: keep watching
-    assert store.age_seconds() == 20.0  # pods were listed at 0 s; nodes confirmed at 20 s
+    assert store.age_s() == 20.0  # pods were listed at 0 s; nodes confirmed at 20 s

@@ -17,8 +17,9 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.interfaces.http import service, work
 from gpuplan_estimator.planning import planner
-from gpuplan_operator import benchmark_loop, benchmarks, errors, estimator_client, metrics
-from gpuplan_operator import settings as operator_settings
+from gpuplan_operator import benchmark_loop, estimator_client, metrics
+from gpuplan_operator.core import benchmarks, errors
+from gpuplan_operator.core import settings as operator_settings
 from gpuplan_testing.operator_builders import LocalServer
 
 NOW = dt.datetime(2026, 6, 15, 8, 30, tzinfo=dt.UTC)

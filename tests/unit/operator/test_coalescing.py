@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gpuplan_operator import coalescing
+from gpuplan_operator.core import coalescing
 
 
 def test_concurrent_callers_share_one_read_and_a_fresh_value_is_reused() -> None:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from gpuplan_estimator.core import options
-from gpuplan_operator import validation
+from gpuplan_operator.core import validation
 from gpuplan_testing.paths import REPO_ROOT
 
 CRD = REPO_ROOT / "crds" / "trainingjobs.gpuplan.io.yaml"

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gpuplan_operator import errors, estimator_client, inventory, resources, validation
+from gpuplan_operator import estimator_client
+from gpuplan_operator.core import errors, gpu_pools, resources, validation
 from gpuplan_testing.operator_builders import LocalServer, SpecBuilder
 
 PLAN = {"plan": {"gpu_type": "NVIDIA-L4", "device": "l4", "gpu_count": 8, "gpus_per_node": 4,
@@ -133,7 +134,7 @@ def test_request_body_follows_the_contract() -> None:
     spec = validation.parse_spec(SpecBuilder().set("training.sequenceLength", 128)
                                  .set("training.dims", {"heads": 12}).set("gpuTypes", ["NVIDIA-L4"])
                                  .obj())
-    pools = [inventory.GpuPool("NVIDIA-L4", gpus_per_node=4, nodes=8, free_gpus=30)]
+    pools = [gpu_pools.GpuPool("NVIDIA-L4", gpus_per_node=4, nodes=8, free_gpus=30)]
     body = estimator_client.build_request(spec, b"\x01\x02", pools)
     assert base64.b64decode(body["model_onnx_b64"]) == b"\x01\x02"
     assert body["training"] == {"batch_size": 256, "dataset_size": 1_281_167, "epochs": 1,

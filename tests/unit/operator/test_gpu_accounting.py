@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpuplan_operator import gpu_accounting, inventory
-from gpuplan_operator.extender import inventory as extender_inventory
+from gpuplan_operator.core import gpu_accounting, gpu_pools
+from gpuplan_operator.extender.core import snapshot
 
 
 @pytest.mark.parametrize(("raw", "value"), [("8", 8), (8, 8), ("0", 0), ("4000m", 4)])
@@ -66,9 +66,9 @@ def test_pod_gpu_request_counts_as_kubernetes_does(p: dict[str, Any], expected: 
 def test_operator_and_extender_count_the_same_pod_alike() -> None:
     p = pod([container("a", 2), container("b", 1)],
             [container("side", 1, sidecar=True), container("warm", 4)])
-    usage = extender_inventory.pod_usage(p)
+    usage = snapshot.pod_usage(p)
     assert usage is not None and usage.gpus == 5
-    assert inventory.gpu_requests_by_node([p]) == {"n1": 5}
+    assert gpu_pools.gpu_requests_by_node([p]) == {"n1": 5}
 
 
 @pytest.mark.parametrize(("node", "phase", "holds"), [

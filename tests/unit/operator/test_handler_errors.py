@@ -6,7 +6,8 @@ import kopf
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuplan_operator import errors, handlers, metrics, modelsource, reconcile, settings
+from gpuplan_operator import handlers, metrics, modelsource, reconcile
+from gpuplan_operator.core import errors, settings
 
 CTX = reconcile.Context(
     kube=None,  # type: ignore[arg-type]

@@ -11,7 +11,8 @@ import kubernetes
 import pytest
 from aiohttp import web
 
-from gpuplan_operator import errors, kube
+from gpuplan_operator import kube
+from gpuplan_operator.core import errors
 from gpuplan_testing.operator_builders import LocalServer
 
 JOB = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "tj-train"}}

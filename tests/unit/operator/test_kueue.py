@@ -14,26 +14,16 @@ import yaml
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gpuplan_operator import (
-    errors,
-    handlers,
-    inventory,
-    kueue,
-    manifests,
-    metrics,
-    modelsource,
-    reconcile,
-    settings,
-    validation,
-)
+from gpuplan_operator import handlers, metrics, modelsource, reconcile
+from gpuplan_operator.core import errors, gpu_pools, kueue, manifests, settings, validation
 from gpuplan_testing.kueue_builders import ClusterQueueBuilder, local_queue, resource_flavor
 from gpuplan_testing.operator_builders import LocalServer, SpecBuilder, make_plan
 from gpuplan_testing.paths import REPO_ROOT
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 L4, A100, H100 = "NVIDIA-L4", "NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"
-POOLS = [inventory.GpuPool(A100, 8, 4, 32), inventory.GpuPool(H100, 8, 4, 30),
-         inventory.GpuPool(L4, 4, 8, 32)]
+POOLS = [gpu_pools.GpuPool(A100, 8, 4, 32), gpu_pools.GpuPool(H100, 8, 4, 30),
+         gpu_pools.GpuPool(L4, 4, 8, 32)]
 FLAVORS = [resource_flavor("a100", A100), resource_flavor("h100", H100),
            resource_flavor("l4", L4), resource_flavor("cpu")]
 

@@ -14,7 +14,7 @@ import pytest
 from kopf import cli as kopf_cli
 
 from gpuplan_operator import __main__ as entry
-from gpuplan_operator import settings
+from gpuplan_operator.core import settings
 
 SCRIPT = pathlib.Path(sys.executable).with_name("gpuplan-operator")
 

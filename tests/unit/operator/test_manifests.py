@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpuplan_operator import annotations, manifests, resources
+from gpuplan_operator.core import annotations, manifests, resources
 from gpuplan_testing.operator_builders import SpecBuilder, make_plan
 
 OWNER = manifests.Owner(name="resnet", uid="uid-1")

@@ -71,7 +71,7 @@ def test_drift_is_averaged_in_log_space_and_failures_are_left_out() -> None:
 def test_plan_outcomes_the_alerts_read_exist_from_zero() -> None:
     """GpuplanNoFeasiblePlans takes increase() of these: a series born at 1 would hide the
     first NoFeasiblePlan answers."""
-    from gpuplan_operator.resources import Reason
+    from gpuplan_operator.core.resources import Reason
 
     registry = CollectorRegistry()
     m = metrics.OperatorMetrics(registry)

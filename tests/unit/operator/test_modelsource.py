@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gpuplan_operator import errors, modelsource
+from gpuplan_operator import modelsource
+from gpuplan_operator.core import errors
 from gpuplan_testing.operator_builders import LocalServer
 
 GUARD = modelsource.UrlGuard()

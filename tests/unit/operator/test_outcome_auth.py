@@ -15,7 +15,8 @@ from gpuplan_estimator.interfaces.cli import serving
 from gpuplan_estimator.interfaces.http import service, work
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import planner
-from gpuplan_operator import errors, estimator_client, resources, settings
+from gpuplan_operator import estimator_client
+from gpuplan_operator.core import errors, resources, settings
 from gpuplan_testing import tokenreviews as tr
 from gpuplan_testing.operator_builders import LocalServer
 

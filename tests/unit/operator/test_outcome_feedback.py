@@ -15,10 +15,11 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core.errors import DatabaseError
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.interfaces.cli import serving
-from gpuplan_estimator.interfaces.http import service, wire, work
+from gpuplan_estimator.interfaces.http import service, storage, wire, work
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import planner
-from gpuplan_operator import errors, estimator_client, resources
+from gpuplan_operator import estimator_client
+from gpuplan_operator.core import errors, resources
 from gpuplan_testing.operator_builders import LocalServer
 
 PLAN = resources.Plan(
@@ -53,7 +54,7 @@ def test_unreachable_estimator_is_a_typed_error() -> None:
                                                     timeout_seconds=2))
 
 
-def _roofline_service(url: str, outcome_sink: service.OutcomeSink) -> web.Application:
+def _roofline_service(url: str, outcome_sink: storage.OutcomeSink) -> web.Application:
     """`gpuplan serve`'s app on the roofline, calibrating from the database at `url`."""
     context = planner.PlannerContext(catalog=devices.load_catalog(),
                                      predictor=roofline.RooflinePredictor(),

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpuplan_operator import errors, estimator_client, manifests, resources
+from gpuplan_operator import estimator_client
+from gpuplan_operator.core import errors, manifests, resources
 from gpuplan_testing import crd_schema
 from gpuplan_testing.operator_builders import LocalServer, make_plan
 

@@ -13,16 +13,8 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gpuplan_operator import (
-    errors,
-    inventory,
-    kube,
-    manifests,
-    metrics,
-    modelsource,
-    reconcile,
-    settings,
-)
+from gpuplan_operator import kube, metrics, modelsource, reconcile
+from gpuplan_operator.core import errors, gpu_pools, manifests, settings
 from gpuplan_testing.operator_builders import LocalServer, SpecBuilder, make_plan
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -375,13 +367,13 @@ def test_no_feasible_plan_is_re_evaluated_when_gpu_capacity_changes() -> None:
 
 
 def test_free_gpus_do_not_count_as_a_capacity_change() -> None:
-    busy = inventory.build_inventory([_gpu_node("l4-0", "NVIDIA-L4", 4)], [
+    busy = gpu_pools.build_inventory([_gpu_node("l4-0", "NVIDIA-L4", 4)], [
         {"spec": {"nodeName": "l4-0", "containers": [
             {"resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
          "status": {"phase": "Running"}}])
-    idle = inventory.build_inventory([_gpu_node("l4-0", "NVIDIA-L4", 4)], [])
+    idle = gpu_pools.build_inventory([_gpu_node("l4-0", "NVIDIA-L4", 4)], [])
     assert busy != idle
-    assert inventory.capacity(busy) == inventory.capacity(idle)
+    assert gpu_pools.capacity(busy) == gpu_pools.capacity(idle)
 
 
 def _finished_job(condition: str, *, uid: str = "job-uid") -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
-from gpuplan_operator import resources
+from gpuplan_operator.core import resources
 from gpuplan_testing.operator_builders import make_plan
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)

@@ -9,7 +9,8 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from gpuplan_operator import benchmarks, metrics, retraining
+from gpuplan_operator import metrics
+from gpuplan_operator.core import benchmarks, retraining
 
 OPTIONS = retraining.JobOptions(image="ghcr.io/gpuplan/gpuplan:0.1.0", db_secret="perfdb",
                                 max_rows=40000, resources={"requests": {"cpu": "2"}})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplan_operator import errors, settings
+from gpuplan_operator.core import errors, settings
 
 
 def test_from_env_parses_types() -> None:

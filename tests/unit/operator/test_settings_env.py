@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplan_operator import errors, settings
+from gpuplan_operator.core import errors, settings
 
 BASE = {"GPUPLAN_ESTIMATOR_URL": "http://e:8080"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplan_operator import errors, validation
+from gpuplan_operator.core import errors, validation
 from gpuplan_testing.operator_builders import SpecBuilder
 
 

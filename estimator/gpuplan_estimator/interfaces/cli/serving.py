@@ -17,7 +17,8 @@ from gpuplan_estimator.core import paths
 from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError
 from gpuplan_estimator.devices.prices import PRICES_ENV
 from gpuplan_estimator.interfaces.cli import arguments, plans
-from gpuplan_estimator.interfaces.http import auth, service, tokenreview, wire
+from gpuplan_estimator.interfaces.http import auth, service, storage, tokenreview, wire
+from gpuplan_estimator.interfaces.http.state import BundleSync
 from gpuplan_estimator.planning import calibrating
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def _lazy_store(db_url: str | None) -> Callable[[], PerfStore]:
     return store
 
 
-def perfdb_outcome_sink(db_url: str | None) -> service.OutcomeSink:
+def perfdb_outcome_sink(db_url: str | None) -> storage.OutcomeSink:
     """Job outcomes go to the performance database, opened on first use.
 
     The plan's estimate was already calibrated; dividing by the factor it was planned with
@@ -198,7 +199,7 @@ def perfdb_outcome_sink(db_url: str | None) -> service.OutcomeSink:
     return sink
 
 
-def perfdb_outcome_history(db_url: str | None) -> service.OutcomeHistory:
+def perfdb_outcome_history(db_url: str | None) -> storage.OutcomeHistory:
     """Stored job outcomes as calibration samples, from the database opened on first use.
 
     Whole jobs of training: mode "train", and the job's seconds stand for its steps' time (the
@@ -217,7 +218,7 @@ def perfdb_outcome_history(db_url: str | None) -> service.OutcomeHistory:
     return history
 
 
-def perfdb_scaling_history(db_url: str | None) -> service.ScalingHistory:
+def perfdb_scaling_history(db_url: str | None) -> storage.ScalingHistory:
     """Stored job outcomes as records (every column, NULL as None or NaN) for the scaling fit
     (`planning.scaling.fit_from_outcomes`), from the database opened on first use."""
     store = _lazy_store(db_url)
@@ -234,7 +235,7 @@ BUNDLE_SYNC_RETRIES = 1
 database that is down must not hold up start-up for the store's full backoff."""
 
 
-def perfdb_bundle_sync(db_url: str | None, cache_dir: Path) -> service.BundleSync:
+def perfdb_bundle_sync(db_url: str | None, cache_dir: Path) -> BundleSync:
     """Keeps `cache_dir` on the database's active bundle (`selection.sync_active_bundle`)."""
     from gpuplan_estimator.models import selection
     from gpuplan_estimator.perfdb import PerfStore
@@ -250,7 +251,7 @@ def perfdb_bundle_sync(db_url: str | None, cache_dir: Path) -> service.BundleSyn
     return sync
 
 
-def perfdb_workload_sink(db_url: str | None) -> service.WorkloadSink:
+def perfdb_workload_sink(db_url: str | None) -> storage.WorkloadSink:
     """Plans' workloads go to the performance database (`PerfStore.add_workload`), opened on
     first use."""
     store = _lazy_store(db_url)
@@ -268,7 +269,7 @@ arrives while it is still stored."""
 
 def perfdb_workload_pruner(db_url: str | None, retention_s: float,
                            clock: Callable[[], datetime] = lambda: datetime.now(UTC)
-                           ) -> service.WorkloadPruner:
+                           ) -> storage.WorkloadPruner:
     """Deletes plan workloads older than `retention_s` that no outcome names
     (`PerfStore.prune_workloads`), from the database opened on first use."""
     store = _lazy_store(db_url)
@@ -279,7 +280,7 @@ def perfdb_workload_pruner(db_url: str | None, retention_s: float,
     return prune
 
 
-def perfdb_bundle_activator(db_url: str | None) -> service.BundleActivator:
+def perfdb_bundle_activator(db_url: str | None) -> storage.BundleActivator:
     """`POST /v1/models/{version}/activate` activates in the database, opened on first use."""
     store = _lazy_store(db_url)
 
@@ -289,7 +290,7 @@ def perfdb_bundle_activator(db_url: str | None) -> service.BundleActivator:
     return activate
 
 
-def perfdb_coverage_source(db_url: str | None) -> service.CoverageSource:
+def perfdb_coverage_source(db_url: str | None) -> storage.CoverageSource:
     """Coverage per device from the performance database, opened on first use."""
     store = _lazy_store(db_url)
 

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
-from gpuplan_estimator.core import limits, options
+from gpuplan_estimator.core import limits, options, vocabulary
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.planning.placement import Objective
 from gpuplan_estimator.planning.requests import (
@@ -223,7 +223,7 @@ class OutcomeBody(_Body):
         float, Field(gt=0, le=MAX_INTERCONNECT_GBPS, allow_inf_nan=False)] | None = Field(
         None, description="The GPU type's intra-node interconnect GB/s the plan assumed.")
     workload_id: str | None = Field(
-        None, pattern=r"^[0-9a-f]{64}$",
+        None, pattern=f"^{vocabulary.WORKLOAD_ID_PATTERN}$",
         description="The plan response's workload_id: links the outcome to the plan's stored "
                     "workload, which the promotion gate re-estimates with each bundle.")
 

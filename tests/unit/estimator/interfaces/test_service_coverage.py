@@ -15,7 +15,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.interfaces.cli import serving
-from gpuplan_estimator.interfaces.http import service, work
+from gpuplan_estimator.interfaces.http import coverage, service, storage, work
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import planner
 
@@ -28,7 +28,7 @@ def _context() -> planner.PlannerContext:
         predictor_source="roofline", manifest={"devices": ["t4", "cpu"]})
 
 
-async def _get(source: service.CoverageSource | None) -> tuple[int, dict[str, Any]]:
+async def _get(source: storage.CoverageSource | None) -> tuple[int, dict[str, Any]]:
     app = service.make_app(service.ServiceState(functools.partial(work.given_context, _context())),
                            service.ServiceSettings(bundle_poll_s=3600), coverage_source=source)
     async with TestClient(TestServer(app)) as client:
@@ -37,7 +37,7 @@ async def _get(source: service.CoverageSource | None) -> tuple[int, dict[str, An
 
 
 def test_coverage_json_lists_catalog_bundle_and_database_devices() -> None:
-    doc = service.coverage_json({"l4": (7, NEWEST), "custom-gpu": (2, None)}, ["t4"],
+    doc = coverage.coverage_json({"l4": (7, NEWEST), "custom-gpu": (2, None)}, ["t4"],
                                 ["t4", "l4", "h100-sxm-80gb"], bundle_rows={"t4": 40},
                                 bundle_version=5)
     assert doc["bundle_version"] == 5
@@ -87,15 +87,15 @@ def test_bundle_heldout_rows_sum_the_manifests_random_split_rows_per_device() ->
         "conv2d": {"random_split_by_device": {"t4": {"rows": 10.0}}},
         "pool": {"random_split": {"rows": 99.0}},  # no per-device split: counts nothing
         "bad": "not an object"}}
-    assert service.bundle_heldout_rows(manifest) == {"t4": 40, "l4": 12}
-    assert service.bundle_heldout_rows({}) == {}
+    assert coverage.bundle_heldout_rows(manifest) == {"t4": 40, "l4": 12}
+    assert coverage.bundle_heldout_rows({}) == {}
 
 
 def test_shipped_bundle_counts_rows_for_every_gpu_it_was_trained_on() -> None:
     from gpuplan_estimator.models import bundles
 
     manifest = bundles.read_manifest(bundles.SHIPPED_BUNDLE)
-    rows = service.bundle_training_rows(manifest)  # the shipped one predates device_rows
+    rows = coverage.bundle_training_rows(manifest)  # the shipped one predates device_rows
     gpus = [d for d in manifest["devices"] if d != "cpu"]
     assert gpus and all(rows.get(d, 0) > 0 for d in gpus), rows
 
@@ -103,8 +103,8 @@ def test_shipped_bundle_counts_rows_for_every_gpu_it_was_trained_on() -> None:
 def test_bundle_rows_are_the_manifests_device_rows_when_it_has_them() -> None:
     held_out_only = {"metrics": {"gemm": {"random_split_by_device": {"t4": {"rows": 30.0}}}}}
     trained = {**held_out_only, "device_rows": {"t4": 1500, "l4": 80}}
-    assert service.bundle_training_rows(trained) == {"t4": 1500, "l4": 80}
-    assert service.bundle_training_rows(held_out_only) == {"t4": 30}  # an older bundle
-    doc = service.coverage_json({}, ["t4", "l4"], [],
-                                bundle_rows=service.bundle_training_rows(trained))
+    assert coverage.bundle_training_rows(trained) == {"t4": 1500, "l4": 80}
+    assert coverage.bundle_training_rows(held_out_only) == {"t4": 30}  # an older bundle
+    doc = coverage.coverage_json({}, ["t4", "l4"], [],
+                                bundle_rows=coverage.bundle_training_rows(trained))
     assert doc["devices"]["l4"]["bundle_rows"] == 80

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.interfaces.cli import serving
-from gpuplan_estimator.interfaces.http import service, wire, work
+from gpuplan_estimator.interfaces.http import routes, service, wire, work
 from gpuplan_estimator.planning import calibrating
 from gpuplan_testing import contexts
 
@@ -72,7 +72,7 @@ def test_malformed_bodies_are_400_envelopes_never_500(body: bytes, words: str) -
             assert resp.status == 400, await resp.text()
             err = (await resp.json())["error"]
             assert err["reason"] == "InvalidJSON" and words in err["message"]
-        if len(body) < service.MAX_OUTCOME_BODY_BYTES:
+        if len(body) < routes.MAX_OUTCOME_BODY_BYTES:
             resp = await client.post("/v1/outcomes", data=body)
             assert resp.status in (400, 503)  # 503: this service has no database
         assert (await client.get("/healthz")).status == 200

@@ -18,7 +18,8 @@ from gpuplan_estimator.interfaces.cli import serving
 from gpuplan_estimator.interfaces.http import responses, service
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import workloads
-from gpuplan_operator import estimator_client, resources
+from gpuplan_operator import estimator_client
+from gpuplan_operator.core import resources
 from gpuplan_testing import workload_builders as wb
 from gpuplan_testing.contexts import roofline_context
 

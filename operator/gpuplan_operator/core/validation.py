@@ -6,16 +6,18 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpuplan_estimator.core import options
+from gpuplan_estimator.core import options, vocabulary
 from gpuplan_estimator.core.durations import parse_duration_seconds
-from gpuplan_operator import errors, resources
+from gpuplan_operator.core import errors, resources
 
 OPTIMIZERS = frozenset(options.OPTIMIZERS)
 PRECISIONS = frozenset(options.PRECISIONS)
 ATTENTIONS = frozenset(options.ATTENTIONS)
 PREFERENCES = frozenset(options.OBJECTIVES)
-FORMATS = frozenset({"auto", "raw", "gzip", "xz", "zstd"})
-MAX_DIMS = 32
+FORMATS = frozenset(vocabulary.MODEL_FORMATS)
+MAX_TRAINING_JOB_DIMS = 32
+"""Named dims a TrainingJob may carry: the CRD's `training.dims` maxProperties (tested equal),
+below what one estimator request may carry (`limits.MAX_DIMS`)."""
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """RFC 1123 label: a LocalQueue name must also be a label value (`kueue.x-k8s.io/queue-name`)."""
 
@@ -144,8 +146,8 @@ def _check_training(training: object, out: list[str]) -> None:
     if not isinstance(dims, Mapping):
         out.append(f"{path}.dims: must be a map of name to integer")
         return
-    if len(dims) > MAX_DIMS:
-        out.append(f"{path}.dims: at most {MAX_DIMS} entries, got {len(dims)}")
+    if len(dims) > MAX_TRAINING_JOB_DIMS:
+        out.append(f"{path}.dims: at most {MAX_TRAINING_JOB_DIMS} entries, got {len(dims)}")
     for name in dims:
         _check_int(dims, name, f"{path}.dims", 1, 1 << 30, out, required=True)
 

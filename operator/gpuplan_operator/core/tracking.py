@@ -7,7 +7,7 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuplan_operator import resources
+from gpuplan_operator.core import resources
 
 
 class StartSource:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from gpuplan_operator import gpu_accounting
+from gpuplan_operator.core import gpu_accounting
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors, exit_codes
-from gpuplan_operator import gpu_accounting
+from gpuplan_operator.core import gpu_accounting
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "benchmark"

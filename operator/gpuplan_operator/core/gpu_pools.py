@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuplan_operator import gpu_accounting
+from gpuplan_operator.core import gpu_accounting
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,25 +4,25 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplan_operator.extender import inventory
-from gpuplan_operator.extender.store import NODES, PODS, InventoryStore
+from gpuplan_operator.extender.core import snapshot
+from gpuplan_operator.extender.core.store import NODES, PODS, InventoryStore
 from gpuplan_testing import extender_builders as builders
 
 L4 = "NVIDIA-L4"
 
 
 def test_node_gpus_reads_label_and_allocatable() -> None:
-    view = inventory.node_gpus(builders.make_node("n", L4, 4))
-    assert view == inventory.NodeGpus("n", L4, 4, 0)
+    view = snapshot.node_gpus(builders.make_node("n", L4, 4))
+    assert view == snapshot.NodeGpus("n", L4, 4, 0)
     assert view.free_gpus == 4
-    bare = inventory.node_gpus(builders.make_node("cpu"))
+    bare = snapshot.node_gpus(builders.make_node("cpu"))
     assert bare.product is None and bare.allocatable_gpus is None and bare.free_gpus is None
 
 
 def test_node_gpus_tolerates_garbage_allocatable() -> None:
     node = builders.make_node("n", L4, 4)
     node["status"]["allocatable"]["nvidia.com/gpu"] = "lots"
-    assert inventory.node_gpus(node).allocatable_gpus is None
+    assert snapshot.node_gpus(node).allocatable_gpus is None
 
 
 @pytest.mark.parametrize(
@@ -33,8 +33,8 @@ def test_node_gpus_tolerates_garbage_allocatable() -> None:
 def test_pod_usage_counts_bound_non_terminal_pods(
     phase: str, node: str | None, counted: bool
 ) -> None:
-    usage = inventory.pod_usage(builders.make_pod("p", gpus=2, node_name=node, phase=phase))
-    assert (usage == inventory.PodUsage("n", 2)) is counted
+    usage = snapshot.pod_usage(builders.make_pod("p", gpus=2, node_name=node, phase=phase))
+    assert (usage == snapshot.PodUsage("n", 2)) is counted
     assert counted or usage is None
 
 
@@ -43,7 +43,7 @@ def test_build_snapshot_subtracts_bound_pods() -> None:
     pods = [builders.make_pod("p1", gpus=1, node_name="a", phase="Running"),
             builders.make_pod("p2", gpus=2, node_name="a", phase="Running"),
             builders.make_pod("p3", gpus=4, node_name="b", phase="Succeeded")]
-    snap = inventory.build_snapshot(nodes, pods, fresh_at_s=3.0)
+    snap = snapshot.build_snapshot(nodes, pods, fresh_at_s=3.0)
     assert snap.nodes["a"].free_gpus == 1
     assert snap.nodes["b"].free_gpus == 4
 
@@ -58,7 +58,7 @@ class FakeClock:
 
 def test_store_is_unsynced_until_both_kinds_are_listed() -> None:
     store = InventoryStore(FakeClock())
-    assert store.snapshot() is None and store.age_seconds() is None
+    assert store.snapshot() is None and store.age_s() is None
     store.replace(NODES, [builders.make_node("a", L4, 4)])
     assert store.snapshot() is None
     store.replace(PODS, [])
@@ -85,7 +85,7 @@ def test_store_applies_events_and_keeps_old_snapshots_unchanged() -> None:
     store.apply(NODES, "ADDED", builders.make_node("b", L4, 8))
     store.apply(NODES, "DELETED", builders.make_node("a", L4, 4))
     final = store.snapshot()
-    assert final is not None and dict(final.nodes) == {"b": inventory.NodeGpus("b", L4, 8, 0)}
+    assert final is not None and dict(final.nodes) == {"b": snapshot.NodeGpus("b", L4, 8, 0)}
 
 
 def test_store_unchanged_snapshot_is_reused() -> None:
@@ -102,9 +102,9 @@ def test_store_age_tracks_the_oldest_kind() -> None:
     clock.now_s += 10
     store.replace(PODS, [])
     clock.now_s += 5
-    assert store.age_seconds() == 15.0
+    assert store.age_s() == 15.0
     store.mark_fresh(NODES)
-    assert store.age_seconds() == 5.0
+    assert store.age_s() == 5.0
     snap = store.snapshot()
     assert snap is not None and snap.fresh_at_s == 110.0
 
@@ -148,7 +148,7 @@ def test_store_follows_events_like_a_full_rebuild() -> None:
             store.apply(NODES, "DELETED", nodes.pop(name))
         if step % 97 == 0 or step == 1999:
             got = store.snapshot()
-            want = inventory.build_snapshot(nodes.values(), pods.values(), fresh_at_s=0.0)
+            want = snapshot.build_snapshot(nodes.values(), pods.values(), fresh_at_s=0.0)
             assert got is not None and dict(got.nodes) == dict(want.nodes)
             for name in nodes:
                 assert got.index.classes[got.index.class_of[name]] == (
@@ -165,7 +165,7 @@ def test_store_follows_events_like_a_full_rebuild() -> None:
      {"metadata": {"name": "n"}, "status": "Ready"}],
 )
 def test_node_gpus_never_raises(node: dict) -> None:
-    view = inventory.node_gpus(node)
+    view = snapshot.node_gpus(node)
     assert view.allocatable_gpus is None
 
 
@@ -179,7 +179,7 @@ def test_a_malformed_pod_from_the_watch_counts_as_zero_and_keeps_the_store_alive
     spec: dict,
 ) -> None:
     pod = {"metadata": {"name": "p", "uid": "u"}, "spec": spec, "status": {"phase": "Running"}}
-    assert inventory.pod_usage(pod) is None
+    assert snapshot.pod_usage(pod) is None
     store = InventoryStore(FakeClock())
     store.replace(NODES, [builders.make_node("n", L4, 4)])
     store.replace(PODS, [pod])

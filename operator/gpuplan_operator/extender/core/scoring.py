@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuplan_operator.extender.inventory import NodeGpus, Snapshot
-from gpuplan_operator.extender.plans import PodPlan
-from gpuplan_operator.extender.protocol import MAX_SCORE, MIN_SCORE, FilterResult
-from gpuplan_operator.gpu_accounting import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpuplan_operator.core.gpu_accounting import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpuplan_operator.extender.core.plans import PodPlan
+from gpuplan_operator.extender.core.protocol import MAX_SCORE, MIN_SCORE, FilterResult
+from gpuplan_operator.extender.core.snapshot import NodeGpus, Snapshot
 
 EXACT_FIT_SCORE = MAX_SCORE
 """The pod fills the node's free GPUs exactly: no fragment is left behind."""

@@ -19,9 +19,9 @@ from typing import Any
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core.errors import UnknownDeviceError
-from gpuplan_operator import annotations as plan_keys
-from gpuplan_operator import gpu_accounting
-from gpuplan_operator.extender.protocol import type_name as _type_name
+from gpuplan_operator.core import annotations as plan_keys
+from gpuplan_operator.core import gpu_accounting
+from gpuplan_operator.extender.core.protocol import type_name as _type_name
 
 TypeResolver = Callable[[str], frozenset[str]]
 """Planned type as written → the accepted `nvidia.com/gpu.product` values, casefolded."""

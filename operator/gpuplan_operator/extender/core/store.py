@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from gpuplan_operator.extender import inventory
+from gpuplan_operator.extender.core import snapshot
 
 NODES = "nodes"
 PODS = "pods"
@@ -23,7 +23,7 @@ KINDS = (NODES, PODS)
 class InventoryStore:
     """Current Nodes and GPU-holding Pods; `snapshot()` is None until both kinds were listed.
 
-    The per-node views and their class index (`inventory.NodeIndex`) are kept up to date event
+    The per-node views and their class index (`snapshot.NodeIndex`) are kept up to date event
     by event: a pod binding or finishing touches one node, so handing out the next snapshot
     costs two dict copies, not a rebuild of every node's view (~5 ms at 5,000 nodes, which
     every request after a change used to pay).
@@ -32,15 +32,15 @@ class InventoryStore:
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._base: dict[str, inventory.NodeGpus] = {}  # used_gpus always 0 here
-        self._usage: dict[str, inventory.PodUsage] = {}
+        self._base: dict[str, snapshot.NodeGpus] = {}  # used_gpus always 0 here
+        self._usage: dict[str, snapshot.PodUsage] = {}
         self._used: dict[str, int] = {}
         self._fresh_at_s: dict[str, float] = {}
-        self._cached: inventory.Snapshot | None = None
+        self._cached: snapshot.Snapshot | None = None
         # Derived from _base and _used, kept in step by _refresh_node:
-        self._views: dict[str, inventory.NodeGpus] = {}
+        self._views: dict[str, snapshot.NodeGpus] = {}
         self._class_ids: dict[tuple[str | None, int | None, int], int] = {}
-        self._classes: list[inventory.NodeGpus] = []
+        self._classes: list[snapshot.NodeGpus] = []
         self._class_members: list[int] = []
         self._class_of: dict[str, int] = {}
 
@@ -52,15 +52,15 @@ class InventoryStore:
             if kind == NODES:
                 self._base = {}
                 for node in items:
-                    view = inventory.node_gpus(node)
+                    view = snapshot.node_gpus(node)
                     self._base[view.name] = view
             elif kind == PODS:
                 self._usage = {}
                 for pod in items:
-                    usage = inventory.pod_usage(pod)
+                    usage = snapshot.pod_usage(pod)
                     if usage is not None:
-                        self._usage[inventory.pod_key(pod)] = usage
-                self._used = inventory.used_by_node(self._usage.values())
+                        self._usage[snapshot.pod_key(pod)] = usage
+                self._used = snapshot.used_by_node(self._usage.values())
             else:
                 raise ValueError(f"unknown kind {kind!r}")
             self._fresh_at_s[kind] = self._clock()
@@ -84,7 +84,7 @@ class InventoryStore:
                 self._fresh_at_s[kind] = self._clock()
 
     def _apply_node(self, event_type: str, obj: Mapping[str, Any]) -> None:
-        view = inventory.node_gpus(obj)
+        view = snapshot.node_gpus(obj)
         if event_type == "DELETED":
             if self._base.pop(view.name, None) is not None:
                 self._refresh_node(view.name)
@@ -95,8 +95,8 @@ class InventoryStore:
     def _apply_pod(self, event_type: str, obj: Mapping[str, Any]) -> None:
         if event_type not in ("ADDED", "MODIFIED", "DELETED"):
             return
-        key = inventory.pod_key(obj)
-        new = None if event_type == "DELETED" else inventory.pod_usage(obj)
+        key = snapshot.pod_key(obj)
+        new = None if event_type == "DELETED" else snapshot.pod_usage(obj)
         old = self._usage.get(key)
         if new == old:
             return
@@ -134,7 +134,7 @@ class InventoryStore:
                 self._cached = None
             return
         used = self._used.get(name, 0)
-        view = base if used == base.used_gpus else inventory.NodeGpus(
+        view = base if used == base.used_gpus else snapshot.NodeGpus(
             name, base.product, base.allocatable_gpus, used)
         if self._views.get(name) == view:
             return
@@ -143,7 +143,7 @@ class InventoryStore:
         cid = self._class_ids.get(key)
         if cid is None:
             cid = self._class_ids[key] = len(self._classes)
-            self._classes.append(inventory.NodeGpus("", *key))
+            self._classes.append(snapshot.NodeGpus("", *key))
             self._class_members.append(0)
         if cid != old_cid:
             if old_cid is not None:
@@ -154,14 +154,14 @@ class InventoryStore:
 
     # -- readers -------------------------------------------------------------------------------
 
-    def age_seconds(self) -> float | None:
+    def age_s(self) -> float | None:
         """Seconds since both kinds were last known current; None before the first sync."""
         with self._lock:
             if len(self._fresh_at_s) < len(KINDS):
                 return None
             return max(self._clock() - min(self._fresh_at_s.values()), 0.0)
 
-    def snapshot(self) -> inventory.Snapshot | None:
+    def snapshot(self) -> snapshot.Snapshot | None:
         """The inventory as an immutable Snapshot (cached until it changes); None before sync."""
         with self._lock:
             if len(self._fresh_at_s) < len(KINDS):
@@ -171,10 +171,10 @@ class InventoryStore:
             if cached is None:
                 if len(self._classes) > 2 * self._live_classes() + 64:
                     self._rebuild()  # classes emptied by churn would be evaluated per request
-                cached = self._cached = inventory.Snapshot(
+                cached = self._cached = snapshot.Snapshot(
                     nodes=MappingProxyType(dict(self._views)),
                     fresh_at_s=fresh_at_s,
-                    index=inventory.NodeIndex(classes=tuple(self._classes),
+                    index=snapshot.NodeIndex(classes=tuple(self._classes),
                                               class_of=dict(self._class_of)),
                 )
             elif cached.fresh_at_s != fresh_at_s:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuplan_estimator.core import exit_codes
-from gpuplan_operator import benchmarks
+from gpuplan_operator.core import benchmarks
 
 COMPONENT = "retraining"
 NAME_PREFIX = "gpuplan-retrain-"

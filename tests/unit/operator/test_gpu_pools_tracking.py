@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuplan_operator import inventory, tracking
+from gpuplan_operator.core import gpu_pools, tracking
 
 
 def node(name: str, product: str | None, gpus: str, *, ready: bool = True,
@@ -27,9 +27,9 @@ def test_inventory_groups_by_product_and_subtracts_active_requests() -> None:
              node("cpu", None, "0"), node("bad", "A100", "8", ready=False),
              node("cordoned", "L4", "4", unschedulable=True)]
     pods = [pod("a0", "3"), pod("a0", "8", phase="Succeeded"), pod("l0", "4"), pod(None, "2")]
-    assert inventory.build_inventory(nodes, pods) == [
-        inventory.GpuPool("A100", gpus_per_node=8, nodes=2, free_gpus=13),
-        inventory.GpuPool("L4", gpus_per_node=4, nodes=1, free_gpus=0),
+    assert gpu_pools.build_inventory(nodes, pods) == [
+        gpu_pools.GpuPool("A100", gpus_per_node=8, nodes=2, free_gpus=13),
+        gpu_pools.GpuPool("L4", gpus_per_node=4, nodes=1, free_gpus=0),
     ]
 
 
@@ -37,7 +37,7 @@ def test_a_node_with_a_malformed_gpu_count_is_left_out() -> None:
     nodes = [{"metadata": {"name": "n", "labels": {"nvidia.com/gpu.product": "L4"}},
               "status": {"allocatable": {"nvidia.com/gpu": "1k"},
                          "conditions": [{"type": "Ready", "status": "True"}]}}]
-    assert inventory.build_inventory(nodes, []) == []
+    assert gpu_pools.build_inventory(nodes, []) == []
 
 
 def job(conditions: list[dict[str, Any]], **status: Any) -> dict[str, Any]:

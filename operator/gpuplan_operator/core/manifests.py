@@ -9,8 +9,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpuplan_operator import annotations as plan_keys
-from gpuplan_operator import gpu_accounting, kueue, resources
+from gpuplan_operator.core import annotations as plan_keys
+from gpuplan_operator.core import gpu_accounting, kueue, resources
 
 # Pods of an Indexed Job are named <job>-<index>-<5 random> and use <job>-<index> as hostname
 # (a 63-char DNS label), so the Job name leaves room for both.

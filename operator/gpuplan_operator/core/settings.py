@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from gpuplan_operator import errors
+from gpuplan_operator.core import errors
 
 ENV_PREFIX = "GPUPLAN_"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -1,0 +1,41 @@
+"""Names more than one package spells: the one source of each (issue #31).
+
+The estimator's stages, its HTTP service and the operator (which imports this module) read
+these instead of repeating the literals; `tests/unit/estimator/test_vocabulary.py` checks that
+every user, the CRD and the copies that must stay literal (a regex in the OpenAPI schema) agree.
+Caps on sizes live beside them in `core.limits`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuplan_estimator.core.errors import InvalidRequestError
+
+SEQUENCE_DIM = "sequence"
+"""The symbolic dim name of a text model's sequence length: `--dim sequence=S`, a request's
+`dims.sequence`, a TrainingJob's `training.sequenceLength`; re-sequencing a fixed export binds
+axis 1 of its integer inputs to it."""
+
+WORKLOAD_ID_CHARS = 64
+"""A plan workload's id is a SHA-256 of its content, in hex."""
+WORKLOAD_ID_PATTERN = f"[0-9a-f]{{{WORKLOAD_ID_CHARS}}}"
+"""A workload id as issued: lowercase hex digits only (a regex, to be matched whole)."""
+_WORKLOAD_ID = re.compile(WORKLOAD_ID_PATTERN)
+
+
+def check_workload_id(value: object) -> str:
+    """`value` when it is a workload id as issued, else `InvalidRequestError` on `workload_id`."""
+    if not isinstance(value, str) or _WORKLOAD_ID.fullmatch(value) is None:
+        raise InvalidRequestError(
+            "workload_id", f"must be {WORKLOAD_ID_CHARS} lowercase hex digits, got {value!r}")
+    return value
+
+
+MODEL_COMPRESSION_MAGIC: dict[str, bytes] = {
+    "gzip": b"\x1f\x8b", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
+"""The compressions a model's bytes may come in, each with the magic bytes it starts with."""
+MODEL_COMPRESSIONS: tuple[str, ...] = tuple(MODEL_COMPRESSION_MAGIC)
+MODEL_FORMATS: tuple[str, ...] = ("auto", "raw", *MODEL_COMPRESSIONS)
+"""A TrainingJob's `spec.model.format`: detect by magic (`auto`), plain ONNX (`raw`), or one
+compression, checked against the bytes."""

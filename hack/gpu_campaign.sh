@@ -15,8 +15,11 @@
 #   steps-large.jsonl    GPT-2 large and a 1B Llama-shaped model at sequence 2048 (fused SDPA)
 #   bench.parquet/.json  fp32/tf32/bf16 kernel rows (fast batched bench)
 #   steps-compiled.jsonl torch.compile steps of three models in bf16
-#   *.log                each stage's output
+#   campaign.log         every stage's output, in order
 # Every stage has its own budget and a hard `timeout`, so one stage can't eat the others'.
+# The device tool brings back at most 8 files from $OUT: every stage's output goes to one
+# campaign.log, so the run writes 8 (nvidia-smi.txt, host-probe.json, steps.jsonl,
+# steps-large.jsonl, steps-compiled.jsonl, bench.parquet, bench.json, campaign.log).
 # Then, here: copy them to docs/gpu-steps/<date>-<gpu>/ and score (docs/gpu-steps/README.md).
 set -uo pipefail
 : "${OUT:?run this through the device tool: results go to \$OUT}"
@@ -30,7 +33,8 @@ LARGE=${CAMPAIGN_LARGE:-large}
 COMMIT=${GPUPLAN_COMMIT:-}
 export PYTHONPATH="$PWD/estimator" PYTHONUNBUFFERED=1
 started=$(date +%s)
-stage() { echo "[campaign] $(( $(date +%s) - started )) s: $*"; }
+LOG="$OUT/campaign.log"
+stage() { echo "[campaign] $(( $(date +%s) - started )) s: $*" | tee -a "$LOG"; }
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 2
@@ -41,17 +45,17 @@ STEPS=(python3 -m gpuplan_estimator.evaluation.model_steps --device "$DEVICE" --
 
 stage "host probe"
 timeout -k 5 60 python3 -m gpuplan_estimator.bench.host_probe --device "$DEVICE" \
-  --out "$OUT/host-probe.json" --commit "$COMMIT" >"$OUT/host-probe.log" 2>&1
+  --out "$OUT/host-probe.json" --commit "$COMMIT" >>"$LOG" 2>&1
 probe=$?
 
 stage "model steps ($CASES)"
 timeout -k 10 $((STEPS_BUDGET_S + 60)) "${STEPS[@]}" --cases "$CASES" --warmup 2 --repeats 6 \
-  --budget-s "$STEPS_BUDGET_S" --out "$OUT/steps.jsonl" >"$OUT/steps.log" 2>&1
+  --budget-s "$STEPS_BUDGET_S" --out "$OUT/steps.jsonl" >>"$LOG" 2>&1
 steps=$?
 
 stage "model steps ($LARGE)"
 timeout -k 10 $((LARGE_BUDGET_S + 60)) "${STEPS[@]}" --cases "$LARGE" --warmup 2 --repeats 4 \
-  --budget-s "$LARGE_BUDGET_S" --out "$OUT/steps-large.jsonl" >"$OUT/steps-large.log" 2>&1
+  --budget-s "$LARGE_BUDGET_S" --out "$OUT/steps-large.jsonl" >>"$LOG" 2>&1
 large=$?
 
 stage "kernel bench"
@@ -59,7 +63,7 @@ timeout -k 10 $((BENCH_MINUTES * 60 + 30)) python3 -m gpuplan_estimator.interfac
   --device "$DEVICE" --backend torch --budget-minutes "$BENCH_MINUTES" \
   --precisions fp32,tf32,bf16 --batch-size "${BENCH_BATCH:-32}" --samples "${BENCH_SAMPLES:-20000}" \
   --db "sqlite:////tmp/bench.db" --export "$OUT/bench.parquet" ${COMMIT:+--commit "$COMMIT"} \
-  --no-progress ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+  --no-progress ${BENCH_ARGS:-} >>"$LOG" 2>&1
 bench=$?
 
 stage "compiled steps"
@@ -68,10 +72,11 @@ COMPILED_MODELS=${COMPILED_MODELS:-gpt2-small,bert-base,resnet50}
 timeout -k 10 $((COMPILED_BUDGET_S + 60)) "${STEPS[@]}" --cases "$CASES" --framework compiled \
   --models "$COMPILED_MODELS" --precisions bf16 --warmup 3 --repeats 5 \
   --budget-s "$COMPILED_BUDGET_S" --out "$OUT/steps-compiled.jsonl" \
-  >"$OUT/steps-compiled.log" 2>&1
+  >>"$LOG" 2>&1
 compiled=$?
 
 stage "done"
 echo "exit codes: probe $probe, steps $steps, large $large, bench $bench, compiled $compiled" \
-  "(124: timed out; bench 3 or 5: its budget ended)"
-tail -n 3 "$OUT"/*.log
+  "(124: timed out; bench 5: its budget ended)" | tee -a "$LOG"
+ls "$OUT" | wc -l | xargs echo "files in \$OUT (the tool returns at most 8):"
+tail -n 20 "$LOG"

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import lsq_linear
 
 from gpuplan_estimator.step.host import HostCoefficients
 
@@ -61,13 +61,22 @@ def usable_phase(host_ms: float, device_ms: float, busy_ms: float | None) -> boo
     return busy_ms is not None and busy_ms < BLOCKED_BUSY_SHARE * device_ms
 
 
-def _solve(columns: Sequence[Sequence[float]], target_ms: Sequence[float]) -> np.ndarray:
-    """Non-negative least squares of target on columns (us), each row weighted by 1/target."""
+LOWER_BOUNDS = {"forward_kernel": 1.0, "forward_view": 0.0, "autocast_cast": 0.0,
+                "backward_kernel": 1.0, "optimizer_tensor": 0.0}
+"""What each coefficient is at least: a forward kernel item is at least one dispatch
+(`eager_op_us`) and a backward item at least one autograd node, so a model whose rows say
+little about one term (a CNN has few views; the fit has no CNN) is not priced as free."""
+
+
+def _solve(columns: Sequence[Sequence[float]], target_ms: Sequence[float],
+           terms: Sequence[str]) -> np.ndarray:
+    """Bounded least squares of target on columns (us), each row weighted by 1/target."""
     a = np.asarray(columns, dtype=float).T / 1000.0  # us -> ms
     b = np.asarray(target_ms, dtype=float)
     w = 1.0 / b
-    solution, _ = nnls(a * w[:, None], b * w)
-    return np.asarray(solution)
+    lower = [LOWER_BOUNDS.get(t, 0.0) for t in terms]
+    result = lsq_linear(a * w[:, None], b * w, bounds=(lower, np.inf))
+    return np.asarray(result.x)
 
 
 def fit(rows: Sequence[HostRow]) -> HostCoefficients:
@@ -82,16 +91,17 @@ def fit(rows: Sequence[HostRow]) -> HostCoefficients:
         if not chosen:
             raise ValueError(f"no usable {name} phase to fit the host model on")
     forward = _solve([[r.forward_us[t] for r in fwd] for t in FORWARD_TERMS],
-                     [r.measured_host_ms[0] for r in fwd])
+                     [r.measured_host_ms[0] for r in fwd], FORWARD_TERMS)
     backward_rows = bwd_plain or bwd_cast
     (backward,) = _solve([[r.backward_us for r in backward_rows]],
-                         [r.measured_host_ms[1] for r in backward_rows])
+                         [r.measured_host_ms[1] for r in backward_rows], BACKWARD_TERMS)
     autocast_backward = 1.0
-    if bwd_plain and bwd_cast and backward > 0:
+    if bwd_plain and bwd_cast:
         (scaled,) = _solve([[r.backward_us * backward for r in bwd_cast]],
-                           [r.measured_host_ms[1] for r in bwd_cast])
+                           [r.measured_host_ms[1] for r in bwd_cast], ("autocast_backward",))
         autocast_backward = float(scaled)
-    (optimizer,) = _solve([[r.optimizer_us for r in opt]], [r.measured_host_ms[2] for r in opt])
+    (optimizer,) = _solve([[r.optimizer_us for r in opt]], [r.measured_host_ms[2] for r in opt],
+                          OPTIMIZER_TERMS)
     coefficients = HostCoefficients(
         forward_kernel=float(forward[0]), forward_view=float(forward[1]),
         autocast_cast=float(forward[2]), backward_kernel=float(backward),

@@ -108,7 +108,7 @@ def report(rows: Sequence[host_fit.HostRow], folds: Mapping[str, host.HostCoeffi
     return out
 
 
-def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
     if path.stat().st_size > MAX_INPUT_BYTES:
         raise SystemExit(f"{path}: larger than {MAX_INPUT_BYTES} bytes")
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
     cache: dict[tuple[str, int], Any] = {}
     rows = [host_row(cases[r["model"]], r, probe, cache)
-            for path in args.steps for r in measured_rows(_read_json_lines(path))
+            for path in args.steps for r in measured_rows(read_json_lines(path))
             if r.get("framework", "eager") == "eager"]
     folds = host_fit.leave_one_group_out(rows)
     for line in report(rows, folds):

@@ -1,0 +1,74 @@
+"""Give a bundle its host model (issue #30 part 1) without retraining its latency models.
+
+    .venv/bin/python hack/bundle_host_model.py --steps RUN/steps.jsonl --probe RUN/host-probe.json \
+        [--bundle DIR] [--dry-run]
+
+Fits `step.host.HostCoefficients` on the host times of measured whole-model steps
+(`evaluation.host_check`: the estimator's own work items of each case as regressors), with the
+leave-one-model-out spread as its `log_sigma`, and writes it with the node's probe into the
+bundle's ``manifest.json`` under ``host_model`` (provenance under ``host_model_provenance``).
+Estimates on GPUs then price the step on two clocks. ``make host-model`` runs it on the shipped
+bundle with the 2026-11-27 H200 run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpuplan_estimator.core import provenance
+from gpuplan_estimator.evaluation import host_check, model_steps
+from gpuplan_estimator.models import bundles
+from gpuplan_estimator.step import host
+from gpuplan_estimator.training import host_fit
+
+PROVENANCE_KEY = "host_model_provenance"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Fit and write (not with --dry-run)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundle", type=Path, default=bundles.SHIPPED_BUNDLE)
+    parser.add_argument("--steps", type=Path, action="append", required=True)
+    parser.add_argument("--probe", type=Path, required=True)
+    parser.add_argument("--dry-run", action="store_true", help="print, write nothing")
+    args = parser.parse_args(argv)
+    path = args.bundle / bundles.MANIFEST
+    bundles.read_manifest(args.bundle)  # checked: a bundle this version can read
+    manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    probe = host_check.probe_of(json.loads(args.probe.read_text(encoding="utf-8")))
+    cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
+    cache: dict[tuple[str, int], Any] = {}
+    rows = [host_check.host_row(cases[r["model"]], r, probe, cache)
+            for p in args.steps for r in host_check.measured_rows(host_check.read_json_lines(p))
+            if r.get("framework", "eager") == "eager"]
+    coefficients = host_fit.fit_for_bundle(rows)
+    doc = host.model_to_json(host.HostModel(probe, coefficients))
+    record = {
+        "command": shlex.join(["hack/bundle_host_model.py", *(argv or sys.argv[1:])]),
+        "created": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "commit": provenance.git_commit(short=True),
+        "rows": len(rows), "models": sorted({r.group for r in rows}),
+        "method": "bounded least squares on measured host time per phase; log_sigma is the "
+                  "leave-one-model-out spread",
+    }
+    print(json.dumps({host.MANIFEST_KEY: doc, PROVENANCE_KEY: record}, indent=2))
+    if args.dry_run:
+        return 0
+    manifest[host.MANIFEST_KEY] = doc
+    manifest[PROVENANCE_KEY] = record
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    bundles.read_manifest(args.bundle)
+    print(f"wrote {host.MANIFEST_KEY} into {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test unit integration loop-e2e lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean gpu-wheels gpu-predict
+.PHONY: help install demo test unit integration loop-e2e lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean gpu-wheels gpu-predict bench-rehearsal
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -59,6 +59,17 @@ gpu-wheels: $(STAMP) ## cp312 wheels hack/gpu_campaign.sh installs on a lent GPU
 	$(BIN)/pip freeze | grep -iE '^($(subst $() ,|,$(GPU_WHEELS)))==' > .whl.txt
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  $(GPU_PLATFORMS) -d .whl -r .whl.txt && rm .whl.txt && ls .whl
+
+# The batched kernel bench of issue #30 part 7: every float family in fp32/tf32/bf16, 16 items per
+# batch, K calls per CUDA-graph launch, each family stopping once its held-out error does.
+BATCHED_BENCH_ARGS := --backend torch --samples 6000 --precisions fp32,tf32,bf16 --batch-size 16 \
+  --timing graph --stop-min-rows 400
+
+bench-rehearsal: $(STAMP) ## the batched kernel bench on this CPU for 30 s: batching, stop rule, rows/min per family, export
+	d=$$(mktemp -d); $(PYTHON) -m gpuplan_estimator.interfaces.cli bench --device cpu \
+	  $(BATCHED_BENCH_ARGS) --budget-minutes 30s --db sqlite:///$$d/bench.db \
+	  --export $$d/bench.parquet; code=$$?; echo "exit $$code (5: budget spent); files in $$d"; \
+	  test $$code -eq 0 -o $$code -eq 5
 
 gpu-predict: $(STAMP) ## the estimator's prices of the GPU campaign's cases on H100/H200, before measuring
 	$(PYTHON) -m gpuplan_estimator.evaluation.model_step_scoring predict --device h100-sxm-80gb \

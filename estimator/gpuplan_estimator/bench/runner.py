@@ -182,17 +182,21 @@ def _measured_keys(store: PerfStore, run_id: int) -> set[tuple[str, str, str, st
 
 def measure_item(
     item: sweep.PlanItem, target: Target, settings: timing.TimingSettings, seed: int,
-    backend: str = "onnxruntime",
+    backend: str = "onnxruntime", set_math: bool = False,
 ) -> dict[str, Any]:
     """Build, time and describe one plan item as a measurement-frame row (without source).
 
     With the torch backend the row also carries ``fwd_bwd_latency_ms``: forward+backward of the
-    layer with autograd."""
+    layer with autograd. `set_math` (runs with ``--precisions``) switches TF32 on for tf32
+    items and off for the others; without it PyTorch's defaults stay (cuDNN may use TF32)."""
     rng = np.random.default_rng([seed, *(int(v) for v in item.dims.values())])
     fwd_bwd: timing.TimingResult | None = None
     with nvml.PowerSampler(target.index) if target.kind == "cuda" else _NoPower() as power:
         if backend == "torch":
             device = "cpu" if target.kind == "cpu" else f"cuda:{target.index}"
+            if set_math:
+                torch_units.set_precision_flags(torch_units.import_torch(),
+                                                precisions.precision_of(item))
             layer = torch_units.build_unit(item, rng, device)
             result, fwd_bwd = torch_units.time_unit(layer, device=device, settings=settings)
         else:
@@ -244,6 +248,9 @@ def run_bench(
     or `stop_requested`); either way the measured rows are in the database. Each measured row
     is reported to `progress` (the plan's rows measured so far, of all planned).
     """
+    if settings.precisions and settings.backend != "torch":
+        # onnxruntime has no switch for TF32 math, and its bf16 kernels are not PyTorch's.
+        raise errors.InvalidRequestError("precisions", "needs --backend torch")
     tgt = target or resolve_target(settings.device)
     backend = backend_name(settings.backend, tgt.kind)
     specs = sweep.load_specs(settings.sweep_paths)
@@ -350,7 +357,8 @@ def _measure_all(
         for measured, item in enumerate(todo, start=already + 1):
             if stop_requested() or clock() >= deadline:
                 break
-            row = measure_item(item, tgt, settings.timing, settings.seed, settings.backend)
+            row = measure_item(item, tgt, settings.timing, settings.seed, settings.backend,
+                               set_math=bool(settings.precisions))
             buffer.append({**row, "device": tgt.key, "backend": backend,
                            "source": f"gpuplan-bench run {run_id}"})
             progress(Step(task, measured, planned, f"{item.kernel} {item.op}"))

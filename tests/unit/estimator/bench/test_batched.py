@@ -82,3 +82,13 @@ def test_a_batch_never_outlives_its_budget() -> None:
     out = batched.time_batch(units(4), torch=torch, device="cpu", settings=SETTINGS,
                              budget_s=0.03, clock=lambda: next(ticks) / 1000.0)
     assert 0 < len(out) < 4  # a prefix: the items whose launches fit what was left
+
+
+@pytest.mark.parametrize(("precision", "on"), [("tf32", True), ("fp32", False), ("bf16", False)])
+def test_tf32_math_is_on_exactly_for_tf32_rows(precision: str, on: bool) -> None:
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch_units.set_precision_flags(torch, precision)
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (on, on)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from gpuplan_estimator.bench import batched, precisions, runner, stopping
+from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.interfaces.cli import bench as bench_cli
 from gpuplan_estimator.perfdb import importing
@@ -115,3 +116,16 @@ def test_a_failing_item_costs_only_itself(tmp_path: Path, store: PerfStore) -> N
     assert any("failed: pool op 'lppool'" in line for line in lines)
     # Every family ran out of items: the run is done, and says how many it skipped.
     assert report.status == "done" and report.rows_total == len(frame)
+
+
+def test_precisions_need_the_torch_backend(sweep_dir: Path, store: PerfStore) -> None:
+    with pytest.raises(errors.InvalidRequestError, match="needs --backend torch"):
+        runner.run_bench(settings(sweep_dir, precisions=ALL), store, target=TARGET)
+
+
+def test_per_row_protocol_measures_precisions_too(sweep_dir: Path, store: PerfStore) -> None:
+    report = runner.run_bench(settings(sweep_dir, backend="torch", samples=2, precisions=ALL),
+                              store, target=TARGET)
+    frame = store.measurements(run_id=report.run_id)
+    assert report.status == "done" and len(frame) == report.planned
+    assert set(frame["dtype"]) == {"float32", "bfloat16"}

@@ -73,13 +73,18 @@ def host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.Ho
     busy = [_busy_ms(row, p) for p in _PHASE_NAMES]
     usable = tuple(host_fit.usable_phase(h, d, b)
                    for h, d, b in zip(measured, device, busy, strict=True))
+    inference = row["inference"]
+    inference_host = float((inference.get("forward_host") or {}).get("median_ms", 0.0))
     return host_fit.HostRow(
         group=case.name, autocast=precisions.precision(settings.precision).autocast,
         forward_us={t: phase_us(t, Phase.FORWARD) for t in host_fit.FORWARD_TERMS},
         backward_us=phase_us("backward_kernel", Phase.BACKWARD),
         optimizer_us=phase_us("optimizer_tensor", Phase.OPTIMIZER),
         measured_host_ms=(measured[0], measured[1], measured[2]),
-        usable=(usable[0], usable[1], usable[2]))
+        usable=(usable[0], usable[1], usable[2]),
+        inference_host_ms=inference_host,
+        inference_usable=host_fit.usable_phase(
+            inference_host, float(inference["forward"]["median_ms"]), None))
 
 
 def _busy_ms(row: Mapping[str, Any], phase: str) -> float | None:

@@ -523,7 +523,8 @@ def _host_costs(graph: ModelGraph, plan: _Plan, settings: TrainingSettings,
     if model is None or settings.framework != options.PYTORCH_EAGER:
         return None
     items = plan.step.items
-    per_item = model.item_host_us(items, settings.precision, graph.parameter_tensor_count)
+    per_item = model.item_host_us(items, settings.precision, graph.parameter_tensor_count,
+                                  training=settings.training)
     rows = np.bincount(plan.item_row, weights=per_item, minlength=len(plan.phase))
     return _HostCosts(rows.astype(np.float64), model)
 

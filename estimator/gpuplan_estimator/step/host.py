@@ -93,6 +93,9 @@ class HostCoefficients:
     """Multiplier on `backward_kernel` under autocast (the casts' own backward nodes)."""
     optimizer_tensor: float
     """Per parameter tensor, in `optimizer_foreach_us_per_tensor` (step plus zero_grad)."""
+    no_grad_forward: float = 1.0
+    """Multiplier on forward costs without autograd (inference under `no_grad`: no graph to
+    record)."""
     log_sigma: float = 0.0
     """Spread of the host time's log error, left-out models' (sizes the interval)."""
 
@@ -105,9 +108,9 @@ class HostModel:
     coefficients: HostCoefficients
 
     def item_host_us(self, items: Sequence[WorkItem], precision: str,
-                     parameter_tensors: int) -> FloatArray:
+                     parameter_tensors: int, *, training: bool = True) -> FloatArray:
         """Issue cost of each item of a step, in microseconds (optimizer items share the
-        per-tensor cost)."""
+        per-tensor cost; a forward without autograd costs `no_grad_forward` times less)."""
         autocast = precisions.precision(precision).autocast
         p, c = self.probe, self.coefficients
         out = np.zeros(len(items))
@@ -127,6 +130,8 @@ class HostModel:
             out[i] = c.forward_kernel * p.eager_op_us * item.count
             if autocast and _autocast_touches(item):
                 out[i] += c.autocast_cast * p.autocast_extra_us
+        if not training:
+            out *= c.no_grad_forward
         if optimizer_rows:
             total = c.optimizer_tensor * p.optimizer_foreach_us_per_tensor * parameter_tensors
             out[optimizer_rows] = total / len(optimizer_rows)

@@ -49,6 +49,9 @@ class HostRow:
     optimizer_us: float
     measured_host_ms: tuple[float, float, float]
     usable: tuple[bool, bool, bool]
+    inference_host_ms: float = 0.0
+    """The inference forward's host time (no autograd); usable when `inference_usable`."""
+    inference_usable: bool = False
 
 
 def usable_phase(host_ms: float, device_ms: float, busy_ms: float | None) -> bool:
@@ -61,11 +64,15 @@ def usable_phase(host_ms: float, device_ms: float, busy_ms: float | None) -> boo
     return busy_ms is not None and busy_ms < BLOCKED_BUSY_SHARE * device_ms
 
 
-LOWER_BOUNDS = {"forward_kernel": 1.0, "forward_view": 0.0, "autocast_cast": 0.0,
-                "backward_kernel": 1.0, "optimizer_tensor": 0.0}
-"""What each coefficient is at least: a forward kernel item is at least one dispatch
+LOWER_BOUNDS = {"forward_kernel": 1.0, "backward_kernel": 1.0}
+"""What a coefficient is at least: a forward kernel item is at least one dispatch
 (`eager_op_us`) and a backward item at least one autograd node, so a model whose rows say
-little about one term (a CNN has few views; the fit has no CNN) is not priced as free."""
+little about one term is not priced as free. Others are at least 0."""
+UPPER_BOUNDS = {"forward_view": 1.0, "no_grad_forward": 1.0}
+"""What a coefficient is at most: a view (Reshape, Transpose: metadata only) costs at most one
+dispatch, so the fit cannot load Python overhead onto the view count of the graphs it saw
+(hand-written HF graphs and exported torchvision ones spell views very differently); a forward
+without autograd costs at most what it costs with it."""
 
 
 def _solve(columns: Sequence[Sequence[float]], target_ms: Sequence[float],
@@ -75,7 +82,8 @@ def _solve(columns: Sequence[Sequence[float]], target_ms: Sequence[float],
     b = np.asarray(target_ms, dtype=float)
     w = 1.0 / b
     lower = [LOWER_BOUNDS.get(t, 0.0) for t in terms]
-    result = lsq_linear(a * w[:, None], b * w, bounds=(lower, np.inf))
+    upper = [UPPER_BOUNDS.get(t, np.inf) for t in terms]
+    result = lsq_linear(a * w[:, None], b * w, bounds=(lower, upper))
     return np.asarray(result.x)
 
 
@@ -106,6 +114,12 @@ def fit(rows: Sequence[HostRow]) -> HostCoefficients:
         forward_kernel=float(forward[0]), forward_view=float(forward[1]),
         autocast_cast=float(forward[2]), backward_kernel=float(backward),
         autocast_backward=autocast_backward, optimizer_tensor=float(optimizer))
+    inference = [r for r in rows if r.inference_usable]
+    if inference:
+        (no_grad,) = _solve([[predicted_host_ms(r, coefficients)[0] * 1000.0
+                              for r in inference]],
+                            [r.inference_host_ms for r in inference], ("no_grad_forward",))
+        coefficients = dataclasses.replace(coefficients, no_grad_forward=float(no_grad))
     return dataclasses.replace(coefficients, log_sigma=log_sigma(rows, coefficients))
 
 

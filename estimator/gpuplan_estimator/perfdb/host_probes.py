@@ -150,4 +150,9 @@ def row_from_document(doc: object, device: str) -> ProbeRow:
                    provenance={k: v for k, v in doc.items()
                                if k not in (FIGURES_FIELD, "cpu_model", "probe_version")})
     check_row(row)
+    if version == host.PROBE_VERSION:  # a probe the estimates will read must be readable
+        try:
+            host.HostProbe.from_figures(row.figures_us, "")
+        except ValueError as exc:
+            raise errors.InvalidRequestError(FIGURES_FIELD, str(exc)) from exc
     return row

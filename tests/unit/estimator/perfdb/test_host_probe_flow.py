@@ -73,10 +73,10 @@ def test_a_bad_probe_in_a_sidecar_names_file_and_field(exported: Path, tmp_path:
     doc = json.loads(exported.with_suffix(".json").read_text())
     del doc[host_probes.SIDECAR_KEY]["figures_us"]["eager_op_us"]
     copy.with_suffix(".json").write_text(json.dumps(doc))
-    with PerfStore.open(f"sqlite:///{tmp_path / 'central.db'}") as store:
-        with pytest.raises(errors.GpuplanError, match=r"cpu\.json: field host_probe\."
-                           r"figures_us: .*eager_op_us"):
-            importing.import_gpu_ops(copy, store)
+    with (PerfStore.open(f"sqlite:///{tmp_path / 'central.db'}") as store,
+          pytest.raises(errors.GpuplanError, match=r"cpu\.json: field host_probe\."
+                        r"figures_us: .*eager_op_us")):
+        importing.import_gpu_ops(copy, store)
 
 
 def test_bench_without_the_probe_stores_none(sweep_dir: Path, tmp_path: Path,

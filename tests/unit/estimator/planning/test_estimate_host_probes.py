@@ -12,13 +12,13 @@ import onnx
 import pytest
 
 from gpuplan_estimator import devices
+from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.interfaces.http import wire
 from gpuplan_estimator.models import bundles
 from gpuplan_estimator.models.learned import LearnedPredictor
 from gpuplan_estimator.planning import estimates, planner
-from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_testing.contexts import roofline_context

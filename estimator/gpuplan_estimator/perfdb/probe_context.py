@@ -1,7 +1,7 @@
 """Estimates priced with the host probes the performance database holds (issue #30): per
 device key, the newest probe of the version `step.host` reads, measured by a benchmark Job on a
-node of that GPU type. The service and `gpuplan plan|estimate --db` put them into the planner
-context; a device without a stored probe keeps the bundle's default host model."""
+node of that GPU type. The service reads them at each context load, `gpuplan estimate|plan
+--host-probes-db URL` once; a device without a stored probe keeps the bundle's default."""
 
 from __future__ import annotations
 
@@ -33,6 +33,14 @@ def probes_for_estimates(store: PerfStore) -> dict[str, host.HostProbe]:
     return out
 
 
+def read_probes(db_url: str | None, *, retries: int = READ_RETRIES
+                ) -> dict[str, host.HostProbe]:
+    """`probes_for_estimates` of the database at `db_url` (None: the default one);
+    `DatabaseError` when it cannot be read."""
+    with PerfStore.open(db_url, retries=retries) as store:
+        return probes_for_estimates(store)
+
+
 def context_with_host_probes(loader: Callable[[], planner.PlannerContext],
                              db_url: str | None) -> planner.PlannerContext:
     """`loader()`'s context with the database's host probes (module level, so a
@@ -41,8 +49,7 @@ def context_with_host_probes(loader: Callable[[], planner.PlannerContext],
     host model, as before the first benchmark."""
     context = loader()
     try:
-        with PerfStore.open(db_url, retries=READ_RETRIES) as store:
-            probes = probes_for_estimates(store)
+        probes = read_probes(db_url)
     except errors.DatabaseError:
         log.exception("reading host probes from the performance database failed; estimates "
                       "use the bundle's host model")

@@ -8,12 +8,15 @@ Estimates on that GPU type then price the host timeline with it (`perfdb.probe_c
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuplan_estimator.bench import host_probe, targets
 from gpuplan_estimator.core import errors, provenance
 from gpuplan_estimator.perfdb import host_probes
-from gpuplan_estimator.perfdb.store import PerfStore
+from gpuplan_estimator.step import host
+
+if TYPE_CHECKING:  # `gpuplan estimate` imports this module: no SQLAlchemy at its start
+    from gpuplan_estimator.perfdb.store import PerfStore
 
 DEFAULT_OPS = host_probe.ProbeSettings("cpu").ops
 
@@ -54,3 +57,20 @@ def store(db: PerfStore, doc: dict[str, Any] | None, device: str, run_id: int) -
     if doc is None:
         return False
     return db.add_host_probe(host_probes.row_from_document(doc, device), run_id=run_id)
+
+
+def add_db_flag(parser: argparse.ArgumentParser) -> None:
+    """`--host-probes-db` on `gpuplan estimate` and `gpuplan plan`."""
+    parser.add_argument("--host-probes-db", default=None, metavar="URL",
+                        help="price each device's host with the newest host probe this "
+                        "performance database holds for it (`gpuplan bench` stores them; "
+                        "default: none read, the bundle's host model prices every device)")
+
+
+def stored_probes(args: argparse.Namespace) -> dict[str, host.HostProbe]:
+    """The probes of `--host-probes-db` per device key; {} without the flag."""
+    if args.host_probes_db is None:
+        return {}
+    from gpuplan_estimator.perfdb import probe_context
+
+    return probe_context.read_probes(args.host_probes_db)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import pathlib
 from typing import Any
 
@@ -15,14 +16,17 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.interfaces.cli import main as cli_main
 from gpuplan_estimator.interfaces.http import wire
 from gpuplan_estimator.models import bundles
 from gpuplan_estimator.models.learned import LearnedPredictor
+from gpuplan_estimator.perfdb.store import PerfStore
 from gpuplan_estimator.planning import estimates, planner
 from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_testing.contexts import roofline_context
 from gpuplan_testing.layer_builders import layer, t
+from gpuplan_testing.perfdb_contract import probe_row
 
 TRAIN = TrainingSettings(batch_size=4)
 FIGURES = {"eager_op_us": 10.0, "module_call_us": 30.0, "autocast_linear_us": 40.0,
@@ -109,3 +113,37 @@ def test_the_planner_context_carries_the_probes_to_estimates() -> None:
     (l4, t4), (l4_p, t4_p) = plain["devices"], probed["devices"]
     assert l4_p["step_time_ms"] == l4["step_time_ms"]
     assert t4_p["step_time_ms"] > t4["step_time_ms"]
+
+
+def test_the_cli_reads_probes_from_the_database_it_is_given(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = bundle_predictor(host.HostModel(DEFAULT, UNIT)).bundle
+    bundle_dir = bundles.save_bundle(bundle, tmp_path / "bundle")
+    url = f"sqlite:///{tmp_path / 'perf.db'}"
+    with PerfStore.open(url) as store:
+        store.add_host_probe(probe_row("t4", "Xeon", 4.0 * FIGURES["eager_op_us"]))
+    argv = ["estimate", str(LIGHT / "light_resnet50.onnx"), "--batch", "1", "--device", "t4",
+            "--bundle", str(bundle_dir), "-o", "json", "--no-progress"]
+
+    def host_of(extra: list[str]) -> dict[str, Any]:
+        assert cli_main.main([*argv, *extra]) == 0
+        (device,) = json.loads(capsys.readouterr().out)["devices"]
+        return dict(device["host"])
+
+    default, stored = host_of([]), host_of(["--host-probes-db", url])
+    assert default["probe"] == DEFAULT.source
+    assert stored["probe"].startswith("host probe 1 of t4 | Xeon")
+    assert stored["host_ms"] > default["host_ms"]
+
+
+def test_plans_price_the_host_with_the_stored_probe_too() -> None:
+    ctx = dataclasses.replace(roofline_context(),
+                              predictor=bundle_predictor(host.HostModel(DEFAULT, UNIT)))
+    body = {**resnet_estimate_body([]), "objective": {"prefer": "fastest", "max_gpus": 1},
+            "inventory": [{"gpu_type": "Tesla-T4", "gpus_per_node": 1, "nodes": 1,
+                           "free_gpus": 1}]}
+    del body["devices"]
+    req = wire.parse_plan_request(body)
+    plain = planner.plan_request(req, ctx)["plan"]
+    probed = planner.plan_request(req, dataclasses.replace(ctx, host_probes={"t4": SLOW}))["plan"]
+    assert probed["step_time_ms"] > plain["step_time_ms"]

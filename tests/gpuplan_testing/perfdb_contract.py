@@ -17,6 +17,7 @@ from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.perfdb.frames import EXTRA_COLUMNS
+from gpuplan_estimator.perfdb.host_probes import ProbeRow
 from gpuplan_estimator.perfdb.store import PerfStore
 
 T = TypeVar("T")
@@ -189,6 +190,60 @@ def contract_bulk_insert_is_fast(store: PerfStore) -> None:
     assert store.add_measurements(run, frame(20_000)) == 20_000
     assert store.add_measurements(run, frame(20_000)) == 0
     assert time.perf_counter() - t0 < 15.0
+
+
+def probe_row(device: str, cpu_model: str, eager_op_us: float, *, date: str = "2026-11-27",
+              version: int = 1) -> ProbeRow:
+    """A probe of a node type: `eager_op_us` varies, the other figures are fixed."""
+    figures = {"eager_op_us": eager_op_us, "module_call_us": 9.0, "linear_us": 6.0,
+               "autocast_linear_us": 15.0, "backward_node_us": 8.0,
+               "optimizer_foreach_us_per_tensor": 3.0, "launch_latency_us": 12.0}
+    return ProbeRow(device=device, cpu_model=cpu_model, probe_version=version,
+                    figures_us=figures, provenance={"date": date, "commit": "abc123",
+                                                    "torch": "2.11.0", "command": "probe"})
+
+
+def contract_host_probes_round_trip_and_latest(store: PerfStore) -> None:
+    run = store.add_run(device="h200", backend="torch-2.11.0-cuda")
+    assert store.add_host_probe(probe_row("h200", "Xeon 8480", 5.0), run_id=run)
+    assert not store.add_host_probe(probe_row("h200", "Xeon 8480", 5.0))  # same digest
+    assert store.add_host_probe(probe_row("h200", "EPYC 9654", 7.0, date="2026-11-28"))
+    assert store.add_host_probe(probe_row("h200", "Xeon 8480", 6.0, date="2026-11-29"))
+    assert store.add_host_probe(probe_row("a10", "EPYC 7R32", 9.0))
+    assert store.add_host_probe(probe_row("a10", "EPYC 7R32", 99.0, date="2026-12-01",
+                                          version=2))
+    stored = store.host_probes(device="h200")
+    assert [p.figures_us["eager_op_us"] for p in stored] == [5.0, 7.0, 6.0]
+    first = stored[0]
+    assert (first.run_id, first.node_type, first.cpu_model) == (run, "h200 | Xeon 8480",
+                                                                 "Xeon 8480")
+    assert first.provenance["torch"] == "2.11.0" and first.created_at.tzinfo is not None
+    by_device = store.latest_host_probes(per="device", probe_version=1)
+    assert {d: p.figures_us["eager_op_us"] for d, p in by_device.items()} == {
+        "h200": 6.0, "a10": 9.0}
+    by_node = store.latest_host_probes(per="node_type", probe_version=1)
+    assert {n: p.figures_us["eager_op_us"] for n, p in by_node.items()} == {
+        "h200 | Xeon 8480": 6.0, "h200 | EPYC 9654": 7.0, "a10 | EPYC 7R32": 9.0}
+    assert store.latest_host_probes(per="device", probe_version=2)["a10"].run_id is None
+    assert by_device["h200"].host_probe().eager_op_us == 6.0
+
+
+def contract_bad_host_probes_are_rejected(store: PerfStore) -> None:
+    good = probe_row("h200", "Xeon", 5.0)
+    bad = {
+        "device": ProbeRow("", "Xeon", 1, good.figures_us, {}),
+        "cpu_model": ProbeRow("h200", "x" * 300, 1, good.figures_us, {}),
+        "probe_version": ProbeRow("h200", "Xeon", 0, good.figures_us, {}),
+        "figures_us.eager_op_us": ProbeRow("h200", "Xeon", 1,
+                                           {**good.figures_us, "eager_op_us": math.nan}, {}),
+        "provenance": ProbeRow("h200", "Xeon", 1, good.figures_us, {"log": "x" * 20_000}),
+    }
+    for name, row in bad.items():
+        with pytest.raises(errors.InvalidRequestError, match=name.replace(".", r"\.")):
+            store.add_host_probe(row)
+    with pytest.raises(errors.InvalidRequestError, match="per"):
+        store.latest_host_probes(per="cpu", probe_version=1)
+    assert store.host_probes() == []
 
 
 CONTRACT = {

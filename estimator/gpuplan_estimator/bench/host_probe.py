@@ -234,6 +234,16 @@ def identity(settings: ProbeSettings, argv: list[str], commit: str,
     return row
 
 
+def measure(settings: ProbeSettings, *, command: str, commit: str,
+            clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """One probe document: `identity` (with the command that ran it, e.g. `gpuplan bench`),
+    the figures and the seconds it took."""
+    started = clock()
+    doc = {**identity(settings, [], commit), "command": command, "figures_us": probe(settings)}
+    doc["wall_s"] = round(clock() - started, 2)
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the probe and write one JSON object: identity fields plus the figures."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -249,10 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = ProbeSettings(args.device, args.ops, args.repeats)
     except ValueError as exc:
         parser.error(str(exc))
-    started = time.monotonic()
-    doc = {**identity(settings, argv, args.commit), "figures_us": probe(settings),
-           "wall_s": 0.0}
-    doc["wall_s"] = round(time.monotonic() - started, 2)
+    doc = measure(settings, command=shlex.join(["python", "-m", MODULE, *argv]),
+                  commit=args.commit)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(doc["figures_us"], indent=1))

@@ -13,6 +13,7 @@ mean of the 5 fastest of 25 eager calls in PyTorch 2.1.0 + CUDA 12.1, FP32.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS, dims_from_json
+from gpuplan_estimator.perfdb import host_probes
 from gpuplan_estimator.perfdb.store import PerfStore
 
 BACKEND = "pytorch-2.1.0+cu121"
@@ -32,6 +34,8 @@ DTYPE = "float32"
 REPEATS = 5  # the kept statistic averages the 5 fastest of 25 calls
 PROTOCOL = "NeuSight gpu-ops; latency = mean of the 5 fastest of 25 eager calls"
 MAX_FILE_BYTES = 512 << 20
+MAX_SIDECAR_BYTES = 1 << 20
+"""A `gpuplan bench --export` sidecar is a few KiB of provenance."""
 BINARY_OPS = frozenset({"add", "mul", "div", "pow"})
 UNARY_OPS = frozenset({"addu", "mulu", "divu", "powu", "relu", "gelu", "tanh"})
 
@@ -224,6 +228,8 @@ class ImportReport:
     rows_added: int = 0
     runs: list[tuple[str, str, int, int]] = field(default_factory=list)  # file, device, run, added
     elapsed_s: float = 0.0
+    host_probes_added: int = 0
+    """Host probes stored from the files' sidecars (`gpuplan bench --export`)."""
 
     def summary(self) -> str:
         """One line for the terminal: files, rows read and added, runs and elapsed time."""
@@ -231,6 +237,8 @@ class ImportReport:
             f"imported {len(self.files)} file(s): {self.rows_read} rows read, "
             f"{self.rows_added} added ({self.rows_read - self.rows_added} already present) "
             f"in {len(self.runs)} run(s), {self.elapsed_s:.1f} s"
+            + (f"; {self.host_probes_added} host probe(s) added" if self.host_probes_added
+               else "")
         )
 
 
@@ -275,8 +283,47 @@ def import_gpu_ops(
             store.finish_run(run_id, "done")
             report.rows_added += added
             report.runs.append((file.name, str(device), run_id, added))
+        report.host_probes_added += _import_probe(file, store, catalog, report.runs)
     report.elapsed_s = clock() - started
     return report
+
+
+def _import_probe(file: Path, store: PerfStore, catalog: devices.Catalog | None,
+                  runs: list[tuple[str, str, int, int]]) -> int:
+    """Store the host probe of `file`'s sidecar (``<file>.json`` beside a `gpuplan bench
+    --export` parquet), with the run imported for its device; 1 when stored, 0 when there is
+    none or it is stored already."""
+    sidecar = file.with_suffix(".json")
+    if file.suffix != ".parquet" or not sidecar.is_file():
+        return 0
+    doc = _read_sidecar(sidecar)
+    probe = doc.get(host_probes.SIDECAR_KEY)
+    if probe is None:  # exported with --no-host-probe, or before probes existed
+        return 0
+    device = doc.get("device")
+    if not isinstance(device, str):
+        raise errors.GpuplanError(f"{sidecar}: field device must be a string, got {device!r}")
+    key = _device_key(sidecar, device, catalog)
+    run_id = next((run for name, dev, run, _ in runs if name == file.name and dev == key), None)
+    try:
+        row = host_probes.row_from_document(probe, key)
+    except errors.InvalidRequestError as exc:
+        raise errors.GpuplanError(f"{sidecar}: field {host_probes.SIDECAR_KEY}."
+                                  f"{exc.field}: {exc.message}") from exc
+    return int(store.add_host_probe(row, run_id=run_id))
+
+
+def _read_sidecar(path: Path) -> dict[str, object]:
+    size = path.stat().st_size
+    if size > MAX_SIDECAR_BYTES:
+        raise errors.GpuplanError(f"{path}: {size} bytes exceeds the {MAX_SIDECAR_BYTES} cap")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise errors.GpuplanError(f"{path}: not a readable JSON sidecar: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise errors.GpuplanError(f"{path}: a sidecar must be a JSON object")
+    return doc
 
 
 def _run_for(store: PerfStore, device: str, backend: str, source: str, digest: str) -> int:

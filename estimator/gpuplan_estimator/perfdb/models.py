@@ -185,3 +185,26 @@ class PlanWorkload(Base):
     gpu_count: Mapped[int] = mapped_column(Integer)
     size_bytes: Mapped[int] = mapped_column(Integer)
     workload_zstd: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class HostProbeRecord(Base):
+    """One host probe of a node (revision 0008): `bench.host_probe`'s figures in microseconds,
+    keyed by node type (GPU device key and CPU model), with where they were measured."""
+    __tablename__ = "host_probes"
+    __table_args__ = (
+        Index("ix_host_probes_device", "device", "probe_version"),
+        Index("ix_host_probes_node_type", "node_type", "probe_version"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    # SHA-256 of device, figures and provenance: the same probe imported twice is stored once.
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    node_type: Mapped[str] = mapped_column(String(400))
+    device: Mapped[str] = mapped_column(String(128))
+    cpu_model: Mapped[str] = mapped_column(String(256))
+    probe_version: Mapped[int] = mapped_column(Integer)
+    figures_json: Mapped[str] = mapped_column(Text)
+    provenance_json: Mapped[str] = mapped_column(Text)
+    # The benchmark run measured with it; no foreign key (the probe outlives a deleted run).
+    run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

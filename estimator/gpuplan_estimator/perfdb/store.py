@@ -18,10 +18,17 @@ from gpuplan_estimator.core import errors, paths, vocabulary
 from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.perfdb import connections, frames
+from gpuplan_estimator.perfdb.host_probes import (
+    ProbeRow,
+    StoredHostProbe,
+    check_row,
+    provenance_json,
+)
 from gpuplan_estimator.perfdb.models import (
     BUNDLE_STATES,
     BenchmarkRun,
     Device,
+    HostProbeRecord,
     JobOutcome,
     Measurement,
     ModelBundle,
@@ -593,6 +600,66 @@ class PerfStore:
 
         counts: tuple[int, int] = self._retry(_do)
         return counts
+
+    # -- host probes (revision 0008) -------------------------------------------------------
+
+    def add_host_probe(self, row: ProbeRow, *, run_id: int | None = None) -> bool:
+        """Store one host probe of a node type (`host_probes.ProbeRow`), measured with the
+        benchmark run `run_id` if any; True when this call stored it, False when the same
+        probe (same digest) was already there. Bad fields raise `InvalidRequestError`."""
+        check_row(row)
+        values = {
+            "digest": row.digest(), "node_type": row.node_type, "device": row.device,
+            "cpu_model": row.cpu_model, "probe_version": row.probe_version,
+            "figures_json": json.dumps(dict(row.figures_us), sort_keys=True),
+            "provenance_json": provenance_json(row.provenance), "run_id": run_id,
+            "created_at": self.clock(),
+        }
+        stmt = connections.insert_ignoring_duplicates(
+            self.engine, HostProbeRecord, index_elements=["digest"]
+        ).values(**values).returning(HostProbeRecord.id)
+
+        def _do() -> bool:
+            with self.engine.begin() as conn:
+                return conn.execute(stmt).scalar_one_or_none() is not None
+
+        return bool(self._retry(_do))
+
+    def host_probes(self, *, device: str | None = None) -> list[StoredHostProbe]:
+        """Every stored probe (of `device` when given), oldest first."""
+        stmt: Select[Any] = select(HostProbeRecord.__table__).order_by(HostProbeRecord.id)
+        if device is not None:
+            stmt = stmt.where(HostProbeRecord.device == device)
+        return self._probes(stmt)
+
+    def latest_host_probes(self, *, per: str, probe_version: int
+                           ) -> dict[str, StoredHostProbe]:
+        """The newest probe of `probe_version` per ``"device"`` key or per ``"node_type"``
+        (GPU key and CPU model), keyed by it."""
+        if per not in ("device", "node_type"):
+            raise errors.InvalidRequestError("per", f"must be 'device' or 'node_type', "
+                                             f"got {per!r}")
+        key = getattr(HostProbeRecord, per)
+        newest = (select(func.max(HostProbeRecord.id))
+                  .where(HostProbeRecord.probe_version == probe_version).group_by(key))
+        stmt = (select(HostProbeRecord.__table__).where(HostProbeRecord.id.in_(newest))
+                .order_by(HostProbeRecord.id))
+        return {getattr(p, per): p for p in self._probes(stmt)}
+
+    def _probes(self, stmt: Select[Any]) -> list[StoredHostProbe]:
+        def _do() -> list[StoredHostProbe]:
+            with self.engine.connect() as conn:
+                return [StoredHostProbe(
+                    id=int(r["id"]), node_type=str(r["node_type"]), device=str(r["device"]),
+                    cpu_model=str(r["cpu_model"]), probe_version=int(r["probe_version"]),
+                    figures_us={str(k): float(v)
+                                for k, v in json.loads(r["figures_json"]).items()},
+                    provenance=json.loads(r["provenance_json"]),
+                    run_id=None if r["run_id"] is None else int(r["run_id"]),
+                    created_at=_aware(r["created_at"]) or r["created_at"],
+                ) for r in conn.execute(stmt).mappings().all()]
+
+        return list(self._retry(_do))
 
     # -- model bundles (revision 0006) -----------------------------------------------------
 

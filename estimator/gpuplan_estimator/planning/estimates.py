@@ -155,11 +155,14 @@ def estimate(
     dataset_size: int | None = None,
     kernel_dims: KernelDimsFn | None = None,
     host_model: host.HostModel | None = None,
+    host_probes: Mapping[str, host.HostProbe] | None = None,
 ) -> tuple[DeviceEstimate, ...]:
     """Estimate one step of `graph` on each device; epoch/total time when sizes are given.
 
     On a GPU in eager PyTorch the step is priced on two clocks (`step.host`): `host_model`,
-    else the predictor bundle's, prices the host issuing the kernels."""
+    else the predictor bundle's, prices the host issuing the kernels; a device whose key is in
+    `host_probes` (probes measured on its nodes, from the performance database) is priced with
+    that probe and the same coefficients."""
     settings.check()
     _check_sizes(epochs, dataset_size)
     if not devices:
@@ -168,13 +171,14 @@ def estimate(
         catalog.check_precision(device, settings.precision)
     plan = _plan(graph, build_step(graph, settings, kernel_dims=kernel_dims))
     memory = training_memory(graph, settings)
-    hosts = _host_costs(graph, plan, settings, host_model or bundle_host_model(predictor))
+    hosts = _device_host_costs(graph, plan, settings, host_model or bundle_host_model(predictor),
+                               devices, host_probes or {})
     steps = math.ceil(dataset_size / settings.batch_size) if dataset_size else None
     preds: Sequence[LatencyPrediction | None] = (
         predict_on_each(predictor, plan.unique, devices) if plan.unique else [None] * len(devices))
     return tuple(
         _with_economics(_price(graph, plan, device, pred, predictor, memory, steps, epochs,
-                               hosts),
+                               hosts[device.key]),
                         graph, device, settings, predictor)
         for device, pred in zip(devices, preds, strict=True)
     )
@@ -514,6 +518,23 @@ def bundle_host_model(predictor: LatencyPredictor) -> host.HostModel | None:
     manifest = getattr(getattr(predictor, "bundle", None), "manifest", None)
     doc = manifest.get(host.MANIFEST_KEY) if isinstance(manifest, Mapping) else None
     return host.model_from_json(doc) if isinstance(doc, Mapping) else None
+
+
+def _device_host_costs(graph: ModelGraph, plan: _Plan, settings: TrainingSettings,
+                       model: host.HostModel | None, devices: Sequence[DeviceSpec],
+                       probes: Mapping[str, host.HostProbe]) -> dict[str, _HostCosts | None]:
+    """Issue costs per device key: `model`, with the device's own probe where one is given
+    (a probe alone prices nothing: without `model` there are no coefficients to apply)."""
+    by_model: dict[host.HostModel | None, _HostCosts | None] = {}
+    out = {}
+    for device in devices:
+        probe = probes.get(device.key)
+        own = model if model is None or probe is None else dataclasses.replace(model,
+                                                                                probe=probe)
+        if own not in by_model:  # devices sharing a probe share the per-item pass
+            by_model[own] = _host_costs(graph, plan, settings, own)
+        out[device.key] = by_model[own]
+    return out
 
 
 def _host_costs(graph: ModelGraph, plan: _Plan, settings: TrainingSettings,

@@ -29,6 +29,7 @@ from gpuplan_estimator.planning import (
 )
 from gpuplan_estimator.planning import scaling as scaling_fits
 from gpuplan_estimator.planning.scaling import ScalingModel
+from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,9 @@ class PlannerContext:
     manifest: Mapping[str, Any] = field(default_factory=dict)
     calibration: calibrating.Calibration = field(default_factory=calibrating.Calibration)
     """Fitted from job outcomes by the service; identity (factor 1) when there are none."""
+    host_probes: Mapping[str, host.HostProbe] = field(default_factory=dict)
+    """Per device key, the newest host probe measured on its nodes (the performance
+    database's, `perfdb.probe_context`); a device without one gets the bundle's default."""
 
     def describe(self) -> dict[str, Any]:
         """Predictor name and source, bundle manifest and catalog keys, as JSON-ready data."""
@@ -96,7 +100,7 @@ def _estimates_at(model: bytes, t: requests.TrainingRequest, batch: int,
     """Estimates at `batch` (`graph_at`)."""
     g = graph_at(model, t, batch)
     return batch, estimates.estimate(g, specs, training_settings(t, batch),
-                                     predictor=ctx.predictor)
+                                     predictor=ctx.predictor, host_probes=ctx.host_probes)
 
 
 def _point(e: estimates.DeviceEstimate, batch: int, calibrated: calibrating.Calibrated
@@ -300,7 +304,7 @@ def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> dict
     g = graph_at(req.model_onnx, t, t.batch_size)
     results = estimates.estimate(g, specs, training_settings(t, t.batch_size),
                                     predictor=ctx.predictor, epochs=t.epochs,
-                                    dataset_size=t.dataset_size)
+                                    dataset_size=t.dataset_size, host_probes=ctx.host_probes)
     return estimates.to_json(g, results, training_settings(t, t.batch_size),
                                 predictor_source=ctx.predictor_source, epochs=t.epochs,
                                 dataset_size=t.dataset_size, calibration=ctx.calibration)

@@ -35,6 +35,9 @@ MANIFEST_KEY = "host_model"
 """Where a model bundle's manifest holds its host model (`model_to_json`)."""
 Z90 = 1.2815515655446004
 """The standard normal's 90th percentile: P10-P90 is +-Z90 sigma of a log-normal error."""
+PROBE_VERSION = 1
+"""The version of `bench.host_probe`'s figures `HostProbe` reads (the probe module runs on a
+bare node with torch only, so it keeps its own copy; a test checks the two agree)."""
 HOST_BOUND_SHARE = 0.5
 """A phase (or step) is called host-bound when the GPU idles, waiting for the host, for more
 than this share of its time."""

@@ -27,7 +27,8 @@ from typing import Any
 
 from gpuplan_estimator.bench import batched, precisions, runner, stopping, timing
 from gpuplan_estimator.core import errors, provenance
-from gpuplan_estimator.interfaces.cli import arguments, exits, output, progress
+from gpuplan_estimator.interfaces.cli import arguments, exits, output, probing, progress
+from gpuplan_estimator.perfdb import host_probes
 from gpuplan_estimator.perfdb.store import PerfStore
 
 EXIT_DONE = exits.ExitCode.OK
@@ -141,6 +142,7 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--commit", default=os.environ.get("GPUPLAN_COMMIT", ""), metavar="SHA",
                        help="project commit recorded with the run and the export (default: "
                        "$GPUPLAN_COMMIT, else the checkout's HEAD)")
+    probing.add_flags(bench)
     progress.add_flag(bench)
     output.add_output_argument(bench)
     bench.set_defaults(func=run_bench_command)
@@ -220,6 +222,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     # Installed before the database opens: a SIGTERM during start-up then also ends cleanly.
     with (StopOnSignals() as stop, PerfStore.open(args.db) as store,
           progress.for_args(args) as bars):
+        probe = probing.measure(args, settings.command)
         try:
             report = runner.run_bench(settings, store, progress=bars, stop_requested=stop,
                                       log=_log)
@@ -228,6 +231,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
             print(f"gpuplan: bench stopped by {signal.Signals(signum).name} (twice); run the "
                   f"same command again to resume", file=sys.stderr)
             return exit_code_for_signal(signum)
+        probing.store(store, probe, report.device, report.run_id)
         if output.is_document(args.output):
             output.emit_document(output.document("BenchRun", {
                 **dataclasses.asdict(report), "rows_per_min": report.rows_per_min,
@@ -265,6 +269,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 "skipped": report.skipped,
                 # Timings from a busy host are inflated; keep the evidence with the data.
                 "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+                host_probes.SIDECAR_KEY: probe,
             }
             n = runner.export_run(store, report.run_id, args.export, sidecar)
             output.note(args.output, f"wrote {n} rows to {args.export}")

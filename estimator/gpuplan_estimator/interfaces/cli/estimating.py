@@ -15,7 +15,15 @@ from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.core.progress import Step
 from gpuplan_estimator.graph import batching, exporting, zoo
-from gpuplan_estimator.interfaces.cli import arguments, exits, output, plots, progress, render
+from gpuplan_estimator.interfaces.cli import (
+    arguments,
+    exits,
+    output,
+    plots,
+    probing,
+    progress,
+    render,
+)
 from gpuplan_estimator.models import basis, selection
 from gpuplan_estimator.planning import estimates, ranking
 from gpuplan_estimator.step.decomposition import TrainingSettings
@@ -95,6 +103,7 @@ def _register_estimate(sub: Any) -> None:
     p.add_argument("--bundle", default=None, metavar="DIR",
                    help="model bundle directory to predict with (default: the newest in the "
                    "data dir, else the shipped one)")
+    probing.add_db_flag(p)
     p.add_argument("--cpu-backend", default=None, metavar="NAME",
                    help="bundle backend that prices CPU devices, or a unique prefix of one "
                    "(e.g. torch: PyTorch eager rows); default: the bundle's main CPU backend")
@@ -176,7 +185,8 @@ def run_estimate(args: argparse.Namespace) -> int:
         shown(Step(f"estimating on {len(specs)} device(s)", 0, 1))
         results = ranking.rank(
             estimates.estimate(g, specs, settings, predictor=predictor, epochs=args.epochs,
-                               dataset_size=args.dataset_size), args.prefer)
+                               dataset_size=args.dataset_size,
+                               host_probes=probing.stored_probes(args)), args.prefer)
         shown(Step(f"estimating on {len(specs)} device(s)", 1, 1))
     rec = ranking.recommend(results, args.prefer)
     doc = estimates.to_json(g, results, settings, predictor_source=predictor_source,

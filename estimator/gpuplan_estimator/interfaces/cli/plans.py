@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.progress import Step
 from gpuplan_estimator.graph import zoo
-from gpuplan_estimator.interfaces.cli import arguments, output, plots, progress, render
+from gpuplan_estimator.interfaces.cli import arguments, output, plots, probing, progress, render
 from gpuplan_estimator.interfaces.http import wire
 from gpuplan_estimator.models import selection
 from gpuplan_estimator.planning import planner
@@ -99,6 +100,7 @@ def register(sub: Any) -> None:
     p.add_argument("--bundle", default=None, metavar="DIR",
                    help="model bundle directory (default: the newest in the data dir, else "
                    "the shipped one)")
+    probing.add_db_flag(p)
     arguments.add_prices_flag(p)
     progress.add_flag(p)
     p.set_defaults(func=run_plan)
@@ -151,8 +153,10 @@ def run_plan(args: argparse.Namespace) -> int:
         shown(Step("planning", 0, 1))
         body = request_body(args)
         prices = devices.read_prices_file(args.prices) if args.prices else None
-        result = planner.plan_request(wire.parse_plan_request(body),
-                                      load_context(args.bundle, prices), max_candidates=None)
+        context = dataclasses.replace(load_context(args.bundle, prices),
+                                      host_probes=probing.stored_probes(args))
+        result = planner.plan_request(wire.parse_plan_request(body), context,
+                                      max_candidates=None)
         shown(Step("planning", 1, 1))
     doc = {**result, "objective": body["objective"],
            "training": dict(body["training"])}

@@ -19,7 +19,7 @@ from gpuplan_estimator.devices.prices import PRICES_ENV
 from gpuplan_estimator.interfaces.cli import arguments, plans
 from gpuplan_estimator.interfaces.http import auth, service, storage, tokenreview, wire
 from gpuplan_estimator.interfaces.http.state import BundleSync
-from gpuplan_estimator.planning import calibrating
+from gpuplan_estimator.planning import calibrating, planner
 
 if TYPE_CHECKING:
     from gpuplan_estimator.perfdb import PerfStore
@@ -300,6 +300,15 @@ def perfdb_coverage_source(db_url: str | None) -> storage.CoverageSource:
     return source
 
 
+def with_host_probes(loader: Callable[[], planner.PlannerContext], db_url: str | None
+                     ) -> Callable[[], planner.PlannerContext]:
+    """`loader` whose contexts carry the database's host probes, read at each load (start,
+    a new bundle, a fresh worker): a partial, so it pickles to the workers."""
+    from gpuplan_estimator.perfdb import probe_context
+
+    return functools.partial(probe_context.context_with_host_probes, loader, db_url)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """`gpuplan serve`: run the estimator HTTP service until stopped; returns 0."""
     from aiohttp import web
@@ -317,12 +326,12 @@ def run_serve(args: argparse.Namespace) -> int:
               else devices.prices_from_env(os.environ))
     file_context = functools.partial(plans.load_context, args.bundle, prices)
     if args.bundle is not None:  # an explicit bundle is pinned: the database's is not served
-        state = service.ServiceState(file_context)
+        state = service.ServiceState(with_host_probes(file_context, args.db))
     else:
         cache = Path(args.bundle_cache) if args.bundle_cache else paths.data_dir() / "bundle-cache"
-        state = service.ServiceState(
+        state = service.ServiceState(with_host_probes(
             functools.partial(service.database_bundle_context, str(cache), file_context, prices),
-            bundle_sync=perfdb_bundle_sync(args.db, cache))
+            args.db), bundle_sync=perfdb_bundle_sync(args.db, cache))
     write_auth = write_auth_settings(args, os.environ)
     try:
         guard = auth.build_guard(write_auth)

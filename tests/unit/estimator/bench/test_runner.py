@@ -152,7 +152,7 @@ def test_cli_bench_exports_parquet_and_sidecar(
     out = tmp_path / "out" / "cpu.parquet"
     code = cli.main(["bench", "--samples", "4", "--repeats", "2", "--sweep", str(sweep_dir),
                      "--db", f"sqlite:///{tmp_path / 'c.db'}", "--export", str(out),
-                     "--no-progress", "--families", "softmax"])
+                     "--no-progress", "--families", "softmax", "--no-host-probe"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "4 rows added" in printed and "rows/min" in printed

@@ -47,7 +47,7 @@ def sweep_dir(tmp_path: Path) -> Path:
 def _bench(db_url: str, sweep_dir: Path, cache_dir: Path, *extra: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "gpuplan_estimator.interfaces.cli", "bench", "--device", "cpu",
            "--samples", str(PLAN_ROWS), "--seed", "3", "--repeats", "2", "--threads", "1",
-           "--sweep", str(sweep_dir), "--db", db_url, "--no-progress", *extra]
+           "--sweep", str(sweep_dir), "--db", db_url, "--no-progress", "--no-host-probe", *extra]
     # The CPU calibration is measured once into this cache, not into the user's ~/.cache.
     env = {**os.environ, "XDG_CACHE_HOME": str(cache_dir)}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

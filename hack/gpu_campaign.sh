@@ -63,7 +63,7 @@ timeout -k 10 $((BENCH_MINUTES * 60 + 30)) python3 -m gpuplan_estimator.interfac
   --device "$DEVICE" --backend torch --budget-minutes "$BENCH_MINUTES" \
   --precisions fp32,tf32,bf16 --batch-size "${BENCH_BATCH:-32}" --samples "${BENCH_SAMPLES:-20000}" \
   --db "sqlite:////tmp/bench.db" --export "$OUT/bench.parquet" ${COMMIT:+--commit "$COMMIT"} \
-  --no-progress ${BENCH_ARGS:-} >>"$LOG" 2>&1
+  --no-progress --no-host-probe ${BENCH_ARGS:-} >>"$LOG" 2>&1
 bench=$?
 
 stage "compiled steps"

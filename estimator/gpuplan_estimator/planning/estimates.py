@@ -482,12 +482,23 @@ def _device_json(r: DeviceEstimate, include_layers: bool, cal: calibrating.Calib
         "uncovered_ops": list(r.uncovered_ops),
         "shape_only_layers": r.shape_only_layers,
         "host": {"gpu_busy_ms": r.gpu_busy_ms, "host_ms": r.host_ms, "bound": bound_of(r),
-                 "probe": r.host_source},
+                 "compiled_saving_ms": compiled_saving_ms(r), "probe": r.host_source},
         "top_layers": [_layer_json(layer) for layer in r.top_layers(5)],
     }
     if include_layers:
         out["layers"] = [_layer_json(layer) for layer in r.layers]
     return out
+
+
+def compiled_saving_ms(r: DeviceEstimate) -> float | None:
+    """What a compiled step would save at most: the time the GPU waits for the host, which a
+    step captured in CUDA graphs (torch.compile's "reduce-overhead") no longer issues op by op.
+    Kernel fusion would save more; Inductor's default mode, which still launches each kernel
+    from the host, less (GPT-2 small, batch 4, bf16 on an H200: 48.8 ms eager, 24.5 compiled
+    with the host still issuing 23.8). None without a host model."""
+    if r.host_ms is None:
+        return None
+    return max(0.0, r.step_time_ms - r.gpu_busy_ms)
 
 
 def bound_of(r: DeviceEstimate) -> str:

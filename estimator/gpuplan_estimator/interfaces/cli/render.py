@@ -176,11 +176,14 @@ def host_lines(results: Sequence[DeviceEstimate]) -> list[str]:
     bound = [r for r in results if r.host_bound and r.step_time_ms > 0]
     if not bound:
         return []
-    idle = max(1.0 - r.gpu_busy_ms / r.step_time_ms for r in bound)
+    worst = max(bound, key=lambda r: 1.0 - r.gpu_busy_ms / r.step_time_ms)
+    idle = 1.0 - worst.gpu_busy_ms / worst.step_time_ms
+    saving = estimates.compiled_saving_ms(worst) or 0.0
     names = ", ".join(r.device for r in bound[:4]) + (" ..." if len(bound) > 4 else "")
     return [f"host-bound on {names}: the GPU waits for the CPU issuing kernels (up to "
-            f"{idle:.0%} of the step); a larger batch or a compiled step (torch.compile, "
-            "CUDA graphs) uses the GPU better"]
+            f"{idle:.0%} of the step); a compiled step in CUDA graphs (--framework "
+            f"pytorch-compiled, mode reduce-overhead) would save up to {ms(saving)} ms a step "
+            f"on {worst.device}, a larger batch uses the GPU better"]
 
 
 def attention_lines(graph: ModelGraph, settings: TrainingSettings) -> list[str]:

@@ -249,6 +249,10 @@ class HostTimeline(_Response):
                                   "no host model applies (CPU devices, fused frameworks).")
     bound: str = Field(description="host (the GPU waits for the CPU more than half the step), "
                        "gpu, or unknown (no host model).")
+    compiled_saving_ms: float | None = Field(
+        description="At most this much of the step is the GPU waiting for the host: what a "
+                    "step captured in CUDA graphs (torch.compile mode reduce-overhead) saves; "
+                    "null without a host model.")
     probe: str = Field(description="Where the host's per-op costs were measured.")
 
 

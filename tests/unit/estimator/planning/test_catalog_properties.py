@@ -141,8 +141,11 @@ def test_half_precisions_change_predictions_on_tensor_core_gpus(which: str,
     half = estimates.estimate(g, specs, TrainingSettings(batch_size=1, mode="train",
                                                          precision=precision),
                               predictor=_predictors()[which])
+    # The kernels get faster; the step need not: at batch 1 it is host-bound, and autocast's
+    # casts give the host more to issue (BERT-base at batch 16 trained slower in bf16 than in
+    # fp32 on the H200, issue #30).
     for b, h in zip(base, half, strict=True):
-        assert h.step_time_ms < b.step_time_ms, b.device
+        assert h.gpu_busy_ms < b.gpu_busy_ms, b.device
 
 
 @pytest.mark.parametrize("which", ["shipped", "roofline"])

@@ -335,19 +335,16 @@ def _to_context(ix: _Index, soft: int) -> list[int] | None:
 
 def _input_scale(ix: _Index, tensor: str, product: int) -> list[int]:
     """The scale by a scalar applied to one operand of the scores product (Q, or Kᵀ before or
-    after its transpose), with the transpose or reshape between it and the product."""
+    after its transpose), with that transpose. A scale further back (OPT scales the query
+    projection's output before splitting heads) is an op of its own in eager PyTorch too."""
+    j = ix.producer.get(tensor)
     between: list[int] = []
-    sink = product
-    for _ in range(3):
-        j = ix.producer.get(tensor)
-        if j is None or ix.sole_consumer(j) != sink:
-            return []
-        if _score_inputs(ix, j) and ix.op(j) in ("Mul", "Div"):
-            return [j, *between]
-        if ix.op(j) not in ("Transpose", "Reshape"):
-            return []
-        between, sink, tensor = [j, *between], j, ix.ins(j)[0]
-    return []
+    if j is not None and ix.op(j) == "Transpose" and ix.sole_consumer(j) == product:
+        between, product, j = [j], j, ix.producer.get(ix.ins(j)[0])
+    if j is None or ix.op(j) not in ("Mul", "Div") or ix.sole_consumer(j) != product or \
+            not _score_inputs(ix, j):
+        return []
+    return [j, *between]
 
 
 def _attention(ix: _Index, i: int) -> Match:

@@ -147,7 +147,10 @@ def summary(out: Path) -> str:
     device = load_catalog().resolve("h100-sxm-80gb")
     rows = ["| torch | exporter | graphs (refused) | cores found / attention layers | "
             "fused / eager step time | fused / eager activations |", "|---|---|--:|--:|--:|--:|"]
-    for path in sorted(out.glob("torch-*/manifest.json")):
+    def version(path: Path) -> tuple[int, ...]:
+        return tuple(int(part) for part in path.parent.name.removeprefix("torch-").split("."))
+
+    for path in sorted(out.glob("torch-*/manifest.json"), key=version):
         entries = json.loads(path.read_text())["entries"]
         for exporter in EXPORTERS:
             mine = [e for e in entries if e["exporter"] == exporter]

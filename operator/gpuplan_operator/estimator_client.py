@@ -16,6 +16,7 @@ import aiohttp
 
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM, WORKLOAD_ID_PATTERN
 from gpuplan_operator.core import benchmarks, errors, gpu_pools, resources
+from gpuplan_operator.core.validation import ATTENTIONS
 
 COVERAGE_PATH = "/v1/coverage"
 OUTCOMES_PATH = "/v1/outcomes"
@@ -78,6 +79,7 @@ def parse_plan(body: Mapping[str, Any], *, generation: int) -> resources.Plan:
             bundle_version=_bundle_version(body.get("bundle_version")),
             workload_id=_workload_id(body.get("workload_id")),
             data_basis=_data_basis(p.get("data_basis")),
+            attention=_attention(body.get("attention")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.EstimatorProtocolError(
@@ -247,6 +249,29 @@ def _data_basis(value: object) -> str | None:
         raise ValueError(f"data_basis: need one of {', '.join(resources.DATA_BASES)} or null, "
                          f"got {value!r:.80}")
     return value
+
+
+def _attention(raw: object) -> resources.AttentionPricing | None:
+    """The answer's top-level `attention` (how the graph's attention was priced), or None from
+    an estimator that predates it."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"'attention' {raw!r:.80}: must be an object")
+    requested = raw.get("requested")
+    if requested not in ATTENTIONS:
+        raise ValueError(f"attention.requested: need one of {', '.join(sorted(ATTENTIONS))}, "
+                         f"got {requested!r:.80}")
+    counts = {key: raw.get(key) for key in ("cores", "fused_cores")}
+    for key, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"attention.{key}: need a non-negative integer, got {value!r:.80}")
+    warning = raw.get("warning")
+    if warning is not None and not isinstance(warning, str):
+        raise ValueError(f"attention.warning: need a string or null, got {warning!r:.80}")
+    return resources.AttentionPricing(
+        str(requested), int(counts["cores"] or 0), int(counts["fused_cores"] or 0),
+        warning[:resources.ATTENTION_WARNING_MAX_CHARS] if warning is not None else None)
 
 
 def _alternative(c: Mapping[str, Any]) -> dict[str, Any]:

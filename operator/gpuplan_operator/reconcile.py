@@ -259,10 +259,17 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
         message += f"; {plan.setup_summary()}"
     if quota is not None:
         message += f"; {quota.name}: {kueue.describe_quota(quota)}"
+    not_fused = plan.attention_warning()
+    if not_fused is not None:
+        # Asked fused, priced eager: the time and memory are the eager ones, and the user
+        # must not read them as fused.
+        message += f"; {not_fused}"
     await _set(ctx, tj, type_=Condition.ESTIMATED, ok=True, reason=Reason.PLANNED, message=message,
                extra={"plan": plan.to_status()})
     ctx.metrics.observe_plan(tj.namespace, tj.name, plan.gpu_type, plan.estimated_seconds)
     tj.emit(warning=False, reason=Reason.PLANNED, message=message)
+    if not_fused is not None:
+        tj.emit(warning=True, reason=Reason.ATTENTION_NOT_FUSED, message=not_fused)
     return plan
 
 

@@ -230,21 +230,55 @@ def _softmax(ix: _Index, i: int) -> Match:
     return [*members, total, div], "softmax"
 
 
-def _scores_to_softmax(ix: _Index, i: int) -> list[int] | None:
-    """An activation x activation MatMul, its scale, masks and the Softmax they feed."""
-    if ix.op(i) != "MatMul" or ix.layers[i].parameter_inputs:
+_SCORE_PASS_THROUGH = frozenset({"Cast", "CastLike", "Reshape", "Identity"})
+"""Ops between the scores product and the Softmax (or the probabilities and ·V) that move or
+cast the matrix without computing on it: a fused kernel does them for free."""
+_SCORE_DEPTH = 8
+"""Most ops between the scores product and its Softmax (scale, casts, reshapes, masks) and
+between the probabilities and ·V (cast, NaN guard, dropout); exports write 0 to 4."""
+
+
+def _score_inputs(ix: _Index, j: int) -> list[str]:
+    """The inputs of `j` that may carry the scores towards the Softmax: the matrix of a cast or
+    reshape, of a scale by a scalar, of a mask (added, clamped or selected by Where)."""
+    op, ins = ix.op(j), ix.ins(j)
+    if op in _SCORE_PASS_THROUGH:
+        return ins[:1]
+    if op == "Div":
+        return ins[:1] if len(ins) == 2 and ix.scalar_other(j, ins[0]) else []
+    if op == "Mul":
+        return [t for t in ins if ix.scalar_other(j, t)]
+    if op in ("Add", "Max", "Min"):
+        return ins
+    if op == "Where":
+        return ins[1:]
+    return []
+
+
+def _back_to_scores(ix: _Index, tensor: str, sink: int, depth: int) -> list[int] | None:
+    """The activation x activation MatMul that `tensor` (read only by `sink`) comes from, and
+    the ops between them, in data order; None when `tensor` is something else."""
+    j = ix.producer.get(tensor)
+    if j is None or ix.sole_consumer(j) != sink:
         return None
-    members, last = [i], i
-    scale = ix.consumer_of(i, {"Div", "Mul"})
-    if scale is not None and ix.scalar_other(scale, ix.out(i)):
-        members, last = [*members, scale], scale
-    for _ in range(2):  # causal Where and/or additive mask, possibly a clamp (Max)
-        mask = ix.consumer_of(last, {"Add", "Where", "Max"})
-        if mask is None:
-            break
-        members, last = [*members, mask], mask
-    soft = ix.consumer_of(last, {"Softmax"})
-    return None if soft is None else [*members, soft]
+    if ix.op(j) == "MatMul":
+        return None if ix.layers[j].parameter_inputs else [j]
+    if depth == 0:
+        return None
+    for t in _score_inputs(ix, j):  # a mask may sit on either side of an Add
+        found = _back_to_scores(ix, t, j, depth - 1)
+        if found is not None:
+            return [*found, j]
+    return None
+
+
+def _scores_to_softmax(ix: _Index, i: int) -> list[int] | None:
+    """A Softmax, the activation x activation MatMul of its scores and whatever scales, masks,
+    casts or reshapes lie between them: [scores, ..., softmax]."""
+    if ix.op(i) != "Softmax" or not ix.ins(i):
+        return None
+    found = _back_to_scores(ix, ix.ins(i)[0], i, _SCORE_DEPTH)
+    return None if found is None else [*found, i]
 
 
 def _attention_scores(ix: _Index, i: int) -> Match:
@@ -255,24 +289,80 @@ def _attention_scores(ix: _Index, i: int) -> Match:
     return members, "attention_scores"
 
 
+def _nan_guard(ix: _Index, probs: int) -> list[int] | None:
+    """Where(IsNaN(p), 0, p): the guard torch.onnx writes after an SDPA's Softmax so that a
+    fully masked row gives zeros, not NaN. [IsNaN, Where] when `probs` feeds only that."""
+    users = ix.consumers.get(ix.out(probs), [])
+    isnan = next((u for u in users if ix.op(u) == "IsNaN"), None)
+    where = next((u for u in users if ix.op(u) == "Where"), None)
+    if isnan is None or where is None or len(users) != 2 or ix.sole_consumer(isnan) != where:
+        return None
+    if ix.ins(where)[0] != ix.out(isnan) or not _fills(ix, where, ix.out(probs)):
+        return None
+    return [isnan, where]
+
+
+def _fills(ix: _Index, where: int, tensor: str) -> bool:
+    """`where` keeps `tensor` or puts a scalar (0, -inf) in its place: a masked fill."""
+    cond, *branches = ix.layers[where].inputs
+    names = [t.name for t in branches]
+    return len(names) == 2 and tensor in names and tensor != cond.name and \
+        branches[1 - names.index(tensor)].elements == 1
+
+
+def _to_context(ix: _Index, soft: int) -> list[int] | None:
+    """From the probabilities to the MatMul with V: casts, a NaN guard, a masked fill, a
+    dropout, then the product. [..., context] or None."""
+    members: list[int] = []
+    last = soft
+    for _ in range(_SCORE_DEPTH):
+        guard = _nan_guard(ix, last)
+        if guard is not None:
+            members, last = [*members, *guard], guard[-1]
+            continue
+        j = ix.sole_consumer(last)
+        if j is None:
+            return None
+        first = ix.ins(j)[0] == ix.out(last)
+        if ix.op(j) == "MatMul":
+            return [*members, j] if first and not ix.layers[j].parameter_inputs else None
+        fill = ix.op(j) == "Where" and _fills(ix, j, ix.out(last))
+        if not (fill or (first and ix.op(j) in _SCORE_PASS_THROUGH | {"Dropout"})):
+            return None
+        members, last = [*members, j], j
+    return None
+
+
+def _input_scale(ix: _Index, tensor: str, product: int) -> list[int]:
+    """The scale by a scalar applied to one operand of the scores product (Q, or Kᵀ before or
+    after its transpose), with that transpose. A scale further back (OPT scales the query
+    projection's output before splitting heads) is an op of its own in eager PyTorch too."""
+    j = ix.producer.get(tensor)
+    between: list[int] = []
+    if j is not None and ix.op(j) == "Transpose" and ix.sole_consumer(j) == product:
+        between, product, j = [j], j, ix.producer.get(ix.ins(j)[0])
+    if j is None or ix.op(j) not in ("Mul", "Div") or ix.sole_consumer(j) != product or \
+            not _score_inputs(ix, j):
+        return []
+    return [j, *between]
+
+
 def _attention(ix: _Index, i: int) -> Match:
-    """The whole attention core (what one SDPA kernel computes): the scores unit, a dropout
-    of the probabilities, and the MatMul with V that consumes them. Exporters that decompose
-    SDPA scale Q and K by sqrt(scale) each before the product; those Muls belong to it too."""
+    """The whole attention core (what one SDPA kernel computes) around a Softmax: its scores
+    product with any scale, mask, cast or reshape before it; a NaN guard, cast or dropout of the
+    probabilities; the MatMul with V that consumes them. Exporters that decompose SDPA scale Q
+    and Kᵀ by sqrt(scale) each before the product (a constant, or computed in the graph as
+    Sqrt(CastLike(...))); those Muls and the transposes between them and the product belong to
+    it too."""
     members = _scores_to_softmax(ix, i)
     if members is None:
         return None
-    last = members[-1]
-    dropout = ix.consumer_of(last, {"Dropout"})
-    if dropout is not None:
-        members, last = [*members, dropout], dropout
-    pv = ix.consumer_of(last, {"MatMul"})
-    if pv is None or ix.layers[pv].parameter_inputs or ix.ins(pv)[0] != ix.out(last):
+    tail = _to_context(ix, i)
+    if tail is None:
         return None
-    pre_scales = [j for j in (ix.from_producer(t, {"Mul", "Div"}) for t in ix.ins(i))
-                  if j is not None and ix.sole_consumer(j) == i
-                  and ix.scalar_other(j, ix.ins(j)[0])]
-    return [*pre_scales, *members, pv], "attention"
+    scores = members[0]
+    pre_scales = [j for t in ix.ins(scores) for j in _input_scale(ix, t, scores)]
+    return [*pre_scales, *members, *tail], "attention"
 
 
 MATCHERS: tuple[Callable[[_Index, int], Match], ...] = (

@@ -27,6 +27,7 @@ from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.models import basis
 from gpuplan_estimator.planning import calibrating, intervals
 from gpuplan_estimator.step import host
+from gpuplan_estimator.step.attention import attention_report
 from gpuplan_estimator.step.decomposition import (
     KernelDimsFn,
     StepWork,
@@ -441,6 +442,8 @@ def to_json(
             "batch_size": settings.batch_size,
             "epochs": epochs, "dataset_size": dataset_size,
         },
+        # Whether fused attention found anything to fuse: otherwise it is the eager price.
+        "attention": attention_report(graph, settings.attention).as_dict(),
         "predictor_source": predictor_source,
         "devices": [_device_json(r, include_layers, cal, mode) for r in results],
     }

@@ -30,6 +30,7 @@ from gpuplan_estimator.planning import (
 from gpuplan_estimator.planning import scaling as scaling_fits
 from gpuplan_estimator.planning.scaling import ScalingModel
 from gpuplan_estimator.step import host
+from gpuplan_estimator.step.attention import attention_report
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
 
 log = logging.getLogger(__name__)
@@ -229,8 +230,8 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
     specs = [ctx.catalog.resolve(k) for k in dict.fromkeys(p.device_key for p in pools)]
     shape = placement.TrainingShape(req.training.batch_size, req.training.steps_per_epoch,
                                     req.training.epochs)
-    facts = model_facts.model_facts(graph_at(req.model_onnx, req.training,
-                                             req.training.batch_size),
+    graph_at_batch = graph_at(req.model_onnx, req.training, req.training.batch_size)
+    facts = model_facts.model_facts(graph_at_batch,
                                     training_settings(req.training, req.training.batch_size))
     result = placement.plan(step_profiles(req, specs, ctx), pools, shape, req.objective,
                             ctx.scaling, facts)
@@ -241,6 +242,7 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
     out["candidates_total"] = len(result.candidates)
     out["scaling"] = ctx.scaling_fit.as_dict()
     out["notes"] = [f"{t}: {why}" for t, why in skipped]
+    out["attention"] = attention_report(graph_at_batch, req.training.attention).as_dict()
     return out
 
 

@@ -31,6 +31,9 @@ from gpuplan_estimator.core.workload import WorkItem
 
 ATTENTION_PATTERN = "attention"
 """`graph.fusion`'s pattern of a whole attention core (scores through ·V)."""
+SCORES_PATTERN = "attention_scores"
+"""`graph.fusion`'s pattern of scores through Softmax whose ·V product it could not find (the
+probabilities escape, or feed something else): no fused kernel computes it."""
 
 
 @dataclass(frozen=True)
@@ -114,3 +117,46 @@ def without_scores_traffic(item: WorkItem, queries: int, keys: int) -> WorkItem:
         return item
     return replace(item, attributes=MappingProxyType({
         **item.attributes, workload.FUSED_IO_BYTES: item.bytes_moved * off_chip // total}))
+
+
+@dataclass(frozen=True)
+class AttentionReport:
+    """How an estimate priced the graph's attention, and whether that is what was asked."""
+
+    requested: str
+    """`options.ATTENTIONS`: what the estimate was asked for."""
+    cores: int
+    """Whole attention cores (scores through ·V) `graph.fusion` found."""
+    fused_cores: int
+    """Cores priced as one fused kernel: every core under fused attention, none under eager."""
+    unfused_scores: int
+    """Softmaxes over attention scores whose ·V product was not found: priced eager always."""
+    warning: str | None
+    """Said when fused attention was asked for and some or all attention stayed eager."""
+
+    def as_dict(self) -> dict[str, object]:
+        """The estimate JSON's `attention` object (docs/estimate-json.md)."""
+        return {"requested": self.requested, "cores": self.cores,
+                "fused_cores": self.fused_cores, "unfused_scores": self.unfused_scores,
+                "warning": self.warning}
+
+
+def attention_report(graph: ModelGraph, attention: str) -> AttentionReport:
+    """What `attention` did to `graph`'s attention, with a warning when fused attention was
+    asked for and no core (or not every one) was found: without it an estimate asked for
+    fused would silently give the eager price and memory."""
+    if attention not in options.ATTENTIONS:
+        raise ValueError(f"attention must be one of {options.ATTENTIONS}, got {attention!r}")
+    cores = sum(unit.pattern == ATTENTION_PATTERN for unit in graph.units)
+    scores_only = sum(unit.pattern == SCORES_PATTERN for unit in graph.units)
+    fused = attention == options.FUSED_ATTENTION
+    warning = None
+    if fused and cores == 0:
+        warning = ("fused attention was asked for, but no attention core (Q·Kᵀ, scale and mask, "
+                   "Softmax, ·V) was found in the graph: its attention is priced eager, op by "
+                   "op with the scores in memory")
+    elif fused and scores_only:
+        warning = (f"{scores_only} softmax(es) over attention scores have no ·V product a "
+                   f"fused kernel could take (their probabilities are read elsewhere): priced "
+                   f"eager beside {cores} fused core(s)")
+    return AttentionReport(attention, cores, cores if fused else 0, scores_only, warning)

@@ -46,6 +46,7 @@ class Reason:
     WAITING_FOR_ADMISSION = "WaitingForAdmission"
     ADMITTED = "Admitted"
     QUEUE_NOT_FOUND = "QueueNotFound"
+    ATTENTION_NOT_FUSED = "AttentionNotFused"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +243,39 @@ DATA_BASIS_PHRASES: Mapping[str, str] = {
 DATA_BASES: tuple[str, ...] = tuple(DATA_BASIS_PHRASES)
 
 
+ATTENTION_WARNING_MAX_CHARS = 512
+"""Longest estimator warning kept in `status.plan.attention` (the CRD's maxLength)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionPricing:
+    """How the estimator priced the model's attention against what `spec.training.attention`
+    asked (issue #30): fused attention on a graph with no attention core it can find is the
+    eager price and memory, and the warning says so."""
+
+    requested: str
+    cores: int
+    """Whole attention cores found in the model's graph."""
+    fused_cores: int
+    """Cores priced as one fused kernel."""
+    warning: str | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        """`status.plan.attention`."""
+        out: dict[str, Any] = {"requested": self.requested, "cores": self.cores,
+                               "fusedCores": self.fused_cores}
+        if self.warning is not None:
+            out["warning"] = self.warning
+        return out
+
+    @classmethod
+    def from_status(cls, data: Mapping[str, Any]) -> AttentionPricing:
+        """Inverse of `to_status`."""
+        warning = data.get("warning")
+        return cls(str(data["requested"]), int(data["cores"]), int(data["fusedCores"]),
+                   str(warning) if warning is not None else None)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The estimator's choice, as stored in `status.plan`."""
@@ -282,6 +316,15 @@ class Plan:
     data_basis: str | None = None
     """What the estimate for this GPU type rests on (`DATA_BASES`, issue #18): kernel rows
     measured on it, a probe, or its spec sheet alone; None from an estimator that predates it."""
+    attention: AttentionPricing | None = None
+    """How the attention was priced (issue #30); None from an estimator that predates it."""
+
+    def attention_warning(self) -> str | None:
+        """E.g. "attention not fused: fused attention was asked for, but no attention core
+        ..."; None when the attention was priced as asked (or the estimator did not say)."""
+        if self.attention is None or self.attention.warning is None:
+            return None
+        return f"attention not fused: {self.attention.warning}"
 
     def setup_summary(self) -> str:
         """The layout and strategy for people, e.g. "dp=8 tp=1 pp=1, zero-2 + accumulate x2";
@@ -331,6 +374,8 @@ class Plan:
             out["workloadId"] = self.workload_id
         if self.data_basis is not None:
             out["dataBasis"] = self.data_basis
+        if self.attention is not None:
+            out["attention"] = self.attention.to_status()
         inputs = self.scaling_inputs.present()
         if inputs:
             out["scalingInputs"] = {SCALING_INPUT_KEYS[k]: v for k, v in inputs.items()}
@@ -376,6 +421,9 @@ class Plan:
                          else None),
             # Plans stored before issue #18's basis carry none.
             data_basis=(str(data["dataBasis"]) if data.get("dataBasis") is not None else None),
+            # Plans stored before issue #30's attention report carry none.
+            attention=(AttentionPricing.from_status(data["attention"])
+                       if data.get("attention") is not None else None),
         )
 
 

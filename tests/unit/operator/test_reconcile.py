@@ -486,3 +486,32 @@ def test_start_seen_while_running_survives_a_pod_that_forgot_it() -> None:
     asyncio.run(go())
     assert kube.status["actual"]["startTime"] == "2026-01-01T00:01:40Z"
     assert kube.status["actual"]["seconds"] == 100
+
+
+def test_fused_attention_the_estimator_could_not_find_is_said_in_the_condition() -> None:
+    """Asked fused, the model has no attention core to fuse: the Estimated message, a Warning
+    event and status.plan.attention all say the estimate is the eager one."""
+    warning = "fused attention was asked for, but no attention core was found"
+    answer = {**PLAN, "attention": {"requested": "fused", "cores": 0, "fused_cores": 0,
+                                    "unfused_scores": 0, "warning": warning}}
+    kube = FakeKube(CM)
+    events = _run(kube, SpecBuilder().set("training.attention", "fused").obj(),
+                  estimator=_estimator(answer))
+    (estimated,) = [c for c in kube.status["conditions"] if c["type"] == "Estimated"]
+    assert estimated["message"].endswith(f"; attention not fused: {warning}")
+    assert (True, "AttentionNotFused") in events
+    assert kube.status["plan"]["attention"] == {"requested": "fused", "cores": 0,
+                                                "fusedCores": 0, "warning": warning}
+
+
+def test_attention_priced_as_asked_adds_nothing_to_the_condition() -> None:
+    answer = {**PLAN, "attention": {"requested": "fused", "cores": 12, "fused_cores": 12,
+                                    "unfused_scores": 0, "warning": None}}
+    kube = FakeKube(CM)
+    events = _run(kube, SpecBuilder().set("training.attention", "fused").obj(),
+                  estimator=_estimator(answer))
+    (estimated,) = [c for c in kube.status["conditions"] if c["type"] == "Estimated"]
+    assert "attention" not in estimated["message"]
+    assert events == [(False, "Planned"), (False, "JobCreated")]
+    assert kube.status["plan"]["attention"] == {"requested": "fused", "cores": 12,
+                                                "fusedCores": 12}

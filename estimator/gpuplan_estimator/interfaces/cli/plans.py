@@ -183,6 +183,9 @@ def _print_plan(doc: Mapping[str, Any], args: argparse.Namespace) -> None:
                             (i for i, c in enumerate(candidates) if _same(c, chosen)), None))
     lines = ["", *rejection_lines(doc["rejected"], every=args.all)]
     lines += [f"note: {n}" for n in doc.get("notes", [])]
+    warning = doc["attention"]["warning"]
+    if warning is not None:  # asked fused, priced eager: the figures above are eager ones
+        lines.append(f"attention: NOT FUSED: {warning}")
     output.print_lines(lines)
 
 

@@ -187,13 +187,16 @@ def host_lines(results: Sequence[DeviceEstimate]) -> list[str]:
 
 
 def attention_lines(graph: ModelGraph, settings: TrainingSettings) -> list[str]:
-    """A hint when the graph has attention cores priced eager: most PyTorch 2 trainers run
-    them fused, and at long sequences the two differ by whole multiples in time and memory."""
-    cores = sum(unit.pattern == attention.ATTENTION_PATTERN for unit in graph.units)
-    if not cores or settings.attention != options.EAGER_ATTENTION:
+    """A warning when fused attention was asked for and the graph has no core (or not only
+    cores) to fuse; a hint when it has cores priced eager: most PyTorch 2 trainers run them
+    fused, and at long sequences the two differ by whole multiples in time and memory."""
+    report = attention.attention_report(graph, settings.attention)
+    if report.warning is not None:
+        return [f"attention: NOT FUSED: {report.warning}"]
+    if not report.cores or settings.attention != options.EAGER_ATTENTION:
         return []
-    return [f"attention: {cores} attention core(s) priced eager (op by op, scores in memory); "
-            "--attention fused if the trainer runs scaled_dot_product_attention "
+    return [f"attention: {report.cores} attention core(s) priced eager (op by op, scores in "
+            "memory); --attention fused if the trainer runs scaled_dot_product_attention "
             "(Hugging Face's default \"sdpa\")"]
 
 

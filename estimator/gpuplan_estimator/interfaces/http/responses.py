@@ -148,6 +148,22 @@ class CandidateRejection(_Response):
     reason: str
 
 
+class AttentionSummary(_Response):
+    """How the graph's attention was priced, against what was asked for."""
+
+    requested: str = Field(description="The request's attention: eager or fused.")
+    cores: int = Field(description="Whole attention cores (Q·Kᵀ, scale and mask, Softmax, "
+                       "·V) found in the graph.")
+    fused_cores: int = Field(description="Cores priced as one fused kernel: all of them under "
+                             "fused attention, 0 under eager.")
+    unfused_scores: int = Field(description="Softmaxes over attention scores whose ·V product "
+                                "was not found (their probabilities are read elsewhere): "
+                                "priced eager whatever was asked.")
+    warning: str | None = Field(description="Set when fused attention was asked for and no "
+                                "core, or not every attention, could be fused: that part is "
+                                "the eager price and memory.")
+
+
 class PlanResponse(_Response):
     """`POST /v1/plans` 200: the chosen candidate, the best others and every rejection."""
 
@@ -160,6 +176,7 @@ class PlanResponse(_Response):
     notes: list[str] = Field(description="Inventory entries left out, and why.")
     scaling: FittedScalingSummary = Field(description="The multi-GPU scaling model the plan "
                                           "used.")
+    attention: AttentionSummary
     bundle_version: int | None = Field(description=BUNDLE_VERSION_TEXT)
     workload_id: str | None = Field(
         description="Id of the chosen candidate's workload as stored in the performance "
@@ -295,6 +312,7 @@ class EstimateResponse(_Response):
     schema_version: int
     model: ModelSummary
     settings: EstimateSettings
+    attention: AttentionSummary
     predictor_source: str
     devices: list[DeviceEstimate] = Field(description="In request order.")
     bundle_version: int | None = Field(description=BUNDLE_VERSION_TEXT)

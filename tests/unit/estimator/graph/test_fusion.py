@@ -207,3 +207,80 @@ def test_scale_made_by_constant_of_shape_folds_but_a_data_gate_does_not() -> Non
             helper.make_node("Sigmoid", ["p"], ["g"], name="gate"),
             helper.make_node("Mul", ["c", "g"], ["y"], name="excite")]
     assert load(gate, inits[:1], ["batch", 3, 4, 4]).units == ()
+
+
+def _sdpa_export_nodes(*, nan_guard: bool = True, scale_before_transpose: bool = False
+                       ) -> list[onnx.NodeProto]:
+    """torch.onnx's SDPA as the dynamo exporter writes it: the scale computed in the graph as
+    Sqrt(CastLike(c, Q)), applied to Q and to Kᵀ separately, a mask selected by Where and
+    added, the Softmax, the guard Where(IsNaN(p), 0, p) of fully masked rows, then ·V."""
+    if scale_before_transpose:
+        k = [helper.make_node("Mul", ["x", "s"], ["xs"], name="k_scale"),
+             helper.make_node("Transpose", ["xs"], ["ks"], name="kt", perm=[0, 2, 1])]
+    else:
+        k = [helper.make_node("Transpose", ["x"], ["kt"], name="kt", perm=[0, 2, 1]),
+             helper.make_node("Mul", ["kt", "s"], ["ks"], name="k_scale")]
+    nodes = [helper.make_node("CastLike", ["c", "x"], ["cl"], name="castlike"),
+             helper.make_node("Sqrt", ["cl"], ["s"], name="sqrt"),
+             helper.make_node("Mul", ["x", "s"], ["qs"], name="q_scale"), *k,
+             helper.make_node("MatMul", ["qs", "ks"], ["sc"], name="scores"),
+             helper.make_node("Where", ["keep", "zero", "neg"], ["bias"], name="mask_bias"),
+             helper.make_node("Add", ["sc", "bias"], ["sm"], name="mask"),
+             helper.make_node("Softmax", ["sm"], ["p"], name="softmax", axis=-1)]
+    probs = "p"
+    if nan_guard:
+        nodes += [helper.make_node("IsNaN", ["p"], ["nan"], name="isnan"),
+                  helper.make_node("Where", ["nan", "zero", "p"], ["pg"], name="guard")]
+        probs = "pg"
+    return [*nodes, helper.make_node("MatMul", [probs, "x"], ["y"], name="context")]
+
+
+def _sdpa_inits() -> list[onnx.TensorProto]:
+    return [scalar("c", 8 ** -0.5), scalar("zero", 0.0), scalar("neg", -1e9),
+            helper.make_tensor("keep", TensorProto.BOOL, [1, 4, 4], [True] * 16)]
+
+
+def test_the_dynamo_sdpa_core_with_its_nan_guard_and_in_graph_scale() -> None:
+    g = load(_sdpa_export_nodes(), _sdpa_inits(), ["batch", 4, 8])
+    assert units(g) == [("attention", ("q_scale", "k_scale", "scores", "mask", "softmax",
+                                       "isnan", "guard", "context"))]
+
+
+def test_k_scaled_before_its_transpose_is_in_the_core() -> None:
+    g = load(_sdpa_export_nodes(scale_before_transpose=True), _sdpa_inits(), ["batch", 4, 8])
+    assert units(g) == [("attention", ("q_scale", "k_scale", "kt", "scores", "mask",
+                                       "softmax", "isnan", "guard", "context"))]
+
+
+def test_an_unguarded_sdpa_and_a_softmax_in_fp32_between_casts() -> None:
+    assert units(load(_sdpa_export_nodes(nan_guard=False), _sdpa_inits(), ["batch", 4, 8]))[0][
+        1] == ("q_scale", "k_scale", "scores", "mask", "softmax", "context")
+    # Autocast's softmax: the masked scores cast up to fp32 and the probabilities back down.
+    nodes = [helper.make_node("Transpose", ["x"], ["kt"], name="kt", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "kt"], ["sc"], name="scores"),
+             helper.make_node("Mul", ["sc", "root"], ["ss"], name="scale"),
+             helper.make_node("Where", ["keep", "ss", "neg"], ["sm"], name="causal"),
+             helper.make_node("Cast", ["sm"], ["s32"], name="up", to=F),
+             helper.make_node("Softmax", ["s32"], ["p"], name="softmax", axis=-1),
+             helper.make_node("Cast", ["p"], ["p16"], name="down", to=F),
+             helper.make_node("Dropout", ["p16"], ["pd"], name="dropout"),
+             helper.make_node("MatMul", ["pd", "x"], ["y"], name="context")]
+    inits = [scalar("root", 8 ** -0.5), scalar("neg", -1e9),
+             helper.make_tensor("keep", TensorProto.BOOL, [1, 4, 4], [True] * 16)]
+    assert units(load(nodes, inits, ["batch", 4, 8])) == [(
+        "attention", ("scores", "scale", "causal", "up", "softmax", "down", "dropout",
+                      "context"))]
+
+
+def test_a_guard_whose_probabilities_escape_leaves_only_the_scores_unit() -> None:
+    g = load(_sdpa_export_nodes(), _sdpa_inits(), ["batch", 4, 8], outputs=("y", "p"))
+    assert units(g) == [("attention_scores", ("scores", "mask", "softmax"))]
+
+
+def test_a_softmax_over_a_product_with_a_weight_is_no_attention() -> None:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["sc"], name="proj"),
+             helper.make_node("Mul", ["sc", "root"], ["ss"], name="scale"),
+             helper.make_node("Softmax", ["ss"], ["p"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["p", "x"], ["y"], name="context")]
+    inits = [helper.make_tensor("w", F, [8, 4], [0.0] * 32), scalar("root", 0.5)]
+    assert [u for u in units(load(nodes, inits, ["batch", 4, 8])) if "attention" in u[0]] == []

@@ -344,3 +344,21 @@ def test_an_eager_attention_estimate_says_how_to_price_it_fused(
     code, out, err = run([*argv, "--attention", "fused"], capsys)
     assert code == 0, err
     assert "fused attention" in out and "priced eager" not in out
+
+
+def test_fused_attention_on_a_graph_without_a_core_says_it_is_priced_eager(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = ["estimate", str(tiny_model(tmp_path / "tiny.onnx")), "--batch", "2", "--dim",
+            "sequence=16", "--device", "h100-sxm-80gb", "--attention", "fused"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("attention:")]
+    assert line.startswith("attention: NOT FUSED:") and "no attention core" in line
+    code, out, err = run([*argv, "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)["attention"]
+    assert (report["requested"], report["cores"], report["fused_cores"]) == ("fused", 0, 0)
+    assert "no attention core" in report["warning"]
+    code, out, err = run(argv[:-2], capsys)  # eager: nothing to say about a graph like this
+    assert code == 0, err
+    assert "attention:" not in out

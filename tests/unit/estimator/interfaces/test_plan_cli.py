@@ -91,3 +91,14 @@ def test_plan_table_shows_memory_interval_rejections_and_all_rows(
     rows = [line for line in every.splitlines()
             if line.lstrip("* ").startswith(("NVIDIA-L4 ", "p4 ", "t4 ")) and " x " not in line]
     assert len(rows) == total > 10
+
+
+def test_a_fused_plan_of_a_model_without_attention_says_it_is_priced_eager(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", str(RESNET50), "--batch", "64", "--dataset-size", "64000", "--pool",
+            "NVIDIA-L4=2x4", "--attention", "fused"]
+    assert main.main(argv) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("attention:")]
+    assert line.startswith("attention: NOT FUSED:") and "no attention core" in line
+    assert main.main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["attention"]["fused_cores"] == 0

@@ -256,11 +256,37 @@ def test_a_fused_attention_estimate_keeps_no_scores() -> None:
                              "dims": {"sequence": 512}}})
             assert resp.status == 200, await resp.text()
             got[attention] = await resp.json()
+            responses.EstimateResponse.model_validate(got[attention])
             assert got[attention]["settings"]["attention"] == attention
+            assert got[attention]["attention"] == {
+                "requested": attention, "cores": 2,
+                "fused_cores": 2 if attention == "fused" else 0, "unfused_scores": 0,
+                "warning": None}
         (eager,), (fused,) = (got[a]["devices"] for a in ("eager", "fused"))
         scores = 2 * 4 * 4 * 512 * 512 * 4  # two layers' probabilities, fp32
         assert eager["memory"]["activations_bytes"] - fused["memory"]["activations_bytes"] > (
             scores / 2)
         assert fused["step_time_ms"] < eager["step_time_ms"]
+
+    serve(check)
+
+
+def test_fused_attention_on_a_graph_without_a_core_says_it_is_priced_eager() -> None:
+    """ResNet-50 has no attention: asked fused, the estimate and the plan both answer that no
+    core was found and the price is eager, in a field a client can read."""
+    async def check(c: TestClient) -> None:
+        body = await answer(c, "POST", "/v1/estimate", responses.EstimateResponse, 200, json={
+            "model_onnx_b64": RESNET50_B64, "devices": ["l4"],
+            "training": {"batch_size": 1, "attention": "fused"}})
+        report = body["attention"]
+        assert (report["requested"], report["cores"], report["fused_cores"]) == ("fused", 0, 0)
+        assert "no attention core" in report["warning"] and "eager" in report["warning"]
+        plan = await answer(c, "POST", "/v1/plans", responses.PlanResponse, 200,
+                            json=plan_body(training={"batch_size": 1, "dataset_size": 100,
+                                                     "attention": "fused"}))
+        assert plan["attention"] == report
+        eager = await answer(c, "POST", "/v1/plans", responses.PlanResponse, 200,
+                             json=plan_body())
+        assert eager["attention"]["warning"] is None
 
     serve(check)

@@ -162,3 +162,35 @@ def test_a_bundle_model_prices_a_fused_gemm_at_its_unfused_efficiency(
     _, factor = roofline.fused_io_factors(tagged, a100)
     for name in ("median_ms", "p10_ms", "p90_ms"):
         assert list(getattr(fused, name)) == pytest.approx(list(getattr(unfused, name) * factor))
+
+
+def test_the_report_says_how_many_cores_were_fused_and_warns_when_none_could_be(
+        gpt2: ModelGraph) -> None:
+    fused = attention.attention_report(gpt2, FUSED)
+    assert (fused.requested, fused.cores, fused.fused_cores, fused.warning) == (
+        FUSED, LAYERS, LAYERS, None)
+    eager = attention.attention_report(gpt2, EAGER)
+    assert (eager.cores, eager.fused_cores, eager.warning) == (LAYERS, 0, None)
+    assert eager.as_dict() == {"requested": EAGER, "cores": LAYERS, "fused_cores": 0,
+                               "unfused_scores": 0, "warning": None}
+    bare = dataclasses.replace(gpt2, units=())  # a graph with no attention core at all
+    none_found = attention.attention_report(bare, FUSED)
+    assert (none_found.cores, none_found.fused_cores) == (0, 0)
+    assert none_found.warning is not None and "no attention core" in none_found.warning
+    assert attention.attention_report(bare, EAGER).warning is None
+    with pytest.raises(ValueError):
+        attention.attention_report(gpt2, "flash")
+
+
+def test_softmaxes_without_a_product_with_v_are_reported_as_priced_eager(
+        gpt2: ModelGraph) -> None:
+    """One core whose probabilities escape (output_attentions) is only a scores unit: fused
+    attention warns that it stays eager beside the cores it did fuse."""
+    first, *rest = [u for u in gpt2.units if u.pattern == attention.ATTENTION_PATTERN]
+    scores_only = dataclasses.replace(first, pattern=attention.SCORES_PATTERN)
+    mixed = dataclasses.replace(gpt2, units=(scores_only, *rest))
+    report = attention.attention_report(mixed, FUSED)
+    assert (report.cores, report.fused_cores, report.unfused_scores) == (
+        LAYERS - 1, LAYERS - 1, 1)
+    assert report.warning is not None and "priced eager" in report.warning
+    assert attention.attention_report(mixed, EAGER).warning is None

@@ -65,6 +65,9 @@ class BenchSettings:
     timing: timing.TimingSettings = field(default_factory=timing.TimingSettings)
     command: str = ""
     """Command line recorded with the run (provenance)."""
+    commit: str | None = None
+    """The commit measured (``--commit``); None: ``$GPUPLAN_COMMIT`` or gpuplan's own git
+    checkout (`provenance.code_commit`), and "" in the run record when none knows."""
 
 
 @dataclass(frozen=True)
@@ -268,7 +271,8 @@ def _start_run(
     }
     return store.add_run(
         device=tgt.key, backend=backend, backend_version=backend_version(settings.backend),
-        host=socket.gethostname(), git_commit=provenance.git_commit(), command=settings.command,
+        host=socket.gethostname(), git_commit=provenance.code_commit(settings.commit) or "",
+        command=settings.command,
         sweep_digest=digest, source="gpuplan-bench",
         plan_json=json.dumps([it.to_json() for it in plan]), settings=run_settings,
     )

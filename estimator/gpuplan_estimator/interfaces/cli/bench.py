@@ -112,6 +112,10 @@ def register(subparsers: Any) -> None:
                        help="intra-op threads (default 0: all cores)")
     bench.add_argument("--export", type=Path, default=None, metavar="PARQUET",
                        help="also write the run's rows to PARQUET plus a JSON sidecar")
+    bench.add_argument("--commit", default=None, metavar="SHA",
+                       help=f"the commit measured, for a checkout without .git (default: "
+                       f"${provenance.COMMIT_ENV}, else git's HEAD when this is gpuplan's own "
+                       f"checkout, else unknown)")
     progress.add_flag(bench)
     output.add_output_argument(bench)
     bench.set_defaults(func=run_bench_command)
@@ -159,6 +163,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         timing=timing.TimingSettings(repeats=args.repeats, intra_op_threads=args.threads,
                                      sessions=args.sessions),
         command=getattr(args, "command_line", "") or _command(None),
+        commit=provenance.code_commit(args.commit),
     )
     # Installed before the database opens: a SIGTERM during start-up then also ends cleanly.
     with (StopOnSignals() as stop, PerfStore.open(args.db) as store,
@@ -188,7 +193,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 "device": report.device,
                 "backend": report.backend,
                 "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "commit": provenance.git_commit(),
+                # The run record's commit (`provenance.code_commit`); null when none knew.
+                "commit": run.git_commit or None,
                 "command": settings.command,
                 "run_id": report.run_id,
                 "status": report.status,
@@ -199,7 +205,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
             }
             n = runner.export_run(store, report.run_id, args.export, sidecar)
-            output.note(args.output, f"wrote {n} rows to {args.export}")
+            output.note(args.output, f"wrote {n} rows to {args.export} (commit "
+                        f"{run.git_commit or provenance.UNKNOWN_COMMIT})")
     if report.status == "done":  # a signal after the last row changes nothing
         return EXIT_DONE
     if stop.signum is not None:

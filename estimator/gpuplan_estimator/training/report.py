@@ -240,6 +240,14 @@ METHOD_NOTES = """## Method
   single waves, now too slow), >= 5 ms 42.9 -> 43.3 (24 rows); many-wave rows unchanged
   (25.9 %). A bundle trained before this has no scale and prices as before;
   `hack/bundle_sub_wave.py --bundle DIR` adds it without retraining.
+  Whole models, the H200 run's 51 cases (shipped bundle plus this scale, `model_step_scoring
+  predict --device h200-sxm-141gb --bundle B` then `score`), MAPE inference forward / train
+  step before -> after: fp32 10.7 / 11.2 -> 11.2 / 11.3 %, tf32 22.2 / 29.6 -> 22.7 / 24.7 %,
+  bf16 37.0 / 47.3 -> 36.4 / 44.8 %. The fp32 batch-4 BERT-large and OPT-350m forwards rise
+  (+19 -> +24 %): their 512-token projections are compute-bound single waves, where one wave
+  at 2.16x prices above the transfer model, while the H200 rows that improve are skinny
+  (m <= 90) memory-bound ones; the tf32/bf16 gains are on GEMMs predicted too fast for another
+  reason (the host, #30 part 1), so they are not evidence for this change.
 - `pool` has the op as a feature (schema 6): onnxruntime's CPU AveragePool is 30-100x slower per
   element than MaxPool, and without it the CPU pool model erred 121 % (with it: 20 %).
 - `batchnorm` is a CPU model only, from torch rows (training-mode `F.batch_norm`,

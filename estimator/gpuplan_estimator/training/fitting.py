@@ -360,7 +360,13 @@ def train_bundle(
     manifest = {
         "created": created, "command": command, "commit": commit,
         "data_digest": data_digest(pd.concat([frame, probe_frame])), "rows": len(frame),
-        "devices": sorted(frame["device"].unique()), "backends": backends,
+        # Only devices a fitted model learned from: a GPU whose few rows are all probe rows or
+        # of kernels without a model (the H200 bench's batchnorm/pool/memcpy rows) is probed
+        # or extrapolated, never "measured" (`basis.data_basis`, `Bundle.has_seen`).
+        "devices": sorted(device_rows(frame.assign(platform=platform),
+                                      probe_frame.iloc[:0].assign(platform=""),
+                                      {"gpu": set(models), "cpu": set(cpu_models)})),
+        "backends": backends,
         "device_rows": device_rows(frame.assign(platform=platform), probe_frame.assign(
             platform=probe_frame["device"].map(kinds)),
             {"gpu": set(models), "cpu": set(cpu_models)}),

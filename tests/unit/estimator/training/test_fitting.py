@@ -396,3 +396,22 @@ def test_transfer_kind_round_trips_and_prices_an_unseen_gpu(
 def test_unknown_transfer_kind_is_refused() -> None:
     with pytest.raises(errors.InvalidRequestError, match="unknown transfer kind"):
         fitting.TrainSettings(transfer_kind="neural")
+
+
+def test_a_gpu_whose_rows_no_model_learned_from_is_probed_not_measured(
+        frame: pd.DataFrame) -> None:
+    """The H200 bench import (#30 part 6): its few gemm/softmax rows are probe rows and its
+    memcpy rows are of a kernel too small to fit, so no model learned it; it must be labelled
+    probed (and priced by the probed transfer model), not measured."""
+    settings = fitting.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
+    new_gpu = synthetic_frame(30, seed=5, keys=("p100-pcie-16gb",), slowdown=2.0)
+    copies = new_gpu.iloc[:10].assign(
+        kernel="memcpy", op="memcpy", dims=measurements.dims_to_json({"elements": 4096}))
+    bundle = fitting.train_bundle(pd.concat([frame, new_gpu, copies], ignore_index=True),
+                                  settings, validate=False)
+    p100 = devices.load_catalog().resolve("p100-pcie-16gb")
+    assert "p100-pcie-16gb" not in bundle.manifest["devices"]
+    assert sorted(bundle.manifest["devices"]) == sorted(DEVICES)
+    predictor = learned.LearnedPredictor(bundle)
+    assert basis.data_basis(predictor, p100) == basis.PROBED
+    assert basis.data_basis(predictor, devices.load_catalog().resolve("t4")) == basis.MEASURED

@@ -75,6 +75,23 @@ gpu-predict: $(STAMP) ## the estimator's prices of the GPU campaign's cases on H
 	$(PYTHON) -m gpuplan_estimator.evaluation.model_step_scoring predict --device h100-sxm-80gb \
 	  --device h100-pcie-80gb --device h200-sxm-141gb --out docs/gpu-steps/predicted.json
 
+# The benchmarked-GPU path (#30 part 6): a GPU run's `gpuplan bench --export` rows imported as a
+# benchmark Job stores them, a bundle retrained with them, the whole-model cases scored with it.
+# Scratch only: the shipped bundle and the run directory are not written.
+IMPORT_DIR ?= /tmp/gpuplan-gpu-import
+.PHONY: gpu-import
+gpu-import: $(STAMP) ## RUN=<gpu-runs dir>: import its bench.parquet -> retrain -> score steps.jsonl, all in IMPORT_DIR
+	@test -f "$(RUN)/bench.parquet" && test -f "$(RUN)/bench.json" && test -f "$(RUN)/steps.jsonl" \
+	  || { echo "RUN=<dir> must hold bench.parquet, bench.json and steps.jsonl"; exit 2; }
+	mkdir -p $(IMPORT_DIR) && rm -rf $(IMPORT_DIR)/perf.db $(IMPORT_DIR)/bundle
+	$(BIN)/gpuplan import $(RUN)/bench.parquet --db sqlite:///$(IMPORT_DIR)/perf.db
+	$(BIN)/gpuplan train --shipped --db sqlite:///$(IMPORT_DIR)/perf.db --out $(IMPORT_DIR)/bundle
+	$(PYTHON) -m gpuplan_estimator.evaluation.model_step_scoring predict --bundle $(IMPORT_DIR)/bundle \
+	  --device $$($(PYTHON) -c 'import json,sys; print(json.load(open(sys.argv[1]))["device"])' \
+	  $(RUN)/bench.json) --out $(IMPORT_DIR)/predicted.json
+	$(PYTHON) -m gpuplan_estimator.evaluation.model_step_scoring score --predicted \
+	  $(IMPORT_DIR)/predicted.json --measured $(RUN)/steps.jsonl --markdown $(IMPORT_DIR)/scored-after.md
+
 bench: $(STAMP) ## speed benchmarks (reported, not asserted)
 	$(PYTHON) -m gpuplan_estimator.evaluation.speed
 

@@ -75,9 +75,9 @@ class BenchSettings:
     timing: timing.TimingSettings = field(default_factory=timing.TimingSettings)
     command: str = ""
     """Command line recorded with the run (provenance)."""
-    commit: str = ""
-    """Project commit recorded with the run; "" asks `provenance.git_commit` (a checkout that
-    travelled without .git must pass it: ``--commit`` / ``GPUPLAN_COMMIT``)."""
+    commit: str | None = None
+    """The commit measured (``--commit``); None: ``$GPUPLAN_COMMIT`` or gpuplan's own git
+    checkout (`provenance.code_commit`), and "" in the run record when none knows."""
     precisions: tuple[str, ...] | None = None
     """Measure each float32 item in these precisions (`precisions.expand`); None: spec dtypes."""
     batch: batched.BatchSettings | None = None
@@ -335,7 +335,7 @@ def _start_run(
     }
     return store.add_run(
         device=tgt.key, backend=backend, backend_version=backend_version(settings.backend),
-        host=socket.gethostname(), git_commit=settings.commit or provenance.git_commit(),
+        host=socket.gethostname(), git_commit=provenance.code_commit(settings.commit) or "",
         command=settings.command,
         sweep_digest=digest, source="gpuplan-bench",
         plan_json=json.dumps([it.to_json() for it in plan]), settings=run_settings,

@@ -386,7 +386,7 @@ def structure(cols: WorkColumns, dev: DeviceColumns, flops: FloatArray, nbytes: 
             batch, m = groups, d["batch"] * oh * ow
             kk = d["c_in"] / groups * d["kernel_h"] * d["kernel_w"]
             n = np.maximum(d["c_out"] / groups, 1.0)
-        tensor_core = np.isin(cols.dtype, ("float16", "bfloat16", "float8"))
+        tensor_core = tiling.tensor_core_rows(cols.dtype, cols.math)
         return tiling.gemm_plan(batch, m, n, kk, tiling.dtype_bytes_of(cols.dtype), tensor_core,
                                 nbytes, **common)
     if k in _ROW_WISE:
@@ -399,6 +399,20 @@ def structure(cols: WorkColumns, dev: DeviceColumns, flops: FloatArray, nbytes: 
         return tiling.streaming_plan(out, out, False, flops, nbytes, **common)
     elements = d["elements"] if k == "memcpy" else d["rows"] * d["cols"]
     return tiling.streaming_plan(elements, elements, False, flops, nbytes, **common)
+
+
+def one_wave_gemm(cols: WorkColumns, dev: DeviceColumns, log_scale: float
+                  ) -> tuple[npt.NDArray[np.bool_], FloatArray]:
+    """Which gemm rows fit one wave of the device's SMs (`tiling.sub_wave`), and each row's
+    one-wave time (ms, `tiling.one_wave_ms`): SIMT tiles for float32, tensor-core tiles for
+    16-bit floats and tf32 (`tiling.tensor_core_rows`), against the row's own peak."""
+    if cols.kernel != "gemm":
+        raise errors.InvalidRequestError("kernel", f"one-wave pricing is for gemm, not "
+                                         f"{cols.kernel!r}")
+    flops, nbytes = work_cost(cols)
+    plan = structure(cols, dev, flops, nbytes)
+    floor = np.where(dev.is_cpu > 0, LAUNCH_FLOOR_MS["cpu"], LAUNCH_FLOOR_MS["gpu"])
+    return tiling.sub_wave(plan), tiling.one_wave_ms(plan, floor, log_scale)
 
 
 def _base_from_cost(flops: FloatArray, nbytes: FloatArray, dev: DeviceColumns) -> FloatArray:

@@ -58,6 +58,34 @@ def is_tensor_core_dtype(dtype: str) -> bool:
     return dtype in ("float16", "bfloat16", "float8")
 
 
+def tensor_core_rows(dtypes: npt.NDArray[np.str_], math: npt.NDArray[np.str_] | None
+                     ) -> npt.NDArray[np.bool_]:
+    """Rows whose GEMM runs tensor-core tiles: 16/8-bit floats, and float32 asked for tf32
+    (`features.WorkColumns.math`); plain float32 runs the SIMT sgemm tiles."""
+    tensor = np.isin(dtypes, ("float16", "bfloat16", "float8"))
+    if math is None:
+        return tensor
+    return tensor | ((np.asarray(dtypes) == "float32") & (np.asarray(math) == "tf32"))
+
+
+def sub_wave(plan: Mapping[str, FloatArray]) -> npt.NDArray[np.bool_]:
+    """Rows whose plan (`gemm_plan`, split-K included) has no more tiles than one wave holds:
+    their time is one wave of per-tile work, which nothing measured on large GEMMs (many
+    waves, the sustained efficiency a learned model extrapolates) describes."""
+    return np.asarray(plan["tiles"] <= plan["slots"])
+
+
+def one_wave_ms(plan: Mapping[str, FloatArray], floor_ms: FloatArray, log_scale: float
+                ) -> FloatArray:
+    """A sub-wave GEMM's time: its plan's wave (ceil(tiles / SMs) tiles on the busiest SM, each
+    at that SM's share of the roofline) plus the launch floor, times ``exp(log_scale)``: how
+    much slower than its roofline share one tile runs when an SM holds a single wave of them
+    (fitted on the training GPUs' sub-wave rows, `training.fitting.fit_sub_wave`; about 2x on
+    every GPU of the shared op data, as a lone CTA per SM cannot hide its latency). A negative
+    scale counts as 0: no tile runs faster than its SM's roofline share."""
+    return np.exp(max(log_scale, 0.0)) * (plan["time_ms"] + floor_ms)
+
+
 def l2_gbps(sm_count: FloatArray, clock_mhz: FloatArray) -> FloatArray:
     """Estimated L2 bandwidth (GB/s) from SMs and clock (`L2_BYTES_PER_CLOCK_PER_SM`)."""
     return sm_count * clock_mhz * 1e-3 * L2_BYTES_PER_CLOCK_PER_SM

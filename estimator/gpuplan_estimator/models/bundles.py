@@ -44,6 +44,9 @@ are already gzip), so four times that leaves room to grow and refuses a runaway 
 MAX_UNPACKED_BUNDLE_BYTES = 256 * 2**20
 """Largest sum of member sizes a packed bundle may unpack to (a tar bomb stops here)."""
 MAX_BUNDLE_MEMBERS = 256
+SUB_WAVE_KEY = "sub_wave_gemm"
+"""Manifest key of the one-wave GEMM scale (`training.fitting.fit_sub_wave`): ``{"log_scale",
+"rows", "devices"}``. Bundles without it price sub-wave GEMMs like any other."""
 _MEMBER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
@@ -77,6 +80,17 @@ class Bundle:
         return ProbeCorrection(float(entry["log_offset"]), float(entry["log_base_slope"]),
                                float(entry.get("log_base_min", -math.inf)),
                                float(entry.get("log_base_max", math.inf)))
+
+    def sub_wave_log_scale(self) -> float | None:
+        """The one-wave GEMM log scale (`cost.tiling.one_wave_ms`), None when not fitted."""
+        entry = self.manifest.get(SUB_WAVE_KEY)
+        if entry is None:
+            return None
+        value = float(entry["log_scale"])
+        if not math.isfinite(value):
+            raise errors.InvalidRequestError(f"manifest.{SUB_WAVE_KEY}.log_scale",
+                                             f"must be a finite number, not {value!r}")
+        return value
 
     def covers(self, kernel: str, device: DeviceSpec) -> bool:
         """Whether the kernel's training data had the device's platform (cpu or gpu)."""

@@ -30,6 +30,10 @@ def _price_fused_io(items: Sequence[WorkItem], device: DeviceSpec,
         values[idx[learned]] *= factor[learned]
 
 
+ONE_WAVE_LABEL = "lightgbm:gemm:transfer:one-wave"
+"""`LatencyPrediction.predictor` of a sub-wave GEMM priced as one wave (`_price_sub_wave`)."""
+
+
 class LearnedPredictor:
     """`predictors.LatencyPredictor` over a bundle; roofline (or `fallback`) for other kernels."""
 
@@ -113,9 +117,33 @@ class LearnedPredictor:
                           features.bounded_log_ratio(group.kernel, v[rows], choice.transfer_kind)
                           for k, v in q.items()}
                 med, lo, hi = _scaled(ratios, base, choice.correction)
+                tags = np.full(len(base), f"lightgbm:{group.kernel}{choice.tag}", dtype=object)
+                if choice.tag == ":transfer" and group.kernel == "gemm":
+                    self._price_sub_wave(group.unique, devices[i], codes[i], (med, lo, hi),
+                                         tags)
                 out.append((i, (med[group.inverse], lo[group.inverse], hi[group.inverse]),
-                            (f"lightgbm:{group.kernel}{choice.tag}",) * len(group.items)))
+                            tuple(str(t) for t in tags[group.inverse])))
         return out
+
+    def _price_sub_wave(
+        self, cols: features.WorkColumns, device: DeviceSpec, backend_code: int | None,
+        parts: tuple[FloatArray, FloatArray, FloatArray], tags: npt.NDArray[np.object_],
+    ) -> None:
+        """GEMMs of one wave or less on a GPU the bundle never measured, priced as that wave
+        (`features.one_wave_gemm`) instead of the transfer model's extrapolated efficiency, in
+        place; the interval keeps its width relative to the median. A bundle without the
+        one-wave scale leaves them as they are."""
+        log_scale = self.bundle.sub_wave_log_scale()
+        if log_scale is None:
+            return
+        assert backend_code is not None
+        dev = features.broadcast_device(device, cols.dtype, backend_code, cols.kernel, cols.math)
+        mask, wave_ms = features.one_wave_gemm(cols, dev, log_scale)
+        med = parts[0]
+        factor = wave_ms[mask] / med[mask]
+        for values in parts:
+            values[mask] *= factor
+        tags[mask] = ONE_WAVE_LABEL
 
     def _take_off_layout_credits(
         self, items: Sequence[WorkItem], device: DeviceSpec, backend_code: int | None,

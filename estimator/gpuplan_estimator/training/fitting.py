@@ -26,7 +26,7 @@ from gpuplan_estimator.core.progress import Progress, silent, track
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.cost.predictors import FloatArray
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.models import basis
+from gpuplan_estimator.models import basis, bundles
 from gpuplan_estimator.models.bundles import Bundle
 from gpuplan_estimator.models.latency import LayerLatencyModel, ProbeCorrection
 from gpuplan_estimator.planning import intervals
@@ -104,6 +104,19 @@ def kernel_data(
 ) -> KernelData:
     """Features and target for the rows of one kernel (any mix of devices and backends)."""
     rows = frame[frame["kernel"] == kernel]
+    cols, dev, specs = _columns(rows, kernel, resolve, backends)
+    x, base = features.feature_matrix(cols, dev)
+    latency = rows["latency_ms"].to_numpy(dtype=np.float64)
+    kinds = {d: s.platform for d, s in specs.items()}
+    x_t, base_t = features.transfer_matrix(cols, dev, x, base, transfer_kind)
+    return KernelData(x, np.log(latency / base), base, x_t, base_t, latency,
+                      rows["device"].to_numpy(),
+                      rows["device"].map(kinds).to_numpy(), rows["backend"].to_numpy())
+
+
+def _columns(rows: pd.DataFrame, kernel: str, resolve: DeviceResolver, backends: Sequence[str]
+             ) -> tuple[features.WorkColumns, features.DeviceColumns, dict[str, DeviceSpec]]:
+    """Work and device columns of `kernel`'s rows, and the spec of each device among them."""
     if (rows["latency_ms"] <= 0).any() or rows["latency_ms"].isna().any():
         raise errors.InvalidRequestError("latency_ms", f"{kernel}: latencies must be > 0")
     parsed = [measurements.dims_from_json(t) for t in rows["dims"]]
@@ -118,13 +131,32 @@ def kernel_data(
     specs = {d: resolve(d) for d in rows["device"].unique()}
     codes = [backends.index(b) for b in rows["backend"]]
     dev = features.device_columns([specs[d] for d in rows["device"]], cols.dtype, codes, kernel)
-    x, base = features.feature_matrix(cols, dev)
-    latency = rows["latency_ms"].to_numpy(dtype=np.float64)
-    kinds = {d: s.platform for d, s in specs.items()}
-    x_t, base_t = features.transfer_matrix(cols, dev, x, base, transfer_kind)
-    return KernelData(x, np.log(latency / base), base, x_t, base_t, latency,
-                      rows["device"].to_numpy(),
-                      rows["device"].map(kinds).to_numpy(), rows["backend"].to_numpy())
+    return cols, dev, specs
+
+
+MIN_SUB_WAVE_ROWS = 50
+"""Fewer sub-wave gemm rows than this fit no scale (the record is left out)."""
+
+
+def sub_wave_log_ratios(rows: pd.DataFrame, resolve: DeviceResolver, backends: Sequence[str]
+                        ) -> tuple[npt.NDArray[np.bool_], FloatArray]:
+    """Per gemm row of `rows` (GPU rows only): whether it is sub-wave on its device
+    (`features.one_wave_gemm`), and log(measured / unscaled one-wave time)."""
+    cols, dev, _ = _columns(rows, "gemm", resolve, backends)
+    mask, wave_ms = features.one_wave_gemm(cols, dev, 0.0)
+    return mask, np.log(rows["latency_ms"].to_numpy(dtype=np.float64) / wave_ms)
+
+
+def fit_sub_wave(rows: pd.DataFrame, resolve: DeviceResolver, backends: Sequence[str]
+                 ) -> dict[str, Any] | None:
+    """The one-wave log scale (`tiling.one_wave_ms`) of GPU gemm `rows`: the median over their
+    sub-wave rows of log(measured / one-wave time), with the rows and devices it rests on;
+    None with fewer than `MIN_SUB_WAVE_ROWS` sub-wave rows."""
+    mask, log_ratio = sub_wave_log_ratios(rows, resolve, backends)
+    if int(mask.sum()) < MIN_SUB_WAVE_ROWS:
+        return None
+    return {"log_scale": round(float(np.median(log_ratio[mask])), 6), "rows": int(mask.sum()),
+            "devices": sorted(str(d) for d in rows["device"][mask].unique())}
 
 
 def error_metrics(actual_ms: FloatArray, predicted_ms: FloatArray) -> dict[str, float]:
@@ -291,6 +323,7 @@ def train_bundle(
     skipped: dict[str, int] = {}
     # shared log-sigma per GPU kernel, from leave-one-GPU-out
     sigmas: dict[str, intervals.SharedSigma] = {}
+    sub_wave: dict[str, Any] | None = None
     platform = frame["device"].map(kinds)
     counts = (frame.assign(platform=platform).groupby(["kernel", "platform"]).size()
               .reset_index(name="rows"))
@@ -319,12 +352,21 @@ def train_bundle(
         models[kernel] = fitted
         transfer[kernel] = _model(settings, kernel, quantiles=True, transfer=True).fit(
             data.transfer_x, np.log(data.latency_ms / data.transfer_base_ms))
+        if kernel == "gemm":
+            sub_wave = fit_sub_wave(frame[(frame["kernel"] == kernel) & (platform == kind)],
+                                    resolve, backends)
     created = (now() if now is not None else datetime.now().astimezone()).isoformat()
     device_backends = (frame.groupby("device")["backend"].agg(lambda s: s.value_counts().index[0]))
     manifest = {
         "created": created, "command": command, "commit": commit,
         "data_digest": data_digest(pd.concat([frame, probe_frame])), "rows": len(frame),
-        "devices": sorted(frame["device"].unique()), "backends": backends,
+        # Only devices a fitted model learned from: a GPU whose few rows are all probe rows or
+        # of kernels without a model (the H200 bench's batchnorm/pool/memcpy rows) is probed
+        # or extrapolated, never "measured" (`basis.data_basis`, `Bundle.has_seen`).
+        "devices": sorted(device_rows(frame.assign(platform=platform),
+                                      probe_frame.iloc[:0].assign(platform=""),
+                                      {"gpu": set(models), "cpu": set(cpu_models)})),
+        "backends": backends,
         "device_rows": device_rows(frame.assign(platform=platform), probe_frame.assign(
             platform=probe_frame["device"].map(kinds)),
             {"gpu": set(models), "cpu": set(cpu_models)}),
@@ -342,6 +384,8 @@ def train_bundle(
     }
     if sigmas:
         manifest[intervals.MANIFEST_KEY] = interval_sigma_table(sigmas)
+    if sub_wave is not None:
+        manifest[bundles.SUB_WAVE_KEY] = sub_wave
     bundle = Bundle(models=models, manifest=manifest, transfer_models=transfer,
                     cpu_models=cpu_models)
     return with_probes(bundle, probe_frame, resolve)

@@ -222,6 +222,32 @@ METHOD_NOTES = """## Method
   sequence 128, training step: A100-PCIe fp32 71.7, tf32 30.7, bf16 27.6 ms; H100-SXM 36.2,
   23.9, 22.5 ms (`gpuplan estimate --hf-config .../bert.json --batch 8 --dim sequence=128
   --precision P`). None of these is checked against a measurement yet: that is #18 part 4.
+- Sub-wave GEMMs (2026-11-27, issue #30 part 5). On a GPU the bundle never measured, a GEMM
+  whose tile plan (`cost.tiling.gemm_plan`: SIMT tiles for fp32, tensor-core tiles for tf32,
+  bf16 and fp16, split-K while SMs would idle) holds no more tiles than one wave of the GPU's
+  SMs is priced as that wave (`features.one_wave_gemm`): ceil(tiles / SMs) tiles, each at the
+  SM's share of the roofline of its precision, plus the launch floor, times one scale fitted on
+  the training GPUs' sub-wave gemm rows (manifest `sub_wave_gemm`, `fitting.fit_sub_wave`):
+  measured / one-wave is 2.0-2.2x whichever GPU is left out (2.16x from all five), where the
+  transfer model extrapolated the efficiency it learned mostly from many-wave GEMMs. Held out
+  (`python -m gpuplan_estimator.evaluation.sub_wave_check --max-rows 15000 --bench
+  ../shared/data/gpu-runs/2026-11-27-h200/bench.parquet`, 6 min on the 2-core dev host): the
+  H200's 28 fp32 bench gemm rows, in no fit, sub-wave (16) MAPE 54.3 -> 20.0 %, median error
+  +40.5 -> -7.4 %; all 28: 55.7 -> 36.1 %. The five shared GPUs, sub-wave rows (2,672 of
+  15,028): 27.8 -> 27.6 %, median error +3.5 -> +0.5 % (V100 28.8 -> 22.0, A100 29.0 -> 32.1,
+  P100 22.5 -> 25.4, T4 27.0 -> 28.9, P4 30.8 -> 30.7); by band of the prediction before,
+  < 0.05 ms 24.1 -> 23.5, 0.05-0.5 ms 29.0 -> 28.2, 0.5-5 ms 31.1 -> 39.4 (133 rows: long-K
+  single waves, now too slow), >= 5 ms 42.9 -> 43.3 (24 rows); many-wave rows unchanged
+  (25.9 %). A bundle trained before this has no scale and prices as before;
+  `hack/bundle_sub_wave.py --bundle DIR` adds it without retraining.
+  Whole models, the H200 run's 51 cases (shipped bundle plus this scale, `model_step_scoring
+  predict --device h200-sxm-141gb --bundle B` then `score`), MAPE inference forward / train
+  step before -> after: fp32 10.7 / 11.2 -> 11.2 / 11.3 %, tf32 22.2 / 29.6 -> 22.7 / 24.7 %,
+  bf16 37.0 / 47.3 -> 36.4 / 44.8 %. The fp32 batch-4 BERT-large and OPT-350m forwards rise
+  (+19 -> +24 %): their 512-token projections are compute-bound single waves, where one wave
+  at 2.16x prices above the transfer model, while the H200 rows that improve are skinny
+  (m <= 90) memory-bound ones; the tf32/bf16 gains are on GEMMs predicted too fast for another
+  reason (the host, #30 part 1), so they are not evidence for this change.
 - `pool` has the op as a feature (schema 6): onnxruntime's CPU AveragePool is 30-100x slower per
   element than MaxPool, and without it the CPU pool model erred 121 % (with it: 20 %).
 - `batchnorm` is a CPU model only, from torch rows (training-mode `F.batch_norm`,

@@ -139,9 +139,10 @@ def register(subparsers: Any) -> None:
                        default=batched.BatchSettings().max_item_bytes / 2**30, metavar="GIB",
                        help="with --batch-size > 1: skip items moving more than this many GiB "
                        "(default: %(default)s)")
-    bench.add_argument("--commit", default=os.environ.get("GPUPLAN_COMMIT", ""), metavar="SHA",
-                       help="project commit recorded with the run and the export (default: "
-                       "$GPUPLAN_COMMIT, else the checkout's HEAD)")
+    bench.add_argument("--commit", default=None, metavar="SHA",
+                       help=f"the commit measured, for a checkout without .git (default: "
+                       f"${provenance.COMMIT_ENV}, else git's HEAD when this is gpuplan's own "
+                       f"checkout, else unknown)")
     probing.add_flags(bench)
     progress.add_flag(bench)
     output.add_output_argument(bench)
@@ -214,7 +215,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         timing=timing.TimingSettings(repeats=args.repeats, intra_op_threads=args.threads,
                                      sessions=args.sessions),
         command=getattr(args, "command_line", "") or _command(None),
-        commit=args.commit,
+        commit=provenance.code_commit(args.commit),
         precisions=args.precisions,
         batch=_batch_settings(args),
         stop_rule=_stop_rule(args),
@@ -257,7 +258,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 "device": report.device,
                 "backend": report.backend,
                 "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "commit": settings.commit or provenance.git_commit(),
+                # The run record's commit (`provenance.code_commit`); null when none knew.
+                "commit": run.git_commit or None,
                 "command": settings.command,
                 "run_id": report.run_id,
                 "status": report.status,
@@ -272,7 +274,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 host_probes.SIDECAR_KEY: probe,
             }
             n = runner.export_run(store, report.run_id, args.export, sidecar)
-            output.note(args.output, f"wrote {n} rows to {args.export}")
+            output.note(args.output, f"wrote {n} rows to {args.export} (commit "
+                        f"{run.git_commit or provenance.UNKNOWN_COMMIT})")
     if report.status == "done":  # a signal after the last row changes nothing
         return EXIT_DONE
     if stop.signum is not None:

@@ -60,10 +60,16 @@ def test_estimate_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
                                "attention": "eager",
                                "batch_size": 1, "epochs": 2, "dataset_size": 100}
     assert doc["kind"] == "Estimate"
-    # Ranked by the objective: the H100 steps faster, and it is the recommendation.
-    assert [d["device"] for d in doc["devices"]] == ["h100-sxm-80gb", "a100-sxm4-80gb"]
+    # Ranked by the objective: the faster step first, and it is the recommendation (at batch
+    # 1 the host issuing kernels takes much of either GPU's step, so which one wins is not
+    # asserted).
+    steps = [d["step_time_ms"] for d in doc["devices"]]
+    assert steps == sorted(steps)
+    assert {d["device"] for d in doc["devices"]} == {"h100-sxm-80gb", "a100-sxm4-80gb"}
     assert doc["objective"]["prefer"] == "fastest"
-    assert doc["objective"]["recommended"] == "h100-sxm-80gb"
+    assert doc["objective"]["recommended"] == doc["devices"][0]["device"]
+    assert doc["devices"][0]["host"]["bound"] in ("host", "gpu")
+    assert doc["devices"][0]["host"]["host_ms"] > 0
     dev = doc["devices"][0]
     assert dev["data_basis"] == "extrapolated" or doc["predictor_source"] == "roofline"
     assert dev["throughput"]["samples_per_s"] == pytest.approx(1000 / dev["step_time_ms"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -148,7 +149,11 @@ def test_a_gpu_with_a_few_rows_is_probed_not_trained_on(frame: pd.DataFrame) -> 
                                    features.broadcast_device(spec, np.full(3, "float32"), 0))
     truth *= 1.3 + 0.4 * np.sin(np.log([64, 256, 900]))
     with_probe = learned.LearnedPredictor(probed).predict(items, spec)
-    without = learned.LearnedPredictor(plain).predict(items, spec)
+    # The spec-only transfer model: these synthetic latencies have no one-wave structure, so
+    # the sub-wave pricing (`bundles.SUB_WAVE_KEY`) is left out of what the probe is compared to.
+    spec_only = dataclasses.replace(plain, manifest={
+        k: v for k, v in plain.manifest.items() if k != bundles.SUB_WAVE_KEY})
+    without = learned.LearnedPredictor(spec_only).predict(items, spec)
     assert with_probe.predictor == ("lightgbm:gemm:transfer+probe",) * 3
     assert without.predictor == ("lightgbm:gemm:transfer",) * 3
     assert np.abs(with_probe.median_ms / truth - 1).max() < 0.2
@@ -372,16 +377,41 @@ def test_transfer_kind_round_trips_and_prices_an_unseen_gpu(
     before = learned.LearnedPredictor(bundle).predict(items, h100)
     after = learned.LearnedPredictor(loaded).predict(items, h100)
     np.testing.assert_allclose(after.median_ms, before.median_ms, rtol=1e-9)
-    assert set(after.predictor) == {"lightgbm:gemm:transfer"}
+    # GEMMs of one wave or less are priced as that wave (`bundles.SUB_WAVE_KEY`), the rest by
+    # the transfer model.
+    one_wave = np.array(after.predictor) == learned.ONE_WAVE_LABEL
+    assert set(np.array(after.predictor)[~one_wave]) == {"lightgbm:gemm:transfer"}
     assert (after.p10_ms <= after.median_ms).all() and (after.median_ms <= after.p90_ms).all()
-    if kind != "roofline":  # utilisation of the tile-and-wave structure is at most 1
-        cols = features.columns_from_items("gemm", items)
-        dev = features.broadcast_device(h100, cols.dtype, 0)
-        x, base = features.feature_matrix(cols, dev)
-        _, structure_ms = features.transfer_matrix(cols, dev, x, base, "tiled")
-        assert (after.p10_ms >= structure_ms * (1 - 1e-9)).all()
+    cols = features.columns_from_items("gemm", items)
+    dev = features.broadcast_device(h100, cols.dtype, 0)
+    x, base = features.feature_matrix(cols, dev)
+    _, structure_ms = features.transfer_matrix(cols, dev, x, base, "tiled")
+    # Utilisation of the tile-and-wave structure is at most 1: the one-wave price's median,
+    # and a tiled transfer model's whole interval.
+    assert (after.median_ms[one_wave] >= structure_ms[one_wave] * (1 - 1e-9)).all()
+    if kind != "roofline":
+        assert (after.p10_ms[~one_wave] >= structure_ms[~one_wave] * (1 - 1e-9)).all()
 
 
 def test_unknown_transfer_kind_is_refused() -> None:
     with pytest.raises(errors.InvalidRequestError, match="unknown transfer kind"):
         fitting.TrainSettings(transfer_kind="neural")
+
+
+def test_a_gpu_whose_rows_no_model_learned_from_is_probed_not_measured(
+        frame: pd.DataFrame) -> None:
+    """The H200 bench import (#30 part 6): its few gemm/softmax rows are probe rows and its
+    memcpy rows are of a kernel too small to fit, so no model learned it; it must be labelled
+    probed (and priced by the probed transfer model), not measured."""
+    settings = fitting.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
+    new_gpu = synthetic_frame(30, seed=5, keys=("p100-pcie-16gb",), slowdown=2.0)
+    copies = new_gpu.iloc[:10].assign(
+        kernel="memcpy", op="memcpy", dims=measurements.dims_to_json({"elements": 4096}))
+    bundle = fitting.train_bundle(pd.concat([frame, new_gpu, copies], ignore_index=True),
+                                  settings, validate=False)
+    p100 = devices.load_catalog().resolve("p100-pcie-16gb")
+    assert "p100-pcie-16gb" not in bundle.manifest["devices"]
+    assert sorted(bundle.manifest["devices"]) == sorted(DEVICES)
+    predictor = learned.LearnedPredictor(bundle)
+    assert basis.data_basis(predictor, p100) == basis.PROBED
+    assert basis.data_basis(predictor, devices.load_catalog().resolve("t4")) == basis.MEASURED

@@ -42,7 +42,7 @@ def measure(args: argparse.Namespace, command: str) -> dict[str, Any] | None:
         raise errors.InvalidRequestError("host_probe_ops", str(exc)) from exc
     try:
         return host_probe.measure(settings, command=command,
-                                  commit=args.commit or provenance.git_commit())
+                                  commit=provenance.code_commit(args.commit) or "")
     except ImportError as exc:
         raise errors.GpuplanError(f"the host probe needs torch (pip install 'gpuplan[torch]'), "
                                   f"or pass --no-host-probe: {exc}") from exc

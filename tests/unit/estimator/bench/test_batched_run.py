@@ -81,11 +81,11 @@ def test_cli_runs_batched_and_writes_the_commit_it_was_given(sweep_dir: Path,
     code = bench_cli.main([
         "bench", "--device", "cpu", "--backend", "torch", "--sweep", str(sweep_dir),
         "--samples", "4", "--precisions", "fp32,bf16", "--batch-size", "4", "--repeats", "2",
-        "--db", f"sqlite:///{tmp_path / 'b.db'}", "--export", str(out), "--commit", "c0ffee",
+        "--db", f"sqlite:///{tmp_path / 'b.db'}", "--export", str(out), "--commit", "c0ffee1",
         "--budget-minutes", "2"])
     assert code == bench_cli.EXIT_DONE
     sidecar = json.loads(out.with_suffix(".json").read_text())
-    assert sidecar["commit"] == "c0ffee" and sidecar["rows"] == 8
+    assert sidecar["commit"] == "c0ffee1" and sidecar["rows"] == 8
     assert {f["family"] for f in sidecar["families"]} == {
         "gemm/fp32", "gemm/bf16", "softmax/fp32", "softmax/bf16"}
     printed = capsys.readouterr()

@@ -40,8 +40,9 @@ from gpuplan_estimator.step import attention, saved
 ALLOCATION_ROUND_BYTES = 512
 FP32_BYTES = 4
 # Ops whose outputs alias their first input's storage in eager PyTorch (views).
+# Identity is not one: dynamo exports write `aten.clone` (`.contiguous()`) as Identity, a copy.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Split",
-                      "Slice", "Expand", "Identity", "Dropout"})
+                      "Slice", "Expand", "Dropout"})
 # torch.autocast (aten/src/ATen/autocast_mode.cpp, CUDA): ops run in the lower precision...
 AUTOCAST_LOWER_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
 # ...and ops run in fp32 whatever their inputs (the fp32 and fp32_set_opt_dtype lists).
@@ -125,7 +126,10 @@ class _Walk:
         self.layers = [la for la in graph.layers if not _makes_parameter(la, self.params)]
         self.needs_grad = _needs_grad(self.layers, self.params) if settings.training \
             else frozenset()
-        self.width = _run_widths(self.layers, self.params, settings.half_bytes)
+        # MatMul + Add(bias) as a dynamo export writes torch's linear: one op, one output.
+        self.biased = _linear_biases(self.layers, self.params)
+        self.width = _run_widths(self.layers, self.params, settings.half_bytes,
+                                 frozenset(self.biased))
         self.storage = _storages(self.layers, self.params)  # tensor -> the storage it views
         self.tensors = {t.name: t for la in self.layers for t in (*la.inputs, *la.outputs)}
         produced = {t.name for la in self.layers for t in la.outputs}
@@ -217,7 +221,7 @@ class _Walk:
             return transient
         casts = self.casts(la)
         for t in la.outputs:
-            if t.name in self.fused.internal:
+            if t.name in self.fused.internal or t.name in self.biased.values():
                 continue
             size = self.tensor_bytes(t.elements, self.element_width(t.name, t.dtype))
             self.size[t.name] = self.live[t.name] = size
@@ -240,6 +244,8 @@ class _Walk:
                 transient.append(key)
         for t in kept.values():
             b = self.base(t.name)
+            if b in self.params:
+                continue  # a view of a weight: the weight is counted, its copy above
             if b not in self.size:  # made by the kernel for its backward (logsumexp, indices)
                 width = FP32_BYTES if t.dtype in FLOAT_DTYPES else DTYPE_BYTES[t.dtype]
                 self.size[b] = self.live[b] = self.tensor_bytes(t.elements, width)
@@ -262,13 +268,14 @@ class _Walk:
         for t in la.inputs:
             if t.dtype not in FLOAT_DTYPES or not t.shape:
                 continue
-            is_weight = t.name in self.params
+            weight = self.base(t.name)
+            is_weight = weight in self.params
             if is_weight and target == FP32_BYTES:
                 continue  # fp32 weights stay as they are
             width = FP32_BYTES if is_weight else self.element_width(t.name, t.dtype)
             if width == target:
                 continue
-            key = f"{t.name}#as{target}" if is_weight else f"{t.name}#as{target}@{la.name}"
+            key = f"{weight}#as{target}" if is_weight else f"{t.name}#as{target}@{la.name}"
             out[t.name] = (key, self.tensor_bytes(t.elements, target, scaled=not is_weight),
                            is_weight)
         return out
@@ -340,16 +347,16 @@ class _Walk:
         inputs = [t for t in candidates if t.name in self.needs_grad and t.name not in made]
         seen: set[str] = set()
         for t in inputs:
-            if t.name in self.params:
-                grad = self.rounded(self.params[t.name] * FP32_BYTES)
-                if self.s.half_bytes and la.op_type in AUTOCAST_LOWER_OPS:
-                    key = f"{t.name}#halfgrad"  # the copy's gradient, cast back to fp32
-                    self.act_grads[key] = self.rounded(self.params[t.name] * self.s.half_bytes)
-                if t.name in self.grads:  # a shared weight: the sum is a new tensor
-                    self.act_grads[f"{t.name}#sum"] = grad
-                self.grads[t.name] = grad
-                continue
             b = self.base(t.name)
+            if b in self.params:
+                grad = self.rounded(self.params[b] * FP32_BYTES)
+                if self.s.half_bytes and la.op_type in AUTOCAST_LOWER_OPS:
+                    key = f"{b}#halfgrad"  # the copy's gradient, cast back to fp32
+                    self.act_grads[key] = self.rounded(self.params[b] * self.s.half_bytes)
+                if b in self.grads:  # a shared weight: the sum is a new tensor
+                    self.act_grads[f"{b}#sum"] = grad
+                self.grads[b] = grad
+                continue
             if b in seen:
                 continue  # views of one storage (q, k, v of one projection): one gradient
             seen.add(b)
@@ -376,10 +383,12 @@ class _Walk:
 
 
 def _parameters(graph: ModelGraph) -> dict[str, int]:
+    """Parameter name -> elements. A layer may name a parameter it reads through a view (a
+    dynamo export's MatMul reads Transpose(weight)), so sizes come from wherever the name is."""
+    names = {n for la in graph.layers for n in la.parameter_inputs}
     params: dict[str, int] = {}
     for la in graph.layers:
-        names = set(la.parameter_inputs)
-        for t in la.inputs:
+        for t in (*la.inputs, *la.outputs):
             if t.name in names:
                 params[t.name] = t.elements
     return params
@@ -390,10 +399,13 @@ def _makes_parameter(la: Layer, params: Mapping[str, int]) -> bool:
 
 
 def _is_view(la: Layer, params: Mapping[str, int]) -> bool:
-    if not la.inputs or la.inputs[0].name in params:
+    if not la.inputs:
         return False
     if la.op_type in VIEW_OPS:
         return True
+    if la.op_type == "Gather" and la.inputs[0].name not in params and len(la.inputs) > 1 \
+            and not la.inputs[1].shape:
+        return True  # x[i] with one index (torch's select) views x; an embedding copies
     if la.op_type == "CastLike":
         return la.outputs[0].dtype == la.inputs[0].dtype
     return la.family is OpFamily.SHAPE_ONLY and la.inputs[0].dtype == la.outputs[0].dtype \
@@ -435,8 +447,28 @@ def _graph_outputs(layers: list[Layer]) -> list[str]:
             if t.name not in read and t.dtype in FLOAT_DTYPES and t.shape]
 
 
-def _run_widths(layers: Iterable[Layer], params: Mapping[str, int], half: int
-                ) -> dict[str, int]:
+def _linear_biases(layers: list[Layer], params: Mapping[str, int]) -> dict[str, str]:
+    """Add layer -> the MatMul/Gemm output it adds a parameter bias to, when that Add is the
+    product's only reader: torch's linear (addmm) makes the sum in place of the product."""
+    readers: dict[str, int] = {}
+    for la in layers:
+        for t in la.inputs:
+            readers[t.name] = readers.get(t.name, 0) + 1
+    made_by = {t.name: la.op_type for la in layers for t in la.outputs}
+    out: dict[str, str] = {}
+    for la in layers:
+        if la.op_type != "Add" or len(la.inputs) != 2:
+            continue
+        a, b = la.inputs
+        for product, bias in ((a, b), (b, a)):
+            if bias.name in params and made_by.get(product.name) in ("MatMul", "Gemm") \
+                    and readers.get(product.name) == 1:
+                out[la.name] = product.name
+    return out
+
+
+def _run_widths(layers: Iterable[Layer], params: Mapping[str, int], half: int,
+                biases: frozenset[str] = frozenset()) -> dict[str, int]:
     """Bytes per element of every float tensor as the step runs (autocast's dtype flow)."""
     width: dict[str, int] = {}
     for la in layers:
@@ -448,7 +480,7 @@ def _run_widths(layers: Iterable[Layer], params: Mapping[str, int], half: int
         floats = [t for t in la.inputs if t.dtype in FLOAT_DTYPES and t.shape]
         if not half:
             out = None
-        elif la.op_type in AUTOCAST_LOWER_OPS:
+        elif la.op_type in AUTOCAST_LOWER_OPS or la.name in biases:
             out = half
         elif la.op_type in AUTOCAST_FP32_OPS:
             out = FP32_BYTES

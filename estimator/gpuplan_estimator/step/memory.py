@@ -48,7 +48,7 @@ MIB = 1024 * 1024
 CUDA_CONTEXT_BYTES = 512 * MIB
 # What the caching allocator reserves beyond the live blocks (2 MiB / 20 MiB segments, blocks
 # not split when less than 1 MiB would remain, fragmentation), as a share of the allocated
-# peak: max_memory_reserved / max_memory_allocated - 1 was 0.03 to 0.10 over eight training
+# peak: max_memory_reserved / max_memory_allocated - 1 was 0.03 to 0.10 over ten training
 # runs (ViT-B/16, ResNet-50; H200, 2026-11-27, hack/memory_probe.py, docs/memory.md); we take
 # the largest, since a fit that fragments runs out of memory.
 ALLOCATOR_RESERVE_FRACTION = 0.10

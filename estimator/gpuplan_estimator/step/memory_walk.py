@@ -6,8 +6,11 @@ the set of live tensors:
 
 - forward, in graph order: each layer's outputs are allocated; a tensor is freed after its
   last forward consumer unless some layer's backward reads it (`saved.saved_tensors`), in
-  which case it lives until that backward ran. View ops (reshape, transpose, split, ...)
-  alias their input's storage instead of allocating.
+  which case it lives until that backward ran. View ops (reshape, transpose, split, a select
+  `x[i]`, ...) alias their input's storage, also of a weight (a dynamo export reads
+  Transpose(W)); Identity (a dynamo export's `aten.clone`) copies; a MatMul whose only reader
+  adds a parameter bias is torch's `linear`, one output. Dropout is an eval export's no-op:
+  training's masks are not in the graphs and not counted.
 - the loss: cross entropy over the graph's float output, as `F.cross_entropy` and Hugging
   Face's losses run it: an fp32 copy of half-precision logits, the fp32 log-probabilities kept
   for backward; backward allocates the gradient of the log-probabilities and of the logits.

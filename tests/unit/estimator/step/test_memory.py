@@ -167,3 +167,48 @@ def test_products_keep_an_operand_only_for_another_operands_gradient() -> None:
     kept = memory.saved_activation_bytes(g, 4)
     # x for dWq (4 B/elt), the scalar c for dq, the bool mask for Where, Gelu's input.
     assert kept == 4 * b * s * 8 + 4 + s * 8 + 4 * b * s * 8
+
+
+def dynamo_linear(batch: int = 8, *, select: bool = False) -> ModelGraph:
+    """A linear as a dynamo export writes it (MatMul of Transpose(W), then Add(bias)), then
+    a row sum, or a select `y[0]` scaled by an input c."""
+    layers = [
+        layer("wT", "Transpose", [t("W", 64, 32)], [t("wt", 32, 64)]),
+        layer("mm", "MatMul", [t("x", batch, 32), t("wt", 32, 64)], [t("p", batch, 64)],
+              params=["W"]),
+        layer("bias", "Add", [t("p", batch, 64), t("b", 64)], [t("y", batch, 64)],
+              params=["b"]),
+    ]
+    if select:
+        layers += [layer("select", "Gather", [t("y", batch, 64), t("i", dtype="int64")],
+                         [t("s", 64)]),
+                   layer("scale", "Mul", [t("s", 64), t("c", batch, 64)],
+                         [t("out", batch, 64)])]
+    else:
+        layers.append(layer("sum", "ReduceSum", [t("y", batch, 64)], [t("out", batch, 1)]))
+    return ModelGraph("dynamo-linear", tuple(layers), (), {"batch": batch}, 17)
+
+
+WEIGHTS = r(64 * 32 * 4) + r(64 * 4)
+
+
+def test_a_dynamo_linear_is_one_output() -> None:
+    m = memory.training_memory(dynamo_linear(), settings(batch_size=8, mode="inference"))
+    # Weights found through the Transpose; the product and the bias sum are one tensor y:
+    # the peak is x, y and the row sums, never x, the product and y at once.
+    assert m.parameters_bytes == WEIGHTS
+    assert m.activations_bytes == 8 * 32 * 4 + 8 * 64 * 4 + r(8 * 4)
+
+
+def test_a_select_is_a_view_that_keeps_its_base() -> None:
+    m = memory.training_memory(dynamo_linear(select=True),
+                               settings(batch_size=8, mode="inference"))
+    # At the Mul: x, the input c, y (viewed by the select) and the product, all 8 x 64 but x.
+    assert m.activations_bytes == 8 * 32 * 4 + 3 * 8 * 64 * 4
+
+
+def test_a_weight_read_through_a_view_gets_its_gradient_and_state() -> None:
+    m = memory.training_memory(dynamo_linear(), settings(batch_size=8, optimizer="adamw"))
+    assert m.peak_phase == "optimizer"
+    assert (m.parameters_bytes, m.gradients_bytes, m.optimizer_state_bytes) == (
+        WEIGHTS, WEIGHTS, 3 * WEIGHTS)

@@ -60,6 +60,10 @@ class DeviceSpec:
     price_source: str = ""  # where price_per_hour_usd comes from
     notes: str = ""  # where the values differ from a datasheet, and why
     architecture: str = ""  # vendor's architecture name (volta, ampere, cdna3); "" for the CPU
+    usable_memory_bytes: int = 0
+    """What the driver gives processes (NVML's total, below the datasheet: ECC, reserved
+    memory); 0 where not recorded. Read it through `step.memory.usable_memory_bytes`."""
+    usable_memory_source: str = ""  # where usable_memory_bytes comes from
 
     @property
     def platform(self) -> str:
@@ -165,9 +169,10 @@ _NULLABLE_POSITIVE = ("base_clock_mhz", "price_per_hour_usd")
 _LISTS = ("nvml_names", "gfd_products")
 _OPTIONAL = ("aliases", "extra", "notes")
 _MEMORY = ("memory_gib", "memory_bytes")
+_USABLE = ("usable_memory_mib", "usable_memory_source")
 _KNOWN = frozenset(
     (*_REQUIRED_STR, *_REQUIRED_POSITIVE, *_NULLABLE_POSITIVE, *_LISTS, *_OPTIONAL, *_MEMORY,
-     "peak_tflops")
+     *_USABLE, "peak_tflops")
 )
 
 
@@ -253,6 +258,25 @@ def _memory_bytes(entry: Mapping[str, Any], where: str) -> int:
     return int(value * 2**30) if present[0] == "memory_gib" else int(value)
 
 
+def _usable_memory(entry: Mapping[str, Any], where: str, datasheet_bytes: int
+                   ) -> tuple[int, str]:
+    """(bytes, source) of `usable_memory_mib`, given with its source or not at all."""
+    present = [f for f in _USABLE if f in entry]
+    if not present:
+        return 0, ""
+    if len(present) != len(_USABLE):
+        missing = next(f for f in _USABLE if f not in entry)
+        raise _fail(where, missing, f"must be given with {present[0]}")
+    source = entry["usable_memory_source"]
+    if not isinstance(source, str) or not source.strip():
+        raise _fail(where, "usable_memory_source", "must be a non-empty string")
+    usable = int(_positive(entry, "usable_memory_mib", where) * 2**20)
+    if usable > datasheet_bytes:
+        raise _fail(where, "usable_memory_mib", f"exceeds the datasheet memory "
+                    f"({datasheet_bytes} bytes)")
+    return usable, source
+
+
 def _peaks(entry: Mapping[str, Any], where: str) -> Mapping[str, float]:
     raw = entry.get("peak_tflops")
     if not isinstance(raw, Mapping) or "fp32" not in raw:
@@ -306,9 +330,12 @@ def parse_entry(entry: Any, position: int) -> DeviceSpec:
     notes = entry.get("notes", "")
     if not isinstance(notes, str):
         raise _fail(where, "notes", "must be a string")
+    memory_bytes = _memory_bytes(entry, where)
+    usable_bytes, usable_source = _usable_memory(entry, where, memory_bytes)
     return DeviceSpec(
         key=entry["key"], name=entry["name"], vendor=entry["vendor"],
-        memory_bytes=_memory_bytes(entry, where), mem_bandwidth_gbps=nums["mem_bandwidth_gbps"],
+        memory_bytes=memory_bytes, mem_bandwidth_gbps=nums["mem_bandwidth_gbps"],
+        usable_memory_bytes=usable_bytes, usable_memory_source=usable_source,
         peak_tflops=_peaks(entry, where), sm_count=int(nums["sm_count"]),
         boost_clock_mhz=nums["boost_clock_mhz"], l2_cache_mb=nums["l2_cache_mb"],
         tdp_watts=nums["tdp_watts"], price_per_hour_usd=nullable["price_per_hour_usd"],

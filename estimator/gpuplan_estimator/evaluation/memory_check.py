@@ -28,6 +28,7 @@ Run: ``python -m gpuplan_estimator.evaluation.memory_check`` (a Markdown table o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.graph import exporting, loading, zoo
 from gpuplan_estimator.planning import rollup
-from gpuplan_estimator.step import memory, sharding
+from gpuplan_estimator.step import attention, memory, memory_walk, sharding
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_estimator.step.strategies import MemoryStrategy
 
@@ -151,21 +152,36 @@ def default_cases() -> tuple[Case, ...]:
 
 
 def predict(case: Case) -> dict[str, int]:
-    """Bytes per component the model predicts for `case` (CPU: no CUDA constants)."""
+    """Bytes per component the model predicts for `case` (CPU: no CUDA constants).
+
+    Parameters, gradients and optimizer state are each category's peak (all of them); the
+    activations are the tensors kept for backward; the step peak is `memory_walk`'s as the
+    CPU runs it (requested bytes, no 512-byte blocks; the per-tensor optimizer path; the
+    mean-of-logits loss), or, with checkpointing, the parts summed as `sharding` counts them.
+    """
     settings = TrainingSettings(batch_size=case.batch, optimizer=case.optimizer,
                                 precision="fp32", attention=case.attention)
     strategy = MemoryStrategy(checkpointing="full" if case.checkpointing else "none")
+    g = case.graph(case.batch)
     m = sharding.strategy_memory(
-        case.graph(case.batch), settings, strategy, data_parallel=1, gpus_per_node=1,
+        g, settings, strategy, data_parallel=1, gpus_per_node=1,
         block_of=rollup.block_of, outside_label=rollup.OUTSIDE_BLOCKS)
-    workspace = m.workspace_bytes - memory.LIBRARY_WORKSPACE_BYTES
-    kept = m.activations_bytes - m.recompute_bytes
-    return {
-        "parameters": m.parameters_bytes, "gradients": m.gradients_bytes,
-        "optimizer_state": m.optimizer_state_bytes, "activations": kept,
-        "step_peak": (m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes
-                      + m.activations_bytes + workspace),
-    }
+    states = {"parameters": 4 * g.parameter_count, "gradients": 4 * g.parameter_count,
+              "optimizer_state": 4 * g.parameter_count
+              * memory.OPTIMIZER_STATE_WORDS[case.optimizer]}
+    if case.checkpointing:
+        kept = m.activations_bytes - m.recompute_bytes
+        return {**states, "activations": kept,
+                "step_peak": sum(states.values()) + m.activations_bytes}
+    walk_settings = dataclasses.replace(memory.walk_settings(settings, 1.0),
+                                        allocation_round_bytes=1, optimizer_foreach=False,
+                                        cross_entropy_loss=False)
+    walked = memory_walk.peak(g, walk_settings,
+                              attention.fused_attention(g, settings.attention))
+    return {**states,
+            "activations": memory.saved_activation_bytes(
+                g, settings.activation_bytes, attention.fused_attention(g, settings.attention)),
+            "step_peak": walked.total_bytes}
 
 
 def measure(case: Case, *, seed: int = 0) -> dict[str, int]:

@@ -46,6 +46,8 @@ MODULE = "gpuplan_estimator.evaluation.model_step_scoring"
 OPTIMIZER = "adamw"  # what `model_steps` steps with
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 PHASES = ("inference_forward", "forward_backward", "train_step")
+MEMORY_MODES = ("train", "inference")
+"""Measured peaks (`model_steps`' `peak_memory_bytes`) scored against `{mode}_memory_bytes`."""
 FUSED_IMPLEMENTATIONS = frozenset({"sdpa", "flash_attention_2", "flash_attention_3",
                                    "flex_attention"})
 """Attention implementations that run the core as one fused kernel."""
@@ -120,7 +122,9 @@ def predict(cases: Sequence[ModelCase], specs: Sequence[devices.DeviceSpec],
                         "train_host_ms": tr.host_ms,
                         "train_host_bound": tr.host_bound,
                         "inference_host_bound": inf.host_bound,
-                        "train_memory_bytes": tr.memory.total_bytes})
+                        # max_memory_allocated's counterpart: no context, no reserve
+                        "train_memory_bytes": tr.memory.allocated_peak_bytes,
+                        "inference_memory_bytes": inf.memory.allocated_peak_bytes})
     return {"predictor": source, "bundle_version": selection.bundle_version_of(source),
             "rows": rows}
 
@@ -162,11 +166,13 @@ def score(predicted: Mapping[str, Any], measured: Iterable[Mapping[str, Any]],
             low, high = p[f"{phase}_interval_ms"]
             row[phase] = {"predicted_ms": p[f"{phase}_ms"], "measured_ms": ms,
                           "error": p[f"{phase}_ms"] / ms - 1.0, "inside": low <= ms <= high}
-        peak = r["train"].get("peak_memory_bytes")
-        if peak:
-            row["train_memory"] = {"predicted_bytes": p["train_memory_bytes"],
-                                   "measured_bytes": peak,
-                                   "error": p["train_memory_bytes"] / peak - 1.0}
+        for mode in MEMORY_MODES:
+            peak = r[mode].get("peak_memory_bytes")
+            predicted_bytes = p.get(f"{mode}_memory_bytes")  # older files: train only
+            if peak and predicted_bytes is not None:
+                row[f"{mode}_memory"] = {"predicted_bytes": predicted_bytes,
+                                         "measured_bytes": peak,
+                                         "error": predicted_bytes / peak - 1.0}
         out.append(row)
     return out
 
@@ -175,7 +181,7 @@ def summary(scored: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """MAPE, P90 APE and interval coverage per precision and phase, and over all."""
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for row in scored:
-        for phase in (*PHASES, "train_memory"):
+        for phase in (*PHASES, *(f"{m}_memory" for m in MEMORY_MODES)):
             if phase in row:
                 for precision in (row["precision"], "all"):
                     groups.setdefault((precision, phase), []).append(row[phase])

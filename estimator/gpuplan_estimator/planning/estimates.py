@@ -34,7 +34,11 @@ from gpuplan_estimator.step.decomposition import (
     TrainingSettings,
     build_step,
 )
-from gpuplan_estimator.step.memory import MemoryBreakdown, training_memory
+from gpuplan_estimator.step.memory import (
+    MemoryBreakdown,
+    training_memory,
+    usable_memory_bytes,
+)
 
 SCHEMA_VERSION = 1
 ROOFLINE_PREFIX = "roofline"
@@ -309,7 +313,7 @@ def _price(
         epoch_seconds=epoch_s,
         total_seconds=epoch_s * epochs if epoch_s is not None and epochs is not None else None,
         memory=memory,
-        memory_available_bytes=device.memory_bytes,
+        memory_available_bytes=usable_memory_bytes(device),
         fits=memory.fits(device),
         predictor=shares,
         uncovered_ops=uncovered,

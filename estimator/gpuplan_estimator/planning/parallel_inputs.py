@@ -68,7 +68,7 @@ def split_from_estimate(estimate: DeviceEstimate) -> SingleGpuSplit:
     return SingleGpuSplit(
         batch=estimate.samples_per_step, forward_ms=estimate.forward_ms,
         backward_ms=estimate.backward_ms, optimizer_ms=estimate.optimizer_ms,
-        gradient_bytes=estimate.memory.gradients_bytes, pre=pre, blocks=blocks, post=post)
+        gradient_bytes=estimate.memory.reduced_gradients_bytes, pre=pre, blocks=blocks, post=post)
 
 
 def model_dims_from_graph(graph: ModelGraph, *, precision: str) -> ModelDims:

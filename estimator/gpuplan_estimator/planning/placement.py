@@ -247,7 +247,7 @@ def _searched(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_cou
         return Rejection(pool.gpu_type, gpu_count,
                          f"needs {need_gib:.1f} GiB per GPU even with "
                          f"{found.leanest.strategy.label} ({found.layout.describe()}), has "
-                         f"{device.memory_bytes / 2**30:.1f} GiB")
+                         f"{profile.memory_capacity_bytes / 2**30:.1f} GiB usable")
     ref = profile.at(found.micro_batch)
     ratio_lo = ref.p10_ms / ref.step_time_ms if ref.step_time_ms else 1.0
     ratio_hi = ref.p90_ms / ref.step_time_ms if ref.step_time_ms else 1.0

@@ -29,7 +29,7 @@ from gpuplan_estimator.planning import (
 )
 from gpuplan_estimator.planning import scaling as scaling_fits
 from gpuplan_estimator.planning.scaling import ScalingModel
-from gpuplan_estimator.step import host
+from gpuplan_estimator.step import host, memory
 from gpuplan_estimator.step.attention import attention_report
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
 
@@ -146,8 +146,8 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
         calibrated = [_calibrated(by_batch[b][i], ctx.calibration, mode) for b in batches]
         profiles[spec.key] = placement.StepProfile(
             device_key=spec.key,
-            memory_capacity_bytes=spec.memory_bytes,
-            gradient_bytes=first.memory.gradients_bytes,
+            memory_capacity_bytes=memory.usable_memory_bytes(spec),
+            gradient_bytes=first.memory.reduced_gradients_bytes,
             price_per_gpu_hour_usd=spec.price_per_hour_usd if spec.has_price else None,
             interconnect_gbps=spec.interconnect_gbps,
             points=tuple(_point(by_batch[b][i], b, c)

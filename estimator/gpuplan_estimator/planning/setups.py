@@ -20,7 +20,7 @@ from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.planning import parallelism
 from gpuplan_estimator.planning.parallelism import ModelDims, ParallelLayout, SingleGpuSplit
 from gpuplan_estimator.planning.scaling import ScalingModel
-from gpuplan_estimator.step import strategies, strategy_time
+from gpuplan_estimator.step import memory, strategies, strategy_time
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_estimator.step.sharding import StrategyMemory
 from gpuplan_estimator.step.strategies import NO_STRATEGY, MemoryStrategy
@@ -94,7 +94,7 @@ def search(*, n: int, gpus_per_node: int, global_batch: int, device: DeviceSpec,
             mem = facts.memory(micro, strategy, full, gpus_per_node)
             if leanest is None or mem.total_bytes < leanest[0].total_bytes:
                 leanest = (mem, full)
-            if mem.total_bytes > device.memory_bytes:
+            if mem.total_bytes > memory.usable_memory_bytes(device):
                 continue
             # Every strategy that fits is timed: which is fastest depends on the network (ZeRO-2
             # reduces every micro-step, ZeRO-1 once per step), not only on the list's order.

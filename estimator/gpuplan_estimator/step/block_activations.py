@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph
-from gpuplan_estimator.step import attention, memory
+from gpuplan_estimator.step import attention, memory, saved
 from gpuplan_estimator.step.decomposition import TrainingSettings, gradient_tensors
 
 NORMALIZATIONS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization",
@@ -120,7 +120,7 @@ def activation_layout(graph: ModelGraph, settings: TrainingSettings, *,
                 read[block].add(t.name)
                 sums[0] += memory.tensor_bytes(t, width)
         if any(t.name in needs_grad for t in layer.inputs):
-            for t in memory.saved_tensors(layer, needs_grad, fused):
+            for t in saved.saved_tensors(layer, needs_grad, fused):
                 if t.name in seen:
                     continue
                 seen.add(t.name)

@@ -1,22 +1,28 @@
-"""Pure per-GPU memory model of a training (or inference) step.
+"""Pure per-GPU memory model of a training (or inference) step: a peak, not a sum.
 
-Parts (bytes per GPU, P = parameter count):
+`step.memory_walk` walks the step's schedule (forward, the loss, backward in reverse freeing
+saved tensors, the optimizer's foreach step) and finds the instant with the most live bytes,
+as `torch.cuda.max_memory_allocated` measures it. The breakdown is what is live then (bytes per
+GPU, P = parameter count):
 
-- parameters: fp32 4P; mixed precision keeps fp32 master weights plus a half copy, 6P;
-  inference holds the weights once at the compute width.
-- gradients: at the width of the weights the step differentiates: fp32 4P, mixed 2P.
-- optimizer state (fp32): sgd 0, momentum 4P, adam/adamw 8P, adagrad 4P, rmsprop 4P. With the
-  gradients this gives the 16P of mixed-precision Adam in ZeRO (Rajbhandari et al., SC'20, §3.1).
-- activations: training keeps every tensor some layer's backward reads (`saved_tensors`), each
-  counted once, as PyTorch autograd's saved tensors do; inference keeps only the peak of
-  simultaneously live tensors. A fused attention (`step.attention`) keeps its output and
-  logsumexp instead of its scores and probabilities, which never exist in memory.
-- workspace: the largest single layer's inputs+outputs (transient gradient buffers of the layer
-  being differentiated) plus a fixed cuBLAS/cuDNN workspace.
-- framework overhead: the CUDA context and allocator reserve, a documented constant.
+- parameters: the fp32 weights, 4P (torch.autocast keeps them fp32 in every precision), plus
+  autocast's half-precision weight copies still live at the peak.
+- gradients: the parameters' fp32 `.grad` live at the peak (none at the start of backward,
+  4P in the optimizer step; zero_grad(set_to_none=True) frees them).
+- optimizer state (fp32): sgd 0, momentum 4P, adam/adamw 8P, adagrad 4P, rmsprop 4P, plus
+  the foreach path's temporaries when the peak is in the optimizer step.
+- activations: inputs, activations, tensors saved for backward (`saved_tensors`), the loss's
+  log-probabilities and the activation gradients live at the peak. A fused attention
+  (`step.attention`) keeps its output and logsumexp; its scores never exist in memory.
+- workspace: cuBLAS/cuDNN workspace, allocated through PyTorch's caching allocator.
 
-Batch-proportional parts (activations, workspace) scale with the per-GPU batch
-ceil(global / data_parallel) relative to the batch the graph was built at.
+`allocated_peak_bytes` (parameters through workspace) is comparable to max_memory_allocated.
+`framework_overhead_bytes` (CUDA context, outside the allocator, and the allocator's reserved
+but free memory) is added only for the fit decision: `fits` compares `total_bytes` with
+`usable_memory_bytes(device)`, what the card gives a process (NVML's total, not the datasheet).
+
+Batch-proportional tensors scale with the per-GPU batch ceil(global / data_parallel) relative
+to the batch the graph was built at.
 """
 
 from __future__ import annotations
@@ -28,36 +34,29 @@ from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import (
     DTYPE_BYTES,
     FLOAT_DTYPES,
-    Layer,
     ModelGraph,
-    OpFamily,
     TensorInfo,
 )
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.step import attention
+from gpuplan_estimator.step import attention, memory_walk
 from gpuplan_estimator.step.decomposition import TrainingSettings, gradient_tensors
+from gpuplan_estimator.step.saved import saved_tensors
 
 MIB = 1024 * 1024
-# CUDA context + PyTorch's caching-allocator reserve on first use: typically 300-600 MiB with
-# CUDA 11.7+ lazy module loading; we take the upper-middle of that range.
+# The CUDA context (driver state, kernel images loaded lazily since CUDA 11.7): outside
+# PyTorch's allocator, so not in max_memory_allocated; typically 300-600 MiB, we take 512 MiB.
 CUDA_CONTEXT_BYTES = 512 * MIB
-# cuBLAS keeps a per-handle workspace (PyTorch default ":4096:8", 32 MiB) and cuDNN picks
-# algorithms with workspace capped by the allocator; 64 MiB covers both typical defaults.
+# What the caching allocator reserves beyond the live blocks (2 MiB / 20 MiB segments, blocks
+# not split when less than 1 MiB would remain, fragmentation), as a share of the allocated
+# peak: max_memory_reserved / max_memory_allocated - 1 was 0.03 to 0.10 over ten training
+# runs (ViT-B/16, ResNet-50; H200, 2026-11-27, hack/memory_probe.py, docs/memory.md); we take
+# the largest, since a fit that fragments runs out of memory.
+ALLOCATOR_RESERVE_FRACTION = 0.10
+# cuBLAS keeps a per-handle workspace allocated through the caching allocator (PyTorch's
+# default CUBLAS_WORKSPACE_CONFIG is ":4096:8", 32 MiB, on Hopper) and cuDNN takes
+# convolution workspace from it too; 64 MiB covers both.
 LIBRARY_WORKSPACE_BYTES = 64 * MIB
 OPTIMIZER_STATE_WORDS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2, "adagrad": 1, "rmsprop": 1}
-# Inputs whose values the backward of these ops does not read (it needs only shapes).
-_SAVES_NOTHING = frozenset({"Add", "Sub", "Sum", "Neg", "Identity", "Cast", "AveragePool",
-                            "GlobalAveragePool", "ReduceSum", "ReduceMean", "Flatten", "Reshape",
-                            "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice",
-                            "Expand", "Pad", "Dropout"})
-# Products: an operand is kept only for the gradient of another operand.
-_OTHER_OPERAND_OPS = frozenset({"MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose", "Mul",
-                                "Div"})
-# Ops whose backward reads their output rather than their input.
-_SAVES_OUTPUT = frozenset({"Relu", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Exp", "Sqrt"})
-# Max pooling also keeps the argmax of every output element as int64 (ATen's
-# max_pool2d_with_indices saves `indices` for its backward); measured on CPU in docs/memory.md.
-_SAVES_INDICES = frozenset({"MaxPool"})
 
 
 @dataclass(frozen=True)
@@ -69,20 +68,35 @@ class MemoryBreakdown:
     activations_bytes: int
     workspace_bytes: int
     framework_overhead_bytes: int
+    """CUDA context and allocator reserve: not in `allocated_peak_bytes`, only in the fit."""
     per_gpu_batch: int
     data_parallel: int
+    parameter_count: int = 0
+    saved_activations_bytes: int = 0
+    """Every tensor kept for backward, summed (not a peak): what `sharding` divides under a
+    strategy, checkpointing or model parallelism."""
+    reduced_gradients_bytes: int = 0
+    """Gradients data parallelism all-reduces per step (P at the differentiated width: fp32 4P,
+    fp16/bf16 2P); a communication size, not a part of the peak."""
+    peak_phase: str = ""
+    """Where the peak is: "forward", "backward", "optimizer" or "inference"."""
+
+    @property
+    def allocated_peak_bytes(self) -> int:
+        """The predicted torch.cuda.max_memory_allocated: every part but the overhead."""
+        return (
+            self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes
+            + self.activations_bytes + self.workspace_bytes
+        )
 
     @property
     def total_bytes(self) -> int:
-        """Sum of all parts in bytes."""
-        return (
-            self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes
-            + self.activations_bytes + self.workspace_bytes + self.framework_overhead_bytes
-        )
+        """What the process needs on the GPU: the allocated peak plus the overhead."""
+        return self.allocated_peak_bytes + self.framework_overhead_bytes
 
     def fits(self, device: DeviceSpec) -> bool:
-        """Whether the total fits in the device's memory."""
-        return self.total_bytes <= device.memory_bytes
+        """Whether the total fits in what `device` gives a process (`usable_memory_bytes`)."""
+        return self.total_bytes <= usable_memory_bytes(device)
 
     def as_dict(self) -> dict[str, int]:
         """Every part and the total, in bytes, keyed as in the estimate JSON."""
@@ -108,29 +122,49 @@ def training_memory(
         )
     per_gpu_batch = math.ceil(settings.batch_size / data_parallel)
     batch_scale = per_gpu_batch / settings.batch_size
-    p = graph.parameter_count
-    width = settings.activation_bytes
     fused = attention.fused_attention(graph, settings.attention)
-    if settings.training:
-        params = p * (4 + width) if settings.mixed_precision else 4 * p
-        grads = p * width if settings.mixed_precision else 4 * p
-        state = 4 * p * OPTIMIZER_STATE_WORDS[settings.optimizer]
-        activations = saved_activation_bytes(graph, width, fused)
-    else:
-        params, grads, state = p * width, 0, 0
-        activations = peak_live_bytes(graph, width, fused.internal)
-    workspace = max((_layer_io_bytes(layer, width, fused.internal) for layer in graph.layers),
-                    default=0)
+    walk = memory_walk.peak(graph, walk_settings(settings, batch_scale), fused)
+    saved = saved_activation_bytes(graph, settings.activation_bytes, fused) \
+        if settings.training else 0
+    allocated = walk.total_bytes + LIBRARY_WORKSPACE_BYTES
     return MemoryBreakdown(
-        parameters_bytes=params,
-        gradients_bytes=grads,
-        optimizer_state_bytes=state,
-        activations_bytes=math.ceil(activations * batch_scale),
-        workspace_bytes=math.ceil(workspace * batch_scale) + LIBRARY_WORKSPACE_BYTES,
-        framework_overhead_bytes=CUDA_CONTEXT_BYTES,
+        parameters_bytes=walk.weights_bytes,
+        gradients_bytes=walk.gradients_bytes,
+        optimizer_state_bytes=walk.optimizer_bytes,
+        activations_bytes=walk.activations_bytes,
+        workspace_bytes=LIBRARY_WORKSPACE_BYTES,
+        framework_overhead_bytes=framework_overhead_bytes(allocated),
         per_gpu_batch=per_gpu_batch,
         data_parallel=data_parallel,
+        parameter_count=graph.parameter_count,
+        saved_activations_bytes=math.ceil(saved * batch_scale),
+        reduced_gradients_bytes=graph.parameter_count * (
+            settings.activation_bytes if settings.mixed_precision else 4) * settings.training,
+        peak_phase=walk.phase,
     )
+
+
+def walk_settings(settings: TrainingSettings, batch_scale: float) -> memory_walk.WalkSettings:
+    """What `memory_walk` needs of `settings`: fp16/bf16 run under torch.autocast."""
+    return memory_walk.WalkSettings(
+        training=settings.training,
+        half_bytes=settings.activation_bytes if settings.mixed_precision else 0,
+        optimizer=settings.optimizer,
+        optimizer_state_words=OPTIMIZER_STATE_WORDS[settings.optimizer],
+        batch_scale=batch_scale)
+
+
+def framework_overhead_bytes(allocated_peak_bytes: int) -> int:
+    """Bytes a process needs beyond its allocated peak: the CUDA context and the allocator's
+    reserve (`ALLOCATOR_RESERVE_FRACTION`)."""
+    return CUDA_CONTEXT_BYTES + math.ceil(ALLOCATOR_RESERVE_FRACTION * allocated_peak_bytes)
+
+
+def usable_memory_bytes(device: DeviceSpec) -> int:
+    """What `device` gives one process: NVML's total where the catalog records it
+    (`usable_memory_bytes`), else the datasheet capacity. The one capacity every fit check
+    compares with (`total_bytes`, which holds the context and allocator reserve)."""
+    return device.usable_memory_bytes or device.memory_bytes
 
 
 def tensor_bytes(tensor: TensorInfo, width: int) -> int:
@@ -138,40 +172,6 @@ def tensor_bytes(tensor: TensorInfo, width: int) -> int:
     if tensor.dtype in FLOAT_DTYPES:
         return tensor.elements * width
     return tensor.elements * DTYPE_BYTES[tensor.dtype]
-
-
-def saved_tensors(layer: Layer, needs_grad: frozenset[str],
-                  fused: attention.FusedAttention = attention.EAGER) -> tuple[TensorInfo, ...]:
-    """Activations this layer's backward reads (parameters are counted separately), under the
-    attention `fused` describes.
-
-    Products (MatMul, Conv, Mul, Div, Where) keep an operand only when another operand needs a
-    gradient: dX of X·W needs W, dW needs X; Where needs only its condition.
-    """
-    if layer.name in fused.members:
-        return tuple(fused.kept.get(layer.name, ()))
-    return _saved_tensors(layer, needs_grad)
-
-
-def _saved_tensors(layer: Layer, needs_grad: frozenset[str]) -> tuple[TensorInfo, ...]:
-    if layer.family is OpFamily.SHAPE_ONLY or layer.op_type in _SAVES_NOTHING:
-        return ()
-    if layer.op_type in _SAVES_OUTPUT:
-        return tuple(t for t in layer.outputs if t.dtype in FLOAT_DTYPES)
-    if layer.op_type == "Where":  # gradients are dY masked by the condition
-        return layer.inputs[:1]
-    params = set(layer.parameter_inputs)
-    if layer.op_type in _SAVES_INDICES:
-        indices = tuple(TensorInfo(f"{t.name}#indices", t.shape, "int64")
-                        for t in layer.outputs[:1])
-        return tuple(t for t in layer.inputs if t.name not in params) + indices
-    if layer.op_type not in _OTHER_OPERAND_OPS:
-        return tuple(t for t in layer.inputs if t.name not in params)
-    grads = [t.name in needs_grad for t in layer.inputs]
-    return tuple(
-        t for i, t in enumerate(layer.inputs)
-        if t.name not in params and any(g for j, g in enumerate(grads) if j != i)
-    )
 
 
 def saved_activation_bytes(graph: ModelGraph, width: int,
@@ -208,12 +208,3 @@ def peak_live_bytes(graph: ModelGraph, width: int, internal: frozenset[str] = fr
         for name in [n for n in live if last_use.get(n, i) <= i]:
             del live[name]
     return peak
-
-
-def _layer_io_bytes(layer: Layer, width: int, internal: frozenset[str]) -> int:
-    if layer.family is OpFamily.SHAPE_ONLY:
-        return 0
-    params = set(layer.parameter_inputs)
-    tensors = [t for t in [*layer.inputs, *layer.outputs]
-               if t.name not in params and t.name not in internal]
-    return sum(tensor_bytes(t, width) for t in tensors)

@@ -1,7 +1,11 @@
 """Per-GPU memory under a memory-saving strategy and model parallelism (issue #19).
 
-Starting from `memory.MemoryBreakdown` at the micro-batch (plain data parallelism, whole
-model on each GPU), each part is divided by the group that shares it:
+Plain data parallelism (no strategy, no tensor or pipeline parallelism) is
+`memory.MemoryBreakdown` itself: the walked peak of a torch.amp/DDP step (issue #30). Every
+other setup is counted as the ZeRO and Megatron papers count it, from the parameter count:
+model states (mixed precision: half weights 2P, half gradients 2P, fp32 master weights and
+optimizer state, DeepSpeed's convention) plus the tensors kept for backward, summed
+(`MemoryBreakdown.saved_activations_bytes`), each part divided by the group that shares it:
 
 - Tensor parallelism (Megatron, Shoeybi et al. 2019) and pipeline parallelism (Narayanan et
   al. SC'21) split the model states (parameters, gradients, optimizer state) over tp x pp
@@ -40,7 +44,7 @@ from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.step import block_activations, memory, strategies
 from gpuplan_estimator.step.block_activations import ActivationLayout
 from gpuplan_estimator.step.decomposition import TrainingSettings
-from gpuplan_estimator.step.strategies import MemoryStrategy
+from gpuplan_estimator.step.strategies import NO_STRATEGY, MemoryStrategy
 
 # FSDP (torch.distributed.fsdp, limit_all_gathers=True) keeps at most two all-gathered units.
 GATHERED_UNITS = 2
@@ -75,8 +79,8 @@ class StrategyMemory:
                 + self.framework_overhead_bytes + self.gathered_parameters_bytes)
 
     def fits(self, device: DeviceSpec) -> bool:
-        """Whether the GPU total fits in the device's memory."""
-        return self.total_bytes <= device.memory_bytes
+        """Whether the GPU total fits in what the device gives a process."""
+        return self.total_bytes <= memory.usable_memory_bytes(device)
 
     def as_dict(self) -> dict[str, int]:
         """Every part and the total, in bytes (MemoryBreakdown's keys plus the new parts)."""
@@ -131,6 +135,9 @@ def memory_under(
         raise InvalidRequestError("layout", f"built at batch {layout.per_gpu_batch}, the "
                                   f"breakdown at {breakdown_at_micro_batch.per_gpu_batch}")
     m = breakdown_at_micro_batch
+    if (strategy == NO_STRATEGY and tensor_parallel == 1 and pipeline_parallel == 1
+            and not sequence_parallel):
+        return _plain(m)
     model_split = tensor_parallel * pipeline_parallel
     shard = strategies.shard_group_size(strategy, data_parallel=data_parallel,
                                         gpus_per_node=gpus_per_node,
@@ -142,9 +149,10 @@ def memory_under(
     def split(n: int, group: int) -> int:
         return math.ceil(n / model_split / group)
 
+    p = m.parameter_count
     master = _master_weight_bytes(m, settings)
-    working = m.parameters_bytes - master  # the weights the kernels read
-    state = m.optimizer_state_bytes
+    working = p * (settings.activation_bytes if settings.mixed_precision else 4)
+    state = 4 * p * memory.OPTIMIZER_STATE_WORDS[settings.optimizer]
     host = 0
     if strategy.offload_optimizer:
         # ZeRO-Offload: state and master weights on the CPU; with fp32 the CPU updates its
@@ -156,17 +164,18 @@ def memory_under(
         unit = layout.gather_unit_parameter_count * settings.activation_bytes
         gathered = GATHERED_UNITS * math.ceil(unit / tensor_parallel)
     activations, recompute = _activation_bytes(
-        m.activations_bytes, layout, strategy, tensor_parallel=tensor_parallel,
+        m.saved_activations_bytes, layout, strategy, tensor_parallel=tensor_parallel,
         pipeline_parallel=pipeline_parallel, in_flight=in_flight_micro_batches,
         sequence_parallel=sequence_parallel)
+    parts = {"parameters_bytes": split(working, param_shard) + split(master, state_shard),
+             "gradients_bytes": split(working, grad_shard),
+             "optimizer_state_bytes": split(state, state_shard),
+             "activations_bytes": activations, "workspace_bytes": m.workspace_bytes,
+             "gathered_parameters_bytes": gathered}
     return StrategyMemory(
-        parameters_bytes=split(working, param_shard) + split(master, state_shard),
-        gradients_bytes=split(m.gradients_bytes, grad_shard),
-        optimizer_state_bytes=split(state, state_shard),
-        activations_bytes=activations,
-        workspace_bytes=m.workspace_bytes,
-        framework_overhead_bytes=m.framework_overhead_bytes,
-        gathered_parameters_bytes=gathered,
+        **parts,
+        # the allocator's reserve follows this setup's own allocated bytes
+        framework_overhead_bytes=memory.framework_overhead_bytes(sum(parts.values())),
         recompute_bytes=recompute,
         host_bytes=host,
         micro_batch=m.per_gpu_batch,
@@ -209,15 +218,23 @@ def strategy_memory(
         sequence_parallel=sequence_parallel, layout=layout)
 
 
+def _plain(m: memory.MemoryBreakdown) -> StrategyMemory:
+    """Plain data parallelism: the walked peak, part by part."""
+    return StrategyMemory(
+        parameters_bytes=m.parameters_bytes, gradients_bytes=m.gradients_bytes,
+        optimizer_state_bytes=m.optimizer_state_bytes, activations_bytes=m.activations_bytes,
+        workspace_bytes=m.workspace_bytes, framework_overhead_bytes=m.framework_overhead_bytes,
+        gathered_parameters_bytes=0, recompute_bytes=0, host_bytes=0,
+        micro_batch=m.per_gpu_batch, strategy=NO_STRATEGY)
+
+
 def _master_weight_bytes(m: memory.MemoryBreakdown, settings: TrainingSettings) -> int:
     """The fp32 master copy inside `parameters_bytes` (0 when the weights are fp32 already)."""
     if not settings.training:
         raise InvalidRequestError("mode", "memory strategies apply to training only")
     if not settings.mixed_precision:
         return 0
-    # memory.training_memory: parameters = P·(4 + w), gradients = P·w.
-    parameter_count = m.gradients_bytes // settings.activation_bytes
-    return MASTER_WEIGHT_BYTES * parameter_count
+    return MASTER_WEIGHT_BYTES * m.parameter_count
 
 
 def _activation_bytes(total: int, layout: ActivationLayout | None, strategy: MemoryStrategy,

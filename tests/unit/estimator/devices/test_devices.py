@@ -193,6 +193,11 @@ def test_a_valid_file_loads(tmp_path: Path) -> None:
     x1 = cat.resolve("NVIDIA-X1")
     assert cat.keys() == ("x1", "x2")
     assert x1.memory_bytes == 16 * 2**30 and x1.base_clock_mhz == 0.0 and x1.has_price
+    assert x1.usable_memory_bytes == 0  # not recorded: fits use the datasheet
+    nvml = devices.load_catalog(_write(tmp_path, _entry(usable_memory_mib=15360,
+                                                        usable_memory_source="NVML total")))
+    assert nvml.resolve("x1").usable_memory_bytes == 15360 * 2**20
+    assert nvml.resolve("x1").usable_memory_source == "NVML total"
 
 
 @pytest.mark.parametrize(("changes", "field"), [
@@ -213,6 +218,11 @@ def test_a_valid_file_loads(tmp_path: Path) -> None:
     ({"key": "X 1"}, "key"),
     ({"nvml_names": "NVIDIA X1"}, "nvml_names"),
     ({"mem_bandwith_gbps": 5}, "mem_bandwith_gbps"),  # a typo is not silently ignored
+    ({"usable_memory_mib": 15000}, "usable_memory_source"),  # a capacity needs its source
+    ({"usable_memory_source": "nvml"}, "usable_memory_mib"),
+    ({"usable_memory_mib": 0, "usable_memory_source": "nvml"}, "usable_memory_mib"),
+    ({"usable_memory_mib": 17000, "usable_memory_source": "nvml"}, "usable_memory_mib"),
+    ({"usable_memory_mib": 15000, "usable_memory_source": " "}, "usable_memory_source"),
 ])
 def test_invalid_entry_names_entry_and_field(
     tmp_path: Path, changes: dict[str, Any], field: str

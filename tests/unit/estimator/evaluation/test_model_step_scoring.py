@@ -54,8 +54,11 @@ def test_each_case_is_priced_with_eager_and_with_fused_attention(predicted: dict
         eager, fused = by[(precision, "eager")], by[(precision, "fused")]
         # The same GEMMs without the scale, mask and softmax kernels.
         assert fused["inference_forward_ms"] < eager["inference_forward_ms"]
-        # At sequence 16 < head dim 32 the output it keeps outweighs the probabilities.
-        assert fused["train_memory_bytes"] != eager["train_memory_bytes"]
+        # At sequence 16 < head dim 32 the output it keeps outweighs the probabilities (the
+        # training peak of so small a model may be its optimizer step, which neither changes);
+        # inference never holds the scores, so never more.
+        assert fused["train_memory_bytes"] >= eager["train_memory_bytes"]
+        assert fused["inference_memory_bytes"] <= eager["inference_memory_bytes"]
 
 
 @pytest.mark.parametrize(("implementation", "attention"), [

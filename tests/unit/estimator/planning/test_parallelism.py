@@ -235,7 +235,7 @@ def test_estimate_is_cut_into_regions(gpt2: tuple[estimates.DeviceEstimate,
     assert split.post.tp_split_ms > 0  # the LM head GEMM is vocab-parallel
     assert split.pre.tp_split_ms == 0  # embedding gathers stay whole
     assert 0.5 < split.blocks.tp_split_ms / split.blocks.total_ms < 1.0
-    assert split.gradient_bytes == e.memory.gradients_bytes
+    assert split.gradient_bytes == e.memory.reduced_gradients_bytes
 
 
 @pytest.mark.parametrize("layout", [ParallelLayout(1, 1, 1, 1), ParallelLayout(4, 1, 1, 1),

@@ -72,14 +72,16 @@ def test_a_model_too_large_for_any_strategy_is_rejected_with_the_leanest_figure(
 
 
 def test_model_parallel_layouts_are_searched_when_the_model_shows_blocks() -> None:
-    doc = plan(OPT_6_7B, batch=8, pools=[("a100-sxm4-40gb", 1, 8)], sequence=2048)
+    # On 80 GB cards (on 40 GB ones, with the allocator's reserve, FSDP is faster where
+    # anything fits).
+    doc = plan(OPT_6_7B, batch=8, pools=[("a100-sxm4-80gb", 1, 8)], sequence=2048)
     layouts = {(c["parallelism"]["tp"], c["parallelism"]["pp"]) for c in doc["candidates"]}
     assert layouts - {(1, 1)}, layouts  # some count runs split over tensor or pipeline ranks
     for c in doc["candidates"]:
         par = c["parallelism"]
         assert par["dp"] * par["tp"] * par["pp"] == c["gpu_count"]
         assert par["dp"] * par["micro_batches"] * par["micro_batch"] == 8
-        assert c["memory_bytes_per_gpu"] <= 40 * GIB
+        assert c["memory_bytes_per_gpu"] <= 80 * GIB
         assert c["step_time_ms"] == pytest.approx(sum(c["step_ms"].values()), rel=1e-3)
 
 

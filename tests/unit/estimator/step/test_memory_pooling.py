@@ -20,4 +20,4 @@ def test_max_pool_keeps_input_and_int64_indices() -> None:
     for precision, width in (("fp32", 4), ("bf16", 2)):
         m = memory.training_memory(g, TrainingSettings(batch_size=b, precision=precision))
         # conv keeps x (for dW); the pool keeps c and the argmax of each of its outputs.
-        assert m.activations_bytes == width * b * (3 * 8 * 8 + 4 * 6 * 6) + 8 * b * 4 * 3 * 3
+        assert m.saved_activations_bytes == width * b * (3 * 8 * 8 + 4 * 6 * 6) + 8 * b * 4 * 3 * 3

@@ -86,8 +86,7 @@ def test_layout_splits_the_saved_activations_by_block() -> None:
     assert {(b.input_bytes, b.saved_bytes, b.replicated_bytes, b.parameter_count)
             for b in lay.blocks} == {(BLOCK_INPUT, BLOCK_SAVED, BLOCK_REPLICATED, BLOCK_PARAMS)}
     assert lay.outside_saved_bytes == OUTSIDE_SAVED
-    assert lay.saved_bytes == memory.training_memory(toy_transformer(), settings()
-                                                     ).activations_bytes
+    assert lay.saved_bytes == memory.saved_activation_bytes(toy_transformer(), 4)
     assert lay.gather_unit_parameter_count == BLOCK_PARAMS
     assert lay.at_batch(2 * B).blocks[0].saved_bytes == 2 * BLOCK_SAVED
 
@@ -105,8 +104,8 @@ def test_no_strategy_keeps_the_breakdown() -> None:
 
 @pytest.mark.parametrize("nd", [2, 4, 8, 64])
 @pytest.mark.parametrize(("stage", "bytes_per_param"), [
-    # Rajbhandari et al. SC'20 Figure 1, mixed-precision Adam (K = 12), psi = P:
-    (0, lambda nd: (2 + 2 + 12) * P),          # baseline 16 psi
+    # Rajbhandari et al. SC'20 Figure 1, mixed-precision Adam (K = 12), psi = P (stage 0,
+    # plain data parallelism, is the walked peak: test_no_strategy_keeps_the_breakdown):
     (1, lambda nd: (2 + 2) * P + 12 * P / nd),  # P_os: 4 psi + 12 psi / Nd
     (2, lambda nd: 2 * P + 14 * P / nd),        # P_os+g: 2 psi + 14 psi / Nd
     (3, lambda nd: 16 * P / nd),                # P_os+g+p: 16 psi / Nd
@@ -142,7 +141,7 @@ def test_offload_moves_state_and_master_weights_to_the_host() -> None:
     assert m.total_bytes < under(MemoryStrategy(zero_stage=2), s=s, data_parallel=2).total_bytes
 
 
-@pytest.mark.parametrize(("tp", "pp"), [(1, 1), (2, 1), (4, 1), (1, 2), (2, 4)])
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (4, 1), (1, 2), (2, 4)])
 def test_tensor_and_pipeline_parallel_divide_model_states(tp: int, pp: int) -> None:
     m = under(MemoryStrategy(), tensor_parallel=tp, pipeline_parallel=pp)
     assert model_states(m) == pytest.approx(16 * P / (tp * pp), abs=3)
@@ -169,7 +168,7 @@ def test_full_checkpointing_keeps_block_inputs_and_recomputes_one_block() -> Non
     m = under(MemoryStrategy(checkpointing="full"))
     assert m.recompute_bytes == BLOCK_SAVED
     assert m.activations_bytes == OUTSIDE_SAVED + BLOCKS * BLOCK_INPUT + BLOCK_SAVED
-    assert m.activations_bytes < under(MemoryStrategy()).activations_bytes
+    assert m.activations_bytes < memory.saved_activation_bytes(toy_transformer(), 4)
 
 
 def test_per_block_checkpointing_sits_between_none_and_full() -> None:
@@ -178,11 +177,11 @@ def test_per_block_checkpointing_sits_between_none_and_full() -> None:
     assert third.activations_bytes == (OUTSIDE_SAVED + 2 * BLOCK_INPUT + BLOCK_SAVED
                                        + BLOCK_SAVED)
     full = under(MemoryStrategy(checkpointing="full"))
-    assert full.activations_bytes < third.activations_bytes <= under(
-        MemoryStrategy()).activations_bytes
+    assert full.activations_bytes < third.activations_bytes <= memory.saved_activation_bytes(
+        toy_transformer(), 4)
 
 
-@pytest.mark.parametrize("steps", [1, 2, 4, 8])
+@pytest.mark.parametrize("steps", [2, 4, 8])
 def test_accumulation_divides_activations_by_the_steps(steps: int) -> None:
     base = sharding.strategy_memory(toy_transformer(), settings(), MemoryStrategy(),
                                     data_parallel=1, gpus_per_node=8, block_of=block_of,
@@ -191,8 +190,11 @@ def test_accumulation_divides_activations_by_the_steps(steps: int) -> None:
                                  MemoryStrategy(gradient_accumulation=steps), data_parallel=1,
                                  gpus_per_node=8, block_of=block_of, outside_label=OUTSIDE)
     assert m.micro_batch == B // steps
-    assert m.activations_bytes * steps == base.activations_bytes
-    assert model_states(m) == model_states(base)
+    # Accumulation is counted as ZeRO counts it: the kept tensors of one micro-batch, and the
+    # whole model states (the gradients live across micro-steps).
+    assert m.activations_bytes * steps == memory.saved_activation_bytes(toy_transformer(), 4)
+    assert model_states(m) == 16 * P
+    assert base.strategy == MemoryStrategy()
 
 
 def test_accumulation_must_divide_the_per_gpu_batch() -> None:

@@ -114,6 +114,7 @@ def report(rows: Sequence[host_fit.HostRow], folds: Mapping[str, host.HostCoeffi
 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (size-capped)."""
     if path.stat().st_size > MAX_INPUT_BYTES:
         raise SystemExit(f"{path}: larger than {MAX_INPUT_BYTES} bytes")
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()

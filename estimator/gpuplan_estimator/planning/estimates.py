@@ -101,7 +101,7 @@ class DeviceEstimate:
     """The host's time to issue the step (`step.host`); None where no host model applies
     (CPU devices, fused frameworks, a bundle without one)."""
     host_bound: bool = False
-    """Whether the GPU waits for the host more than half the step."""
+    """Whether issuing the step takes the host longer than its kernels take the GPU."""
     host_source: str = ""
     """The host model's probe: where its per-op costs were measured."""
 

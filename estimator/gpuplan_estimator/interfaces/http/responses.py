@@ -264,8 +264,9 @@ class HostTimeline(_Response):
     gpu_busy_ms: float = Field(description="The kernels alone, summed.")
     host_ms: float | None = Field(description="The host's time to issue the step; null where "
                                   "no host model applies (CPU devices, fused frameworks).")
-    bound: str = Field(description="host (the GPU waits for the CPU more than half the step), "
-                       "gpu, or unknown (no host model).")
+    bound: str = Field(description="host (issuing the step takes the CPU longer than its "
+                       "kernels take the GPU: a faster GPU would not shorten it), gpu, or "
+                       "unknown (no host model).")
     compiled_saving_ms: float | None = Field(
         description="At most this much of the step is the GPU waiting for the host: what a "
                     "step captured in CUDA graphs (torch.compile mode reduce-overhead) saves; "

@@ -188,7 +188,7 @@ def test_precision_sets_compute_dtype_and_bytes() -> None:
     fp32 = build_step(mlp(), settings())
     fp16 = build_step(mlp(), settings(precision="fp16"))
     tf32 = build_step(mlp(), settings(precision="tf32"))
-    fc1_fp16 = [i for i in fp16.forward if i.layer == "fc1" and i.role == "fwd"][0]
+    fc1_fp16 = next(i for i in fp16.forward if i.layer == "fc1" and i.role == "fwd")
     assert {i.dtype for i in fp16.forward if i.layer != "softmax"} == {"float16"}
     assert fc1_fp16.bytes_moved * 2 == fp32.forward[0].bytes_moved
     assert tf32.forward[0].attributes == {"math": "tf32"}

@@ -38,9 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", type=Path, required=True)
     parser.add_argument("--dry-run", action="store_true", help="print, write nothing")
     args = parser.parse_args(argv)
-    path = args.bundle / bundles.MANIFEST
     bundles.read_manifest(args.bundle)  # checked: a bundle this version can read
-    manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     probe = host_check.probe_of(json.loads(args.probe.read_text(encoding="utf-8")))
     cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
     cache: dict[tuple[str, int], Any] = {}
@@ -60,12 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({host.MANIFEST_KEY: doc, PROVENANCE_KEY: record}, indent=2))
     if args.dry_run:
         return 0
-    manifest[host.MANIFEST_KEY] = doc
-    manifest[PROVENANCE_KEY] = record
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    bundles.read_manifest(args.bundle)
+    path = bundles.update_manifest(args.bundle, {host.MANIFEST_KEY: doc, PROVENANCE_KEY: record})
     print(f"wrote {host.MANIFEST_KEY} into {path}")
     return 0
 

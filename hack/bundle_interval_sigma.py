@@ -103,12 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({intervals.MANIFEST_KEY: table, PROVENANCE_KEY: record}, indent=2))
     if args.dry_run:
         return 0
-    manifest[intervals.MANIFEST_KEY] = table
-    manifest[PROVENANCE_KEY] = record
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    bundles.read_manifest(args.bundle)
+    bundles.update_manifest(args.bundle, {intervals.MANIFEST_KEY: table, PROVENANCE_KEY: record})
     print(f"wrote {intervals.MANIFEST_KEY} into {path}")
     return 0
 

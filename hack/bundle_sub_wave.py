@@ -55,13 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(record))
     if args.dry_run:
         return 0
-    manifest[bundles.SUB_WAVE_KEY] = record
-    manifest[PROVENANCE_KEY] = {
+    bundles.update_manifest(args.bundle, {bundles.SUB_WAVE_KEY: record, PROVENANCE_KEY: {
         "command": shlex.join(["hack/bundle_sub_wave.py", *(argv or sys.argv[1:])]),
         "commit": provenance.code_commit(), "created": datetime.now().astimezone().isoformat(),
         "method": "median log(measured / one-wave time) over the bundle's training GPUs' "
-                  "sub-wave gemm rows; the bundle's models were not retrained"}
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+                  "sub-wave gemm rows; the bundle's models were not retrained"}})
     return 0
 
 

@@ -136,10 +136,28 @@ def save_bundle(bundle: Bundle, directory: Path) -> Path:
         "model_params": {k: m.get_params() for k, m in sorted(bundle.models.items())},
         "cpu_model_params": {k: m.get_params() for k, m in sorted(bundle.cpu_models.items())},
     }
+    _write_manifest(directory, manifest)
+    return directory
+
+
+def _write_manifest(directory: Path, manifest: Mapping[str, Any]) -> None:
+    """Write `manifest` atomically (a reader never sees half a file)."""
     tmp = directory / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, directory / MANIFEST)
-    return directory
+
+
+def update_manifest(directory: Path, entries: Mapping[str, Any]) -> Path:
+    """Add or replace top-level `entries` of a bundle's manifest without retraining (what the
+    hack/bundle_*.py scripts write: interval sigma, host model, sub-wave scale), then check the
+    bundle still reads. Returns the manifest's path."""
+    read_manifest(directory)  # a bundle this version can read, before and after
+    path = directory / MANIFEST
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest.update(entries)
+    _write_manifest(directory, manifest)
+    read_manifest(directory)
+    return path
 
 
 def pack_bundle(directory: Path) -> bytes:

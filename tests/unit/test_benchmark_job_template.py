@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuplan_estimator.bench import nvml, runner, torch_units
+from gpuplan_estimator.bench import host_probe, nvml, runner, torch_units
 from gpuplan_estimator.interfaces.cli import bench as bench_cli
 from gpuplan_estimator.perfdb.store import PerfStore
 
@@ -160,6 +160,9 @@ def test_the_jobs_command_records_nvml_identity_clocks_and_power(
     monkeypatch.setattr(torch_units, "time_unit",
                         lambda unit, *, device, settings: time_(unit, device="cpu",
                                                                 settings=settings))
+    probe = host_probe.measure  # the Job's host probe, on this CPU in a few short loops
+    monkeypatch.setattr(host_probe, "measure", lambda settings, **kw: probe(
+        host_probe.ProbeSettings("cpu", ops=10, repeats=1), **kw))
     db = f"sqlite:///{tmp_path / 'perf.db'}"
     argv = [*_job_args(**{"/sweeps": str(tiny_sweeps)}), "--samples", "3", "--repeats", "2",
             "--db", db]

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpuplan_estimator.bench import host_probe, targets
 from gpuplan_estimator.core import errors, provenance
-from gpuplan_estimator.perfdb import host_probes
 from gpuplan_estimator.step import host
 
 if TYPE_CHECKING:  # `gpuplan estimate` imports this module: no SQLAlchemy at its start
@@ -56,6 +55,8 @@ def store(db: PerfStore, doc: dict[str, Any] | None, device: str, run_id: int) -
     none was measured or the same one is stored already."""
     if doc is None:
         return False
+    from gpuplan_estimator.perfdb import host_probes  # the bench's extra: pandas, SQLAlchemy
+
     return db.add_host_probe(host_probes.row_from_document(doc, device), run_id=run_id)
 
 

@@ -1,5 +1,5 @@
 """Small real model bundles (one LightGBM softmax model) for tests of bundle storage: fitted in
-well under a second, saved with `models.bundles.save_bundle`, with the provenance fields a
+well under a second, saved with `latency.bundles.save_bundle`, with the provenance fields a
 trained bundle's manifest carries (`data_digest`, `rows`, `commit`, `metrics`, `devices`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models import bundles, latency
+from gpuplan_estimator.latency import bundles, latency
 
 FAST: dict[str, Any] = {"n_estimators": 15, "num_leaves": 7, "min_child_samples": 5, "n_jobs": 1}
 

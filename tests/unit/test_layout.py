@@ -22,7 +22,7 @@ def test_stdlib_operator_is_not_shadowed() -> None:
     assert operator.add(2, 3) == 5
 
 
-ESTIMATOR_SUBPACKAGES = ("core", "devices", "graph", "step", "cost", "models", "planning",
+ESTIMATOR_SUBPACKAGES = ("core", "devices", "graph", "step", "cost", "latency", "planning",
                          "perfdb", "bench", "training", "evaluation", "interfaces")
 
 

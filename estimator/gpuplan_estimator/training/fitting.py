@@ -26,9 +26,9 @@ from gpuplan_estimator.core.progress import Progress, silent, track
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.cost.predictors import FloatArray
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.models import basis, bundles
-from gpuplan_estimator.models.bundles import Bundle
-from gpuplan_estimator.models.latency import LayerLatencyModel, ProbeCorrection
+from gpuplan_estimator.latency import basis, bundles
+from gpuplan_estimator.latency.bundles import Bundle
+from gpuplan_estimator.latency.latency import LayerLatencyModel, ProbeCorrection
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import backward_factors, probes
 

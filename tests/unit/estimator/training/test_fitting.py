@@ -14,7 +14,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors, measurements, workload
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models import basis, bundles, learned
+from gpuplan_estimator.latency import basis, bundles, learned
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import fitting, report
 
@@ -285,7 +285,7 @@ def test_cpu_rows_get_their_own_models_and_leave_gpu_predictions_alone(
         frame: pd.DataFrame, tmp_path: Path) -> None:
     from gpuplan_estimator.core.layers import OpFamily
     from gpuplan_estimator.core.workload import Phase, WorkItem
-    from gpuplan_estimator.models import bundles
+    from gpuplan_estimator.latency import bundles
 
     settings = fitting.TrainSettings(model_params=FAST, min_rows_per_kernel=50,
                                    leave_one_device_out=False)

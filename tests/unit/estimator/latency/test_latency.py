@@ -16,7 +16,7 @@ from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.devices import local_cpu
-from gpuplan_estimator.models import bundles, latency, learned
+from gpuplan_estimator.latency import bundles, latency, learned
 from gpuplan_estimator.step import layout_credits
 
 FAST: dict[str, Any] = {

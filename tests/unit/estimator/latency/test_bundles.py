@@ -14,7 +14,7 @@ import pytest
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models import bundles, latency
+from gpuplan_estimator.latency import bundles, latency
 
 FAST: dict[str, Any] = {"n_estimators": 15, "num_leaves": 7, "min_child_samples": 5, "n_jobs": 1}
 

@@ -140,7 +140,7 @@ class ProbeCorrection:
     GPU out, 20 probe rows: mean MAPE 15.6 % with the offset alone, 12.4 % with the slope).
     log(base_ms) is clipped to the probe rows' own range (`log_base_min`, `log_base_max`): a
     line through a few small kernels says nothing of kernels 100x larger, and extrapolating it
-    made whole-model predictions worse than none (docs/latency-models.md).
+    made whole-model predictions worse than none (docs/latency-method.md).
     """
 
     log_offset: float

@@ -69,7 +69,7 @@ class TrainSettings:
     device roofline, "tiled-gemm" the first for gemm and the second for the rest. Recorded in
     the manifest, read back by `LearnedPredictor`; bundles without it are "roofline", the
     default: no tiled kind lowered whole-model leave-one-GPU-out error at the evaluation's
-    15000 rows per kernel (docs/latency-models.md, `evaluation.transfer_check`)."""
+    15000 rows per kernel (docs/latency-method.md, `evaluation.transfer_check`)."""
 
     def __post_init__(self) -> None:
         features.transfer_feature_names("gemm", self.transfer_kind)  # rejects an unknown kind

@@ -17,6 +17,7 @@ from gpuplan_estimator.cost import features
 from gpuplan_estimator.latency import basis, bundles, learned
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import fitting, report
+from gpuplan_testing.paths import REPO_ROOT
 
 DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb")
 FAST = {"n_estimators": 25, "num_leaves": 15, "min_child_samples": 5, "n_jobs": 1}
@@ -224,6 +225,18 @@ def test_report_lists_every_kernel_and_device(fitted: fitting.Bundle) -> None:
             assert f"| {kernel} | {device} |" in text
     summary = text.split("## Summary")[1].split("## Random")[0]
     assert "| gemm |" in summary and "| softmax |" in summary
+
+
+def test_report_links_the_hand_written_method_page(fitted: fitting.Bundle) -> None:
+    """The generated report computes tables and carries no log of experiments: its Method
+    section is one link to the page that holds those figures, and the shipped report ends so."""
+    text = report.report_markdown(fitted.manifest, today="2025-01-02", command="cmd")
+    method = text.split("## Method")[1]
+    assert f"]({report.METHOD_DOC})" in method and len(method.strip().splitlines()) == 1
+    page = (REPO_ROOT / "docs" / report.METHOD_DOC).read_text(encoding="utf-8")
+    assert page.startswith("# Latency models: method") and "\n## Method\n" in page
+    shipped = (REPO_ROOT / "docs" / "latency-models.md").read_text(encoding="utf-8")
+    assert shipped.endswith("\n" + report.METHOD_POINTER + "\n")
 
 
 def test_report_lists_the_cpu_once_as_its_platform(fitted: fitting.Bundle) -> None:

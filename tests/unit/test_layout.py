@@ -113,6 +113,23 @@ def _import_cycles(*packages: str) -> list[list[str]]:
     return cycles
 
 
+def test_campaign_tools_sit_outside_the_test_helpers() -> None:
+    """Campaigns (hack/campaigns) use the test helpers, never the other way round, and every
+    `make` target that runs one names a module that is there."""
+    import ast
+    import re
+
+    for path in sorted((ROOT / "tests" / "gpuplan_testing").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not [n for n in names if n.split(".")[0] == "campaigns"], path.name
+    run = re.findall(r"-m campaigns\.(\w+)", (ROOT / "Makefile").read_text(encoding="utf-8"))
+    assert len(run) >= 6
+    for name in run:
+        assert (ROOT / "hack" / "campaigns" / f"{name}.py").is_file(), name
+
+
 def test_no_import_cycles() -> None:
     """import-linter's layers catch imports between subpackages; this catches circles inside."""
     assert _import_cycles("gpuplan_estimator", "gpuplan_operator") == []

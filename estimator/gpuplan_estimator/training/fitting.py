@@ -28,7 +28,7 @@ from gpuplan_estimator.cost.predictors import FloatArray
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.latency import basis, bundles
 from gpuplan_estimator.latency.bundles import Bundle
-from gpuplan_estimator.latency.latency import LayerLatencyModel, ProbeCorrection
+from gpuplan_estimator.latency.regressors import LayerLatencyModel, ProbeCorrection
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import backward_factors, probes
 

@@ -1,8 +1,9 @@
-"""Learned per-kernel latency: sklearn-shaped LightGBM models and the predictor built on them.
+"""Learned per-kernel latency: sklearn-shaped LightGBM regressors and the probe correction.
 
 Each `LayerLatencyModel` learns ``log(latency_ms / features.base_ms)`` for one kernel across
-devices; `LearnedPredictor` prices work items with one `predict` call per kernel and falls back
-to the roofline (named in `LatencyPrediction.predictor`) for kernels without a model.
+devices; `ProbeCorrection` shifts a transfer model toward a few probed rows of a new device.
+`learned.LearnedPredictor` prices work items with them (one `predict` call per kernel) and falls
+back to the roofline (named in `LatencyPrediction.predictor`) for kernels without a model.
 """
 
 from __future__ import annotations

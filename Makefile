@@ -42,13 +42,13 @@ lint: $(STAMP) ## ruff, mypy and the import contracts (.importlinter)
 	$(BIN)/lint-imports
 
 corpus: $(STAMP) ## full-size real-model corpus: torchvision + HF models x exporters -> table (~15 min)
-	PYTHONPATH=tests $(PYTHON) -m gpuplan_testing.corpus --size full --workdir corpus-exports
+	PYTHONPATH=tests:hack $(PYTHON) -m campaigns.corpus --size full --workdir corpus-exports
 
 fuzz: $(STAMP) ## 10^5 mutated ONNX graphs through load + estimate: no crash, < 20 s, < 4 GiB each
-	PYTHONPATH=tests $(PYTHON) -m gpuplan_testing.fuzz_graphs --inputs 100000 --crash-dir fuzz-crashers
+	PYTHONPATH=tests:hack $(PYTHON) -m campaigns.fuzz_graphs --inputs 100000 --crash-dir fuzz-crashers
 
 chaos: $(STAMP) ## kill-safety campaign on a private testbed: 100 TrainingJobs, operator/estimator SIGKILLs, an apiserver restart; summary table
-	PYTHONPATH=tests:testbed $(PYTHON) -m gpuplan_testing.chaos --jobs 100
+	PYTHONPATH=tests:testbed:hack $(PYTHON) -m campaigns.chaos --jobs 100
 
 # What `gpuplan bench` needs beyond the lent GPU image (torch, transformers, onnx, onnxruntime,
 # pandas, pyarrow, nvidia-ml-py are there), at this venv's versions, as CPython 3.12 wheels.
@@ -96,13 +96,13 @@ bench: $(STAMP) ## speed benchmarks (reported, not asserted)
 	$(PYTHON) -m gpuplan_estimator.evaluation.speed
 
 bench-plans: $(STAMP) ## apply->planned p50/p95 of 50 concurrent TrainingJobs on a private testbed (real estimator + operator)
-	PYTHONPATH=tests:testbed $(PYTHON) -m gpuplan_testing.plan_latency --jobs 50 $(BENCH_PLANS_ARGS)
+	PYTHONPATH=tests:testbed:hack $(PYTHON) -m campaigns.plan_latency --jobs 50 $(BENCH_PLANS_ARGS)
 
 abuse: $(STAMP) ## hostile-client reproducers against a real `gpuplan serve` (64 MB of empty pools, 150k-node graphs beside small ones)
-	PYTHONPATH=tests $(PYTHON) -m gpuplan_testing.hostile_clients
+	PYTHONPATH=tests:hack $(PYTHON) -m campaigns.hostile_clients
 
 bench-extender: $(STAMP) ## extender load benchmark: 5,000 nodes, filter/prioritize p50/p95/p99, server CPU per request
-	PYTHONPATH=tests $(PYTHON) -m gpuplan_testing.extender_loadbench $(BENCH_EXTENDER_ARGS)
+	PYTHONPATH=tests:hack $(PYTHON) -m campaigns.extender_loadbench $(BENCH_EXTENDER_ARGS)
 
 plans-report: $(STAMP) ## plans for GPT-2 medium, GPT-3 2.7B, LLaMA-7B over A100/H100/L4 pools -> docs/plans.md (~30 s)
 	$(PYTHON) -m gpuplan_estimator.evaluation.plans_report

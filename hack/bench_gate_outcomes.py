@@ -20,7 +20,7 @@ import onnx
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.interfaces.cli import models as models_cli
-from gpuplan_estimator.models import bundles, selection
+from gpuplan_estimator.latency import bundles, selection
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import planner, requests, workloads
 from gpuplan_estimator.step.decomposition import build_step

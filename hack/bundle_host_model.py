@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuplan_estimator.core import provenance
 from gpuplan_estimator.evaluation import host_check, model_steps
-from gpuplan_estimator.models import bundles
+from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.step import host
 from gpuplan_estimator.training import host_fit
 

@@ -29,7 +29,7 @@ import pandas as pd
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import provenance
 from gpuplan_estimator.interfaces.cli import training
-from gpuplan_estimator.models import bundles
+from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import fitting, recipe
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import provenance
 from gpuplan_estimator.interfaces.cli import training
-from gpuplan_estimator.models import bundles
+from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.training import fitting, recipe
 
 PROVENANCE_KEY = f"{bundles.SUB_WAVE_KEY}_provenance"

@@ -11,7 +11,7 @@ onnx, LightGBM and the rest::
 
 The package's subpackages follow the data flow, each importing only those before it (checked
 by `lint-imports`, see `.importlinter`): `core` → `devices` → `graph` → `step` | `cost` →
-`models` → `planning`; beside them `perfdb`, `bench`, `training`, `evaluation`; at the edge
+`latency` → `planning`; beside them `perfdb`, `bench`, `training`, `evaluation`; at the edge
 `interfaces` (the CLI and the HTTP service), which nothing imports.
 """
 

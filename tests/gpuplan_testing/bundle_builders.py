@@ -1,5 +1,5 @@
 """Small real model bundles (one LightGBM softmax model) for tests of bundle storage: fitted in
-well under a second, saved with `models.bundles.save_bundle`, with the provenance fields a
+well under a second, saved with `latency.bundles.save_bundle`, with the provenance fields a
 trained bundle's manifest carries (`data_digest`, `rows`, `commit`, `metrics`, `devices`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models import bundles, latency
+from gpuplan_estimator.latency import bundles, regressors
 
 FAST: dict[str, Any] = {"n_estimators": 15, "num_leaves": 7, "min_child_samples": 5, "n_jobs": 1}
 
@@ -23,9 +23,9 @@ def tiny_bundle(directory: Path, *, seed: int = 0, commit: str = "abc1234", rows
     n_feat = len(features.feature_names("softmax"))
     x = rng.normal(size=(rows, n_feat))
     y = (0.5 + seed) * x[:, 0] + rng.normal(0, 0.05, rows)
-    model = latency.LayerLatencyModel(**FAST).fit(x, y)
+    model = regressors.LayerLatencyModel(**FAST).fit(x, y)
     cols = features.transfer_columns("softmax")
-    transfer = latency.LayerLatencyModel(**FAST).fit(x[:, cols], y)
+    transfer = regressors.LayerLatencyModel(**FAST).fit(x[:, cols], y)
     metrics = {"softmax": {
         "random_split": {"mape_pct": 10.0 + seed, "rows": rows // 5},
         "random_split_by_device": {d: {"mape_pct": 10.0 + seed, "rows": rows // 5}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuplan_estimator.core import errors
-from gpuplan_estimator.models import bundles
+from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.perfdb.store import PerfStore, UnknownBundleError
 from gpuplan_testing import perfdb_contract
 from gpuplan_testing.bundle_builders import tiny_bundle

@@ -11,7 +11,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.cost.predictors import LatencyPredictor
-from gpuplan_estimator.models import bundles, selection
+from gpuplan_estimator.latency import bundles, selection
 from gpuplan_estimator.planning import workloads
 from gpuplan_testing.bundle_builders import tiny_bundle
 

@@ -1,5 +1,5 @@
 """A slice of the kill-safety campaign (`make chaos` runs the full one, docs in
-`gpuplan_testing/chaos.py`): the real operator and estimator as child processes on the shared
+`hack/campaigns/chaos.py`): the real operator and estimator as child processes on the shared
 testbed, SIGKILLed at each reconcile step and at random moments, then audited.
 
 No apiserver restart here: the shared testbed serves other sessions. `make chaos` does it on a
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from gpuplan_testing import chaos
+from campaigns import chaos
 
 
 def test_operator_killed_at_each_step_and_at_random_leaves_one_job_per_trainingjob(

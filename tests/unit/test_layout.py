@@ -22,7 +22,7 @@ def test_stdlib_operator_is_not_shadowed() -> None:
     assert operator.add(2, 3) == 5
 
 
-ESTIMATOR_SUBPACKAGES = ("core", "devices", "graph", "step", "cost", "models", "planning",
+ESTIMATOR_SUBPACKAGES = ("core", "devices", "graph", "step", "cost", "latency", "planning",
                          "perfdb", "bench", "training", "evaluation", "interfaces")
 
 
@@ -111,6 +111,23 @@ def _import_cycles(*packages: str) -> list[list[str]]:
         if module not in index:
             visit(module)
     return cycles
+
+
+def test_campaign_tools_sit_outside_the_test_helpers() -> None:
+    """Campaigns (hack/campaigns) use the test helpers, never the other way round, and every
+    `make` target that runs one names a module that is there."""
+    import ast
+    import re
+
+    for path in sorted((ROOT / "tests" / "gpuplan_testing").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not [n for n in names if n.split(".")[0] == "campaigns"], path.name
+    run = re.findall(r"-m campaigns\.(\w+)", (ROOT / "Makefile").read_text(encoding="utf-8"))
+    assert len(run) >= 6
+    for name in run:
+        assert (ROOT / "hack" / "campaigns" / f"{name}.py").is_file(), name
 
 
 def test_no_import_cycles() -> None:

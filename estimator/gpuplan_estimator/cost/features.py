@@ -87,7 +87,7 @@ WORK_FEATURES: tuple[str, ...] = (
 # What a model for a GPU it never saw may use: shapes, device-relative cost and the base.
 # Absolute spec features (and times on one device's scale) let trees memorise the training GPUs:
 # leaving one GPU out, a model with them erred 2-5x more on softmax/elementwise/layernorm than
-# one without (docs/latency-models.md), so unseen devices get this "transfer" model instead.
+# one without (docs/latency-method.md), so unseen devices get this "transfer" model instead.
 TRANSFER_EXCLUDED: frozenset[str] = frozenset({
     "dev_log_peak_gflops", "dev_log_bw_gbps", "dev_sm_count", "dev_clock_mhz", "dev_l2_mb",
     "dev_log_mem_gb", "dev_cores_per_sm", "dev_log_ridge", "log_compute_ms", "log_memory_ms",
@@ -111,7 +111,7 @@ def transfer_columns(kernel: str) -> npt.NDArray[np.intp]:
 # - "tiled-gemm": "tiled" for gemm (matmuls and attention's batched matmuls), "roofline" for the
 #   rest: per op family leaving one GPU out, the tiled structure lowered gemm's mean MAPE
 #   (26.6 -> 25.6 %) but raised conv2d's (19.5 -> 21.0 %), softmax's and elementwise's
-#   (docs/latency-models.md).
+#   (docs/latency-method.md).
 TRANSFER_KINDS: tuple[str, ...] = ("roofline", "tiled", "tiled-gemm")
 _TILED_IN_TILED_GEMM: frozenset[str] = frozenset({"gemm"})
 _TILED_EXCLUDED: frozenset[str] = frozenset({

@@ -22,7 +22,7 @@ from gpuplan_estimator.core.progress import Progress, silent
 from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.models.bundles import Bundle
+from gpuplan_estimator.latency.bundles import Bundle
 from gpuplan_estimator.perfdb.store import PerfStore
 from gpuplan_estimator.training import fitting, recipe
 

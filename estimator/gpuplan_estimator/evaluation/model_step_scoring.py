@@ -36,7 +36,7 @@ from gpuplan_estimator.core import options, provenance
 from gpuplan_estimator.evaluation import model_steps
 from gpuplan_estimator.evaluation.model_steps import PRECISIONS, ModelCase
 from gpuplan_estimator.graph import batching, exporting
-from gpuplan_estimator.models import selection
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings

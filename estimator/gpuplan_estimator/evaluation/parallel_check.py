@@ -30,7 +30,7 @@ from typing import Any
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.graph import exporting
-from gpuplan_estimator.models import selection
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import estimates, parallel_inputs, parallelism
 from gpuplan_estimator.planning.scaling import ScalingModel
 from gpuplan_estimator.step.decomposition import TrainingSettings

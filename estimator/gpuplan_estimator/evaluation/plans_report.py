@@ -22,7 +22,7 @@ from gpuplan_estimator.core import paths, provenance
 from gpuplan_estimator.core.durations import format_duration
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.graph import exporting
-from gpuplan_estimator.models import selection
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import placement, planner, requests
 
 GIB = 2**30

@@ -18,7 +18,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.evaluation import gpu_labels
 from gpuplan_estimator.evaluation.gpu_labels import RowResult
-from gpuplan_estimator.models import learned
+from gpuplan_estimator.latency import learned
 from gpuplan_estimator.training import fitting, recipe, sources
 
 SPEC_ONLY = "lightgbm"

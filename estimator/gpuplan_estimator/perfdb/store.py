@@ -24,7 +24,7 @@ from gpuplan_estimator.perfdb.host_probes import (
     check_row,
     provenance_json,
 )
-from gpuplan_estimator.perfdb.models import (
+from gpuplan_estimator.perfdb.tables import (
     BUNDLE_STATES,
     BenchmarkRun,
     Device,
@@ -670,7 +670,7 @@ class PerfStore:
         version. With ``state="active"`` it is activated in the same transaction (the
         active one before it is retired). The manifest's ``data_digest``, ``rows``, ``commit``
         and ``metrics`` are stored beside the bytes."""
-        from gpuplan_estimator.models import bundles  # LightGBM: only for bundle writers
+        from gpuplan_estimator.latency import bundles  # LightGBM: only for bundle writers
 
         if state not in BUNDLE_STATES or state == "retired":
             raise errors.InvalidRequestError(

@@ -24,7 +24,7 @@ from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor, predict_on_each
 from gpuplan_estimator.devices import catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.models import basis
+from gpuplan_estimator.latency import basis
 from gpuplan_estimator.planning import calibrating, intervals
 from gpuplan_estimator.step import host
 from gpuplan_estimator.step.attention import attention_report
@@ -87,7 +87,7 @@ class DeviceEstimate:
     uncovered_ops: tuple[str, ...]
     layers: tuple[LayerEstimate, ...]
     shape_only_layers: int
-    data_basis: str  # models.basis: measured, probed, extrapolated or roofline
+    data_basis: str  # latency.basis: measured, probed, extrapolated or roofline
     samples_per_step: int  # the global batch
     tokens_per_sample: int | None  # the sequence dim when bound, else None
     model_flops_per_step: float  # forward FLOPs x TRAINING_FLOPS_PER_FORWARD_FLOP in training

@@ -60,7 +60,7 @@ class StepProfile:
     points: tuple[StepPoint, ...]
     predictor: str = ""
     data_basis: str = ""
-    """What the figures rest on (`models.basis`: measured, probed, extrapolated, roofline)."""
+    """What the figures rest on (`latency.basis`: measured, probed, extrapolated, roofline)."""
     calibration: calibrating.Correction = calibrating.IDENTITY
     """The correction already applied to `points`; `evaluate` applies it to the all-reduce."""
     device: DeviceSpec | None = None
@@ -166,7 +166,7 @@ class Candidate:
     memory_bytes_per_gpu: int
     cost_usd: float | None  # None when the GPU type has no known price
     predictor: str = ""
-    data_basis: str = ""  # the profile's `models.basis` label
+    data_basis: str = ""  # the profile's `latency.basis` label
     calibration: calibrating.Correction = calibrating.IDENTITY
     steps: int = 0  # over the whole run
     forward_ms: float = 0.0  # the single-GPU step at per_gpu_batch, as planned (calibrated)

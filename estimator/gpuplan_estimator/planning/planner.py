@@ -16,7 +16,7 @@ from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError, Unk
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.graph import batching, exporting
-from gpuplan_estimator.models import selection
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import (
     calibrating,
     estimates,

@@ -26,9 +26,9 @@ from gpuplan_estimator.core.progress import Progress, silent, track
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.cost.predictors import FloatArray
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.models import basis, bundles
-from gpuplan_estimator.models.bundles import Bundle
-from gpuplan_estimator.models.latency import LayerLatencyModel, ProbeCorrection
+from gpuplan_estimator.latency import basis, bundles
+from gpuplan_estimator.latency.bundles import Bundle
+from gpuplan_estimator.latency.regressors import LayerLatencyModel, ProbeCorrection
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import backward_factors, probes
 
@@ -69,7 +69,7 @@ class TrainSettings:
     device roofline, "tiled-gemm" the first for gemm and the second for the rest. Recorded in
     the manifest, read back by `LearnedPredictor`; bundles without it are "roofline", the
     default: no tiled kind lowered whole-model leave-one-GPU-out error at the evaluation's
-    15000 rows per kernel (docs/latency-models.md, `evaluation.transfer_check`)."""
+    15000 rows per kernel (docs/latency-method.md, `evaluation.transfer_check`)."""
 
     def __post_init__(self) -> None:
         features.transfer_feature_names("gemm", self.transfer_kind)  # rejects an unknown kind

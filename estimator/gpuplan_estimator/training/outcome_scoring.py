@@ -61,8 +61,8 @@ def score(rows: Sequence[OutcomeWorkload], candidate: LatencyPredictor,
 
 def predictor_of(data: bytes, directory: Path) -> LatencyPredictor:
     """The predictor the service would serve from these bundle bytes (unpacked to
-    `directory`): `models.selection`'s bounded learned predictor."""
-    from gpuplan_estimator.models import bundles, selection  # LightGBM: only when scoring
+    `directory`): `latency.selection`'s bounded learned predictor."""
+    from gpuplan_estimator.latency import bundles, selection  # LightGBM: only when scoring
 
     bundles.unpack_bundle(data, directory)
     predictor, _ = selection.select_predictor(str(directory))

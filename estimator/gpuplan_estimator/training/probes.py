@@ -6,7 +6,7 @@ and that time sits in the largest ones. `gpuplan bench` draws dims log-uniformly
 (`benchmark-jobs/sweeps`), so its rows run from launch-bound microseconds to long GEMMs; the
 shared op data is denser at small sizes, and 20 rows drawn from it at random were mostly
 launch-bound: leaving one GPU out, such probes made whole-model error worse than the spec sheet
-alone (21.1 -> 24.1 %, docs/latency-models.md). Evaluations therefore draw a probe the way the
+alone (21.1 -> 24.1 %, docs/latency-method.md). Evaluations therefore draw a probe the way the
 bench spreads its rows: one row from each of `n` equal-count strata of the roofline time.
 """
 

@@ -1,6 +1,6 @@
 """The shipped bundle's recipe: where its rows come from and the LightGBM parameters per kernel.
 
-Why these sizes: see `docs/latency-models.md` (held-out errors per size, with the commands).
+Why these sizes: see `docs/latency-method.md` (held-out errors per size, with the commands).
 """
 
 from __future__ import annotations

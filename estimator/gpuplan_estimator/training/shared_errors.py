@@ -17,7 +17,7 @@ import pandas as pd
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models.bundles import Bundle
+from gpuplan_estimator.latency.bundles import Bundle
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import fitting
 

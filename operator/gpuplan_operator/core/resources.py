@@ -239,7 +239,7 @@ DATA_BASIS_PHRASES: Mapping[str, str] = {
     "extrapolated": "extrapolated from the spec sheet (no measurements of this GPU type)",
     "roofline": "roofline bound (no learned model)",
 }
-"""The estimator's `models.basis` labels (tested equal), as the Estimated message says them."""
+"""The estimator's `latency.basis` labels (tested equal), as the Estimated message says them."""
 DATA_BASES: tuple[str, ...] = tuple(DATA_BASIS_PHRASES)
 
 

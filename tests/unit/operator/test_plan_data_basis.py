@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuplan_estimator.models import basis
+from gpuplan_estimator.latency import basis
 from gpuplan_operator import estimator_client
 from gpuplan_operator.core import errors, resources
 from gpuplan_testing import crd_schema

@@ -10,7 +10,7 @@ from typing import Any
 from gpuplan_estimator import devices
 from gpuplan_estimator.graph import examples
 from gpuplan_estimator.interfaces.cli import estimating
-from gpuplan_estimator.models import selection
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import estimates, ranking
 from gpuplan_estimator.step.decomposition import TrainingSettings
 

@@ -24,7 +24,7 @@ from gpuplan_estimator.interfaces.cli import (
     progress,
     render,
 )
-from gpuplan_estimator.models import basis, selection
+from gpuplan_estimator.latency import basis, selection
 from gpuplan_estimator.planning import estimates, ranking
 from gpuplan_estimator.step.decomposition import TrainingSettings
 

@@ -35,7 +35,7 @@ from gpuplan_estimator.evaluation import (
 )
 from gpuplan_estimator.evaluation.gpu_labels import RowResult
 from gpuplan_estimator.interfaces.cli import arguments, output, progress, training
-from gpuplan_estimator.models import bundles, learned, selection
+from gpuplan_estimator.latency import bundles, learned, selection
 from gpuplan_estimator.planning import calibrating
 from gpuplan_estimator.training import fitting, recipe, shared_errors
 

@@ -171,7 +171,7 @@ def gate(store: PerfStore, version: int) -> gating.Decision:
     """The promotion gate's decision for candidate `version` against the active bundle: the
     manifests' held-out metrics, and the newest finished jobs with a stored plan workload
     re-estimated by both bundles (`training.outcome_scoring`)."""
-    from gpuplan_estimator.models import bundles  # LightGBM-free, but only promote needs it
+    from gpuplan_estimator.latency import bundles  # LightGBM-free, but only promote needs it
 
     _, data = store.bundle(version)
     candidate = bundles.packed_manifest(data)

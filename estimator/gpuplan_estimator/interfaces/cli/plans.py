@@ -22,7 +22,7 @@ from gpuplan_estimator.core.progress import Step
 from gpuplan_estimator.graph import zoo
 from gpuplan_estimator.interfaces.cli import arguments, output, plots, probing, progress, render
 from gpuplan_estimator.interfaces.http import wire
-from gpuplan_estimator.models import selection
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import planner
 
 DEFAULT_EPOCHS = 1

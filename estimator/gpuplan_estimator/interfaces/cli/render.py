@@ -12,7 +12,7 @@ from gpuplan_estimator.core import options, precisions
 from gpuplan_estimator.core.durations import format_duration
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.interfaces.cli.output import Column
-from gpuplan_estimator.models import basis
+from gpuplan_estimator.latency import basis
 from gpuplan_estimator.planning import estimates, rollup
 from gpuplan_estimator.planning.estimates import DeviceEstimate, LayerEstimate
 from gpuplan_estimator.planning.ranking import Recommendation

@@ -237,7 +237,7 @@ database that is down must not hold up start-up for the store's full backoff."""
 
 def perfdb_bundle_sync(db_url: str | None, cache_dir: Path) -> BundleSync:
     """Keeps `cache_dir` on the database's active bundle (`selection.sync_active_bundle`)."""
-    from gpuplan_estimator.models import selection
+    from gpuplan_estimator.latency import selection
     from gpuplan_estimator.perfdb import PerfStore
 
     stores: list[PerfStore] = []

@@ -24,7 +24,7 @@ from gpuplan_estimator.core import errors, provenance
 from gpuplan_estimator.core.exit_codes import ExitCode
 from gpuplan_estimator.interfaces.cli import models as models_cli
 from gpuplan_estimator.interfaces.cli import output, progress
-from gpuplan_estimator.models import bundles
+from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.training import fitting, recipe, report, sources
 
 

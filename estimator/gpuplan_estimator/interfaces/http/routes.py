@@ -30,7 +30,7 @@ from gpuplan_estimator.interfaces.http.metrics import Metrics
 from gpuplan_estimator.interfaces.http.refits import Refits
 from gpuplan_estimator.interfaces.http.state import ServiceState
 from gpuplan_estimator.interfaces.http.storage import IoThreads, Storage, WorkloadKeeper
-from gpuplan_estimator.models import selection
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import calibrating, planner
 
 log = logging.getLogger(__name__)

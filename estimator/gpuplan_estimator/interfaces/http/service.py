@@ -13,7 +13,7 @@ background after an outcome because a fit with its held-out check takes seconds.
 
 With a performance database, its active model bundle comes first (issue #17): each poll asks the
 database for the active version, unpacks a new one into a cache directory keyed by version and
-points the cache at it (`models.selection.sync_active_bundle`); the context loader, here and in
+points the cache at it (`latency.selection.sync_active_bundle`); the context loader, here and in
 every worker, serves what the cache points at (`database_bundle_context`). Every estimate, plan
 and coverage answer names the database version (`bundle_version`, null for a file bundle).
 
@@ -61,7 +61,7 @@ from gpuplan_estimator.interfaces.http.storage import (
     WorkloadPruner,
     WorkloadSink,
 )
-from gpuplan_estimator.models import selection
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import planner, scaling
 
 log = logging.getLogger(__name__)

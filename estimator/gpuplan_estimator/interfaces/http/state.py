@@ -10,14 +10,14 @@ import logging
 from collections.abc import Callable
 
 from gpuplan_estimator.interfaces.http import work
-from gpuplan_estimator.models import selection
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import calibrating, planner, scaling
 
 log = logging.getLogger(__name__)
 
 BundleSync = Callable[[], int | None]
 """Brings the bundle cache in line with the database's active bundle; returns its version, or
-None when none is active (`models.selection.sync_active_bundle` over a `PerfStore`)."""
+None when none is active (`latency.selection.sync_active_bundle` over a `PerfStore`)."""
 
 
 class ServiceState:

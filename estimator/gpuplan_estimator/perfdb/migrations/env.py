@@ -5,13 +5,13 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from gpuplan_estimator.perfdb import models
+from gpuplan_estimator.perfdb import tables
 
 
 def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
-        target_metadata=models.Base.metadata,
+        target_metadata=tables.Base.metadata,
         # SQLite cannot ALTER most things in place; batch mode copies the table instead.
         render_as_batch=connection.dialect.name == "sqlite",
     )

@@ -1,4 +1,4 @@
-"""A slice of the real-model corpus (`gpuplan_testing.corpus`; `make corpus` runs all of it at
+"""A slice of the real-model corpus (`campaigns.corpus`; `make corpus` runs all of it at
 full size): models people train, exported the ways they export them, estimate in train and
 inference mode with no uncovered ops and matmul/conv FLOPs within 2 % of PyTorch's own count.
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from campaigns import corpus
 from gpuplan_estimator import graph
-from gpuplan_testing import corpus
 
 SLICE = [
     ("resnet50", "dynamo"), ("mobilenet_v3_large", "torchscript"),

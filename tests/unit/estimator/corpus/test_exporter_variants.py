@@ -9,10 +9,10 @@ import onnx
 import pytest
 import torch
 
+from campaigns import corpus
 from gpuplan_estimator import RooflinePredictor, TrainingSettings, estimate, graph, load_catalog
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.graph import exporting
-from gpuplan_testing import corpus
 
 
 def _matmul_conv_flops(g: graph.ModelGraph) -> int:

@@ -15,7 +15,7 @@ from gpuplan_estimator.core import errors, measurements
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.cost import features, tiling
-from gpuplan_estimator.models import bundles, learned, selection
+from gpuplan_estimator.latency import bundles, learned, selection
 from gpuplan_estimator.training import fitting
 
 H200 = "h200-sxm-141gb"

@@ -12,7 +12,7 @@ import pytest
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import paths
 from gpuplan_estimator.graph import examples
-from gpuplan_estimator.models import selection
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step.decomposition import TrainingSettings
 

@@ -12,7 +12,7 @@ from gpuplan_estimator.bench import timing
 from gpuplan_estimator.core import errors, layers
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.evaluation import host_bench
-from gpuplan_estimator.models import learned
+from gpuplan_estimator.latency import learned
 
 SOFTMAX_SWEEP = """
 kernel: softmax

@@ -17,7 +17,7 @@ from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.devices import local_cpu
 from gpuplan_estimator.evaluation import cpu_loop, torch_loop
 from gpuplan_estimator.interfaces.cli import evaluation as eval_cli
-from gpuplan_estimator.models.bundles import Bundle
+from gpuplan_estimator.latency.bundles import Bundle
 
 FAST = cpu_loop.TimingSettings(runs=2, threads=1)
 

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gpuplan_testing import fuzz_graphs
+from campaigns import fuzz_graphs
 
 
 def test_a_slice_of_the_campaign_ends_in_estimates_or_clear_errors() -> None:

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from gpuplan_estimator.graph import examples
 from gpuplan_estimator.interfaces.cli import main
-from gpuplan_estimator.models import bundles
+from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.planning import estimates
 from gpuplan_testing import onnx_models
 

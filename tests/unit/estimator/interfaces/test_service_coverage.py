@@ -92,7 +92,7 @@ def test_bundle_heldout_rows_sum_the_manifests_random_split_rows_per_device() ->
 
 
 def test_shipped_bundle_counts_rows_for_every_gpu_it_was_trained_on() -> None:
-    from gpuplan_estimator.models import bundles
+    from gpuplan_estimator.latency import bundles
 
     manifest = bundles.read_manifest(bundles.SHIPPED_BUNDLE)
     rows = coverage.bundle_training_rows(manifest)  # the shipped one predates device_rows

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from gpuplan_estimator.core import errors, paths
-from gpuplan_estimator.perfdb import connections, default_db_url, models
+from gpuplan_estimator.perfdb import connections, default_db_url, tables
 from gpuplan_estimator.perfdb.store import PerfStore
 from gpuplan_testing import perfdb_contract as contract
 from gpuplan_testing.old_databases import database_at
@@ -60,7 +60,7 @@ def test_upgrade_from_0001_keeps_rows(tmp_path: Path) -> None:
 
 def test_orm_models_match_the_migrations(store: PerfStore) -> None:
     with store.engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), models.Base.metadata)
+        diff = compare_metadata(MigrationContext.configure(conn), tables.Base.metadata)
     assert diff == []
 
 

@@ -25,7 +25,7 @@ from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.graph import examples
 from gpuplan_estimator.interfaces.cli import main
 from gpuplan_estimator.interfaces.http import service, work
-from gpuplan_estimator.models import monotone, selection
+from gpuplan_estimator.latency import monotone, selection
 from gpuplan_estimator.planning import estimates, planner
 from gpuplan_estimator.step.decomposition import TrainingSettings
 

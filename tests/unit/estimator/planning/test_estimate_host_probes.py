@@ -18,8 +18,8 @@ from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.interfaces.cli import main as cli_main
 from gpuplan_estimator.interfaces.http import wire
-from gpuplan_estimator.models import bundles
-from gpuplan_estimator.models.learned import LearnedPredictor
+from gpuplan_estimator.latency import bundles
+from gpuplan_estimator.latency.learned import LearnedPredictor
 from gpuplan_estimator.perfdb.store import PerfStore
 from gpuplan_estimator.planning import estimates, planner
 from gpuplan_estimator.step import host

@@ -14,7 +14,7 @@ from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.cost.predictors import LatencyPrediction
 from gpuplan_estimator.graph import examples
-from gpuplan_estimator.models import basis
+from gpuplan_estimator.latency import basis
 from gpuplan_estimator.planning import estimates, intervals
 from gpuplan_estimator.step.decomposition import TrainingSettings
 

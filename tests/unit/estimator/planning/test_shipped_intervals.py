@@ -9,7 +9,7 @@ import pytest
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.graph import examples
-from gpuplan_estimator.models import basis, bundles, learned
+from gpuplan_estimator.latency import basis, bundles, learned
 from gpuplan_estimator.planning import estimates, intervals
 from gpuplan_estimator.step.decomposition import TrainingSettings
 

@@ -147,7 +147,7 @@ def test_eager_gemms_keep_their_own_bytes(gpt2: ModelGraph) -> None:
 
 def test_a_bundle_model_prices_a_fused_gemm_at_its_unfused_efficiency(
         gpt2: ModelGraph) -> None:
-    from gpuplan_estimator.models import bundles, learned
+    from gpuplan_estimator.latency import bundles, learned
 
     predictor = learned.LearnedPredictor(bundles.load_bundle(bundles.SHIPPED_BUNDLE,
                                                              origin="shipped"))

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from gpuplan_estimator.interfaces.cli import main as cli
-from gpuplan_estimator.models import bundles
+from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.training import fitting
 from gpuplan_testing.bundle_builders import tiny_bundle

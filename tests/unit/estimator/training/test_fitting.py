@@ -14,9 +14,10 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors, measurements, workload
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models import basis, bundles, learned
+from gpuplan_estimator.latency import basis, bundles, learned
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import fitting, report
+from gpuplan_testing.paths import REPO_ROOT
 
 DEVICES = ("t4", "v100-pcie-32gb", "a100-pcie-40gb")
 FAST = {"n_estimators": 25, "num_leaves": 15, "min_child_samples": 5, "n_jobs": 1}
@@ -226,6 +227,18 @@ def test_report_lists_every_kernel_and_device(fitted: fitting.Bundle) -> None:
     assert "| gemm |" in summary and "| softmax |" in summary
 
 
+def test_report_links_the_hand_written_method_page(fitted: fitting.Bundle) -> None:
+    """The generated report computes tables and carries no log of experiments: its Method
+    section is one link to the page that holds those figures, and the shipped report ends so."""
+    text = report.report_markdown(fitted.manifest, today="2025-01-02", command="cmd")
+    method = text.split("## Method")[1]
+    assert f"]({report.METHOD_DOC})" in method and len(method.strip().splitlines()) == 1
+    page = (REPO_ROOT / "docs" / report.METHOD_DOC).read_text(encoding="utf-8")
+    assert page.startswith("# Latency models: method") and "\n## Method\n" in page
+    shipped = (REPO_ROOT / "docs" / "latency-models.md").read_text(encoding="utf-8")
+    assert shipped.endswith("\n" + report.METHOD_POINTER + "\n")
+
+
 def test_report_lists_the_cpu_once_as_its_platform(fitted: fitting.Bundle) -> None:
     gemm = fitted.manifest["metrics"]["gemm"]
     cpu = gemm["random_split"]
@@ -285,7 +298,7 @@ def test_cpu_rows_get_their_own_models_and_leave_gpu_predictions_alone(
         frame: pd.DataFrame, tmp_path: Path) -> None:
     from gpuplan_estimator.core.layers import OpFamily
     from gpuplan_estimator.core.workload import Phase, WorkItem
-    from gpuplan_estimator.models import bundles
+    from gpuplan_estimator.latency import bundles
 
     settings = fitting.TrainSettings(model_params=FAST, min_rows_per_kernel=50,
                                    leave_one_device_out=False)

@@ -11,7 +11,7 @@ import pytest
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import measurements
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models import basis
+from gpuplan_estimator.latency import basis
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import fitting, shared_errors
 

@@ -14,7 +14,7 @@ from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.devices import catalog
-from gpuplan_estimator.models import learned, monotone
+from gpuplan_estimator.latency import learned, monotone
 
 
 def select_predictor(bundle_dir: str | None, cpu_backend: str | None = None
@@ -25,7 +25,7 @@ def select_predictor(bundle_dir: str | None, cpu_backend: str | None = None
     shipped one, else (no bundle shipped in this build) the roofline. `cpu_backend` names (or
     uniquely prefixes) the bundle's CPU backend that prices CPU devices.
     """
-    from gpuplan_estimator.models import bundles
+    from gpuplan_estimator.latency import bundles
 
     explicit = Path(bundle_dir) if bundle_dir is not None else None
     path, origin = bundles.find_bundle_with_origin(explicit)
@@ -44,7 +44,7 @@ def select_predictor(bundle_dir: str | None, cpu_backend: str | None = None
 
 def bounded(predictor: LatencyPredictor) -> LatencyPredictor:
     """`predictor` kept consistent with same-architecture dominance in the shipped catalog
-    (`models.monotone`): what every estimate and plan is priced with."""
+    (`latency.monotone`): what every estimate and plan is priced with."""
     return monotone.SiblingBounded(predictor, catalog.load_catalog())
 
 
@@ -113,7 +113,7 @@ def sync_active_bundle(cache_dir: Path, source: BundleSource) -> int | None:
         pointer.unlink(missing_ok=True)
         return None
     version, data = active
-    from gpuplan_estimator.models import bundles
+    from gpuplan_estimator.latency import bundles
 
     target = cached_bundle_dir(cache_dir, version)
     if not (target / bundles.MANIFEST).is_file():
@@ -138,7 +138,7 @@ def bundle_version_of(predictor_source: str) -> int | None:
 def select_cached_predictor(cache_dir: Path) -> tuple[LatencyPredictor, str] | None:
     """The predictor of the cache's active database bundle and its source, or None when the
     cache points at none (the caller falls back to `select_predictor`)."""
-    from gpuplan_estimator.models import bundles
+    from gpuplan_estimator.latency import bundles
 
     version = cached_active_version(cache_dir)
     if version is None:

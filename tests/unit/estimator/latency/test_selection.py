@@ -8,7 +8,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import layers
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.workload import Phase, WorkItem
-from gpuplan_estimator.models import selection
+from gpuplan_estimator.latency import selection
 
 
 def test_cpu_backend_resolves_exact_names_and_unique_prefixes() -> None:

@@ -1,6 +1,6 @@
 """Apply→planned latency of concurrent TrainingJobs on the testbed (issue #21, item 6).
 
-    PYTHONPATH=tests:testbed .venv/bin/python -m gpuplan_testing.plan_latency --jobs 50
+    PYTHONPATH=tests:testbed:hack .venv/bin/python -m campaigns.plan_latency --jobs 50
     make bench-plans
 
 A benchmark, not a test: it prints a table and asserts nothing. On a private testbed it runs the
@@ -30,8 +30,9 @@ from typing import Any
 from kubernetes import client, watch
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplan_testing import chaos, processes
+from campaigns import chaos
 from gpuplan_testing import operator_harness as h
+from gpuplan_testing import processes
 
 _HTTP_TIMEOUT_S = 30
 
@@ -155,7 +156,7 @@ def _until(predicate: Any, timeout_s: float, what: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpuplan_testing.plan_latency", description=__doc__,
+    parser = argparse.ArgumentParser(prog="campaigns.plan_latency", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--distinct", action="store_true",

@@ -1,6 +1,6 @@
 """Kill-safety campaign for the operator on the real testbed (issue #21, item 4).
 
-    PYTHONPATH=tests:testbed .venv/bin/python -m gpuplan_testing.chaos --jobs 100   # `make chaos`
+    PYTHONPATH=tests:testbed:hack .venv/bin/python -m campaigns.chaos --jobs 100   # `make chaos`
 
 The operator (`python -m gpuplan_operator`) and the estimator (`gpuplan serve`) run as child
 processes, so they can be SIGKILLed and restarted like a crashing pod. One campaign:
@@ -49,7 +49,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from testbed_pytest import wait_for  # testbed/ is on sys.path (pytest pythonpath, make chaos)
 
-from gpuplan_testing import chaos_webhook
+from campaigns import chaos_webhook
 from gpuplan_testing import operator_harness as h
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -646,7 +646,7 @@ def run_on(state: dict[str, Any], settings: Settings, workdir: pathlib.Path,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpuplan_testing.chaos", description=__doc__,
+    parser = argparse.ArgumentParser(prog="campaigns.chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=Settings.jobs)
     parser.add_argument("--operator-kills", type=int, default=Settings.operator_kills)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gpuplan_estimator import devices, graph
-from gpuplan_estimator.models import learned, selection
+from gpuplan_estimator.latency import learned, selection
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
 from gpuplan_testing import operator_harness as h
 
@@ -14,7 +14,7 @@ from gpuplan_testing import operator_harness as h
 @pytest.fixture(scope="module")
 def shipped() -> learned.LearnedPredictor:
     bounded, source = selection.select_predictor(None)
-    predictor = getattr(bounded, "inner", bounded)  # under the sibling bound (models.monotone)
+    predictor = getattr(bounded, "inner", bounded)  # under the sibling bound (latency.monotone)
     if not isinstance(predictor, learned.LearnedPredictor):
         pytest.fail(f"the shipped bundle did not load: {source}")
     return predictor

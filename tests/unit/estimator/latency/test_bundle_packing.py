@@ -13,7 +13,7 @@ import pytest
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models import bundles, learned, selection
+from gpuplan_estimator.latency import bundles, learned, selection
 from gpuplan_testing.bundle_builders import tiny_bundle
 
 

@@ -28,7 +28,7 @@ import lightgbm as lgb
 from gpuplan_estimator.core import errors, paths
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.models.latency import LayerLatencyModel, ProbeCorrection
+from gpuplan_estimator.latency.regressors import LayerLatencyModel, ProbeCorrection
 
 BUNDLE_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"

@@ -1,8 +1,9 @@
-"""Learned per-kernel latency: sklearn-shaped LightGBM models and the predictor built on them.
+"""Learned per-kernel latency: sklearn-shaped LightGBM regressors and the probe correction.
 
 Each `LayerLatencyModel` learns ``log(latency_ms / features.base_ms)`` for one kernel across
-devices; `LearnedPredictor` prices work items with one `predict` call per kernel and falls back
-to the roofline (named in `LatencyPrediction.predictor`) for kernels without a model.
+devices; `ProbeCorrection` shifts a transfer model toward a few probed rows of a new device.
+`learned.LearnedPredictor` prices work items with them (one `predict` call per kernel) and falls
+back to the roofline (named in `LatencyPrediction.predictor`) for kernels without a model.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ class ProbeCorrection:
     GPU out, 20 probe rows: mean MAPE 15.6 % with the offset alone, 12.4 % with the slope).
     log(base_ms) is clipped to the probe rows' own range (`log_base_min`, `log_base_max`): a
     line through a few small kernels says nothing of kernels 100x larger, and extrapolating it
-    made whole-model predictions worse than none (docs/latency-models.md).
+    made whole-model predictions worse than none (docs/latency-method.md).
     """
 
     log_offset: float

@@ -161,7 +161,7 @@ class ModelBundle(Base):
 
     version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    # A gzip-compressed tar of the bundle directory (`models.bundles.pack_bundle`).
+    # A gzip-compressed tar of the bundle directory (`latency.bundles.pack_bundle`).
     bundle_bytes: Mapped[bytes] = mapped_column(LargeBinary)
     bundle_sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(Integer)

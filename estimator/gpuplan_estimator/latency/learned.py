@@ -14,8 +14,8 @@ from gpuplan_estimator.cost import features, roofline
 from gpuplan_estimator.cost.predictors import FloatArray, LatencyPrediction, LatencyPredictor
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.models.bundles import Bundle
-from gpuplan_estimator.models.latency import NO_CORRECTION, LayerLatencyModel, ProbeCorrection
+from gpuplan_estimator.latency.bundles import Bundle
+from gpuplan_estimator.latency.regressors import NO_CORRECTION, LayerLatencyModel, ProbeCorrection
 from gpuplan_estimator.step import layout_credits
 
 

@@ -1,6 +1,6 @@
 """Issue #21's hostile-client reproducers against a real `gpuplan serve` (shipped bundle).
 
-    PYTHONPATH=tests .venv/bin/python -m gpuplan_testing.hostile_clients     # make abuse
+    PYTHONPATH=tests:hack .venv/bin/python -m campaigns.hostile_clients     # make abuse
 
 A benchmark, not a test: it prints what happened and asserts nothing.
 
@@ -126,7 +126,7 @@ async def main_async(port: int, workdir: pathlib.Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpuplan_testing.hostile_clients", description=__doc__,
+    parser = argparse.ArgumentParser(prog="campaigns.hostile_clients", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)

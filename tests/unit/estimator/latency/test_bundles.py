@@ -14,7 +14,7 @@ import pytest
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.cost import features
-from gpuplan_estimator.models import bundles, latency
+from gpuplan_estimator.latency import bundles, regressors
 
 FAST: dict[str, Any] = {"n_estimators": 15, "num_leaves": 7, "min_child_samples": 5, "n_jobs": 1}
 
@@ -25,9 +25,9 @@ def fitted() -> bundles.Bundle:
     n_feat = len(features.feature_names("softmax"))
     x = rng.normal(size=(300, n_feat))
     y = 0.5 * x[:, 0] + rng.normal(0, 0.05, 300)
-    model = latency.LayerLatencyModel(**FAST).fit(x, y)
+    model = regressors.LayerLatencyModel(**FAST).fit(x, y)
     cols = features.transfer_columns("softmax")
-    transfer = latency.LayerLatencyModel(**FAST).fit(x[:, cols], y)
+    transfer = regressors.LayerLatencyModel(**FAST).fit(x[:, cols], y)
     manifest = {"created": "2025-01-01T00:00:00+00:00", "backends": ["b"], "metrics": {}}
     return bundles.Bundle(models={"softmax": model}, manifest=manifest,
                          transfer_models={"softmax": transfer})
@@ -87,11 +87,11 @@ def test_probe_offsets_load_as_corrections(fitted: bundles.Bundle, tmp_path: Pat
     catalog = devices.load_catalog()
     got = loaded.probe_correction("softmax", catalog.resolve("t4"))
     # Written before probes recorded their size range: the slope applies unbounded.
-    assert got == latency.ProbeCorrection(0.25, -0.05)
+    assert got == regressors.ProbeCorrection(0.25, -0.05)
     ranged = {**entry, "log_base_min": -3.0, "log_base_max": 1.5}
     _rewrite_manifest(tmp_path, probe_offsets={"t4": {"softmax": ranged}})
     got = bundles.load_bundle(tmp_path).probe_correction("softmax", catalog.resolve("t4"))
-    assert got == latency.ProbeCorrection(0.25, -0.05, -3.0, 1.5)
+    assert got == regressors.ProbeCorrection(0.25, -0.05, -3.0, 1.5)
     assert loaded.probe_correction("gemm", catalog.resolve("t4")) is None
     assert loaded.probe_correction("softmax", catalog.resolve("v100-pcie-32gb")) is None
 

@@ -1,6 +1,6 @@
 """Load benchmark of the scheduler extender (`make bench-extender`): reported, not asserted.
 
-    PYTHONPATH=tests python -m gpuplan_testing.extender_loadbench [--nodes 5000]
+    PYTHONPATH=tests:hack python -m campaigns.extender_loadbench [--nodes 5000]
         [--candidates 500 5000] [--seconds 10] [--churn-per-s 10] [--nice -10]
         [--json out.json] [--profile extender.prof]
 
@@ -641,7 +641,7 @@ def processes(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[int, in
     api_port, ext_port = free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     apiserver = subprocess.Popen(
-        [sys.executable, "-m", "gpuplan_testing.extender_loadbench",
+        [sys.executable, "-m", "campaigns.extender_loadbench",
          "--serve-apiserver", str(api_port), "--nodes", str(args.nodes),
          "--seed", str(args.seed), "--churn-per-s", str(args.churn_per_s)], env=env)
     extender: subprocess.Popen[bytes] | None = None
@@ -653,7 +653,7 @@ def processes(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[int, in
             time.sleep(0.2)
         profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
         extender = subprocess.Popen(
-            [sys.executable, *profile, "-m", "gpuplan_testing.extender_loadbench",
+            [sys.executable, *profile, "-m", "campaigns.extender_loadbench",
              "--serve-extender", "--kubeconfig",
              str(kubeconfig(workdir / "kubeconfig", api_port)),
              "--port", str(ext_port), "--log-level", "WARNING"], env=env)
@@ -704,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--serve-extender"]:
         return serve_extender(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m gpuplan_testing.extender_loadbench",
+    parser = argparse.ArgumentParser(prog="python -m campaigns.extender_loadbench",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=5000, help="nodes in the inventory")
     parser.add_argument("--candidates", type=int, nargs="+", default=[500, 5000],

@@ -9,7 +9,7 @@ The reference FLOP count of each case is independent of ONNX: PyTorch's own `Flo
 over a CPU forward where that is cheap, else the closed-form count for decoder transformers
 (2 FLOPs per weight per token, plus the two attention GEMMs).
 
-`python -m gpuplan_testing.corpus --size full` prints the corpus table for the closing note.
+`python -m campaigns.corpus --size full` prints the corpus table for the closing note.
 """
 
 from __future__ import annotations
@@ -369,7 +369,7 @@ def _format(row: Row) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuplan_testing.corpus")
+    parser = argparse.ArgumentParser(prog="python -m campaigns.corpus")
     parser.add_argument("--size", choices=SIZES, default="small")
     parser.add_argument("--models", nargs="*", default=[c.name for c in CASES],
                         choices=[c.name for c in CASES])

@@ -283,7 +283,7 @@ def campaign(count: int, random_state: int, *, per_input_s: int = 20,
 
 def main(argv: list[str] | None = None) -> int:
     """`make fuzz`: a campaign with a memory cap; crashers are written to --crash-dir."""
-    parser = argparse.ArgumentParser(prog="python -m gpuplan_testing.fuzz_graphs")
+    parser = argparse.ArgumentParser(prog="python -m campaigns.fuzz_graphs")
     parser.add_argument("--inputs", type=int, default=100_000)
     parser.add_argument("--random-state", type=int, default=0)
     parser.add_argument("--per-input-seconds", type=int, default=20)

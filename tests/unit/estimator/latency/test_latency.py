@@ -16,7 +16,7 @@ from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.devices import local_cpu
-from gpuplan_estimator.models import bundles, latency, learned
+from gpuplan_estimator.latency import bundles, learned, regressors
 from gpuplan_estimator.step import layout_credits
 
 FAST: dict[str, Any] = {
@@ -47,25 +47,25 @@ def gemm_bundle() -> bundles.Bundle:
     cols = features.columns_from_items("gemm", items)
     x, _ = features.feature_matrix(cols, features.broadcast_device(t4, cols.dtype, 0))
     y = 0.2 + 0.1 * np.sin(x[:, features.feature_names("gemm").index("log_m")])
-    model = latency.LayerLatencyModel(**FAST).fit(x, y)
+    model = regressors.LayerLatencyModel(**FAST).fit(x, y)
     manifest = {"backends": ["pytorch"], "default_backends": {"gpu": "pytorch"}}
     return bundles.Bundle(models={"gemm": model}, manifest=manifest)
 
 
 def test_init_only_stores_and_fit_returns_self() -> None:
-    model = latency.LayerLatencyModel(n_estimators=-5)  # invalid, but only checked in fit
+    model = regressors.LayerLatencyModel(n_estimators=-5)  # invalid, but only checked in fit
     assert model.n_estimators == -5 and not hasattr(model, "boosters_")
     x, y = synthetic_xy()
     with pytest.raises(errors.InvalidRequestError, match="n_estimators"):
         model.fit(x, y)
-    ok = latency.LayerLatencyModel(**FAST)
+    ok = regressors.LayerLatencyModel(**FAST)
     assert ok.fit(x, y) is ok
     assert set(ok.boosters_) == {"median", "p10", "p90"} and ok.n_features_in_ == 3
 
 
 def test_fit_validates_shapes_and_targets() -> None:
     x, y = synthetic_xy()
-    model = latency.LayerLatencyModel(**FAST)
+    model = regressors.LayerLatencyModel(**FAST)
     with pytest.raises(errors.InvalidRequestError, match="X"):
         model.fit(x, y[:-1])
     y_bad = y.copy()
@@ -78,7 +78,7 @@ def test_fit_validates_shapes_and_targets() -> None:
 
 def test_learns_held_out_rows_and_orders_quantiles() -> None:
     x, y = synthetic_xy(800)
-    model = latency.LayerLatencyModel(**{**FAST, "n_estimators": 80}).fit(x[:600], y[:600])
+    model = regressors.LayerLatencyModel(**{**FAST, "n_estimators": 80}).fit(x[:600], y[:600])
     q = model.predict_quantiles(x[600:])
     assert np.sqrt(np.mean((q["median"] - y[600:]) ** 2)) < 0.1
     assert (q["p10"] <= q["median"]).all() and (q["median"] <= q["p90"]).all()
@@ -88,8 +88,8 @@ def test_learns_held_out_rows_and_orders_quantiles() -> None:
 
 def test_same_random_state_same_model() -> None:
     x, y = synthetic_xy()
-    a = latency.LayerLatencyModel(**FAST, random_state=7).fit(x, y).predict(x)
-    b = latency.LayerLatencyModel(**FAST, random_state=7).fit(x, y).predict(x)
+    a = regressors.LayerLatencyModel(**FAST, random_state=7).fit(x, y).predict(x)
+    b = regressors.LayerLatencyModel(**FAST, random_state=7).fit(x, y).predict(x)
     np.testing.assert_array_equal(a, b)
 
 
@@ -116,7 +116,7 @@ def test_unseen_devices_get_the_transfer_model(gemm_bundle: bundles.Bundle) -> N
     items = [gemm_item(m) for m in range(8, 1024, 8)]
     wc = features.columns_from_items("gemm", items)
     x, _ = features.feature_matrix(wc, features.broadcast_device(t4, wc.dtype, 0))
-    transfer = latency.LayerLatencyModel(**FAST).fit(x[:, cols], np.full(len(items), 0.5))
+    transfer = regressors.LayerLatencyModel(**FAST).fit(x[:, cols], np.full(len(items), 0.5))
     seen_t4 = bundles.Bundle(models=gemm_bundle.models,
                             manifest={**gemm_bundle.manifest, "devices": ["t4"]},
                             transfer_models={"gemm": transfer})
@@ -184,10 +184,10 @@ def test_duplicates_and_reused_requests_price_like_fresh_ones(gemm_bundle: bundl
 def test_sample_weight_is_validated_and_changes_the_fit() -> None:
     x, y = synthetic_xy()
     with pytest.raises(errors.InvalidRequestError, match="sample_weight"):
-        latency.LayerLatencyModel(**FAST).fit(x, y, np.zeros(len(y)))
+        regressors.LayerLatencyModel(**FAST).fit(x, y, np.zeros(len(y)))
     heavy = np.where(x[:, 0] > 0, 50.0, 1.0)
-    a = latency.LayerLatencyModel(**FAST).fit(x, y).predict(x)
-    b = latency.LayerLatencyModel(**FAST).fit(x, y, heavy).predict(x)
+    a = regressors.LayerLatencyModel(**FAST).fit(x, y).predict(x)
+    b = regressors.LayerLatencyModel(**FAST).fit(x, y, heavy).predict(x)
     assert not np.array_equal(a, b)
 
 

@@ -30,7 +30,6 @@ from gpuplan_estimator.core import precisions
 from gpuplan_estimator.core.workload import Phase, WorkItem
 
 FloatArray = npt.NDArray[np.float64]
-PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 MANIFEST_KEY = "host_model"
 """Where a model bundle's manifest holds its host model (`model_to_json`)."""
 Z90 = 1.2815515655446004

@@ -46,6 +46,21 @@ def _region(layers: Sequence[LayerEstimate], *, in_block: bool) -> RegionTime:
     return RegionTime(tp_split_ms=split, replicated_ms=replicated)
 
 
+def _with_host_waits(regions: tuple[RegionTime, RegionTime, RegionTime], compute_ms: float
+                     ) -> tuple[RegionTime, RegionTime, RegionTime]:
+    """`regions` (kernel time per layer) with the GPU's waits for the host (`step.host`: what
+    the event-timed forward + backward holds beyond the kernels) added as replicated time in
+    proportion to each region: every tensor-parallel rank's host issues all of its region's
+    ops, and a pipeline stage's host only its own."""
+    kernels = sum(r.total_ms for r in regions)
+    waits = compute_ms - kernels
+    if waits <= 0 or kernels <= 0:
+        return regions
+    pre, blocks, post = (RegionTime(r.tp_split_ms, r.replicated_ms + waits * r.total_ms / kernels)
+                         for r in regions)
+    return pre, blocks, post
+
+
 def split_from_estimate(estimate: DeviceEstimate) -> SingleGpuSplit:
     """The estimate's step cut into embedding / blocks / output regions and TP-split /
     replicated layers; `InvalidRequestError` when the layer names carry no blocks."""
@@ -65,6 +80,8 @@ def split_from_estimate(estimate: DeviceEstimate) -> SingleGpuSplit:
              if not b]
     blocks = RegionTime(blocks.tp_split_ms, blocks.replicated_ms + sum(x.total_ms for x in stray))
     post = _region(layers[last + 1:], in_block=False)
+    pre, blocks, post = _with_host_waits(
+        (pre, blocks, post), estimate.forward_ms + estimate.backward_ms)
     return SingleGpuSplit(
         batch=estimate.samples_per_step, forward_ms=estimate.forward_ms,
         backward_ms=estimate.backward_ms, optimizer_ms=estimate.optimizer_ms,

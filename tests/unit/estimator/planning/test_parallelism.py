@@ -277,3 +277,30 @@ def test_published_comparison_configs_are_valid_layouts() -> None:
             p.layout, gpu_count=4, gpus_per_node=parallel_check.GPUS_PER_NODE,
             global_batch=p.global_batch) == ()
         assert devices.load_catalog().resolve(p.device).key == p.device
+
+
+def test_host_waits_keep_the_regions_whole_and_are_not_split_by_tp(
+        gpt2: tuple[estimates.DeviceEstimate, graph.ModelGraph]) -> None:
+    """A step priced on two clocks holds the GPU's waits for the host beyond its kernels: they
+    join the regions as replicated time (every TP rank's host issues all ops)."""
+    from gpuplan_estimator.step import host
+
+    _, g = gpt2
+    probe = host.HostProbe(eager_op_us=50.0, module_call_us=60.0, autocast_linear_us=80.0,
+                           linear_us=60.0, backward_node_us=50.0,
+                           optimizer_foreach_us_per_tensor=20.0, launch_latency_us=10.0)
+    coefficients = host.HostCoefficients(forward_kernel=2.0, forward_view=1.0, autocast_cast=1.0,
+                                         backward_kernel=2.0, autocast_backward=1.0,
+                                         optimizer_tensor=1.0)
+    (e,) = estimates.estimate(g, [_device()], TrainingSettings(batch_size=4, precision="bf16"),
+                              predictor=RooflinePredictor(),
+                              host_model=host.HostModel(probe, coefficients))
+    kernels = sum(layer.total_ms for layer in e.layers)
+    assert e.forward_ms + e.backward_ms > kernels  # the GPU waited for the host
+    split = parallel_inputs.split_from_estimate(e)
+    assert split.problems() == ()
+    assert split.pre.total_ms + split.blocks.total_ms + split.post.total_ms == pytest.approx(
+        e.forward_ms + e.backward_ms)
+    kernels_only = parallel_inputs.split_from_estimate(gpt2[0])  # the same step, one clock
+    assert split.blocks.tp_split_ms == pytest.approx(kernels_only.blocks.tp_split_ms)
+    assert split.blocks.replicated_ms > kernels_only.blocks.replicated_ms

@@ -19,10 +19,9 @@ import shlex
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from gpuplan_estimator.core import provenance
-from gpuplan_estimator.evaluation import host_check, model_steps
+from gpuplan_estimator.evaluation import host_check
 from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.step import host
 from gpuplan_estimator.training import host_fit
@@ -39,12 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print, write nothing")
     args = parser.parse_args(argv)
     bundles.read_manifest(args.bundle)  # checked: a bundle this version can read
-    probe = host_check.probe_of(json.loads(args.probe.read_text(encoding="utf-8")))
-    cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
-    cache: dict[tuple[str, int], Any] = {}
-    rows = [host_check.host_row(cases[r["model"]], r, probe, cache)
-            for p in args.steps for r in host_check.measured_rows(host_check.read_json_lines(p))
-            if r.get("framework", "eager") == "eager"]
+    probe, rows = host_check.load_rows(args.steps, args.probe)
     coefficients = host_fit.fit_for_bundle(rows)
     doc = host.model_to_json(host.HostModel(probe, coefficients))
     record = {

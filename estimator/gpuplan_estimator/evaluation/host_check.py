@@ -29,7 +29,6 @@ from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
 from gpuplan_estimator.training import host_fit
 
-MAX_INPUT_BYTES = 64 * 1024 * 1024
 _PHASE_NAMES = ("forward", "backward", "optimizer")
 
 
@@ -99,6 +98,18 @@ def measured_rows(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]
             and "host" in r.get("train", {})]
 
 
+def load_rows(steps: Sequence[Path], probe_path: Path
+              ) -> tuple[host.HostProbe, list[host_fit.HostRow]]:
+    """The probe of `probe_path` and the host rows of every eager case in `steps` files."""
+    probe = probe_of(json.loads(model_step_scoring.read_capped(probe_path)))
+    cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
+    cache: dict[tuple[str, int], Any] = {}
+    rows = [host_row(cases[r["model"]], r, probe, cache)
+            for path in steps for r in measured_rows(model_step_scoring.read_json_lines(path))
+            if r.get("framework", "eager") == "eager"]
+    return probe, rows
+
+
 def report(rows: Sequence[host_fit.HostRow], folds: Mapping[str, host.HostCoefficients]
            ) -> list[dict[str, Any]]:
     """Per model and phase: held-out host-time MAPE over usable phases."""
@@ -113,14 +124,6 @@ def report(rows: Sequence[host_fit.HostRow], folds: Mapping[str, host.HostCoeffi
     return out
 
 
-def read_json_lines(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file (size-capped)."""
-    if path.stat().st_size > MAX_INPUT_BYTES:
-        raise SystemExit(f"{path}: larger than {MAX_INPUT_BYTES} bytes")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Fit, report held-out figures, optionally write the all-rows host model."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -132,12 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="write each model's leave-one-out host model here "
                              "(model_step_scoring predict --host-folds)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    probe = probe_of(json.loads(args.probe.read_text(encoding="utf-8")))
-    cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
-    cache: dict[tuple[str, int], Any] = {}
-    rows = [host_row(cases[r["model"]], r, probe, cache)
-            for path in args.steps for r in measured_rows(read_json_lines(path))
-            if r.get("framework", "eager") == "eager"]
+    probe, rows = load_rows(args.steps, args.probe)
     folds = host_fit.leave_one_group_out(rows)
     for line in report(rows, folds):
         mape = f"{line['mape_pct']:.1f}" if line["mape_pct"] is not None else "-"

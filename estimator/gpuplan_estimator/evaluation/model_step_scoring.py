@@ -217,10 +217,16 @@ def markdown(scored: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _read(path: Path) -> str:
+def read_capped(path: Path) -> str:
+    """A measurement or prediction file's text; SystemExit naming it when over the cap."""
     if path.stat().st_size > MAX_INPUT_BYTES:
         raise SystemExit(f"{path}: larger than {MAX_INPUT_BYTES} bytes")
     return path.read_text(encoding="utf-8")
+
+
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file such as `model_steps` writes (size-capped)."""
+    return [json.loads(line) for line in read_capped(path).splitlines() if line.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         folds = None
         if args.host_folds is not None:
             folds = {name: host.model_from_json(doc)
-                     for name, doc in json.loads(_read(args.host_folds)).items()}
+                     for name, doc in json.loads(read_capped(args.host_folds)).items()}
         doc = predict(cases, specs, [p for p in args.precisions.split(",") if p], args.bundle,
                       progress=lambda m: print(m, file=sys.stderr, flush=True),
                       host_folds=folds)
@@ -265,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {len(doc['rows'])} predictions to {args.out}")
         return 0
-    predicted = json.loads(_read(args.predicted))
-    measured = [json.loads(line) for line in _read(args.measured).splitlines() if line.strip()]
+    predicted = json.loads(read_capped(args.predicted))
+    measured = read_json_lines(args.measured)
     scored = score(predicted, measured, lambda n: devices.resolve_device(n).key)
     if not scored:
         print("no measured row has a prediction (device, model, batch or precision differ)",

@@ -8,6 +8,7 @@ Estimates on that GPU type then price the host timeline with it (`perfdb.probe_c
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
 from gpuplan_estimator.bench import host_probe, targets
@@ -24,15 +25,26 @@ def add_flags(bench: argparse.ArgumentParser) -> None:
     """`--no-host-probe` and `--host-probe-ops` on the bench parser."""
     bench.add_argument("--no-host-probe", dest="host_probe", action="store_false",
                        help="skip the host probe (how fast this node's CPU issues PyTorch "
-                       "work; a few seconds, needs torch) that runs before the kernels")
+                       "work; a few seconds, needs torch) that runs before the kernels with "
+                       "--backend torch")
     bench.add_argument("--host-probe-ops", type=int, default=DEFAULT_OPS, metavar="N",
                        help="calls per timed loop of the host probe (default: %(default)s)")
 
 
+PROBED_BACKENDS = frozenset({"torch"})
+"""Backends whose benchmark runs the probe by default: it times PyTorch's host, and only the
+torch backend's image is sure to have torch (onnxruntime images need not)."""
+
+
 def measure(args: argparse.Namespace, command: str) -> dict[str, Any] | None:
-    """The probe document on `args.device` (None with --no-host-probe); a clear error when
-    torch is missing or the settings are out of range."""
+    """The probe document on `args.device`; None with --no-host-probe or a backend other than
+    torch (said on stderr). A clear error when torch is missing or the settings are out of
+    range."""
     if not args.host_probe:
+        return None
+    if args.backend not in PROBED_BACKENDS:
+        print(f"host probe: skipped (it times PyTorch's host; --backend {args.backend})",
+              file=sys.stderr)
         return None
     targets.parse_device(args.device)  # a bad name is the bench's own error, not torch's
     try:

@@ -35,7 +35,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = root / "cpu.parquet"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(runner, "resolve_target", lambda device: TARGET)
-        code = cli.main(["bench", "--device", "cpu", "--samples", "2", "--repeats", "2",
+        code = cli.main(["bench", "--device", "cpu", "--backend", "torch", "--samples", "2",
+                         "--repeats", "2",
                          "--sweep", str(sweeps), "--db", f"sqlite:///{root / 'node.db'}",
                          "--export", str(out), "--no-progress", "--host-probe-ops", PROBE_OPS])
     assert code == 0
@@ -79,14 +80,19 @@ def test_a_bad_probe_in_a_sidecar_names_file_and_field(exported: Path, tmp_path:
         importing.import_gpu_ops(copy, store)
 
 
+@pytest.mark.parametrize("flags", [["--no-host-probe"], []],
+                         ids=["no-host-probe", "onnxruntime-backend"])
 def test_bench_without_the_probe_stores_none(sweep_dir: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             flags: list[str]) -> None:
+    """Skipped on request, and by default with a backend other than torch (the onnxruntime
+    image need not have torch, and the probe times PyTorch's host)."""
     monkeypatch.setattr(runner, "resolve_target", lambda device: TARGET)
     out = tmp_path / "cpu.parquet"
     db = f"sqlite:///{tmp_path / 'skip.db'}"
     assert cli.main(["bench", "--samples", "1", "--repeats", "2", "--sweep", str(sweep_dir),
                      "--db", db, "--export", str(out), "--no-progress", "--families",
-                     "softmax", "--no-host-probe"]) == 0
+                     "softmax", "--backend", "onnxruntime", *flags]) == 0
     assert json.loads(out.with_suffix(".json").read_text())[host_probes.SIDECAR_KEY] is None
     with PerfStore.open(db) as store:
         assert store.host_probes() == []

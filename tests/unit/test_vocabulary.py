@@ -1,5 +1,6 @@
-"""Every user of a name in `gpuplan_estimator.core.vocabulary` (and of the dims caps) agrees
-with it: the estimator's stages, its HTTP schema and CLI, the operator and the CRD (issue #31)."""
+"""Every user of a name in `gpuplan_estimator.core.vocabulary` (and of the dims caps and the
+memory breakdown) agrees with it: the estimator's stages, its HTTP schema and CLI, the
+operator and the CRD (issue #31)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ import yaml
 import zstandard
 
 from gpuplan_estimator.core import errors, limits, vocabulary
-from gpuplan_estimator.graph import batching, loading
+from gpuplan_estimator.graph import batching, examples, loading
 from gpuplan_estimator.interfaces.cli import main as cli_main
-from gpuplan_estimator.interfaces.http import openapi
+from gpuplan_estimator.interfaces.cli.plotting import documents
+from gpuplan_estimator.interfaces.http import openapi, responses
 from gpuplan_estimator.planning import estimates, workloads
+from gpuplan_estimator.step import memory, sharding, strategies
+from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_operator import estimator_client, modelsource
-from gpuplan_operator.core import validation
+from gpuplan_operator.core import resources, validation
 from gpuplan_operator.core.errors import InvalidModelError
 from gpuplan_testing.paths import REPO_ROOT
 
@@ -111,3 +115,33 @@ def test_the_dims_caps_agree() -> None:
     crd = _crd_training_job_spec()["training"]["properties"]["dims"]
     assert crd["maxProperties"] == validation.MAX_TRAINING_JOB_DIMS <= limits.MAX_DIMS
     assert _openapi_property("TrainingBody", "dims")["maxProperties"] == limits.MAX_DIMS
+
+
+def _memory_breakdown() -> tuple[memory.MemoryBreakdown, sharding.StrategyMemory]:
+    graph = examples.resnet50(2)
+    settings = TrainingSettings(batch_size=2, mode="train")
+    breakdown = memory.training_memory(graph, settings)
+    strategy = strategies.MemoryStrategy(zero_stage=1)
+    return breakdown, sharding.memory_under(breakdown, strategy, settings=settings,
+                                            data_parallel=4, gpus_per_node=4)
+
+
+def test_the_memory_breakdown_is_declared_once() -> None:
+    total = vocabulary.MEMORY_TOTAL
+    breakdown, sharded = _memory_breakdown()
+    assert list(breakdown.as_dict()) == [*vocabulary.MEMORY_PARTS, total]
+    assert list(sharded.as_dict()) == [*vocabulary.SHARDED_MEMORY_PARTS, total]
+    assert list(responses.Memory.model_fields) == [*vocabulary.MEMORY_PARTS, total]
+    assert list(responses.StrategyMemory.model_fields) == [
+        *vocabulary.SHARDED_MEMORY_PARTS, total]
+    assert [part for part, _ in documents.MEMORY_PARTS] == list(vocabulary.MEMORY_PARTS)
+    assert sharded.total_bytes == sum(
+        v for k, v in sharded.as_dict().items() if k not in (total, "host_bytes"))
+
+
+def test_the_crd_describes_every_sharded_memory_part() -> None:
+    doc = (REPO_ROOT / "crds" / "trainingjobs.gpuplan.io.yaml").read_text()
+    at = doc.index("memoryBytesByPart:")
+    description = " ".join(doc[at:doc.index("maxProperties", at)].split())
+    for part in (*vocabulary.SHARDED_MEMORY_PARTS, vocabulary.MEMORY_TOTAL):
+        assert resources.memory_part_key(part) in description, part

@@ -23,11 +23,10 @@ import numpy as np
 import yaml
 
 from gpuplan_estimator.bench import shapes
-from gpuplan_estimator.core import errors
+from gpuplan_estimator.core import errors, kernels
 from gpuplan_estimator.core.layers import DTYPE_BYTES
 
-KERNELS = ("gemm", "conv2d", "pool", "layernorm", "batchnorm", "softmax", "elementwise",
-           "memcpy")
+KERNELS = kernels.BENCHED_KERNELS
 MAX_ATTEMPTS_PER_SAMPLE = 2000
 MAX_SPEC_BYTES = 1 << 20
 

@@ -39,3 +39,16 @@ MODEL_COMPRESSIONS: tuple[str, ...] = tuple(MODEL_COMPRESSION_MAGIC)
 MODEL_FORMATS: tuple[str, ...] = ("auto", "raw", *MODEL_COMPRESSIONS)
 """A TrainingJob's `spec.model.format`: detect by magic (`auto`), plain ONNX (`raw`), or one
 compression, checked against the bytes."""
+
+MEMORY_PARTS: tuple[str, ...] = (
+    "parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes",
+    "workspace_bytes", "framework_overhead_bytes")
+"""The parts of one GPU's step memory, in drawing order (what the model owns first): the fields
+of `step.memory.MemoryBreakdown`, an estimate's `memory` (JSON and HTTP), the memory plot."""
+SHARDED_MEMORY_PARTS: tuple[str, ...] = (
+    *MEMORY_PARTS, "gathered_parameters_bytes", "recompute_bytes", "host_bytes")
+"""The parts under a memory strategy (`step.sharding.StrategyMemory`, a plan candidate's
+`memory`, a TrainingJob's `status.plan.memoryBytesByPart`); `host_bytes` is offloaded to host
+memory, so it is not in the total."""
+MEMORY_TOTAL = "total_bytes"
+"""The key of the parts' sum (what the fit compares with the card's usable memory)."""

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 import numpy.typing as npt
 
-from gpuplan_estimator.core import errors
+from gpuplan_estimator.core import errors, kernels
 from gpuplan_estimator.core.layers import DTYPE_BYTES
 from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost import roofline, tiling
@@ -26,21 +27,9 @@ FEATURE_SCHEMA_VERSION = "6"
 
 FloatArray = npt.NDArray[np.float64]
 
-# Canonical dims per kernel (workload.py); a missing key is an error, never a silent 0.
-KERNEL_DIMS: Mapping[str, tuple[str, ...]] = {
-    "gemm": ("batch", "m", "k", "n", "bias"),
-    "conv2d": (
-        "batch", "c_in", "c_out", "h", "w", "kernel_h", "kernel_w", "stride_h", "stride_w",
-        "pad_h", "pad_w", "dilation_h", "dilation_w", "groups",
-    ),
-    "pool": ("batch", "channels", "h", "w", "kernel_h", "kernel_w", "stride_h", "stride_w"),
-    "layernorm": ("rows", "cols"),
-    "batchnorm": ("rows", "cols"),
-    "softmax": ("rows", "cols"),
-    "reduce": ("rows", "cols"),
-    "elementwise": ("rows", "cols", "operands"),
-    "memcpy": ("elements",),
-}
+KERNEL_DIMS: Mapping[str, tuple[str, ...]] = MappingProxyType(kernels.kernel_dims())
+"""Canonical dims per kernel family (`core.kernels`); a missing key is an error, never a
+silent 0."""
 
 # Fixed vocabulary so op codes mean the same thing in every bundle of this schema version.
 ELEMENTWISE_OPS: tuple[str, ...] = (
@@ -377,7 +366,7 @@ def structure(cols: WorkColumns, dev: DeviceColumns, flops: FloatArray, nbytes: 
     common = {"peak_gflops": dev.peak_gflops, "bw_gbps": dev.bw_gbps, "sms": sms,
               "l2_mb": dev.l2_mb, "clock_mhz": dev.clock_mhz}
     k = cols.kernel
-    if k in ("gemm", "conv2d"):
+    if k in kernels.MATRIX_KERNELS:
         if k == "gemm":
             batch, m, kk, n = d["batch"], d["m"], d["k"], d["n"]
         else:

@@ -13,7 +13,7 @@ from types import MappingProxyType
 import numpy as np
 import numpy.typing as npt
 
-from gpuplan_estimator.core import errors, workload
+from gpuplan_estimator.core import errors, kernels, workload
 from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost.predictors import FloatArray, LatencyPrediction
 from gpuplan_estimator.devices import catalog
@@ -75,8 +75,6 @@ def peak_flops_per_s(device: DeviceSpec, dtype: str) -> float:
     )
 
 
-MATRIX_KERNELS = frozenset({"gemm", "conv2d"})
-"""Kernels that run on matrix units (tensor cores, AMD MFMA) when the dtype has them."""
 _FP32_DTYPES = frozenset({"float32", "fp32"})
 
 
@@ -91,7 +89,7 @@ def item_peak_flops_per_s(device: DeviceSpec, dtype: str, kernel: str, math: str
     """
     if math == "tf32" and dtype in _FP32_DTYPES:
         return peak_flops_per_s(device, "tf32")
-    if dtype in _FP32_DTYPES and kernel not in MATRIX_KERNELS and device.vendor != "cpu":
+    if dtype in _FP32_DTYPES and kernel not in kernels.MATRIX_KERNELS and device.vendor != "cpu":
         return catalog.simt_fp32_tflops(device) * 1e12
     return peak_flops_per_s(device, dtype)
 
@@ -158,7 +156,8 @@ class RooflinePredictor:
         moved = np.fromiter((float(it.attributes.get(workload.FUSED_IO_BYTES, it.bytes_moved))
                              for it in items), dtype=np.float64, count=n)
         # Shape-only work (metadata reshapes, Shape ops) launches no kernel, whatever its dtype.
-        shape_only = np.fromiter((it.kernel == "none" for it in items), dtype=bool, count=n)
+        shape_only = np.fromiter((it.kernel == kernels.FREE_KERNEL for it in items),
+                                 dtype=bool, count=n)
         keys = [(it.dtype, it.kernel, str(it.attributes.get("math", ""))) for it in items]
         peaks = {  # few distinct (dtype, kernel, math), so look each up once
             key: item_peak_flops_per_s(device, *key)

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuplan_estimator.core import errors
+from gpuplan_estimator.core import errors, kernels
 from gpuplan_estimator.core.layers import Layer, OpFamily, TensorInfo
 from gpuplan_estimator.graph.contrib import ATTENTION_OPS
 
@@ -347,7 +347,7 @@ def kernel_dims(layer: Layer) -> tuple[str, dict[str, int]]:
     """
     family = layer.family
     if family is _F.SHAPE_ONLY:
-        return "none", {}
+        return kernels.FREE_KERNEL, {}
     if family is _F.CONV:
         return "conv2d", _conv_dims(layer)
     if family is _F.MATMUL:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuplan_estimator.core import options
+from gpuplan_estimator.core import kernels, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
@@ -240,7 +240,7 @@ def _plan(graph: ModelGraph, step: StepWork) -> _Plan:
     item_row: list[int] = []
     for item in step.items:
         item_row.append(len(uidx))
-        if item.kernel == "none":
+        if item.kernel == kernels.FREE_KERNEL:
             continue
         key = _item_key(item)
         if key not in seen:

@@ -28,6 +28,7 @@ from typing import Any
 
 import zstandard
 
+from gpuplan_estimator.core import kernels
 from gpuplan_estimator.core.errors import GpuplanError
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
@@ -97,7 +98,7 @@ def distinct_items(items: Sequence[WorkItem]) -> tuple[WorkItem, ...]:
     (kernel "none" costs 0), so the step sums exactly what an estimate of the same step sums."""
     merged: dict[Hashable, WorkItem] = {}
     for item in items:
-        if item.kernel == "none":
+        if item.kernel == kernels.FREE_KERNEL:
             continue
         key = _item_key(item)
         seen = merged.get(key)

@@ -18,6 +18,7 @@ from types import MappingProxyType
 
 from gpuplan_estimator.core import options, precisions
 from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.kernels import FREE_KERNEL, KERNEL_FAMILIES
 from gpuplan_estimator.core.layers import (
     DTYPE_BYTES,
     FLOAT_DTYPES,
@@ -213,13 +214,13 @@ def build_step(
         backward_items.extend(cast_grads.get(layer.name, ()))
         if layer.name in fused_attention.folded:  # inside the fused kernel, both ways
             fused.append(layer.name)
-            forward.append(forward_item(layer, ("none", {}), settings, role="fused"))
+            forward.append(forward_item(layer, (FREE_KERNEL, {}), settings, role="fused"))
             continue
         if layer.name in overrides:
             unit_kernel = overrides[layer.name]
             if unit_kernel is None:
                 fused.append(layer.name)
-                forward.append(forward_item(layer, ("none", {}), settings, role="fused"))
+                forward.append(forward_item(layer, (FREE_KERNEL, {}), settings, role="fused"))
             else:
                 forward.append(unit_item(layer, unit_kernel, settings))
             continue  # overrides exist for inference only (checked by `settings.check`)
@@ -231,7 +232,7 @@ def build_step(
             item = replace(item, attributes=MappingProxyType(
                 {**item.attributes, layout_credits.LAYOUT_CREDIT: credits[layer.name]}))
         forward.append(item)
-        if item.kernel == "none":
+        if item.kernel == FREE_KERNEL:
             shape_only.append(layer.name)
             continue
         if not settings.training:
@@ -284,7 +285,7 @@ def forward_item(
     run-time dtype of tensors autocast keeps apart from the compute dtype
     (`autocast.tensor_dtypes`)."""
     kernel, dims = kernel_and_dims
-    if layer.family is OpFamily.SHAPE_ONLY or kernel == "none":
+    if layer.family is OpFamily.SHAPE_ONLY or kernel == FREE_KERNEL:
         return WorkItem(
             layer=layer.name, family=layer.family, kernel="none", phase=Phase.FORWARD,
             dims=MappingProxyType(dict(dims)), dtype=item_dtype(layer, settings), flops=0,
@@ -309,8 +310,7 @@ def unit_item(
     layer: Layer, unit_kernel: frameworks.UnitKernel, settings: TrainingSettings
 ) -> WorkItem:
     """The one kernel of a fused unit, attributed to `layer` (the unit's sink or main layer)."""
-    family = {"gemm": OpFamily.MATMUL, "layernorm": OpFamily.NORMALIZATION,
-              "softmax": OpFamily.SOFTMAX}.get(unit_kernel.kernel, OpFamily.ELEMENTWISE)
+    family = KERNEL_FAMILIES[unit_kernel.kernel].op_family
     return WorkItem(
         layer=layer.name, family=family, kernel=unit_kernel.kernel, phase=Phase.FORWARD,
         dims=MappingProxyType(dict(unit_kernel.dims)), dtype=settings.compute_dtype,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpuplan_estimator.core import vocabulary
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import (
     DTYPE_BYTES,
@@ -100,15 +101,8 @@ class MemoryBreakdown:
 
     def as_dict(self) -> dict[str, int]:
         """Every part and the total, in bytes, keyed as in the estimate JSON."""
-        return {
-            "parameters_bytes": self.parameters_bytes,
-            "gradients_bytes": self.gradients_bytes,
-            "optimizer_state_bytes": self.optimizer_state_bytes,
-            "activations_bytes": self.activations_bytes,
-            "workspace_bytes": self.workspace_bytes,
-            "framework_overhead_bytes": self.framework_overhead_bytes,
-            "total_bytes": self.total_bytes,
-        }
+        return {part: getattr(self, part) for part in vocabulary.MEMORY_PARTS} | {
+            vocabulary.MEMORY_TOTAL: self.total_bytes}
 
 
 def training_memory(

@@ -38,6 +38,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpuplan_estimator.core import vocabulary
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.devices.catalog import DeviceSpec
@@ -84,18 +85,8 @@ class StrategyMemory:
 
     def as_dict(self) -> dict[str, int]:
         """Every part and the total, in bytes (MemoryBreakdown's keys plus the new parts)."""
-        return {
-            "parameters_bytes": self.parameters_bytes,
-            "gradients_bytes": self.gradients_bytes,
-            "optimizer_state_bytes": self.optimizer_state_bytes,
-            "activations_bytes": self.activations_bytes,
-            "workspace_bytes": self.workspace_bytes,
-            "framework_overhead_bytes": self.framework_overhead_bytes,
-            "gathered_parameters_bytes": self.gathered_parameters_bytes,
-            "recompute_bytes": self.recompute_bytes,
-            "host_bytes": self.host_bytes,
-            "total_bytes": self.total_bytes,
-        }
+        return {part: getattr(self, part) for part in vocabulary.SHARDED_MEMORY_PARTS} | {
+            vocabulary.MEMORY_TOTAL: self.total_bytes}
 
 
 def memory_under(

@@ -22,28 +22,17 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from gpuplan_estimator.core import kernels
+
 KERNEL_FAMILY: Mapping[str, str] = {
-    "conv2d": "conv", "gemm": "matmul", "pool": "pooling", "layernorm": "normalization",
-    "batchnorm": "batchnorm",
-    "softmax": "softmax", "elementwise": "elementwise", "memcpy": "data_movement",
-}
+    k: f.backward_group for k, f in kernels.KERNEL_FAMILIES.items()}
+"""The group each kernel's backward/forward ratio is fitted in (`core.kernels`)."""
 MIN_FORWARD_MS = 0.05
 """Shorter forwards are mostly dispatch overhead; their ratio says little about large layers,
 which dominate a training step."""
 MIN_ROWS = 20
 """Fewer usable rows for a (backend, family) and no factor is fitted: derived pricing stays."""
 
-# Backward passes of the bench units, in forward-kernel units (`backward`'s rules, every input
-# and parameter needing a gradient as the torch bench runs them).
-_KERNEL_PASSES: Mapping[str, float] = {
-    "conv2d": 2.0,  # dgrad + wgrad, each a conv of the forward's FLOPs
-    "gemm": 2.0,  # dA and dB
-    "layernorm": 2.0,  # dX, then dgamma/dbeta
-    "batchnorm": 1.0,  # the training-mode forward's two passes again
-    "softmax": 1.0,
-    "pool": 1.0,
-    "memcpy": 1.0,
-}
 _ELEMENTWISE_PASSES: Mapping[str, float] = {
     "add": 0.0, "addu": 0.0,  # dY passes through: no kernel priced, nothing to compare
     "sub": 1.0,  # negate the second operand's gradient
@@ -55,7 +44,8 @@ def derived_passes(kernel: str, op: str) -> float:
     """Forward-kernel passes `backward` prices for one bench unit's backward (0 = none)."""
     if kernel == "elementwise":
         return _ELEMENTWISE_PASSES.get(op, 1.0)  # unary and tensor-scalar ops: one pass
-    return _KERNEL_PASSES.get(kernel, 1.0)
+    family = kernels.KERNEL_FAMILIES.get(kernel)
+    return family.backward_passes if family else 0.0  # a kernel no model prices: skipped
 
 
 def fit(frame: pd.DataFrame) -> dict[str, dict[str, float]]:

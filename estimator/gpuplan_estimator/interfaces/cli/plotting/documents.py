@@ -11,18 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplan_estimator.core import vocabulary
 from gpuplan_estimator.core.errors import InvalidRequestError
 
 SECONDS_PER_HOUR = 3600.0
-# Memory parts of `docs/estimate-json.md` in drawing order: what the model owns first.
-MEMORY_PARTS = (
-    ("parameters_bytes", "parameters"),
-    ("gradients_bytes", "gradients"),
-    ("optimizer_state_bytes", "optimizer state"),
-    ("activations_bytes", "activations"),
-    ("workspace_bytes", "workspace"),
-    ("framework_overhead_bytes", "framework overhead"),
-)
+# Memory parts of `docs/estimate-json.md` in drawing order, each with its legend label.
+MEMORY_PARTS = tuple((part, part.removesuffix("_bytes").replace("_", " "))
+                     for part in vocabulary.MEMORY_PARTS)
 OTHER_MEMORY = "other"  # total_bytes beyond the known parts (a part added to the document later)
 WIDE_SPREAD_RATIO = 10.0  # max/min at which an axis turns logarithmic
 

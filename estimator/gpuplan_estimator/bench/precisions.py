@@ -18,11 +18,10 @@ from collections.abc import Mapping, Sequence
 
 from gpuplan_estimator.bench.sweep import PlanItem
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.precisions import TF32_DIM
 from gpuplan_estimator.step.backward import math_attributes
 
 PRECISIONS = ("fp32", "tf32", "bf16")
-TF32_DIM = "math_tf32"
-"""Dim set to 1 on a tf32 row (the ``math: tf32`` attribute of the estimator's work items)."""
 _FLOAT_SOURCE = "float32"
 _DTYPE_OF = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16"}
 

@@ -204,6 +204,10 @@ def _memcpy(torch: Any, t: _Tensors, op: str, d: Mapping[str, int]) -> Callable[
     n = d["elements"]
     inner = MEMCPY_INNER if n % MEMCPY_INNER == 0 else 1
     x = t.new((n // inner, inner))
+    if min(x.shape) == 1:
+        # A transpose with a dim of 1 is a view PyTorch never copies (timed at 5 ns on the
+        # H200): copy the same bytes instead.
+        return lambda: x.clone()
     return lambda: x.t().contiguous()
 
 

@@ -21,6 +21,9 @@ from types import MappingProxyType
 
 TF32_MATH = "tf32"
 """The `math` attribute of a float32 GEMM or convolution run on TF32 tensor cores."""
+TF32_DIM = "math_tf32"
+"""The dim a measurement row sets to 1 when it ran with `TF32_MATH` (dims are the only
+free-form part of a row's key, so a shape's fp32 and tf32 rows stay apart)."""
 
 
 @dataclass(frozen=True)

@@ -226,9 +226,13 @@ def columns_from_items(kernel: str, items: Sequence[WorkItem]) -> WorkColumns:
 def device_columns(
     specs: Sequence[DeviceSpec], dtypes: Sequence[str] | npt.NDArray[np.str_],
     backend_codes: Sequence[int] | FloatArray, kernel: str = "",
+    math: npt.NDArray[np.str_] | None = None,
 ) -> DeviceColumns:
-    """Row-aligned device facts: ``specs[i]`` ran row i of `kernel` in ``dtypes[i]``."""
-    peak = np.array([peak_gflops(s, d, kernel=kernel) for s, d in zip(specs, dtypes, strict=True)])
+    """Row-aligned device facts: ``specs[i]`` ran row i of `kernel` in ``dtypes[i]`` (with
+    ``math[i]``, "" for none, as `broadcast_device` reads it)."""
+    maths = [""] * len(specs) if math is None else np.asarray(math).tolist()
+    peak = np.array([peak_gflops(s, d, m, kernel=kernel)
+                     for s, d, m in zip(specs, dtypes, maths, strict=True)])
     return DeviceColumns(
         peak_gflops=peak,
         bw_gbps=np.array([s.mem_bandwidth_gbps for s in specs], dtype=np.float64),
@@ -270,9 +274,9 @@ def peak_gflops(spec: DeviceSpec, dtype: str, math: str = "", *, kernel: str = "
 
     float32 reads what the roofline reads (`roofline.item_peak_flops_per_s`): the tf32 tensor
     cores for gemm/conv under ``math == "tf32"``, AMD's vector rate off the matrix units. Every
-    measured row is NVIDIA or CPU fp32 without a math mode, so the models' inputs are unchanged;
-    `--precision tf32` now moves the learned estimate as it moves the roofline, through the
-    normaliser and the device-relative features, as fp16 does."""
+    measured fp32 row without a math mode keeps its inputs; a tf32 row of the bench (dim
+    `math_tf32` = 1, `training.fitting`) is normalised by the tf32 peak, so `--precision tf32`
+    moves the learned estimate as it moves the roofline, as fp16 does."""
     if dtype == "float32":
         return roofline.item_peak_flops_per_s(spec, dtype, kernel, math) / 1e9
     key = _PEAK_KEY.get(dtype)

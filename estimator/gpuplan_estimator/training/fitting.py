@@ -22,6 +22,7 @@ import pandas as pd
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors, measurements
+from gpuplan_estimator.core.precisions import TF32_DIM, TF32_MATH
 from gpuplan_estimator.core.progress import Progress, silent, track
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.cost.predictors import FloatArray
@@ -126,11 +127,14 @@ def _columns(rows: pd.DataFrame, kernel: str, resolve: DeviceResolver, backends:
     except KeyError as exc:
         raise errors.InvalidRequestError(
             "dims", f"{kernel} rows lack dim {exc.args[0]!r}") from None
+    math = np.array([TF32_MATH if p.get(TF32_DIM) == 1 else "" for p in parsed], dtype=np.str_)
     cols = features.WorkColumns(
-        kernel, dims, rows["dtype"].to_numpy().astype(str), rows["op"].to_numpy().astype(str))
+        kernel, dims, rows["dtype"].to_numpy().astype(str), rows["op"].to_numpy().astype(str),
+        math if math.any() else None)
     specs = {d: resolve(d) for d in rows["device"].unique()}
     codes = [backends.index(b) for b in rows["backend"]]
-    dev = features.device_columns([specs[d] for d in rows["device"]], cols.dtype, codes, kernel)
+    dev = features.device_columns([specs[d] for d in rows["device"]], cols.dtype, codes, kernel,
+                                  cols.math)
     return cols, dev, specs
 
 
@@ -306,9 +310,10 @@ def train_bundle(
     Each (kernel, platform) fit is one step reported to `progress`.
     """
     _check_frame(frame)
-    factors = backward_factors.fit(frame)  # from every row: the caps below are for the trees
     resolve = resolve if resolve is not None else devices.resolve_device
     kinds = {d: resolve(d).platform for d in frame["device"].unique()}
+    frame, kernelless = drop_kernelless_rows(frame, kinds)
+    factors = backward_factors.fit(frame)  # from every row: the caps below are for the trees
     frame, probe_frame = split_probe_rows(frame, kinds, settings)
     # GPU and CPU rows are capped and fitted apart: one platform's rows must neither use up the
     # other's row budget nor move its predictions.
@@ -373,7 +378,7 @@ def train_bundle(
         "device_backends": {str(k): str(v) for k, v in device_backends.items()},
         "default_backends": _default_backends(frame, platform),
         "backward_factors": factors,
-        "skipped_kernels": skipped, "metrics": metrics,
+        "skipped_kernels": skipped, "kernelless_rows_dropped": kernelless, "metrics": metrics,
         "kernel_platforms": {k: [kind for kind, fitted in (("cpu", cpu_models), ("gpu", models))
                                  if k in fitted] for k in sorted({*models, *cpu_models})},
         "device_platforms": {str(d): kinds[d] for d in sorted(kinds)},
@@ -513,6 +518,25 @@ def _default_backends(frame: pd.DataFrame, platform: pd.Series) -> dict[str, str
     """The most common backend per platform (`platform` holds each row's)."""
     return {str(k): str(rows.value_counts().index[0])
             for k, rows in frame["backend"].groupby(platform)}
+
+
+MIN_GPU_KERNEL_MS = 0.0005
+"""No GPU kernel completes in under 0.5 µs (a tiny kernel replayed from a CUDA graph took
+0.84 µs on the H200, docs/gpu-steps/2026-11-27-h200b/host-probe.json): a faster GPU row timed
+no kernel at all (a view PyTorch did not copy) and would teach the model a free kernel."""
+
+
+def drop_kernelless_rows(frame: pd.DataFrame, platforms: Mapping[str, str]
+                         ) -> tuple[pd.DataFrame, int]:
+    """`frame` without its GPU rows faster than `MIN_GPU_KERNEL_MS`, and how many went."""
+    on_gpu = frame["device"].map(platforms) == "gpu"
+    # Zero, negative and missing latencies stay in, for `_columns` to refuse as corrupt.
+    kernelless = on_gpu & (frame["latency_ms"] > 0) & (frame["latency_ms"] < MIN_GPU_KERNEL_MS)
+    dropped = int(kernelless.sum())
+    if dropped == len(frame):
+        raise errors.InvalidRequestError(
+            "latency_ms", f"every row is faster than a GPU kernel ({MIN_GPU_KERNEL_MS} ms)")
+    return (frame[~kernelless] if dropped else frame), dropped
 
 
 def _check_frame(frame: pd.DataFrame) -> None:

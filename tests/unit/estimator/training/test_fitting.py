@@ -428,3 +428,32 @@ def test_a_gpu_whose_rows_no_model_learned_from_is_probed_not_measured(
     predictor = learned.LearnedPredictor(bundle)
     assert basis.data_basis(predictor, p100) == basis.PROBED
     assert basis.data_basis(predictor, devices.load_catalog().resolve("t4")) == basis.MEASURED
+
+
+def _with_dims(rows: pd.DataFrame, extra: dict[str, int]) -> pd.DataFrame:
+    dims = [measurements.dims_to_json({**measurements.dims_from_json(d), **extra})
+            for d in rows["dims"]]
+    return rows.assign(dims=dims)
+
+
+def test_a_tf32_row_is_normalised_by_the_tf32_peak(frame: pd.DataFrame) -> None:
+    gemm = frame[(frame["device"] == "a100-pcie-40gb") & (frame["kernel"] == "gemm")].head(20)
+    rows = pd.concat([gemm, _with_dims(gemm, {"math_tf32": 1})], ignore_index=True)
+    data = fitting.kernel_data(rows, "gemm", devices.resolve_device, ["pytorch-2.1.0+cu121"])
+    fp32_ms, tf32_ms = data.base_ms[:20], data.base_ms[20:]
+    # The A100's tf32 tensor cores run 8x its fp32 SIMT rate: compute-bound shapes get faster.
+    assert (tf32_ms <= fp32_ms).all() and (tf32_ms < fp32_ms).any()
+    plain = fitting.kernel_data(gemm, "gemm", devices.resolve_device, ["pytorch-2.1.0+cu121"])
+    np.testing.assert_array_equal(plain.base_ms, fp32_ms)
+
+
+def test_gpu_rows_that_timed_no_kernel_are_dropped_and_counted(frame: pd.DataFrame) -> None:
+    kinds = {d: devices.resolve_device(d).platform for d in frame["device"].unique()}
+    fast = frame.head(3).assign(latency_ms=fitting.MIN_GPU_KERNEL_MS / 100)
+    kept, dropped = fitting.drop_kernelless_rows(pd.concat([fast, frame]), kinds)
+    assert dropped == 3 and len(kept) == len(frame)
+    assert fitting.drop_kernelless_rows(frame, kinds)[1] == 0
+    with pytest.raises(errors.InvalidRequestError, match="latency_ms"):
+        fitting.drop_kernelless_rows(fast, kinds)
+    # A CPU row may be that fast (onnxruntime's no-op Identity): kept.
+    assert fitting.drop_kernelless_rows(fast, dict.fromkeys(kinds, "cpu"))[1] == 0

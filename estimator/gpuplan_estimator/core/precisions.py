@@ -9,8 +9,10 @@ tests/unit/estimator/test_precisions.py checks that each agrees.
 "fp32" is what PyTorch does by default on NVIDIA GPUs: matmuls in true fp32
 (`torch.backends.cuda.matmul.allow_tf32 = False`) but cuDNN convolutions in TF32
 (`torch.backends.cudnn.allow_tf32 = True`) on GPUs that have TF32 (Ampere and later). "tf32"
-turns matmul TF32 on too. "bf16"/"fp16" are `torch.autocast` over fp32 weights, with PyTorch's
-default TF32 switches for what autocast leaves in fp32.
+turns matmul TF32 on too; "fp32-ieee" turns cuDNN's off too (IEEE float32 everywhere, what
+`torch.backends.cudnn.allow_tf32 = False` asks for reproducibility). "bf16"/"fp16" are
+`torch.autocast` over fp32 weights, with PyTorch's default TF32 switches for what autocast
+leaves in fp32.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class Precision:
 PRECISION_TABLE: Mapping[str, Precision] = MappingProxyType({
     "fp32": Precision("fp32", "float32", 4, autocast=False, gemm_math="", conv_math=TF32_MATH,
                       needs_peak=None, grad_scaler=False),
+    "fp32-ieee": Precision("fp32-ieee", "float32", 4, autocast=False, gemm_math="",
+                           conv_math="", needs_peak=None, grad_scaler=False),
     "tf32": Precision("tf32", "float32", 4, autocast=False, gemm_math=TF32_MATH,
                       conv_math=TF32_MATH, needs_peak="tf32", grad_scaler=False),
     "fp16": Precision("fp16", "float16", 2, autocast=True, gemm_math="", conv_math=TF32_MATH,

@@ -48,6 +48,10 @@ MAX_INPUT_BYTES = 64 * 1024 * 1024
 PHASES = ("inference_forward", "forward_backward", "train_step")
 MEMORY_MODES = ("train", "inference")
 """Measured peaks (`model_steps`' `peak_memory_bytes`) scored against `{mode}_memory_bytes`."""
+IEEE_FP32 = "fp32-ieee"
+PREDICTED_PRECISIONS = (*PRECISIONS, IEEE_FP32)
+"""What `predict` prices by default: the campaign's precisions, and fp32 with cuDNN's TF32 off
+(what the first H200 run's fp32 rows ran, `estimator_precision`)."""
 FUSED_IMPLEMENTATIONS = frozenset({"sdpa", "flash_attention_2", "flash_attention_3",
                                    "flex_attention"})
 """Attention implementations that run the core as one fused kernel."""
@@ -156,11 +160,12 @@ def score(predicted: Mapping[str, Any], measured: Iterable[Mapping[str, Any]],
         if r.get("kind") != "model_step" or r.get("status") != "ok":
             continue
         attention = attention_of(r.get("attention"))
-        p = by_key.get((r["model"], r["batch"], r["precision"], device, attention))
+        precision = estimator_precision(r)
+        p = by_key.get((r["model"], r["batch"], precision, device, attention))
         if p is None:
             continue
         row: dict[str, Any] = {"model": r["model"], "batch": r["batch"],
-                               "precision": r["precision"], "device": device,
+                               "precision": precision, "device": device,
                                "attention": attention, "data_basis": p["data_basis"]}
         for phase, ms in measured_phases(r).items():
             low, high = p[f"{phase}_interval_ms"]
@@ -175,6 +180,16 @@ def score(predicted: Mapping[str, Any], measured: Iterable[Mapping[str, Any]],
                                          "error": predicted_bytes / peak - 1.0}
         out.append(row)
     return out
+
+
+def estimator_precision(row: Mapping[str, Any]) -> str:
+    """The estimator's precision of what a measured row ran: its own, but "fp32-ieee" for an
+    fp32 row whose cuDNN convolutions had TF32 off. A row without its switches (`tf32`) was
+    measured before `model_steps` kept PyTorch's defaults, when fp32 turned TF32 off for both."""
+    switches = row.get("tf32") or {"matmul": False, "cudnn": False}
+    if row["precision"] == "fp32" and not switches.get("cudnn", False):
+        return IEEE_FP32
+    return str(row["precision"])
 
 
 def summary(scored: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -236,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("predict", help="price the campaign's cases before they are measured")
     p.add_argument("--device", action="append", required=True, help="catalog device (repeat)")
-    p.add_argument("--precisions", default=",".join(PRECISIONS))
+    p.add_argument("--precisions", default=",".join(PREDICTED_PRECISIONS))
     p.add_argument("--cases", choices=sorted(model_steps.CASE_SETS), default="full",
                    help="the campaign's case set (smoke: the tiny models a CPU rehearsal runs)")
     p.add_argument("--models", default="", help="comma-separated case names (default all)")

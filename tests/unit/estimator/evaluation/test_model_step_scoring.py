@@ -20,6 +20,7 @@ def _measured(forward_ms: float, step_ms: float, peak: int | None,
 
     return {"kind": "model_step", "model": "gpt2-tiny", "batch": 2, "precision": "fp32",
             "status": "ok", "attention": attention, "inference": {"forward": timed(forward_ms)},
+            "tf32": {"matmul": False, "cudnn": True},
             "train": {"forward": timed(step_ms * 0.3), "backward": timed(step_ms * 0.6),
                       "optimizer": timed(step_ms * 0.1), "step": timed(step_ms),
                       "peak_memory_bytes": peak}}
@@ -30,26 +31,27 @@ def predicted() -> dict:
     from gpuplan_estimator import devices
 
     spec = devices.resolve_device(DEVICE)
-    return scoring.predict(model_steps.SMOKE_CASES[:1], [spec], ["fp32", "bf16"], None)
+    return scoring.predict(model_steps.SMOKE_CASES[:1], [spec], ["fp32", "fp32-ieee", "bf16"], None)
 
 
 def test_each_case_is_priced_per_precision_with_its_basis_and_intervals(predicted: dict) -> None:
     rows = [r for r in predicted["rows"] if r["attention"] == "eager"]
     assert [(r["model"], r["precision"], r["device"]) for r in rows] == [
-        ("gpt2-tiny", "fp32", DEVICE), ("gpt2-tiny", "bf16", DEVICE)]
+        ("gpt2-tiny", "fp32", DEVICE), ("gpt2-tiny", "fp32-ieee", DEVICE),
+        ("gpt2-tiny", "bf16", DEVICE)]
     for r in rows:
         assert r["data_basis"] in {"measured", "probed", "extrapolated", "roofline"}
         for phase in scoring.PHASES:
             low, high = r[f"{phase}_interval_ms"]
             assert 0 < low <= r[f"{phase}_ms"] <= high
         assert r["forward_backward_ms"] < r["train_step_ms"]
-    fp32, bf16 = rows
+    fp32, _, bf16 = rows
     assert bf16["train_step_ms"] != fp32["train_step_ms"]  # tensor cores price bf16 apart
 
 
 def test_each_case_is_priced_with_eager_and_with_fused_attention(predicted: dict) -> None:
     by = {(r["precision"], r["attention"]): r for r in predicted["rows"]}
-    assert set(by) == {(p, a) for p in ("fp32", "bf16") for a in ("eager", "fused")}
+    assert set(by) == {(p, a) for p in ("fp32", "fp32-ieee", "bf16") for a in ("eager", "fused")}
     for precision in ("fp32", "bf16"):
         eager, fused = by[(precision, "eager")], by[(precision, "fused")]
         # The same GEMMs without the scale, mask and softmax kernels.
@@ -124,3 +126,17 @@ def test_predict_command_prices_the_smoke_cases_a_cpu_rehearsal_runs(tmp_path: P
     assert {(r["model"], r["attention"]) for r in doc["rows"]} == {
         ("gpt2-tiny", "eager"), ("gpt2-tiny", "fused")}
     assert "--cases smoke" in doc["provenance"]["command"]
+
+
+@pytest.mark.parametrize(("switches", "precision"), [
+    ({"matmul": False, "cudnn": True}, "fp32"), ({"matmul": False, "cudnn": False}, "fp32-ieee"),
+    (None, "fp32-ieee")])
+def test_an_fp32_row_is_scored_against_the_convolution_math_it_ran(
+        predicted: dict, switches: dict | None, precision: str) -> None:
+    p = next(r for r in predicted["rows"]
+             if r["precision"] == precision and r["attention"] == "eager")
+    head = {"kind": "provenance", "device": "cuda", "device_name": DEVICE}
+    row = {**_measured(p["inference_forward_ms"], p["train_step_ms"], None), "tf32": switches}
+    (scored,) = scoring.score(predicted, [head, row], lambda n: DEVICE)
+    assert scored["precision"] == precision
+    assert scored["train_step"]["error"] == pytest.approx(0.0)

@@ -15,11 +15,12 @@ from typing import Any
 from gpuplan_estimator.core import options
 from gpuplan_estimator.core.durations import format_duration
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.planning import calibrating, setups
-from gpuplan_estimator.planning.parallelism import ParallelLayout, SingleGpuSplit
-from gpuplan_estimator.planning.scaling import ScalingModel
-from gpuplan_estimator.step.sharding import StrategyMemory
-from gpuplan_estimator.step.strategies import MemoryStrategy
+from gpuplan_estimator.parallel import setups
+from gpuplan_estimator.parallel.layouts import ParallelLayout, SingleGpuSplit
+from gpuplan_estimator.parallel.scaling import ScalingModel
+from gpuplan_estimator.parallel.sharding import StrategyMemory
+from gpuplan_estimator.parallel.strategies import MemoryStrategy
+from gpuplan_estimator.planning import calibrating
 
 OBJECTIVES = options.OBJECTIVES
 

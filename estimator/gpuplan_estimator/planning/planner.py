@@ -17,18 +17,18 @@ from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.graph import batching, exporting
 from gpuplan_estimator.latency import selection
+from gpuplan_estimator.parallel import layouts
+from gpuplan_estimator.parallel import scaling as scaling_fits
+from gpuplan_estimator.parallel.scaling import ScalingModel
 from gpuplan_estimator.planning import (
     calibrating,
     estimates,
     model_facts,
     parallel_inputs,
-    parallelism,
     placement,
     requests,
     workloads,
 )
-from gpuplan_estimator.planning import scaling as scaling_fits
-from gpuplan_estimator.planning.scaling import ScalingModel
 from gpuplan_estimator.step import host, memory
 from gpuplan_estimator.step.attention import attention_report
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
@@ -163,13 +163,13 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
     return profiles
 
 
-def _split(e: estimates.DeviceEstimate, factor: float) -> parallelism.SingleGpuSplit | None:
+def _split(e: estimates.DeviceEstimate, factor: float) -> layouts.SingleGpuSplit | None:
     """The estimate's step by region, calibrated like the points; None without blocks."""
     try:
         split = parallel_inputs.split_from_estimate(e)
     except InvalidRequestError:
         return None
-    return parallelism.with_step(split, batch=split.batch, forward_ms=split.forward_ms * factor,
+    return layouts.with_step(split, batch=split.batch, forward_ms=split.forward_ms * factor,
                                  backward_ms=split.backward_ms * factor,
                                  optimizer_ms=split.optimizer_ms * factor)
 

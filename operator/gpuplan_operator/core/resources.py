@@ -213,7 +213,7 @@ class MemoryStrategy:
 
 
 NO_STRATEGY_LABEL = "none"
-"""The estimator's label of plain data parallelism (`step.strategies.MemoryStrategy.label`)."""
+"""The estimator's label of plain data parallelism (`parallel.strategies.MemoryStrategy.label`)."""
 MAX_MEMORY_PARTS = 32
 """Bound on `status.plan.memoryBytesByPart` entries (the estimator sends ten); the client
 refuses more, the CRD's maxProperties says the same."""

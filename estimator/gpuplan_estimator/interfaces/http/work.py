@@ -19,7 +19,8 @@ from typing import Any
 
 from gpuplan_estimator.core.errors import GpuplanError, InvalidModelError, InvalidRequestError
 from gpuplan_estimator.interfaces.http import responses, wire
-from gpuplan_estimator.planning import calibrating, planner, scaling
+from gpuplan_estimator.parallel import scaling
+from gpuplan_estimator.planning import calibrating, planner
 
 log = logging.getLogger(__name__)
 

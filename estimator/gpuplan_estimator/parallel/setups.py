@@ -1,7 +1,7 @@
 """How a job runs on `n` GPUs of one type: the parallel layout and memory strategy the planner
 picks, with its per-GPU memory and step time (pure).
 
-For each layout (dp, tp, pp, micro-batches; `parallelism.layouts`) every memory strategy
+For each layout (dp, tp, pp, micro-batches; `layouts.layouts`) every memory strategy
 (`strategies.candidate_strategies`, plus ZeRO-1 under accumulation) that fits the GPU is timed,
 and the fastest setup of all wins. Plain data parallelism is one
 layout among them (tp = pp = 1, micro-batches = the strategy's gradient accumulation). Tensor
@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.planning import parallelism
-from gpuplan_estimator.planning.parallelism import ModelDims, ParallelLayout, SingleGpuSplit
-from gpuplan_estimator.planning.scaling import ScalingModel
-from gpuplan_estimator.step import memory, strategies, strategy_time
+from gpuplan_estimator.parallel import layouts, strategies, strategy_time
+from gpuplan_estimator.parallel.layouts import ModelDims, ParallelLayout, SingleGpuSplit
+from gpuplan_estimator.parallel.scaling import ScalingModel
+from gpuplan_estimator.parallel.sharding import StrategyMemory
+from gpuplan_estimator.parallel.strategies import NO_STRATEGY, MemoryStrategy
+from gpuplan_estimator.step import memory
 from gpuplan_estimator.step.decomposition import TrainingSettings
-from gpuplan_estimator.step.sharding import StrategyMemory
-from gpuplan_estimator.step.strategies import NO_STRATEGY, MemoryStrategy
 
 MODEL_PARALLEL_STRATEGIES = (
     NO_STRATEGY, MemoryStrategy(zero_stage=1), MemoryStrategy(checkpointing="full"),
@@ -119,7 +119,7 @@ def _layouts(n: int, gpus_per_node: int, global_batch: int, facts: ModelFacts,
             facts.settings, per_gpu, n, gpus_per_node)
     if facts.dims is None or split is None or n == 1 or not facts.settings.training:
         return
-    for layout in parallelism.layouts(n, gpus_per_node, global_batch,
+    for layout in layouts.layouts(n, gpus_per_node, global_batch,
                                       max_tp=min(gpus_per_node, n), dims=facts.dims):
         if layout.tp == 1 and layout.pp == 1:
             continue  # data parallelism, above
@@ -154,9 +154,9 @@ def _timed(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, mem: St
                               facts=facts, device=device, scaling=scaling,
                               gpus_per_node=gpus_per_node, comm_factor=comm_factor)
     assert split is not None and facts.dims is not None  # _layouts yields none otherwise
-    moved = parallelism.with_step(split, batch=micro, forward_ms=forward, backward_ms=backward,
+    moved = layouts.with_step(split, batch=micro, forward_ms=forward, backward_ms=backward,
                                   optimizer_ms=optimizer)
-    step = parallelism.step_time(layout, moved, facts.dims, device,
+    step = layouts.step_time(layout, moved, facts.dims, device,
                                  _scaled_comm(scaling, comm_factor),
                                  gpus_per_node=gpus_per_node)
     forward_share = forward / (forward + backward) if forward + backward > 0 else 0.0

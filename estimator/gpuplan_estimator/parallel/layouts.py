@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.planning.scaling import ScalingModel
+from gpuplan_estimator.parallel.scaling import ScalingModel
 
 TP_ALLREDUCES_PER_BLOCK = 4
 """Megatron's f/g operators: after the attention and MLP row-parallel GEMMs in forward, before

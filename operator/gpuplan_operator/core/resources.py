@@ -98,6 +98,9 @@ class TrainingJobSpec:
     local_queue: str | None = None
     """`spec.kueue.localQueue`: the Kueue LocalQueue of the Job, in the TrainingJob's namespace;
     None runs the Job directly, unqueued."""
+    layout: Mapping[str, Any] | None = None
+    """`spec.layout`: a pinned parallel layout, as the estimator's `layout` object (snake_case
+    keys); None lets the planner search."""
 
 
 @dataclasses.dataclass(frozen=True)

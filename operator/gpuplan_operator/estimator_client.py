@@ -48,12 +48,14 @@ def build_request(
     model: dict[str, Any] = (
         {"model_hf_config": json.loads(model_bytes)} if spec.model.hf_config
         else {"model_onnx_b64": base64.b64encode(model_bytes).decode()})
+    pinned = {"layout": dict(spec.layout)} if spec.layout is not None else {}
     return {
         **model,
         "training": training,
         "objective": objective,
         "inventory": [p.to_request() for p in pools],
         "gpu_types": list(spec.gpu_types),
+        **pinned,
     }
 
 

@@ -4,7 +4,7 @@ Each case trains a small PyTorch model for one step under `torch.profiler.profil
 profile_memory=True, record_shapes=True, with_stack=True)` and reads PyTorch's memory profiler
 (`torch.profiler._memory_profiler.MemoryProfile`, private API of torch 2.x), which labels every
 allocation PARAMETER, GRADIENT, OPTIMIZER_STATE, INPUT, ACTIVATION, TEMPORARY or AUTOGRAD_DETAIL.
-The prediction is `step.sharding.strategy_memory` for the same model: GPT-2 graphs come from
+The prediction is `parallel.sharding.strategy_memory` for the same model: GPT-2 graphs come from
 `graph.zoo` (the HF config, no torch), other modules through `graph.exporting.export_module`.
 
 Measured, per component:
@@ -38,10 +38,11 @@ from gpuplan_estimator.core import extras, options
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.graph import exporting, loading, zoo
+from gpuplan_estimator.parallel import sharding
+from gpuplan_estimator.parallel.strategies import MemoryStrategy
 from gpuplan_estimator.planning import rollup
-from gpuplan_estimator.step import attention, memory, memory_walk, sharding
+from gpuplan_estimator.step import attention, memory, memory_walk
 from gpuplan_estimator.step.decomposition import TrainingSettings
-from gpuplan_estimator.step.strategies import MemoryStrategy
 
 COMPONENTS = ("parameters", "gradients", "optimizer_state", "activations", "step_peak")
 BACKWARD_MARK = "gpuplan.memory_check.backward"

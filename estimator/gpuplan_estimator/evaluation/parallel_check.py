@@ -1,11 +1,11 @@
-"""Multi-GPU step times predicted by `planning.parallelism` next to published measurements.
+"""Multi-GPU step times predicted by `parallel.layouts` next to published measurements.
 
     python -m gpuplan_estimator.evaluation.parallel_check [--bundle DIR]
 
 Prints the markdown table of docs/parallelism.md. The published numbers are used for comparison
 only: nothing here is fitted to them. The single-GPU step comes from the shipped estimator
 (`planning.estimates.estimate` on the `graph.zoo` GPT-2 graph, with the default predictor
-selection of `gpuplan estimate`), the layout model from `planning.parallelism` with the default
+selection of `gpuplan estimate`), the layout model from `parallel.layouts` with the default
 `ScalingModel`.
 
 Source of the measurements: NeuSight (S. Lee, A. Phanishayee, D. Mahajan, "Forecasting GPU
@@ -31,8 +31,9 @@ from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.graph import exporting
 from gpuplan_estimator.latency import selection
-from gpuplan_estimator.planning import estimates, parallel_inputs, parallelism
-from gpuplan_estimator.planning.scaling import ScalingModel
+from gpuplan_estimator.parallel import layouts
+from gpuplan_estimator.parallel.scaling import ScalingModel
+from gpuplan_estimator.planning import estimates, parallel_inputs
 from gpuplan_estimator.step.decomposition import TrainingSettings
 
 SOURCE = "NeuSight (Lee et al., ASPLOS 2025), artifact scripts/asplos/summary/distributed.csv"
@@ -59,14 +60,14 @@ class Published:
     model: str
     global_batch: int
     device: str  # catalog key
-    layout: parallelism.ParallelLayout
+    layout: layouts.ParallelLayout
     measured_ms: float
     neusight_ms: float  # NeuSight's own prediction, for reference
 
 
-def _lay(kind: str) -> parallelism.ParallelLayout:
+def _lay(kind: str) -> layouts.ParallelLayout:
     dp, tp, pp = {"DP": (4, 1, 1), "TP": (1, 4, 1), "PP": (1, 1, 4)}[kind]
-    return parallelism.ParallelLayout(dp=dp, tp=tp, pp=pp, micro_batches=1)
+    return layouts.ParallelLayout(dp=dp, tp=tp, pp=pp, micro_batches=1)
 
 
 _A100, _H100 = "a100-sxm4-40gb", "h100-sxm-80gb"
@@ -90,7 +91,7 @@ class Row:
     """A published step with our prediction and its parts."""
 
     published: Published
-    step: parallelism.ParallelStep
+    step: layouts.ParallelStep
     data_basis: str
 
     @property
@@ -109,7 +110,7 @@ def predict(p: Published, *, bundle: str | None = None) -> Row:
     g = graph.load_at_batch(model, micro, {SEQUENCE_DIM: SEQUENCE[p.model]})
     settings = TrainingSettings(batch_size=micro, precision=PRECISION, optimizer=OPTIMIZER)
     (single,) = estimates.estimate(g, [device], settings, predictor=predictor)
-    step = parallelism.step_time(
+    step = layouts.step_time(
         p.layout, parallel_inputs.split_from_estimate(single),
         parallel_inputs.model_dims_from_graph(g, precision=PRECISION), device, ScalingModel(),
         gpus_per_node=GPUS_PER_NODE)

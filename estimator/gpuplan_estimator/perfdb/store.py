@@ -461,7 +461,7 @@ class PerfStore:
     ) -> StoredOutcome:
         """Record one finished job's estimated and actual seconds, once per `job_uid`.
 
-        The optional fields are what a multi-GPU scaling fit needs (`planning.scaling`): the
+        The optional fields are what a multi-GPU scaling fit needs (`parallel.scaling`): the
         node shape, the per-GPU batch, the optimizer steps run, and the model's own
         (uncalibrated) per-step forward, backward and optimizer ms, gradient bytes and
         intra-node GB/s of the plan; None is stored as NULL (older operators send none).

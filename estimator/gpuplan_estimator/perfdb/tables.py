@@ -126,7 +126,7 @@ class JobOutcome(Base):
     actual_seconds: Mapped[float] = mapped_column(Float)
     model_digest: Mapped[str] = mapped_column(String(128), default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    # Added in revision 0005, for fitting multi-GPU scaling (`planning.scaling`); NULL from
+    # Added in revision 0005, for fitting multi-GPU scaling (`parallel.scaling`); NULL from
     # operators that predate it. The parts are the model's own (uncalibrated) per-step ms at
     # `per_gpu_batch`; `steps` is how many optimizer steps the job ran.
     gpus_per_node: Mapped[int | None] = mapped_column(Integer, nullable=True)

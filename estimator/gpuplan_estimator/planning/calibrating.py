@@ -11,9 +11,10 @@ device's factor only part of the way, and a device without outcomes inherits the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from typing import Any
 
 from gpuplan_estimator.core.errors import InvalidRequestError
 
@@ -182,3 +183,15 @@ def summary(calibration: Calibration) -> Mapping[str, float]:
     out.update({f"*/{m}": c.factor for m, c in calibration.by_mode.items()})
     out["*/*"] = calibration.overall.factor
     return out
+
+
+def single_gpu_compute_factor(rows: Iterable[Mapping[str, Any]]) -> Callable[[str], float]:
+    """Per device, the calibration factor of the single-GPU training outcomes among `rows`:
+    they measure compute alone, so the scaling fit need not absorb a compute error (a device
+    without any inherits the global factor; no single-GPU outcome at all: 1)."""
+    single = [Outcome(str(r["device"]), "train",
+                                  predicted_ms=float(r["estimated_seconds"]) * 1000.0,
+                                  measured_ms=float(r["actual_seconds"]) * 1000.0)
+              for r in rows if int(r["gpu_count"]) == 1]
+    fitted = fit(single)
+    return lambda device: fitted.correction(device, "train").factor

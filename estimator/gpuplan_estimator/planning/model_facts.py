@@ -7,12 +7,13 @@ import functools
 
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph
+from gpuplan_estimator.parallel import block_activations, sharding
+from gpuplan_estimator.parallel.layouts import ModelDims, ParallelLayout
+from gpuplan_estimator.parallel.setups import MemoryFn, ModelFacts
+from gpuplan_estimator.parallel.strategies import NO_STRATEGY, MemoryStrategy
 from gpuplan_estimator.planning import parallel_inputs, rollup
-from gpuplan_estimator.planning.parallelism import ModelDims, ParallelLayout
-from gpuplan_estimator.planning.setups import MemoryFn, ModelFacts
-from gpuplan_estimator.step import block_activations, memory, sharding
+from gpuplan_estimator.step import memory
 from gpuplan_estimator.step.decomposition import TrainingSettings
-from gpuplan_estimator.step.strategies import NO_STRATEGY, MemoryStrategy
 
 
 def model_facts(graph: ModelGraph, settings: TrainingSettings) -> ModelFacts:

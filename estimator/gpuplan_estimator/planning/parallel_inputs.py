@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.core.precisions import PRECISION_TABLE
+from gpuplan_estimator.parallel.layouts import ModelDims, RegionTime, SingleGpuSplit
 from gpuplan_estimator.planning import rollup
 from gpuplan_estimator.planning.estimates import SEQUENCE_DIM, DeviceEstimate, LayerEstimate
-from gpuplan_estimator.planning.parallelism import ModelDims, RegionTime, SingleGpuSplit
 
 ELEMENT_BYTES = {name: p.activation_bytes for name, p in PRECISION_TABLE.items()}
 """Activation element size per compute precision (mixed precision keeps activations at 16 bit)."""

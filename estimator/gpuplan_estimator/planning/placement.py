@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuplan_estimator.core import options
 from gpuplan_estimator.core.durations import format_duration
+from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.planning import calibrating, setups
-from gpuplan_estimator.planning.parallelism import ParallelLayout, SingleGpuSplit
-from gpuplan_estimator.planning.scaling import ScalingModel
-from gpuplan_estimator.step.sharding import StrategyMemory
-from gpuplan_estimator.step.strategies import MemoryStrategy
+from gpuplan_estimator.parallel import named, setups
+from gpuplan_estimator.parallel.layouts import ParallelLayout, SingleGpuSplit
+from gpuplan_estimator.parallel.scaling import ScalingModel
+from gpuplan_estimator.parallel.sharding import StrategyMemory
+from gpuplan_estimator.parallel.strategies import MemoryStrategy
+from gpuplan_estimator.planning import calibrating
 
 OBJECTIVES = options.OBJECTIVES
 
@@ -218,27 +220,67 @@ def evaluate(
     gpu_count: int,
     scaling: ScalingModel,
     facts: setups.ModelFacts | None = None,
+    pinned: named.LayoutRequest | None = None,
 ) -> Candidate | Rejection:
     """Price `gpu_count` GPUs of `pool` for the job, or reject it (memory, uneven batch).
 
     With `facts` (the model's memory under every strategy) and the profile's device, layouts
-    and memory strategies are searched (`setups`); without them, plain data parallelism.
+    and memory strategies are searched (`setups`), or only the `pinned` layout priced; without
+    them, plain data parallelism.
     """
+    if facts is not None and profile.device is not None and pinned is not None:
+        return _pinned(profile, pool, shape, gpu_count, scaling, facts, profile.device, pinned)
     if facts is not None and profile.device is not None:
         return _searched(profile, pool, shape, gpu_count, scaling, facts, profile.device)
     return _data_parallel(profile, pool, shape, gpu_count, scaling)
 
 
-def _searched(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count: int,
-              scaling: ScalingModel, facts: setups.ModelFacts, device: DeviceSpec
-              ) -> Candidate | Rejection:
+def step_fn(profile: StepProfile) -> setups.StepFn:
+    """The profile's (forward, backward, optimizer) ms at a micro-batch: what `setups` prices
+    a layout from, for a plan's search and a named layout alike."""
     def step_at(micro: int) -> tuple[float, float, float]:
         p = profile.at(micro)
         return p.forward_ms, p.backward_ms, p.optimizer_ms
 
+    return step_at
+
+
+def pinned_setup(profile: StepProfile, resolved: named.ResolvedLayout, device: DeviceSpec,
+                 facts: setups.ModelFacts, scaling: ScalingModel) -> setups.Setup:
+    """A named layout's setup on `profile`'s device, priced as `_searched` prices a layout the
+    search tries (the same step function, split, scaling and calibration)."""
+    return setups.priced(resolved.layout, resolved.strategy, resolved.micro_batch,
+                         resolved.gpus_per_node, device=device, facts=facts,
+                         step_at=step_fn(profile), split=profile.split, scaling=scaling,
+                         comm_factor=profile.calibration.factor)
+
+
+def _pinned(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count: int,
+            scaling: ScalingModel, facts: setups.ModelFacts, device: DeviceSpec,
+            pinned: named.LayoutRequest) -> Candidate | Rejection:
+    """The pinned layout on `pool`, or why it cannot run there (its node size, memory)."""
+    try:
+        resolved = named.resolve(replace(pinned, gpus_per_node=pool.gpus_per_node),
+                                 global_batch=shape.global_batch, dims=facts.dims,
+                                 training=facts.settings.training)
+    except InvalidRequestError as exc:
+        return Rejection(pool.gpu_type, gpu_count, f"pinned layout: {exc.message}")
+    setup = pinned_setup(profile, resolved, device, facts, scaling)
+    if setup.memory.total_bytes > profile.memory_capacity_bytes:
+        return Rejection(pool.gpu_type, gpu_count,
+                         f"pinned layout ({resolved.layout.describe()}, "
+                         f"{resolved.strategy.label}) needs "
+                         f"{setup.memory.total_bytes / 2**30:.1f} GiB per GPU, has "
+                         f"{profile.memory_capacity_bytes / 2**30:.1f} GiB usable")
+    return _candidate(profile, pool, shape, gpu_count, setup)
+
+
+def _searched(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count: int,
+              scaling: ScalingModel, facts: setups.ModelFacts, device: DeviceSpec
+              ) -> Candidate | Rejection:
     found = setups.search(n=gpu_count, gpus_per_node=min(gpu_count, pool.gpus_per_node),
                           global_batch=shape.global_batch, device=device, facts=facts,
-                          step_at=step_at, split=profile.split, scaling=scaling,
+                          step_at=step_fn(profile), split=profile.split, scaling=scaling,
                           comm_factor=profile.calibration.factor)
     if found is None:
         return _uneven(pool, shape, gpu_count)
@@ -248,6 +290,11 @@ def _searched(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_cou
                          f"needs {need_gib:.1f} GiB per GPU even with "
                          f"{found.leanest.strategy.label} ({found.layout.describe()}), has "
                          f"{profile.memory_capacity_bytes / 2**30:.1f} GiB usable")
+    return _candidate(profile, pool, shape, gpu_count, found)
+
+
+def _candidate(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count: int,
+               found: setups.Setup) -> Candidate:
     ref = profile.at(found.micro_batch)
     ratio_lo = ref.p10_ms / ref.step_time_ms if ref.step_time_ms else 1.0
     ratio_hi = ref.p90_ms / ref.step_time_ms if ref.step_time_ms else 1.0
@@ -387,11 +434,15 @@ def plan(
     objective: Objective,
     scaling: ScalingModel,
     facts: setups.ModelFacts | None = None,
+    pinned: named.LayoutRequest | None = None,
 ) -> Plan:
     """Enumerate GPU type x count, reject with reasons, rank feasible ones by the objective.
 
-    With `facts`, each count's layout and memory strategy are searched (`evaluate`).
+    With `facts`, each count's layout and memory strategy are searched (`evaluate`); a
+    `pinned` layout is the only one tried, at its own GPU count (it needs `facts`).
     """
+    if pinned is not None and facts is None:
+        raise ValueError("pinned: a pinned layout needs the model's facts")
     if objective.prefer not in OBJECTIVES:
         raise ValueError(f"objective.prefer: must be one of {', '.join(OBJECTIVES)}")
     feasible: list[Candidate] = []
@@ -404,12 +455,18 @@ def plan(
             continue
         type_feasible = 0
         evaluated: list[str] = []  # reasons of counts the cluster could run: the informative ones
-        for n in candidate_counts(objective.max_gpus, pool.gpus_per_node):
+        counts = (candidate_counts(objective.max_gpus, pool.gpus_per_node) if pinned is None
+                  else [pinned.gpus] if pinned.gpus <= objective.max_gpus else [])
+        if not counts and pinned is not None:
+            by_type[pool.gpu_type] = (f"the pinned layout takes {pinned.gpus} GPUs, more than "
+                                      f"maxGpus {objective.max_gpus}")
+            continue
+        for n in counts:
             if n > pool.gpus_per_node * pool.nodes:
                 rejected.append(Rejection(pool.gpu_type, n, f"cluster has only "
                                           f"{pool.gpus_per_node * pool.nodes} GPUs of this type"))
                 continue
-            outcome = evaluate(profile, pool, shape, n, scaling, facts)
+            outcome = evaluate(profile, pool, shape, n, scaling, facts, pinned)
             if isinstance(outcome, Rejection):
                 rejected.append(outcome)
                 if not outcome.uneven:

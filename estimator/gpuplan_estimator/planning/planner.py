@@ -17,18 +17,18 @@ from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.graph import batching, exporting
 from gpuplan_estimator.latency import selection
+from gpuplan_estimator.parallel import layouts
+from gpuplan_estimator.parallel import scaling as scaling_fits
+from gpuplan_estimator.parallel.scaling import ScalingModel
 from gpuplan_estimator.planning import (
     calibrating,
     estimates,
     model_facts,
     parallel_inputs,
-    parallelism,
     placement,
     requests,
     workloads,
 )
-from gpuplan_estimator.planning import scaling as scaling_fits
-from gpuplan_estimator.planning.scaling import ScalingModel
 from gpuplan_estimator.step import host, memory
 from gpuplan_estimator.step.attention import attention_report
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
@@ -133,12 +133,19 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
     Each profile also carries its device and the step cut into the regions tensor and pipeline
     parallelism see (from the smaller batch's estimate; None for a model without blocks).
     """
-    t = req.training
+    return profiles_at(req.model_onnx, req.training, req.objective.max_gpus, specs, ctx)
+
+
+def profiles_at(model: bytes, t: requests.TrainingRequest, max_gpus: int,
+                specs: Sequence[devices.DeviceSpec], ctx: PlannerContext
+                ) -> dict[str, placement.StepProfile]:
+    """`step_profiles` of `model` for plans of up to `max_gpus` GPUs (the smallest per-GPU
+    batch is the global batch over them)."""
     mode = calibrating.mode_of(t.mode)
     # Micro-batches (accumulation, pipelines) reach below the smallest per-GPU batch: a point
     # at batch 1 anchors them.
-    wanted = sorted({t.batch_size, math.ceil(t.batch_size / req.objective.max_gpus), 1})
-    by_batch = dict(_estimates_at(req.model_onnx, t, b, specs, ctx) for b in wanted)
+    wanted = sorted({t.batch_size, math.ceil(t.batch_size / max_gpus), 1})
+    by_batch = dict(_estimates_at(model, t, b, specs, ctx) for b in wanted)
     batches = sorted(by_batch)
     profiles = {}
     for i, spec in enumerate(specs):
@@ -163,13 +170,13 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
     return profiles
 
 
-def _split(e: estimates.DeviceEstimate, factor: float) -> parallelism.SingleGpuSplit | None:
+def _split(e: estimates.DeviceEstimate, factor: float) -> layouts.SingleGpuSplit | None:
     """The estimate's step by region, calibrated like the points; None without blocks."""
     try:
         split = parallel_inputs.split_from_estimate(e)
     except InvalidRequestError:
         return None
-    return parallelism.with_step(split, batch=split.batch, forward_ms=split.forward_ms * factor,
+    return layouts.with_step(split, batch=split.batch, forward_ms=split.forward_ms * factor,
                                  backward_ms=split.backward_ms * factor,
                                  optimizer_ms=split.optimizer_ms * factor)
 
@@ -234,7 +241,7 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
     facts = model_facts.model_facts(graph_at_batch,
                                     training_settings(req.training, req.training.batch_size))
     result = placement.plan(step_profiles(req, specs, ctx), pools, shape, req.objective,
-                            ctx.scaling, facts)
+                            ctx.scaling, facts, req.layout)
     if result.chosen is None:
         raise NoFeasiblePlanError("no GPU type and count satisfies the request",
                                   [*skipped, *result.reasons_by_type.items()])

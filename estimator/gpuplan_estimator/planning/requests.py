@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplan_estimator.core import options
+from gpuplan_estimator.parallel.named import LayoutRequest
 from gpuplan_estimator.planning.placement import GpuPool, Objective
 
 
@@ -51,6 +52,8 @@ class PlanRequest:
     inventory: tuple[InventoryEntry, ...]
     gpu_types: tuple[str, ...]
     model_hf_config: Mapping[str, Any] | None = None
+    layout: LayoutRequest | None = None
+    """A pinned layout: the plan takes it or says why not (its gpus_per_node is the pool's)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ class EstimateRequest:
     training: TrainingRequest
     devices: tuple[str, ...]  # empty = every catalog device
     model_hf_config: Mapping[str, Any] | None = None
+    layout: LayoutRequest | None = None
+    """A named parallel layout to price (`planning.named_layouts`); None: one GPU each."""
 
 
 def to_pool(entry: InventoryEntry, device_key: str) -> GpuPool:

@@ -98,6 +98,9 @@ class TrainingJobSpec:
     local_queue: str | None = None
     """`spec.kueue.localQueue`: the Kueue LocalQueue of the Job, in the TrainingJob's namespace;
     None runs the Job directly, unqueued."""
+    layout: Mapping[str, Any] | None = None
+    """`spec.layout`: a pinned parallel layout, as the estimator's `layout` object (snake_case
+    keys); None lets the planner search."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +216,7 @@ class MemoryStrategy:
 
 
 NO_STRATEGY_LABEL = "none"
-"""The estimator's label of plain data parallelism (`step.strategies.MemoryStrategy.label`)."""
+"""The estimator's label of plain data parallelism (`parallel.strategies.MemoryStrategy.label`)."""
 MAX_MEMORY_PARTS = 32
 """Bound on `status.plan.memoryBytesByPart` entries (the estimator sends ten); the client
 refuses more, the CRD's maxProperties says the same."""

@@ -31,6 +31,7 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
     _check_gpu_types(spec.get("gpuTypes", []), out)
     _check_template(spec.get("template"), out)
     _check_kueue(spec.get("kueue", {}), out)
+    _check_layout(spec.get("layout", {}), out)
     return out
 
 
@@ -68,6 +69,7 @@ def parse_spec(spec: Mapping[str, Any]) -> resources.TrainingJobSpec:
         gpu_types=tuple(spec.get("gpuTypes") or ()),
         template=spec["template"],
         local_queue=(spec.get("kueue") or {}).get("localQueue"),
+        layout=_layout(spec.get("layout")),
     )
 
 
@@ -217,6 +219,50 @@ def _check_kueue(kueue: object, out: list[str]) -> None:
     if not isinstance(name, str) or not DNS_LABEL.fullmatch(name):
         out.append(f"{path}.localQueue: must be a DNS label (lower-case letters, digits and '-', "
                    f"at most 63 characters), got {name!r}")
+
+
+LAYOUT_FIELDS = {"gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", "fsdp": "fsdp",
+                 "zeroStage": "zero_stage", "checkpointing": "checkpointing",
+                 "checkpointFraction": "checkpoint_fraction", "microBatch": "micro_batch",
+                 "gradientAccumulation": "gradient_accumulation", "ppSchedule": "pp_schedule",
+                 "virtualStages": "virtual_stages"}
+"""`spec.layout`'s keys, by the estimator's `layout` field each becomes."""
+LAYOUT_COUNTS = ("gpus", "dp", "tp", "pp", "microBatch", "gradientAccumulation",
+                 "virtualStages")
+LAYOUT_CHOICES = {"fsdp": frozenset({"none", "full", "hybrid"}),
+                  "checkpointing": frozenset({"none", "selective", "full", "per-block"}),
+                  "ppSchedule": frozenset({"1f1b", "interleaved"})}
+MAX_LAYOUT_COUNT = 1 << 24
+
+
+def _check_layout(layout: object, out: list[str]) -> None:
+    """Types and choices; whether the layout can run is the planner's to say (a condition)."""
+    path = "spec.layout"
+    if not isinstance(layout, Mapping):
+        out.append(f"{path}: must be an object")
+        return
+    if not layout:
+        return
+    out.extend(f"{path}.{k}: unknown field" for k in layout if k not in LAYOUT_FIELDS)
+    for key in LAYOUT_COUNTS:
+        _check_int(layout, key, path, 1, MAX_LAYOUT_COUNT, out, required=key in ("gpus", "dp"))
+    for key, allowed in LAYOUT_CHOICES.items():
+        _check_enum(layout, key, path, allowed, out)
+    if "zeroStage" in layout and (not _is_int(layout["zeroStage"])
+                                  or layout["zeroStage"] not in (0, 1, 2, 3)):
+        out.append(f"{path}.zeroStage: must be one of [0, 1, 2, 3], got {layout['zeroStage']!r}")
+    fraction = layout.get("checkpointFraction")
+    if fraction is not None and (isinstance(fraction, bool)
+                                 or not isinstance(fraction, int | float)
+                                 or not 0 < fraction <= 1):
+        out.append(f"{path}.checkpointFraction: must be a number in (0, 1], got {fraction!r}")
+
+
+def _layout(layout: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The estimator's `layout` object of a valid `spec.layout`; None when absent or empty."""
+    if not layout:
+        return None
+    return {LAYOUT_FIELDS[k]: v for k, v in layout.items()}
 
 
 def service_account(template: Mapping[str, Any]) -> str | None:

@@ -18,6 +18,7 @@ from gpuplan_estimator.graph import batching, exporting, zoo
 from gpuplan_estimator.interfaces.cli import (
     arguments,
     exits,
+    layouts,
     output,
     plots,
     probing,
@@ -109,6 +110,7 @@ def _register_estimate(sub: Any) -> None:
                    "(e.g. torch: PyTorch eager rows); default: the bundle's main CPU backend")
     arguments.add_prices_flag(p)
     progress.add_flag(p)
+    layouts.add_flags(p)
     p.set_defaults(func=run_estimate)
 
 
@@ -164,7 +166,10 @@ def resolve_devices(names: Sequence[str], catalog: devices.Catalog | None = None
 
 
 def run_estimate(args: argparse.Namespace) -> int:
-    """`gpuplan estimate`: price the model on each device; a ranked table, or a document."""
+    """`gpuplan estimate`: price the model on each device; a ranked table, or a document.
+    With --gpus, a named parallel layout per rank instead (`cli.layouts`)."""
+    if layouts.given(args):
+        return layouts.run(args)
     plots.check(args.plot)
     specs = resolve_devices(args.device, arguments.catalog(args.prices))
     if not args.device:  # the whole catalog: leave out GPUs without this precision's math

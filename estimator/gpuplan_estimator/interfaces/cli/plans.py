@@ -126,16 +126,20 @@ def pools(specs: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
-def request_body(args: argparse.Namespace) -> dict[str, Any]:
-    """The plan request the flags describe, in the service's wire format."""
+def model_json(args: argparse.Namespace) -> dict[str, Any]:
+    """The model of a request (wire format): the ONNX file's bytes or the --hf-config object."""
     if (args.model is None) == (args.hf_config is None):
         raise InvalidRequestError("model", "give an ONNX file or --hf-config CONFIG_JSON "
                                   "(exactly one)")
-    model: dict[str, Any] = (
-        {"model_onnx_b64": base64.b64encode(Path(args.model).read_bytes()).decode()}
-        if args.model is not None else {"model_hf_config": zoo.load_hf_config(args.hf_config)})
+    return ({"model_onnx_b64": base64.b64encode(Path(args.model).read_bytes()).decode()}
+            if args.model is not None
+            else {"model_hf_config": zoo.load_hf_config(args.hf_config)})
+
+
+def request_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan request the flags describe, in the service's wire format."""
     return {
-        **model,
+        **model_json(args),
         "training": {"batch_size": args.batch, "dataset_size": args.dataset_size,
                      "epochs": args.epochs, "optimizer": args.optimizer,
                      "precision": args.precision, "attention": args.attention,

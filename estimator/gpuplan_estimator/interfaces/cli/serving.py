@@ -220,7 +220,7 @@ def perfdb_outcome_history(db_url: str | None) -> storage.OutcomeHistory:
 
 def perfdb_scaling_history(db_url: str | None) -> storage.ScalingHistory:
     """Stored job outcomes as records (every column, NULL as None or NaN) for the scaling fit
-    (`planning.scaling.fit_from_outcomes`), from the database opened on first use."""
+    (`parallel.scaling.fit_from_outcomes`), from the database opened on first use."""
     store = _lazy_store(db_url)
 
     def history() -> list[Mapping[str, Any]]:

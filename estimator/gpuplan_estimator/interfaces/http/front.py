@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from gpuplan_estimator.interfaces.http import admission, caching, work, workers
 from gpuplan_estimator.interfaces.http.metrics import Metrics
-from gpuplan_estimator.planning import calibrating, scaling
+from gpuplan_estimator.parallel import scaling
+from gpuplan_estimator.planning import calibrating
 
 LARGE_BODY_BYTES = 1 << 20
 """Bodies above this are hashed off the event loop."""

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 from pydantic.json_schema import models_json_schema
 
 from gpuplan_estimator.interfaces.http import responses, wire
+from gpuplan_estimator.interfaces.http.layout_wire import LayoutEstimateResponse
 
 DOCUMENT_PATH = "/openapi.json"
 API_VERSION = "v1"
@@ -73,6 +74,10 @@ SECURITY_SCHEME = "serviceAccountToken"
 _ESTIMATION_ERRORS = {400: _INVALID_JSON, 413: _TOO_LARGE, 429: _BUSY, 503: _UNAVAILABLE,
                       504: _TIMEOUT}
 
+class EstimateAnswer(RootModel[responses.EstimateResponse | LayoutEstimateResponse]):
+    """`POST /v1/estimate` 200: one GPU per device, or per rank under the request's layout."""
+
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/v1/plans", "Choose GPU type and count for a training job",
               {200: Answer("The plan.", responses.PlanResponse),
@@ -81,8 +86,8 @@ OPERATIONS: tuple[Operation, ...] = (
                **_ESTIMATION_ERRORS},
               request=wire.PlanRequestBody),
     Operation("post", "/v1/estimate", "Estimate step time and memory on catalog devices",
-              {200: Answer("The estimate document (docs/estimate-json.md).",
-                           responses.EstimateResponse),
+              {200: Answer("The estimate document (docs/estimate-json.md); with a `layout`, "
+                           "the per-rank LayoutEstimateResponse instead.", EstimateAnswer),
                422: Answer("InvalidRequest (FieldError details) or InvalidModel."),
                **_ESTIMATION_ERRORS},
               request=wire.EstimateRequestBody),

@@ -17,7 +17,8 @@ from typing import Any
 from gpuplan_estimator.interfaces.http.metrics import Metrics
 from gpuplan_estimator.interfaces.http.state import ServiceState
 from gpuplan_estimator.interfaces.http.storage import IoThreads, OutcomeHistory, ScalingHistory
-from gpuplan_estimator.planning import calibrating, scaling
+from gpuplan_estimator.parallel import scaling
+from gpuplan_estimator.planning import calibrating
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class Refits:
         return scaling.fit_from_outcomes(
             rows, min_samples=self.scaling_fit.min_samples,
             random_state=self.scaling_fit.random_state,
-            compute_factor=scaling.single_gpu_compute_factor(rows))
+            compute_factor=calibrating.single_gpu_compute_factor(rows))
 
     async def refit_scaling(self) -> None:
         """Refit the scaling model from every stored outcome; on failure keep the one in use."""

@@ -62,7 +62,8 @@ from gpuplan_estimator.interfaces.http.storage import (
     WorkloadSink,
 )
 from gpuplan_estimator.latency import selection
-from gpuplan_estimator.planning import planner, scaling
+from gpuplan_estimator.parallel import scaling
+from gpuplan_estimator.planning import planner
 
 log = logging.getLogger(__name__)
 

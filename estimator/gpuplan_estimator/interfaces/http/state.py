@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 from gpuplan_estimator.interfaces.http import work
 from gpuplan_estimator.latency import selection
-from gpuplan_estimator.planning import calibrating, planner, scaling
+from gpuplan_estimator.parallel import scaling
+from gpuplan_estimator.planning import calibrating, planner
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,8 @@ from pydantic_core import PydanticCustomError
 
 from gpuplan_estimator.core import limits, options, vocabulary
 from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.interfaces.http import layout_wire
+from gpuplan_estimator.interfaces.http.layout_wire import LayoutBody
 from gpuplan_estimator.planning.placement import Objective
 from gpuplan_estimator.planning.requests import (
     EstimateRequest,
@@ -182,12 +184,18 @@ class PlanRequestBody(_ModelBody):
                          BeforeValidator(_at_most(MAX_INVENTORY_POOLS, "GPU pools"))] = Field(
         min_length=1, max_length=MAX_INVENTORY_POOLS)
     gpu_types: Names | None = Field(None, description="Allow-list of GPU types; empty: any.")
+    layout: LayoutBody | None = Field(
+        None, description="A pinned parallel layout: the plan takes it at its GPU count on each "
+                          "pool (gpus_per_node is the pool's) or says why it cannot.")
 
 
 class EstimateRequestBody(_ModelBody):
     """`POST /v1/estimate`: the model, what to train and the devices (absent or empty: all)."""
 
     devices: Names | None = None
+    layout: LayoutBody | None = Field(
+        None, description="A named parallel layout: the answer is then per rank under it "
+                          "(docs/parallelism.md, \"Estimate a named layout\").")
 
 
 class OutcomeBody(_Body):
@@ -333,7 +341,8 @@ def parse_plan_request(body: Any) -> PlanRequest:
                        free_gpus=p.free_gpus if p.free_gpus is not None else p.gpus_per_node)
         for p in valid.inventory)
     return PlanRequest(model, training, objective, inventory, tuple(valid.gpu_types or ()),
-                       model_hf_config=_hf_config(valid))
+                       model_hf_config=_hf_config(valid),
+                       layout=layout_wire.to_request(valid.layout) if valid.layout else None)
 
 
 def parse_estimate_request(body: Any) -> EstimateRequest:
@@ -344,7 +353,8 @@ def parse_estimate_request(body: Any) -> EstimateRequest:
     training = _training(valid.training, problems)
     _raise_if_any(problems)
     return EstimateRequest(model, training, tuple(valid.devices or ()),
-                           model_hf_config=_hf_config(valid))
+                           model_hf_config=_hf_config(valid),
+                           layout=layout_wire.to_request(valid.layout) if valid.layout else None)
 
 
 MAX_ACTIVATE_REASON_CHARS = 4000

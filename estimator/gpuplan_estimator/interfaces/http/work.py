@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplan_estimator.core.errors import GpuplanError, InvalidModelError, InvalidRequestError
-from gpuplan_estimator.interfaces.http import responses, wire
-from gpuplan_estimator.planning import calibrating, planner, scaling
+from gpuplan_estimator.interfaces.http import layout_wire, responses, wire
+from gpuplan_estimator.parallel import named, scaling
+from gpuplan_estimator.planning import calibrating, named_layouts, planner, requests
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,25 @@ def no_feasible_plan_reply(exc: planner.NoFeasiblePlanError) -> Reply:
         for gpu_type, why in exc.rejections])
 
 
+def estimate(req: requests.EstimateRequest, ctx: planner.PlannerContext) -> dict[str, Any]:
+    """`POST /v1/estimate` (and `gpuplan estimate`): one GPU per device, or per rank under the
+    request's named layout, whose problems come back one per `layout.<field>`."""
+    if req.layout is None:
+        return planner.estimate_request(req, ctx)
+    try:
+        results = named_layouts.estimate_layout(req, ctx)
+    except InvalidRequestError as exc:
+        if exc.field.startswith(named.FIELD_PREFIX) and exc.details:
+            raise wire.InvalidFieldsError(
+                [tuple(d.split(": ", 1)) for d in exc.details]) from exc  # type: ignore[misc]
+        raise
+    return layout_wire.layout_estimates_json(results)
+
+
 ENDPOINTS: dict[str, tuple[Callable[[Any], Any], Callable[[Any, planner.PlannerContext], Any]]]
 ENDPOINTS = {
     "plans": (wire.parse_plan_request, planner.plan_request),
-    "estimate": (wire.parse_estimate_request, planner.estimate_request),
+    "estimate": (wire.parse_estimate_request, estimate),
     # A plan whose chosen workload the service stores (it has a database): the same plan
     # plus `planner.WORKLOAD_KEY`, which the service takes out before answering.
     "plans_with_workload": (wire.parse_plan_request, planner.plan_with_workload),

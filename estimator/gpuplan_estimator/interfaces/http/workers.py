@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import pebble
 
 from gpuplan_estimator.interfaces.http import work
-from gpuplan_estimator.planning import calibrating, scaling
+from gpuplan_estimator.parallel import scaling
+from gpuplan_estimator.planning import calibrating
 
 PRELOAD = ["gpuplan_estimator.interfaces.http.work"]
 """Imported once by the forkserver, so a new worker starts in a fork, not a fresh interpreter."""

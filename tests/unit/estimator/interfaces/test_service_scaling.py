@@ -17,8 +17,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.interfaces.cli import serving
 from gpuplan_estimator.interfaces.http import service, wire
+from gpuplan_estimator.parallel import scaling
 from gpuplan_estimator.perfdb import PerfStore
-from gpuplan_estimator.planning import calibrating, planner, scaling
+from gpuplan_estimator.planning import calibrating, planner
 from gpuplan_testing.contexts import roofline_context
 
 L4 = {"gpu_type": "NVIDIA-L4", "gpus_per_node": 4, "nodes": 1, "free_gpus": 4}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from gpuplan_estimator.interfaces.http import responses
+from gpuplan_estimator.parallel.sharding import StrategyMemory
+from gpuplan_estimator.parallel.strategies import MemoryStrategy
 from gpuplan_estimator.step.memory import MemoryBreakdown
-from gpuplan_estimator.step.sharding import StrategyMemory
-from gpuplan_estimator.step.strategies import MemoryStrategy
 
 
 def test_the_strategy_memory_model_has_every_part_the_planner_reports() -> None:

@@ -1,6 +1,6 @@
 """Job outcomes with the scaling fields of revision 0005: an old database upgrades with its rows
 kept (NULL there), new rows round-trip, bad values name their field, and stored records become
-scaling samples (`planning.scaling.samples_from_outcomes`) only where every field is present."""
+scaling samples (`parallel.scaling.samples_from_outcomes`) only where every field is present."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import text
 
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.parallel import scaling
 from gpuplan_estimator.perfdb.store import PerfStore
-from gpuplan_estimator.planning import scaling
 from gpuplan_testing.old_databases import database_at
 
 BASE: dict[str, Any] = {"device": "a100-80gb", "estimated_seconds": 100.0,

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
+from gpuplan_estimator.parallel.scaling import ScalingModel
 from gpuplan_estimator.planning import calibrating, placement
-from gpuplan_estimator.planning.scaling import ScalingModel
 
 GIB = 2**30
 

@@ -10,8 +10,8 @@ import pytest
 from gpuplan_estimator import devices
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.interfaces.cli import main
+from gpuplan_estimator.parallel.scaling import ScalingModel
 from gpuplan_estimator.planning import placement
-from gpuplan_estimator.planning.scaling import ScalingModel
 
 GIB = 2**30
 SHAPE = placement.TrainingShape(global_batch=64, steps_per_epoch=1000, epochs=1)

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpuplan_estimator.planning import scaling
-from gpuplan_estimator.planning.scaling import ScalingModel, ScalingSample
+from gpuplan_estimator.parallel import scaling
+from gpuplan_estimator.parallel.scaling import ScalingModel, ScalingSample
+from gpuplan_estimator.planning import calibrating
 
 FORWARD_MS, BACKWARD_MS, OPTIMIZER_MS = 40.0, 80.0, 5.0
 
@@ -115,9 +116,9 @@ def test_the_compute_factor_scales_the_planned_parts_per_device() -> None:
 
 def test_the_single_gpu_factor_comes_from_single_gpu_outcomes_only() -> None:
     slow = {**ROW, "gpu_count": 1, "estimated_seconds": 10.0, "actual_seconds": 20.0}
-    factor = scaling.single_gpu_compute_factor([ROW, slow, {**slow, "device": "a100"}])
+    factor = calibrating.single_gpu_compute_factor([ROW, slow, {**slow, "device": "a100"}])
     assert factor("h100") > 1.0 and factor("a100") > 1.0
-    assert scaling.single_gpu_compute_factor([ROW])("h100") == 1.0
+    assert calibrating.single_gpu_compute_factor([ROW])("h100") == 1.0
 
 
 def test_fit_from_outcomes_reads_the_records() -> None:

@@ -1,7 +1,7 @@
 """How a job runs on `n` GPUs of one type: the parallel layout and memory strategy the planner
 picks, with its per-GPU memory and step time (pure).
 
-For each layout (dp, tp, pp, micro-batches; `parallelism.layouts`) every memory strategy
+For each layout (dp, tp, pp, micro-batches; `layouts.layouts`) every memory strategy
 (`strategies.candidate_strategies`, plus ZeRO-1 under accumulation) that fits the GPU is timed,
 and the fastest setup of all wins. Plain data parallelism is one
 layout among them (tp = pp = 1, micro-batches = the strategy's gradient accumulation). Tensor
@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.planning import parallelism
-from gpuplan_estimator.planning.parallelism import ModelDims, ParallelLayout, SingleGpuSplit
-from gpuplan_estimator.planning.scaling import ScalingModel
-from gpuplan_estimator.step import memory, strategies, strategy_time
+from gpuplan_estimator.parallel import layouts, strategies, strategy_time
+from gpuplan_estimator.parallel.layouts import ModelDims, ParallelLayout, SingleGpuSplit
+from gpuplan_estimator.parallel.scaling import ScalingModel
+from gpuplan_estimator.parallel.sharding import StrategyMemory
+from gpuplan_estimator.parallel.strategies import NO_STRATEGY, MemoryStrategy
+from gpuplan_estimator.step import memory
 from gpuplan_estimator.step.decomposition import TrainingSettings
-from gpuplan_estimator.step.sharding import StrategyMemory
-from gpuplan_estimator.step.strategies import NO_STRATEGY, MemoryStrategy
 
 MODEL_PARALLEL_STRATEGIES = (
     NO_STRATEGY, MemoryStrategy(zero_stage=1), MemoryStrategy(checkpointing="full"),
@@ -35,6 +35,10 @@ PIPELINE_MICRO_BATCH_FACTORS = (1, 2, 4, 8)
 SIMPLER_WINS_WITHIN = 0.02
 """A later setup (more sharding, accumulation, model parallelism) replaces an earlier one only
 when its step is more than 2 % faster: within the model's error, the simpler one to run wins."""
+
+EXPOSED_COMM_KINDS = (*strategy_time.COLLECTIVE_KINDS, "p2p")
+"""The collectives a step's exposed communication is split by: the strategies' and the
+pipeline's point-to-point sends."""
 
 MemoryFn = Callable[[int, MemoryStrategy, ParallelLayout, int], StrategyMemory]
 """(micro-batch, strategy, layout, GPUs per node) → per-GPU memory; built from the graph by
@@ -64,6 +68,9 @@ class Setup:
     step_ms: float
     backward_ms: float  # of the step, what hides the data-parallel communication
     parts_ms: dict[str, float]  # compute, recompute, tp_comm, pp_bubble, pp_p2p, dp_comm, ...
+    exposed_comm_ms: dict[str, float]
+    """The communication in `step_ms` by collective (`EXPOSED_COMM_KINDS`): what compute does not
+    hide, each kind its share of the exposed time."""
 
 
 @dataclass(frozen=True)
@@ -98,9 +105,9 @@ def search(*, n: int, gpus_per_node: int, global_batch: int, device: DeviceSpec,
                 continue
             # Every strategy that fits is timed: which is fastest depends on the network (ZeRO-2
             # reduces every micro-step, ZeRO-1 once per step), not only on the list's order.
-            setup = _timed(full, strategy, micro, mem, device=device, facts=facts,
-                           step_at=step_at, split=split, scaling=scaling,
-                           gpus_per_node=gpus_per_node, comm_factor=comm_factor)
+            setup = timed(full, strategy, micro, mem, device=device, facts=facts,
+                          step_at=step_at, split=split, scaling=scaling,
+                          gpus_per_node=gpus_per_node, comm_factor=comm_factor)
             # Tried simplest first: a more involved setup must be clearly faster to win.
             if best is None or setup.step_ms < best.step_ms * (1.0 - SIMPLER_WINS_WITHIN):
                 best = setup
@@ -119,7 +126,7 @@ def _layouts(n: int, gpus_per_node: int, global_batch: int, facts: ModelFacts,
             facts.settings, per_gpu, n, gpus_per_node)
     if facts.dims is None or split is None or n == 1 or not facts.settings.training:
         return
-    for layout in parallelism.layouts(n, gpus_per_node, global_batch,
+    for layout in layouts.layouts(n, gpus_per_node, global_batch,
                                       max_tp=min(gpus_per_node, n), dims=facts.dims):
         if layout.tp == 1 and layout.pp == 1:
             continue  # data parallelism, above
@@ -144,19 +151,21 @@ def _dp_strategies(settings: TrainingSettings, per_gpu: int, dp: int, gpus_per_n
     return tuple(dict.fromkeys(listed + zero_one))
 
 
-def _timed(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, mem: StrategyMemory,
-           *, device: DeviceSpec, facts: ModelFacts, step_at: StepFn,
-           split: SingleGpuSplit | None, scaling: ScalingModel, gpus_per_node: int,
-           comm_factor: float) -> Setup:
+def timed(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, mem: StrategyMemory,
+          *, device: DeviceSpec, facts: ModelFacts, step_at: StepFn,
+          split: SingleGpuSplit | None, scaling: ScalingModel, gpus_per_node: int,
+          comm_factor: float) -> Setup:
+    """The step of `layout` (its micro_batches including accumulation) under `strategy` at
+    micro-batch `micro`: what `search` ranks, and what a named layout is priced by."""
     forward, backward, optimizer = step_at(micro)
     if layout.tp == 1 and layout.pp == 1:
         return _data_parallel(layout, strategy, micro, mem, forward, backward, optimizer,
                               facts=facts, device=device, scaling=scaling,
                               gpus_per_node=gpus_per_node, comm_factor=comm_factor)
     assert split is not None and facts.dims is not None  # _layouts yields none otherwise
-    moved = parallelism.with_step(split, batch=micro, forward_ms=forward, backward_ms=backward,
+    moved = layouts.with_step(split, batch=micro, forward_ms=forward, backward_ms=backward,
                                   optimizer_ms=optimizer)
-    step = parallelism.step_time(layout, moved, facts.dims, device,
+    step = layouts.step_time(layout, moved, facts.dims, device,
                                  _scaled_comm(scaling, comm_factor),
                                  gpus_per_node=gpus_per_node)
     forward_share = forward / (forward + backward) if forward + backward > 0 else 0.0
@@ -166,8 +175,27 @@ def _timed(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, mem: St
     parts = {"compute": step.compute_ms, "recompute": recompute, "tp_comm": step.tp_comm_ms,
              "pp_bubble": step.pp_bubble_ms, "pp_p2p": step.pp_p2p_ms,
              "dp_comm": step.dp_allreduce_ms, "optimizer": optimizer_ms}
+    # Megatron's TP collectives are all-reduces; the DP gradients an all-reduce, or under
+    # ZeRO-1 its two halves (reduce-scatter of gradients, all-gather of parameters, §7.2).
+    dp_kinds = ({"reduce-scatter": 0.5, "all-gather": 0.5} if strategy.shards_optimizer_state
+                else {"all-reduce": 1.0})
+    exposed = {kind: 0.0 for kind in EXPOSED_COMM_KINDS}
+    exposed["all-reduce"] += step.tp_comm_ms
+    exposed["p2p"] += step.pp_p2p_ms
+    for kind, share in dp_kinds.items():
+        exposed[kind] += share * step.dp_allreduce_ms
     return Setup(layout, strategy, micro, mem, total,
-                 step.compute_ms * (1.0 - forward_share), parts)
+                 step.compute_ms * (1.0 - forward_share), parts, exposed)
+
+
+def priced(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, gpus_per_node: int,
+           *, device: DeviceSpec, facts: ModelFacts, step_at: StepFn,
+           split: SingleGpuSplit | None, scaling: ScalingModel, comm_factor: float) -> Setup:
+    """One named setup's memory and step, whether it fits or not (`timed`)."""
+    mem = facts.memory(micro, strategy, layout, gpus_per_node)
+    return timed(layout, strategy, micro, mem, device=device, facts=facts, step_at=step_at,
+                 split=split, scaling=scaling, gpus_per_node=gpus_per_node,
+                 comm_factor=comm_factor)
 
 
 def _data_parallel(layout: ParallelLayout, strategy: MemoryStrategy, micro: int,
@@ -187,7 +215,21 @@ def _data_parallel(layout: ParallelLayout, strategy: MemoryStrategy, micro: int,
     parts = {"compute": t.forward_ms + t.backward_ms, "recompute": t.recompute_ms,
              "dp_comm": exposed, "optimizer": t.optimizer_ms + t.host_optimizer_ms,
              "offload_copies": t.pcie_ms}
-    return Setup(layout, strategy, micro, mem, t.compute_ms + exposed, t.backward_ms, parts)
+    return Setup(layout, strategy, micro, mem, t.compute_ms + exposed, t.backward_ms, parts,
+                 _exposed_by_kind(t.collectives, exposed, scaling, gpus_per_node=gpus_per_node,
+                                  intra_node_gbps=device.interconnect_gbps))
+
+
+def _exposed_by_kind(collectives: Iterable[strategy_time.Collective], exposed_ms: float,
+                     scaling: ScalingModel, *, gpus_per_node: int, intra_node_gbps: float
+                     ) -> dict[str, float]:
+    """`exposed_ms` shared among the collectives' kinds by each kind's time."""
+    by_kind = {kind: 0.0 for kind in EXPOSED_COMM_KINDS}
+    for c in collectives:
+        by_kind[c.kind] += collective_ms(c, scaling, gpus_per_node=gpus_per_node,
+                                         intra_node_gbps=intra_node_gbps)
+    total = sum(by_kind.values())
+    return {kind: exposed_ms * ms / total if total > 0 else 0.0 for kind, ms in by_kind.items()}
 
 
 def collective_ms(c: strategy_time.Collective, scaling: ScalingModel, *, gpus_per_node: int,

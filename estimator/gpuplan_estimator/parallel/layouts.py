@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.planning.scaling import ScalingModel
+from gpuplan_estimator.parallel.scaling import ScalingModel
 
 TP_ALLREDUCES_PER_BLOCK = 4
 """Megatron's f/g operators: after the attention and MLP row-parallel GEMMs in forward, before
@@ -55,6 +55,8 @@ class ParallelLayout:
     tp: int
     pp: int
     micro_batches: int
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank: 1 is 1F1B, more is Megatron's interleaved schedule."""
 
     @property
     def gpu_count(self) -> int:
@@ -70,7 +72,8 @@ class ParallelLayout:
 
     def describe(self) -> str:
         """E.g. "dp=2 tp=4 pp=1 m=8"."""
-        return f"dp={self.dp} tp={self.tp} pp={self.pp} m={self.micro_batches}"
+        chunks = f" v={self.virtual_stages}" if self.virtual_stages != 1 else ""
+        return f"dp={self.dp} tp={self.tp} pp={self.pp} m={self.micro_batches}{chunks}"
 
 
 @dataclass(frozen=True)
@@ -208,7 +211,7 @@ def layout_problems(layout: ParallelLayout, *, gpu_count: int, gpus_per_node: in
                     global_batch: int, dims: ModelDims | None = None) -> tuple[str, ...]:
     """Every reason `layout` cannot run, as "field: message"; empty when it can."""
     degrees = {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp,
-               "micro_batches": layout.micro_batches}
+               "micro_batches": layout.micro_batches, "virtual_stages": layout.virtual_stages}
     bad = [f"layout.{k}: must be a positive integer, got {v!r}" for k, v in degrees.items()
            if isinstance(v, bool) or not isinstance(v, int) or v < 1]
     if bad:
@@ -221,9 +224,22 @@ def layout_problems(layout: ParallelLayout, *, gpu_count: int, gpus_per_node: in
                    f"{gpus_per_node} (TP's per-layer all-reduces need the node's link)")
     if global_batch % (layout.dp * layout.micro_batches):
         out.append(f"layout.micro_batches: {_uneven(global_batch, layout)}")
+    out += _interleave_problems(layout)
     if dims is not None:
         out += _dims_problems(layout, dims)
     return tuple(out)
+
+
+def _interleave_problems(layout: ParallelLayout) -> list[str]:
+    """Megatron's interleaved schedule needs a pipeline and micro-batches in groups of pp."""
+    if layout.virtual_stages == 1:
+        return []
+    if layout.pp == 1:
+        return ["layout.virtual_stages: an interleaved schedule needs pp > 1"]
+    if layout.micro_batches % layout.pp:
+        return [f"layout.virtual_stages: the interleaved schedule runs micro-batches in groups "
+                f"of pp={layout.pp}; {layout.micro_batches} is not a multiple"]
+    return []
 
 
 def _dims_problems(layout: ParallelLayout, dims: ModelDims) -> list[str]:
@@ -232,8 +248,9 @@ def _dims_problems(layout: ParallelLayout, dims: ModelDims) -> list[str]:
         out.append(f"layout.tp: {layout.tp} does not divide the hidden size {dims.hidden}")
     if dims.heads is not None and dims.heads % layout.tp:
         out.append(f"layout.tp: {layout.tp} does not divide the {dims.heads} attention heads")
-    if layout.pp > dims.blocks:
-        out.append(f"layout.pp: {layout.pp} stages for {dims.blocks} blocks")
+    if layout.pp * layout.virtual_stages > dims.blocks:
+        out.append(f"layout.pp: {layout.pp} x {layout.virtual_stages} model chunks for "
+                   f"{dims.blocks} blocks")
     return out
 
 
@@ -296,15 +313,23 @@ def stage_blocks(blocks: int, pp: int) -> tuple[int, ...]:
     return tuple(base + (1 if i < extra else 0) for i in range(pp))
 
 
-def bubble_fraction(pp: int, micro_batches: int) -> float:
-    """The idle share of an even 1F1B pipeline: (pp-1)/(m+pp-1)."""
-    return (pp - 1) / (micro_batches + pp - 1)
+def bubble_fraction(pp: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """The idle share of an even pipeline: (pp-1)/(m+pp-1) for 1F1B, the bubble 1/v of
+    that for v interleaved chunks: ((pp-1)/v) / (m + (pp-1)/v)."""
+    bubble = (pp - 1) / virtual_stages
+    return bubble / (micro_batches + bubble)
 
 
-def pipeline_ms(stage_ms: tuple[float, ...], micro_batches: int) -> float:
+def pipeline_ms(stage_ms: tuple[float, ...], micro_batches: int, virtual_stages: int = 1
+                ) -> float:
     """1F1B step time of stages taking `stage_ms` per micro-batch: one micro-batch through all
-    of them, then the slowest stage for each of the others."""
-    return sum(stage_ms) + (micro_batches - 1) * max(stage_ms)
+    of them, then the slowest stage for each of the others. Interleaved over `virtual_stages`
+    chunks per rank, fill and drain pass chunks 1/v the size (Narayanan et al. SC'21 §2.2.2:
+    the bubble shrinks by v)."""
+    if virtual_stages == 1:
+        return sum(stage_ms) + (micro_batches - 1) * max(stage_ms)
+    slowest = max(stage_ms)
+    return micro_batches * slowest + (sum(stage_ms) - slowest) / virtual_stages
 
 
 def dp_shard_gradient_bytes(gradient_bytes: int, layout: ParallelLayout) -> int:
@@ -384,6 +409,8 @@ def _stages(layout: ParallelLayout, split: SingleGpuSplit, dims: ModelDims, devi
             reduces += TP_ALLREDUCES_LAST_STAGE
         # A stage sends its output forward and its input gradient backward.
         p2p = (sends[i] if i < last else 0.0) + (sends[i - 1] if i > 0 else 0.0)
+        # Interleaved: each micro-batch crosses every rank's boundaries once per chunk (§2.2.2).
+        p2p *= layout.virtual_stages
         stages.append(_Stage(compute, reduces * allreduce if layout.tp > 1 else 0.0, p2p))
     return stages
 
@@ -411,7 +438,7 @@ def step_time(layout: ParallelLayout, single_gpu_split: SingleGpuSplit, model_di
     stage_ms = tuple(s.total_ms for s in stages)
     m = layout.micro_batches
     slowest = stages[max(range(len(stages)), key=lambda i: stage_ms[i])]
-    pipeline = pipeline_ms(stage_ms, m)
+    pipeline = pipeline_ms(stage_ms, m, layout.virtual_stages)
     full = scaling.allreduce_ms(
         gradient_bytes=dp_shard_gradient_bytes(split.gradient_bytes, layout),
         gpu_count=layout.dp, gpus_per_node=dp_members_per_node(layout, gpus_per_node, rank_order),
@@ -426,6 +453,6 @@ def step_time(layout: ParallelLayout, single_gpu_split: SingleGpuSplit, model_di
         compute_ms=m * slowest.compute_ms, tp_comm_ms=m * slowest.tp_comm_ms,
         pp_bubble_ms=pipeline - m * slowest.total_ms, pp_p2p_ms=m * slowest.p2p_ms,
         dp_allreduce_ms=exposed, optimizer_ms=optimizer, total_ms=pipeline + exposed + optimizer,
-        bubble_fraction=bubble_fraction(layout.pp, m), stage_ms=stage_ms,
+        bubble_fraction=bubble_fraction(layout.pp, m, layout.virtual_stages), stage_ms=stage_ms,
         dp_allreduce_full_ms=full, link=device.interconnect,
     )

@@ -8,10 +8,11 @@ import pytest
 
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import Layer, ModelGraph
-from gpuplan_estimator.step import block_activations, memory, sharding
-from gpuplan_estimator.step.block_activations import ActivationLayout, BlockActivations
+from gpuplan_estimator.parallel import block_activations, sharding
+from gpuplan_estimator.parallel.block_activations import ActivationLayout, BlockActivations
+from gpuplan_estimator.parallel.strategies import MemoryStrategy
+from gpuplan_estimator.step import memory
 from gpuplan_estimator.step.decomposition import TrainingSettings
-from gpuplan_estimator.step.strategies import MemoryStrategy
 from gpuplan_testing.layer_builders import layer, t
 
 OUTSIDE = "outside"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuplan_estimator.planning.scaling import ScalingModel, ScalingSample, fit_scaling
+from gpuplan_estimator.parallel.scaling import ScalingModel, ScalingSample, fit_scaling
 
 
 def test_single_gpu_has_no_allreduce() -> None:

@@ -17,8 +17,6 @@ from typing import Any
 import numpy as np
 from scipy.optimize import differential_evolution
 
-from gpuplan_estimator.planning import calibrating
-
 DEFAULT_INTER_NODE_GBPS = 25.0  # one 200 Gb/s NIC per node
 
 
@@ -332,18 +330,6 @@ def samples_from_outcomes(
             measured_step_ms=float(row["actual_seconds"]) * 1000.0 / int(row["steps"]),
             device=device, source="job_outcome"))
     return out
-
-
-def single_gpu_compute_factor(rows: Iterable[Mapping[str, Any]]) -> Callable[[str], float]:
-    """Per device, the calibration factor of the single-GPU training outcomes among `rows`:
-    they measure compute alone, so the scaling fit need not absorb a compute error (a device
-    without any inherits the global factor; no single-GPU outcome at all: 1)."""
-    single = [calibrating.Outcome(str(r["device"]), "train",
-                                  predicted_ms=float(r["estimated_seconds"]) * 1000.0,
-                                  measured_ms=float(r["actual_seconds"]) * 1000.0)
-              for r in rows if int(r["gpu_count"]) == 1]
-    fitted = calibrating.fit(single)
-    return lambda device: fitted.correction(device, "train").factor
 
 
 def fit_from_outcomes(

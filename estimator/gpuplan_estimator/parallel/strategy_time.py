@@ -3,7 +3,7 @@
 Compute time is given (forward, backward, optimizer of one micro-step on one GPU); this module
 says how many micro-steps run, what recomputation adds, what the optimizer step becomes, and
 which collectives move how many bytes. It does not price communication: the planner does,
-with its interconnect model (`planning.scaling`), from the `Collective`s returned here.
+with its interconnect model (`parallel.scaling`), from the `Collective`s returned here.
 
 - Gradient accumulation: `steps` micro-steps of forward+backward per optimizer step; plain
   data parallelism and ZeRO-1 reduce gradients once per optimizer step (DDP `no_sync`);
@@ -27,9 +27,9 @@ import math
 from dataclasses import dataclass
 
 from gpuplan_estimator.core.errors import InvalidRequestError
-from gpuplan_estimator.step import strategies
+from gpuplan_estimator.parallel import strategies
+from gpuplan_estimator.parallel.strategies import MemoryStrategy
 from gpuplan_estimator.step.decomposition import OPTIMIZER_PASSES, TrainingSettings
-from gpuplan_estimator.step.strategies import MemoryStrategy
 
 COLLECTIVE_KINDS = ("all-reduce", "reduce-scatter", "all-gather")
 FP32_BYTES = 4

@@ -10,14 +10,15 @@ from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.graph import zoo
-from gpuplan_estimator.planning import estimates, parallel_inputs, parallelism
-from gpuplan_estimator.planning.parallelism import (
+from gpuplan_estimator.parallel import layouts
+from gpuplan_estimator.parallel.layouts import (
     ModelDims,
     ParallelLayout,
     RegionTime,
     SingleGpuSplit,
 )
-from gpuplan_estimator.planning.scaling import ScalingModel
+from gpuplan_estimator.parallel.scaling import ScalingModel
+from gpuplan_estimator.planning import estimates, parallel_inputs
 from gpuplan_estimator.step.decomposition import TrainingSettings
 
 DIMS = ModelDims(hidden=1024, sequence=2048, blocks=24, element_bytes=2, heads=16)
@@ -45,7 +46,7 @@ def _split(*, batch: int = 4, blocks_ms: float = 240.0, tp_fraction: float = 0.7
 
 def test_uneven_batch_is_refused_with_the_leftover() -> None:
     layout = ParallelLayout(dp=3, tp=1, pp=1, micro_batches=2)
-    problems = parallelism.layout_problems(layout, gpu_count=3, gpus_per_node=8, global_batch=16)
+    problems = layouts.layout_problems(layout, gpu_count=3, gpus_per_node=8, global_batch=16)
     assert problems == ("layout.micro_batches: global batch 16 does not split into dp=3 x 2 "
                         "micro-batch(es) (4 sample(s) left over)",)
     with pytest.raises(InvalidRequestError, match="left over"):
@@ -57,7 +58,7 @@ def test_uneven_batch_is_refused_with_the_leftover() -> None:
     (8, 8, True), (4, 8, True), (8, 4, False), (3, 6, True), (4, 6, False)])
 def test_tp_stays_inside_a_node(tp: int, gpus_per_node: int, ok: bool) -> None:
     layout = ParallelLayout(dp=1, tp=tp, pp=1, micro_batches=1)
-    problems = parallelism.layout_problems(layout, gpu_count=tp, gpus_per_node=gpus_per_node,
+    problems = layouts.layout_problems(layout, gpu_count=tp, gpus_per_node=gpus_per_node,
                                            global_batch=8)
     assert (problems == ()) is ok
     if not ok:
@@ -66,7 +67,7 @@ def test_tp_stays_inside_a_node(tp: int, gpus_per_node: int, ok: bool) -> None:
 
 def test_every_problem_is_named_at_once() -> None:
     layout = ParallelLayout(dp=2, tp=3, pp=32, micro_batches=5)
-    problems = parallelism.layout_problems(layout, gpu_count=8, gpus_per_node=8, global_batch=8,
+    problems = layouts.layout_problems(layout, gpu_count=8, gpus_per_node=8, global_batch=8,
                                            dims=DIMS)
     fields = [p.split(":")[0] for p in problems]
     assert fields == ["layout", "layout.tp", "layout.micro_batches", "layout.tp", "layout.tp",
@@ -74,7 +75,7 @@ def test_every_problem_is_named_at_once() -> None:
 
 
 def test_layouts_are_exactly_the_valid_ones() -> None:
-    found = list(parallelism.layouts(8, 4, 8, max_tp=4, dims=DIMS))
+    found = list(layouts.layouts(8, 4, 8, max_tp=4, dims=DIMS))
     assert found, "8 GPUs of 4-GPU nodes have layouts for batch 8"
     for layout in found:
         assert layout.gpu_count == 8
@@ -88,9 +89,9 @@ def test_layouts_are_exactly_the_valid_ones() -> None:
 
 def test_layouts_respect_max_pp_and_block_count() -> None:
     shallow = dataclasses.replace(DIMS, blocks=2)
-    found = list(parallelism.layouts(8, 8, 8, dims=shallow))
+    found = list(layouts.layouts(8, 8, 8, dims=shallow))
     assert max(layout.pp for layout in found) == 2
-    assert max(layout.pp for layout in parallelism.layouts(8, 8, 8, max_pp=4)) == 4
+    assert max(layout.pp for layout in layouts.layouts(8, 8, 8, max_pp=4)) == 4
 
 
 # --- formulas on hand numbers --------------------------------------------------------------
@@ -98,9 +99,9 @@ def test_layouts_respect_max_pp_and_block_count() -> None:
 
 def test_tp_message_and_allreduce_by_hand() -> None:
     # 2 x 2048 x 1024 x 2 bytes = 8 MiB; ring over 4 GPUs at 100 GB/s: 2*3/4*8388608/1e11 s
-    assert parallelism.activation_bytes(2, DIMS) == 8 * 2**20
+    assert layouts.activation_bytes(2, DIMS) == 8 * 2**20
     device = dataclasses.replace(_device(), interconnect_gbps=100.0)
-    ms = parallelism.tp_allreduce_ms(8 * 2**20, 4, gpus_per_node=8, device=device,
+    ms = layouts.tp_allreduce_ms(8 * 2**20, 4, gpus_per_node=8, device=device,
                                      scaling=EXACT)
     assert ms == pytest.approx(1.5 * 8 * 2**20 / 1e11 * 1e3)
 
@@ -108,32 +109,32 @@ def test_tp_message_and_allreduce_by_hand() -> None:
 def test_tp_comm_of_a_step_is_four_allreduces_per_block_plus_two() -> None:
     device = dataclasses.replace(_device(), interconnect_gbps=100.0)
     layout = ParallelLayout(dp=1, tp=4, pp=1, micro_batches=1)
-    step = parallelism.step_time(layout, _split(batch=2), DIMS, device, EXACT, gpus_per_node=8)
-    one = 1.5 * parallelism.activation_bytes(2, DIMS) / 1e11 * 1e3
+    step = layouts.step_time(layout, _split(batch=2), DIMS, device, EXACT, gpus_per_node=8)
+    one = 1.5 * layouts.activation_bytes(2, DIMS) / 1e11 * 1e3
     assert step.tp_comm_ms == pytest.approx((4 * 24 + 2) * one)
 
 
 @pytest.mark.parametrize(("pp", "m", "expected"), [(1, 1, 0.0), (4, 1, 0.75), (4, 4, 3 / 7),
                                                    (2, 8, 1 / 9)])
 def test_bubble_fraction(pp: int, m: int, expected: float) -> None:
-    assert parallelism.bubble_fraction(pp, m) == pytest.approx(expected)
+    assert layouts.bubble_fraction(pp, m) == pytest.approx(expected)
 
 
 def test_more_micro_batches_shrink_the_bubble_share() -> None:
-    shares = [parallelism.bubble_fraction(4, m) for m in (1, 2, 4, 8, 16, 32)]
+    shares = [layouts.bubble_fraction(4, m) for m in (1, 2, 4, 8, 16, 32)]
     assert shares == sorted(shares, reverse=True)
     assert len(set(shares)) == len(shares)
 
 
 def test_even_pipeline_is_m_plus_pp_minus_one_stages() -> None:
-    assert parallelism.pipeline_ms((10.0,) * 4, 8) == pytest.approx((8 + 4 - 1) * 10.0)
+    assert layouts.pipeline_ms((10.0,) * 4, 8) == pytest.approx((8 + 4 - 1) * 10.0)
     # An uneven pipeline is paced by its slowest stage.
-    assert parallelism.pipeline_ms((10.0, 10.0, 20.0), 3) == pytest.approx(40.0 + 2 * 20.0)
+    assert layouts.pipeline_ms((10.0, 10.0, 20.0), 3) == pytest.approx(40.0 + 2 * 20.0)
 
 
 def test_blocks_split_evenly_else_the_first_stages_take_one_more() -> None:
-    assert parallelism.stage_blocks(24, 4) == (6, 6, 6, 6)
-    assert parallelism.stage_blocks(10, 4) == (3, 3, 2, 2)
+    assert layouts.stage_blocks(24, 4) == (6, 6, 6, 6)
+    assert layouts.stage_blocks(10, 4) == (3, 3, 2, 2)
 
 
 def test_pipeline_step_by_hand() -> None:
@@ -141,7 +142,7 @@ def test_pipeline_step_by_hand() -> None:
     # 60 ms a stage, (4 + 3) x 60 ms of pipeline; the bubble is 3 x 60 ms plus the sends of
     # the ramp: 6 sends in all stages, 2 in the slowest (a middle one) -> 6 + 3*2 - 4*2 = 4.
     layout = ParallelLayout(dp=1, tp=1, pp=4, micro_batches=4)
-    step = parallelism.step_time(layout, _split(gradient_bytes=0), DIMS, _device(), EXACT,
+    step = layouts.step_time(layout, _split(gradient_bytes=0), DIMS, _device(), EXACT,
                                  gpus_per_node=8)
     assert step.compute_ms == pytest.approx(4 * 60.0)
     send_ms = step.pp_p2p_ms / (4 * 2)
@@ -153,9 +154,9 @@ def test_pipeline_step_by_hand() -> None:
 
 def test_dp_allreduces_the_shard_of_each_tp_pp_group() -> None:
     layout = ParallelLayout(dp=2, tp=2, pp=2, micro_batches=1)
-    assert parallelism.dp_shard_gradient_bytes(8 * 10**9, layout) == 2 * 10**9
+    assert layouts.dp_shard_gradient_bytes(8 * 10**9, layout) == 2 * 10**9
     device = dataclasses.replace(_device(), interconnect_gbps=100.0)
-    step = parallelism.step_time(layout, _split(gradient_bytes=8 * 10**9), DIMS, device, EXACT,
+    step = layouts.step_time(layout, _split(gradient_bytes=8 * 10**9), DIMS, device, EXACT,
                                  gpus_per_node=8)
     # Ring over dp=2 GPUs of the shard: 2 * 1/2 * 2e9 B / 1e11 B/s = 20 ms, nothing hidden.
     assert step.dp_allreduce_full_ms == pytest.approx(20.0)
@@ -168,17 +169,17 @@ def test_rank_order_decides_which_group_crosses_nodes(order: str, dp_crosses: bo
                                                       pp_crosses: bool) -> None:
     # 8 GPUs on 4-GPU nodes: tp=2 inside, dp=2, pp=2.
     layout = ParallelLayout(dp=2, tp=2, pp=2, micro_batches=1)
-    assert (parallelism.dp_members_per_node(layout, 4, order) < layout.dp) is dp_crosses
-    assert parallelism.boundary_crosses_nodes(layout, 0, 4, order) is pp_crosses
+    assert (layouts.dp_members_per_node(layout, 4, order) < layout.dp) is dp_crosses
+    assert layouts.boundary_crosses_nodes(layout, 0, 4, order) is pp_crosses
 
 
 def test_dp_allreduce_hides_behind_the_last_micro_batch_only() -> None:
     hiding = dataclasses.replace(EXACT, overlap=1.0)
     device = dataclasses.replace(_device(), interconnect_gbps=100.0)
-    one = parallelism.step_time(ParallelLayout(dp=2, tp=1, pp=1, micro_batches=1),
+    one = layouts.step_time(ParallelLayout(dp=2, tp=1, pp=1, micro_batches=1),
                                 _split(batch=4, gradient_bytes=10**10), DIMS, device, hiding,
                                 gpus_per_node=8)
-    four = parallelism.step_time(ParallelLayout(dp=2, tp=1, pp=1, micro_batches=4),
+    four = layouts.step_time(ParallelLayout(dp=2, tp=1, pp=1, micro_batches=4),
                                  _split(batch=1, blocks_ms=60.0, gradient_bytes=10**10), DIMS,
                                  device, hiding, gpus_per_node=8)
     assert one.dp_allreduce_full_ms == pytest.approx(four.dp_allreduce_full_ms)
@@ -187,7 +188,7 @@ def test_dp_allreduce_hides_behind_the_last_micro_batch_only() -> None:
 
 def test_step_refuses_an_invalid_layout_with_every_reason() -> None:
     with pytest.raises(InvalidRequestError) as err:
-        parallelism.step_time(ParallelLayout(dp=1, tp=16, pp=32, micro_batches=1), _split(),
+        layouts.step_time(ParallelLayout(dp=1, tp=16, pp=32, micro_batches=1), _split(),
                               DIMS, _device(), EXACT, gpus_per_node=8)
     assert any(d.startswith("layout.tp") for d in err.value.details)
     assert any(d.startswith("layout.pp") for d in err.value.details)
@@ -199,7 +200,7 @@ def test_from_totals_counts_everything_as_blocks() -> None:
     assert split.problems() == ()
     assert split.blocks.tp_split_ms == pytest.approx(24.0)
     assert split.blocks.per_gpu_ms(4) == pytest.approx(24.0 / 4 + 6.0)
-    moved = parallelism.with_step(split, batch=4, forward_ms=20.0, backward_ms=40.0,
+    moved = layouts.with_step(split, batch=4, forward_ms=20.0, backward_ms=40.0,
                                   optimizer_ms=1.0)
     assert moved.problems() == ()
     assert moved.blocks.tp_split_ms == pytest.approx(48.0)
@@ -246,7 +247,7 @@ def test_whole_step_components_sum_to_total(
     e, g = gpt2
     split = parallel_inputs.split_from_estimate(e)
     dims = parallel_inputs.model_dims_from_graph(g, precision="bf16")
-    step = parallelism.step_time(layout, split, dims, _device(), ScalingModel(), gpus_per_node=8)
+    step = layouts.step_time(layout, split, dims, _device(), ScalingModel(), gpus_per_node=8)
     parts = (step.compute_ms, step.tp_comm_ms, step.pp_bubble_ms, step.pp_p2p_ms,
              step.dp_allreduce_ms, step.optimizer_ms)
     assert all(p >= 0 for p in parts)
@@ -261,9 +262,9 @@ def test_tp_is_faster_than_one_gpu_but_not_tp_times(
     e, g = gpt2
     split = parallel_inputs.split_from_estimate(e)
     dims = parallel_inputs.model_dims_from_graph(g, precision="bf16")
-    one = parallelism.step_time(ParallelLayout(1, 1, 1, 1), split, dims, _device(),
+    one = layouts.step_time(ParallelLayout(1, 1, 1, 1), split, dims, _device(),
                                 ScalingModel(), gpus_per_node=8)
-    four = parallelism.step_time(ParallelLayout(1, 4, 1, 1), split, dims, _device(),
+    four = layouts.step_time(ParallelLayout(1, 4, 1, 1), split, dims, _device(),
                                  ScalingModel(), gpus_per_node=8)
     assert one.total_ms / 4 < four.total_ms < one.total_ms
 
@@ -273,7 +274,7 @@ def test_published_comparison_configs_are_valid_layouts() -> None:
 
     assert len(parallel_check.PUBLISHED) == 11
     for p in parallel_check.PUBLISHED:
-        assert parallelism.layout_problems(
+        assert layouts.layout_problems(
             p.layout, gpu_count=4, gpus_per_node=parallel_check.GPUS_PER_NODE,
             global_batch=p.global_batch) == ()
         assert devices.load_catalog().resolve(p.device).key == p.device

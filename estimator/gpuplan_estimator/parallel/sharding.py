@@ -42,10 +42,11 @@ from gpuplan_estimator.core import vocabulary
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.step import block_activations, memory, strategies
-from gpuplan_estimator.step.block_activations import ActivationLayout
+from gpuplan_estimator.parallel import block_activations, strategies
+from gpuplan_estimator.parallel.block_activations import ActivationLayout
+from gpuplan_estimator.parallel.strategies import NO_STRATEGY, MemoryStrategy
+from gpuplan_estimator.step import memory
 from gpuplan_estimator.step.decomposition import TrainingSettings
-from gpuplan_estimator.step.strategies import NO_STRATEGY, MemoryStrategy
 
 # FSDP (torch.distributed.fsdp, limit_all_gathers=True) keeps at most two all-gathered units.
 GATHERED_UNITS = 2

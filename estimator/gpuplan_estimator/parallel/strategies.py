@@ -6,7 +6,7 @@ fraction of the blocks), gradient accumulation and optimizer-state offload (ZeRO
 et al., USENIX ATC'21). Precision is not here: `TrainingSettings.precision` already says fp32,
 tf32, or fp16/bf16 with fp32 master weights.
 
-`step.sharding` prices a strategy in memory, `step.strategy_time` in time; this module only
+`parallel.sharding` prices a strategy in memory, `parallel.strategy_time` in time; this module only
 describes, validates and enumerates strategies.
 """
 

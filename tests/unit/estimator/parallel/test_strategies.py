@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from gpuplan_estimator.core.errors import InvalidRequestError
-from gpuplan_estimator.step import strategies
-from gpuplan_estimator.step.strategies import MemoryStrategy
+from gpuplan_estimator.parallel import strategies
+from gpuplan_estimator.parallel.strategies import MemoryStrategy
 
 
 @pytest.mark.parametrize(("kw", "field"), [

@@ -10,10 +10,11 @@ from gpuplan_estimator import graph
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.graph import exporting
 from gpuplan_estimator.interfaces.http import wire
-from gpuplan_estimator.planning import model_facts, planner, setups
-from gpuplan_estimator.planning.parallelism import ParallelLayout
+from gpuplan_estimator.parallel import setups
+from gpuplan_estimator.parallel.layouts import ParallelLayout
+from gpuplan_estimator.parallel.strategies import NO_STRATEGY
+from gpuplan_estimator.planning import model_facts, planner
 from gpuplan_estimator.step.decomposition import TrainingSettings
-from gpuplan_estimator.step.strategies import NO_STRATEGY
 from gpuplan_testing.contexts import roofline_context
 
 GIB = 2**30

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from gpuplan_estimator.core.errors import InvalidRequestError
-from gpuplan_estimator.step import strategy_time
+from gpuplan_estimator.parallel import strategy_time
+from gpuplan_estimator.parallel.strategies import MemoryStrategy
+from gpuplan_estimator.parallel.strategy_time import Collective, StepSplit
 from gpuplan_estimator.step.decomposition import TrainingSettings
-from gpuplan_estimator.step.strategies import MemoryStrategy
-from gpuplan_estimator.step.strategy_time import Collective, StepSplit
 
 SPLIT = StepSplit(forward_ms=10.0, backward_ms=20.0, optimizer_ms=4.0)
 P = 1_000_000

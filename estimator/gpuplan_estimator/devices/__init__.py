@@ -10,6 +10,7 @@ from gpuplan_estimator.devices.catalog import (
     DEFAULT_CATALOG_PATH,
     MAX_CATALOG_BYTES,
     PEAK_DTYPES,
+    SHIPPED,
     VENDORS,
     Catalog,
     DeviceSpec,
@@ -27,16 +28,27 @@ from gpuplan_estimator.devices.catalog import (
 )
 from gpuplan_estimator.devices.prices import prices_from_env, read_prices_file
 from gpuplan_estimator.devices.resolution import resolve_device
+from gpuplan_estimator.devices.user_catalog import (
+    CATALOG_ENV,
+    GPUS_PER_NODE_EXTRA,
+    MAX_USER_CATALOG_BYTES,
+    catalog_file_from_env,
+)
 
 __all__ = [
+    "CATALOG_ENV",
     "CPU_KEY",
     "DEFAULT_CATALOG_PATH",
+    "GPUS_PER_NODE_EXTRA",
     "MAX_CATALOG_BYTES",
+    "MAX_USER_CATALOG_BYTES",
     "PEAK_DTYPES",
+    "SHIPPED",
     "VENDORS",
     "Catalog",
     "DeviceSpec",
     "canonical_key",
+    "catalog_file_from_env",
     "check_precision",
     "dominated_siblings",
     "dominates_in_speed",

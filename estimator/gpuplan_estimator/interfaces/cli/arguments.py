@@ -105,7 +105,17 @@ def add_prices_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prices", default=None, metavar="FILE", help=PRICES_HELP)
 
 
-def catalog(prices_file: str | None) -> devices.Catalog:
-    """The device catalog with the prices of `prices_file` (``--prices``) applied."""
+CATALOG_HELP = ("YAML/JSON file of your own GPUs by spec (memory, bandwidth, SMs, clocks, "
+                "peaks, power, interconnect, price, product labels): adds to or overrides the "
+                "shipped catalog; see docs/catalog.md")
+
+
+def add_catalog_flag(parser: argparse.ArgumentParser) -> None:
+    """``--catalog FILE``, the same on every command that lists or prices devices."""
+    parser.add_argument("--catalog", default=None, metavar="FILE", help=CATALOG_HELP)
+
+
+def catalog(prices_file: str | None, catalog_file: str | None = None) -> devices.Catalog:
+    """The device catalog with ``--catalog``'s devices and ``--prices``' prices applied."""
     overrides = devices.read_prices_file(prices_file) if prices_file else None
-    return devices.load_catalog(price_overrides=overrides)
+    return devices.load_catalog(price_overrides=overrides, user_file=catalog_file)

@@ -36,13 +36,15 @@ DEFAULT_POOL_GPUS_PER_NODE = 8
 
 
 def load_context(bundle_dir: str | None,
-                 prices: Mapping[str, float] | None = None) -> planner.PlannerContext:
-    """Planner context: the catalog (with `prices` applied) and the predictor from
-    `bundle_dir` or the default bundle."""
+                 prices: Mapping[str, float] | None = None,
+                 catalog_file: str | None = None) -> planner.PlannerContext:
+    """Planner context: the catalog (with `catalog_file`'s devices and `prices` applied) and
+    the predictor from `bundle_dir` or the default bundle."""
     predictor, source = selection.select_predictor(bundle_dir)
     manifest = getattr(getattr(predictor, "bundle", None), "manifest", {}) or {}
     return planner.PlannerContext(
-        catalog=devices.load_catalog(price_overrides=prices), predictor=predictor,
+        catalog=devices.load_catalog(price_overrides=prices, user_file=catalog_file),
+        predictor=predictor,
         predictor_source=source,
         manifest=manifest if isinstance(manifest, dict) else {},
     )
@@ -102,18 +104,18 @@ def register(sub: Any) -> None:
                    "the shipped one)")
     probing.add_db_flag(p)
     arguments.add_prices_flag(p)
+    arguments.add_catalog_flag(p)
     progress.add_flag(p)
     p.set_defaults(func=run_plan)
 
 
-def pools(specs: Sequence[str]) -> list[dict[str, Any]]:
-    """`--pool` values as inventory entries (default: one node of 8 of every catalog GPU)."""
+def pools(specs: Sequence[str], catalog: devices.Catalog) -> list[dict[str, Any]]:
+    """`--pool` values as inventory entries (default: one node of every catalog GPU, of the
+    GPUs per node a user catalog gives, else 8)."""
     if not specs:
-        return [{"gpu_type": d.key, "gpus_per_node": DEFAULT_POOL_GPUS_PER_NODE,
-                 "nodes": DEFAULT_POOL_NODES,
-                 "free_gpus": DEFAULT_POOL_NODES * DEFAULT_POOL_GPUS_PER_NODE}
-                for d in devices.load_catalog().devices]
-    catalog = devices.load_catalog()
+        return [{"gpu_type": d.key, "gpus_per_node": _gpus_per_node(d),
+                 "nodes": DEFAULT_POOL_NODES, "free_gpus": DEFAULT_POOL_NODES * _gpus_per_node(d)}
+                for d in catalog.devices]
     out = []
     for text in specs:
         name, _, shape = text.rpartition("=")
@@ -126,7 +128,11 @@ def pools(specs: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
-def request_body(args: argparse.Namespace) -> dict[str, Any]:
+def _gpus_per_node(spec: devices.DeviceSpec) -> int:
+    return int(spec.extra.get(devices.GPUS_PER_NODE_EXTRA, DEFAULT_POOL_GPUS_PER_NODE))
+
+
+def request_body(args: argparse.Namespace, catalog: devices.Catalog) -> dict[str, Any]:
     """The plan request the flags describe, in the service's wire format."""
     if (args.model is None) == (args.hf_config is None):
         raise InvalidRequestError("model", "give an ONNX file or --hf-config CONFIG_JSON "
@@ -142,7 +148,7 @@ def request_body(args: argparse.Namespace) -> dict[str, Any]:
                      "dims": dict(args.dim)},
         "objective": {"prefer": args.prefer, "max_gpus": args.max_gpus,
                       "deadline_seconds": args.deadline, "budget_usd": args.budget},
-        "inventory": pools(args.pool),
+        "inventory": pools(args.pool, catalog),
     }
 
 
@@ -151,10 +157,10 @@ def run_plan(args: argparse.Namespace) -> int:
     plots.check(args.plot)
     with progress.for_args(args) as shown:
         shown(Step("planning", 0, 1))
-        body = request_body(args)
         prices = devices.read_prices_file(args.prices) if args.prices else None
-        context = dataclasses.replace(load_context(args.bundle, prices),
+        context = dataclasses.replace(load_context(args.bundle, prices, args.catalog),
                                       host_probes=probing.stored_probes(args))
+        body = request_body(args, context.catalog)
         result = planner.plan_request(wire.parse_plan_request(body), context,
                                       max_candidates=None)
         shown(Step("planning", 1, 1))

@@ -105,7 +105,8 @@ class ServiceSettings:
 
 
 def database_bundle_context(
-    cache_dir: str, fallback: work.ContextLoader, prices: Mapping[str, float] | None = None
+    cache_dir: str, fallback: work.ContextLoader, prices: Mapping[str, float] | None = None,
+    catalog_file: str | None = None,
 ) -> planner.PlannerContext:
     """The context of the database bundle the cache points at, else `fallback()` (the data-dir
     or shipped bundle). Module-level, so a `functools.partial` of it pickles to the workers."""
@@ -115,7 +116,8 @@ def database_bundle_context(
     predictor, source = found
     manifest = getattr(getattr(predictor, "bundle", None), "manifest", {}) or {}
     return planner.PlannerContext(
-        catalog=devices.load_catalog(price_overrides=prices), predictor=predictor,
+        catalog=devices.load_catalog(price_overrides=prices, user_file=catalog_file),
+        predictor=predictor,
         predictor_source=source, manifest=dict(manifest))
 
 

@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     source, runs = load_runs(yaml.safe_load(DATA_FILE.read_text(encoding="utf-8")))
     predictor, predictor_source = selection.select_predictor(args.bundle)
     text = page(source, table([predict(r, predictor) for r in runs]),
-                predictor_source.split(" ")[0].rsplit("/", 1)[-1])
+                predictor_source.rsplit(" ", 1)[-1].strip("()"))
     if args.write is None:
         print(text)
     else:
@@ -170,16 +170,17 @@ def page(source: str, comparison: str, predictor: str) -> str:
         "nothing is fitted to them.", "",
         comparison, "",
         "How each run is priced: the model's single-GPU step at the run's micro-batch "
-        f"(bf16, fused attention, AdamW; predictor `{predictor}`), then its layout "
+        f"(bf16, fused attention, AdamW; the {predictor} latency models), then its layout "
         "(data parallel over 8 GPUs, gradient accumulation as micro-batches) by the planner's "
         "layout model (`planning.parallelism.step_time`), as `gpuplan plan` prices a "
         "candidate. Caveats:", "",
         "- The runs use FSDP FULL_SHARD; this branch has no FSDP layout, so each is priced as "
         "DDP (one gradient all-reduce, full replicas). FSDP adds a parameter all-gather per "
         "forward and backward, so the real communication is larger than priced here.",
-        "- The memory column is the DDP replica's need (parameters, gradients and optimizer "
-        "state unsharded); the publication gives no memory figure, and every run did fit in "
-        "80 GB with sharding, so this column is not compared.",
+        "- The memory column is gpuplan's estimate for one DDP replica at the micro-batch "
+        "(nothing sharded). The publication gives no memory figure, so it is not compared; "
+        "but every run did fit in 80 GB, and estimates above that are over by at least the "
+        "difference (largely activations, which FSDP does not shard).",
         "- No shipped measurement covers A100-SXM4-80GB or H100 (`extrapolated`): these rows "
         "are the spec-sheet transfer of the latency models.", "",
         "Reproduce: `python -m gpuplan_estimator.evaluation.published_runs --write "

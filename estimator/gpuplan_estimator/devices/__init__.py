@@ -26,6 +26,12 @@ from gpuplan_estimator.devices.catalog import (
     supports_precision,
     with_prices,
 )
+from gpuplan_estimator.devices.price_book import (
+    PROVIDER_ENV,
+    PriceChoice,
+    apply_prices,
+    shipped_book,
+)
 from gpuplan_estimator.devices.prices import prices_from_env, read_prices_file
 from gpuplan_estimator.devices.resolution import resolve_device
 from gpuplan_estimator.devices.user_catalog import (
@@ -43,10 +49,13 @@ __all__ = [
     "MAX_CATALOG_BYTES",
     "MAX_USER_CATALOG_BYTES",
     "PEAK_DTYPES",
+    "PROVIDER_ENV",
     "SHIPPED",
     "VENDORS",
     "Catalog",
     "DeviceSpec",
+    "PriceChoice",
+    "apply_prices",
     "canonical_key",
     "catalog_file_from_env",
     "check_precision",
@@ -59,6 +68,7 @@ __all__ = [
     "prices_from_env",
     "read_prices_file",
     "resolve_device",
+    "shipped_book",
     "simt_fp32_tflops",
     "supports_precision",
     "with_prices",

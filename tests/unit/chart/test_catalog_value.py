@@ -1,4 +1,4 @@
-"""The chart's `catalog` value (#34) reaches the estimator as the file its CLI loads."""
+"""The chart's `catalog` and `pricesProvider` values (#34) reach the estimator as it reads them."""
 
 from __future__ import annotations
 
@@ -52,3 +52,13 @@ def test_without_the_value_nothing_is_mounted(tmp_path: Path) -> None:
     pod = next(d for d in docs if d["kind"] == "Deployment"
                and d["metadata"]["name"] == "t-gpuplan-estimator")["spec"]["template"]["spec"]
     assert devices.CATALOG_ENV not in {e["name"] for e in pod["containers"][0]["env"]}
+
+
+def test_the_prices_provider_value_reaches_the_estimator(tmp_path: Path) -> None:
+    docs = _render(tmp_path, {"pricesProvider": "lambda"})
+    pod = next(d for d in docs if d["kind"] == "Deployment"
+               and d["metadata"]["name"] == "t-gpuplan-estimator")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    provider = env[devices.PROVIDER_ENV]
+    catalog = devices.apply_prices(devices.load_catalog(), provider)  # what the service does
+    assert catalog.resolve("a10").price_source.startswith("lambda: ")

@@ -337,4 +337,5 @@ def _device_json(d: devices.DeviceSpec) -> dict[str, Any]:
         "price_per_hour_usd": d.price_per_hour_usd, "interconnect": d.interconnect,
         "interconnect_gbps": d.interconnect_gbps, "nvml_names": list(d.nvml_names),
         "gfd_products": list(d.gfd_products), "catalog_source": d.catalog_source,
+        "price_source": d.price_source,
     }

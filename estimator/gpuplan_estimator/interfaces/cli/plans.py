@@ -36,14 +36,14 @@ DEFAULT_POOL_GPUS_PER_NODE = 8
 
 
 def load_context(bundle_dir: str | None,
-                 prices: Mapping[str, float] | None = None,
+                 prices: devices.PriceChoice = None,
                  catalog_file: str | None = None) -> planner.PlannerContext:
-    """Planner context: the catalog (with `catalog_file`'s devices and `prices` applied) and
-    the predictor from `bundle_dir` or the default bundle."""
+    """Planner context: the catalog (with `catalog_file`'s devices, priced as `prices` says)
+    and the predictor from `bundle_dir` or the default bundle."""
     predictor, source = selection.select_predictor(bundle_dir)
     manifest = getattr(getattr(predictor, "bundle", None), "manifest", {}) or {}
     return planner.PlannerContext(
-        catalog=devices.load_catalog(price_overrides=prices, user_file=catalog_file),
+        catalog=devices.apply_prices(devices.load_catalog(user_file=catalog_file), prices),
         predictor=predictor,
         predictor_source=source,
         manifest=manifest if isinstance(manifest, dict) else {},
@@ -157,8 +157,7 @@ def run_plan(args: argparse.Namespace) -> int:
     plots.check(args.plot)
     with progress.for_args(args) as shown:
         shown(Step("planning", 0, 1))
-        prices = devices.read_prices_file(args.prices) if args.prices else None
-        context = dataclasses.replace(load_context(args.bundle, prices, args.catalog),
+        context = dataclasses.replace(load_context(args.bundle, args.prices, args.catalog),
                                       host_probes=probing.stored_probes(args))
         body = request_body(args, context.catalog)
         result = planner.plan_request(wire.parse_plan_request(body), context,

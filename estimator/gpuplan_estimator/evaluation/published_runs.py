@@ -2,19 +2,19 @@
 
     python -m gpuplan_estimator.evaluation.published_runs [--bundle DIR]
 
-Prints the markdown table of docs/accuracy.md ("Published multi-GPU runs"). The published
-numbers and their setup live in `data/published_runs.yaml` with the citation; they are used
-only to check, never to fit. Each run is priced as `gpuplan plan` prices a candidate: the
-single-GPU step of the model at the run's micro-batch (`planning.estimates.estimate` with the
-default predictor selection), then the run's layout by `planning.parallelism.step_time` with
-the default `ScalingModel`.
+Writes docs/published-runs.md (linked from docs/accuracy.md). The published numbers and their
+setup live in `data/published_runs.yaml` with the citation; they are used only to check, never
+to fit. Each run is priced as `gpuplan plan` prices a candidate: the single-GPU step of the
+model at the run's micro-batch (`planning.estimates.estimate` with the default predictor
+selection), then the run's layout and memory strategy by `planning.setups.timed_setup` with the
+default `ScalingModel`.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,15 +27,17 @@ from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.graph import exporting
 from gpuplan_estimator.latency import selection
-from gpuplan_estimator.planning import estimates, parallel_inputs, parallelism
+from gpuplan_estimator.planning import estimates, model_facts, parallel_inputs, parallelism, setups
 from gpuplan_estimator.planning.scaling import ScalingModel
 from gpuplan_estimator.step.decomposition import TrainingSettings
+from gpuplan_estimator.step.strategies import MemoryStrategy
 
 DATA_FILE = paths.PACKAGE_DATA_DIR / "published_runs.yaml"
 GPUS_PER_NODE = 8  # every run here is one node of 8 GPUs
 PRECISION = "bf16"  # amp_bf16
 OPTIMIZER = "adamw"  # decoupled AdamW: the same state and step work
 ATTENTION = "fused"  # triton FlashAttention
+STRATEGY_FSDP = "full"  # FSDP FULL_SHARD
 
 
 @dataclass(frozen=True)
@@ -86,18 +88,17 @@ def load_runs(document: Mapping[str, Any]) -> tuple[str, tuple[PublishedRun, ...
 
 @dataclass(frozen=True)
 class Row:
-    """A published run with gpuplan's step for its layout."""
+    """A published run with the setup gpuplan prices for its layout and strategy."""
 
     run: PublishedRun
-    step: parallelism.ParallelStep
+    setup: setups.Setup
     data_basis: str
-    memory_bytes_per_gpu: int
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
         """Predicted tokens per second per GPU: the global batch's tokens over the step."""
         r = self.run
-        return r.global_batch * r.sequence / (self.step.total_ms / 1000.0) / r.gpus
+        return r.global_batch * r.sequence / (self.setup.step_ms / 1000.0) / r.gpus
 
     @property
     def error_pct(self) -> float:
@@ -106,36 +107,42 @@ class Row:
 
 
 def predict(run: PublishedRun, predictor: LatencyPredictor) -> Row:
-    """gpuplan's step for the run's layout, from its single-GPU step at the micro-batch."""
+    """gpuplan's setup for the run: its single-GPU step at the micro-batch, then the layout
+    with FSDP full sharding and the run's accumulation, as the planner times a candidate."""
     device = devices.load_catalog().resolve(run.device)
-    micro = run.micro_batch
-    model = exporting.hf_config_graph(run.config, batch=micro, sequence=run.sequence,
+    dims = {SEQUENCE_DIM: run.sequence}
+    model = exporting.hf_config_graph(run.config, batch=run.micro_batch, sequence=run.sequence,
                                       label=run.model)
-    g = graph.load_at_batch(model, micro, {SEQUENCE_DIM: run.sequence})
-    settings = TrainingSettings(batch_size=micro, precision=PRECISION, optimizer=OPTIMIZER,
-                                attention=ATTENTION)
-    (single,) = estimates.estimate(g, [device], settings, predictor=predictor)
-    step = parallelism.step_time(
-        run.layout, parallel_inputs.split_from_estimate(single),
-        parallel_inputs.model_dims_from_graph(g, precision=PRECISION), device, ScalingModel(),
+    settings = TrainingSettings(batch_size=run.micro_batch, precision=PRECISION,
+                                optimizer=OPTIMIZER, attention=ATTENTION)
+    (single,) = estimates.estimate(graph.load_at_batch(model, run.micro_batch, dims), [device],
+                                   settings, predictor=predictor)
+    split = parallel_inputs.split_from_estimate(single)
+    facts = model_facts.model_facts(graph.load_at_batch(model, run.global_batch, dims),
+                                    replace(settings, batch_size=run.global_batch))
+    setup = setups.timed_setup(
+        run.layout, MemoryStrategy(fsdp=STRATEGY_FSDP, gradient_accumulation=run.grad_accum),
+        run.micro_batch, device=device, facts=facts, split=split, scaling=ScalingModel(),
+        step_at=lambda _micro: (split.forward_ms, split.backward_ms, split.optimizer_ms),
         gpus_per_node=GPUS_PER_NODE)
-    return Row(run, step, single.data_basis, single.memory.total_bytes)
+    return Row(run, setup, single.data_basis)
 
 
 def table(rows: Sequence[Row]) -> str:
     """The markdown comparison table, with the mean absolute error."""
     lines = ["| model | GPUs | micro-batch x accum, global batch | published tokens/s/GPU "
-             "(MFU) | predicted tokens/s/GPU | error | predicted step (ms): compute / DP "
-             "all-reduce | predicted peak memory per GPU (DDP) |",
+             "(MFU) | predicted tokens/s/GPU | error | predicted step (ms): compute / exposed "
+             "FSDP comm / optimizer | predicted memory per GPU |",
              "|---|---|---|---:|---:|---:|---|---:|"]
     for r in rows:
-        p, s = r.run, r.step
+        p, parts = r.run, r.setup.parts_ms
         lines.append(
             f"| {p.model}, seq {p.sequence} | {p.gpus} x {p.device} ({r.data_basis}) | "
             f"{p.micro_batch} x {p.grad_accum}, {p.global_batch} | "
             f"{p.tokens_per_s_per_gpu:,.0f} ({p.mfu_pct:.1f} %) | {r.tokens_per_s_per_gpu:,.0f} "
-            f"| {r.error_pct:+.1f} % | {s.total_ms:.0f}: {s.compute_ms:.0f} / "
-            f"{s.dp_allreduce_ms:.0f} | {r.memory_bytes_per_gpu / 2**30:.1f} GiB |")
+            f"| {r.error_pct:+.1f} % | {r.setup.step_ms:.0f}: {parts['compute']:.0f} / "
+            f"{parts['dp_comm']:.0f} / {parts['optimizer']:.0f} | "
+            f"{r.setup.memory.total_bytes / 2**30:.1f} GiB |")
     mean = sum(abs(r.error_pct) for r in rows) / len(rows)
     worst = max(abs(r.error_pct) for r in rows)
     lines.append(f"\nMean absolute error {mean:.1f} % over {len(rows)} runs, worst {worst:.1f} %.")
@@ -170,17 +177,13 @@ def page(source: str, comparison: str, predictor: str) -> str:
         "nothing is fitted to them.", "",
         comparison, "",
         "How each run is priced: the model's single-GPU step at the run's micro-batch "
-        f"(bf16, fused attention, AdamW; the {predictor} latency models), then its layout "
-        "(data parallel over 8 GPUs, gradient accumulation as micro-batches) by the planner's "
-        "layout model (`planning.parallelism.step_time`), as `gpuplan plan` prices a "
-        "candidate. Caveats:", "",
-        "- The runs use FSDP FULL_SHARD; this branch has no FSDP layout, so each is priced as "
-        "DDP (one gradient all-reduce, full replicas). FSDP adds a parameter all-gather per "
-        "forward and backward, so the real communication is larger than priced here.",
-        "- The memory column is gpuplan's estimate for one DDP replica at the micro-batch "
-        "(nothing sharded). The publication gives no memory figure, so it is not compared; "
-        "but every run did fit in 80 GB, and estimates above that are over by at least the "
-        "difference (largely activations, which FSDP does not shard).",
+        f"(bf16, fused attention, AdamW; the {predictor} latency models), then the run's "
+        "setup (data parallel over 8 GPUs, FSDP full sharding, its gradient accumulation) "
+        "sized and timed as `gpuplan plan` sizes and times a candidate "
+        "(`planning.setups.timed_setup`). Caveats:", "",
+        "- The publication gives no memory figure, so the memory column is not compared; "
+        "every run did fit in 80 GB, so a prediction above that is over by at least the "
+        "difference.",
         "- No shipped measurement covers A100-SXM4-80GB or H100 (`extrapolated`): these rows "
         "are the spec-sheet transfer of the latency models.", "",
         "Reproduce: `python -m gpuplan_estimator.evaluation.published_runs --write "

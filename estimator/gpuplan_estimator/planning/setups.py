@@ -109,6 +109,17 @@ def search(*, n: int, gpus_per_node: int, global_batch: int, device: DeviceSpec,
     return NoSetup(*leanest) if leanest is not None else None
 
 
+def timed_setup(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, *,
+                device: DeviceSpec, facts: ModelFacts, step_at: StepFn,
+                split: SingleGpuSplit | None, scaling: ScalingModel,
+                gpus_per_node: int) -> Setup:
+    """One given setup (its layout's micro-batches include the strategy's accumulation),
+    sized and timed exactly as `search` sizes and times each candidate."""
+    mem = facts.memory(micro, strategy, layout, gpus_per_node)
+    return _timed(layout, strategy, micro, mem, device=device, facts=facts, step_at=step_at,
+                  split=split, scaling=scaling, gpus_per_node=gpus_per_node, comm_factor=1.0)
+
+
 def _layouts(n: int, gpus_per_node: int, global_batch: int, facts: ModelFacts,
              split: SingleGpuSplit | None
              ) -> Iterable[tuple[ParallelLayout, tuple[MemoryStrategy, ...]]]:

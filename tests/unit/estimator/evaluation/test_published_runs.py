@@ -40,13 +40,16 @@ def test_the_built_model_has_the_published_parameter_count(model: str) -> None:
     assert g.parameter_count == pytest.approx(shape["num_params"], rel=2e-3)
 
 
-def test_a_run_is_priced_by_its_layout_in_tokens_per_second_per_gpu() -> None:
+def test_a_run_is_priced_by_its_layout_and_fsdp_in_tokens_per_second_per_gpu() -> None:
     _, runs = published_runs.load_runs(_document())
     run = next(r for r in runs if r.model == "mpt-125m")
     row = published_runs.predict(run, selection.select_predictor(None)[0])
-    assert row.step.total_ms > row.step.compute_ms > 0
+    setup = row.setup
+    assert (setup.strategy.fsdp, setup.strategy.gradient_accumulation) == ("full", run.grad_accum)
+    assert setup.layout == run.layout and setup.micro_batch == run.micro_batch
+    assert setup.step_ms >= setup.parts_ms["compute"] > 0
     tokens_per_step = run.global_batch * run.sequence
-    assert row.tokens_per_s_per_gpu * run.gpus * row.step.total_ms / 1000 == pytest.approx(
+    assert row.tokens_per_s_per_gpu * run.gpus * setup.step_ms / 1000 == pytest.approx(
         tokens_per_step)
     assert row.error_pct == pytest.approx(
         100 * (row.tokens_per_s_per_gpu / run.tokens_per_s_per_gpu - 1))

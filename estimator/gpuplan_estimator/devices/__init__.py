@@ -30,6 +30,7 @@ from gpuplan_estimator.devices.price_book import (
     PROVIDER_ENV,
     PriceChoice,
     apply_prices,
+    price_by_provider,
     shipped_book,
 )
 from gpuplan_estimator.devices.prices import prices_from_env, read_prices_file
@@ -65,6 +66,7 @@ __all__ = [
     "normalize_name",
     "parse_catalog",
     "parse_entry",
+    "price_by_provider",
     "prices_from_env",
     "read_prices_file",
     "resolve_device",

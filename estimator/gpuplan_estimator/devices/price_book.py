@@ -127,7 +127,7 @@ def apply_prices(catalog: Catalog, choice: PriceChoice, field: str = "--prices")
         return with_prices(catalog, choice)
     book = shipped_book()
     if choice in book.providers:
-        return priced_by(catalog, choice, book.providers[choice])
+        return price_by_provider(catalog, choice, field)
     file = Path(choice)
     if not file.is_file():
         known = ", ".join(sorted(book.providers))
@@ -155,3 +155,9 @@ def _read_document(file: Path, field: str) -> Any:
         return yaml.safe_load(data)
     except yaml.YAMLError as exc:
         raise errors.InvalidRequestError(field, f"{file}: not YAML or JSON: {exc}") from None
+
+
+def price_by_provider(catalog: Catalog, name: str, field: str) -> Catalog:
+    """`catalog` priced by provider `name` of the shipped book (never a file: an HTTP field
+    must not name paths on the server); `InvalidRequestError` on `field` lists the known."""
+    return priced_by(catalog, name, provider(shipped_book(), name, field))

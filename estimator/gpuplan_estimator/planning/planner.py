@@ -224,6 +224,9 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
     # cleanly, while one at a large batch keeps it in constants (measured: LLaMA exported at
     # 512 and re-batched to 1 came out 200x slower and larger than exported at 1).
     req = with_graph(req, export_batch=1)
+    if req.prices_provider is not None:
+        ctx = dataclasses.replace(ctx, catalog=devices.price_by_provider(
+            ctx.catalog, req.prices_provider, field="prices_provider"))
     pools, skipped = _pools(req, ctx)
     if not pools:
         raise NoFeasiblePlanError("no usable GPU type in the inventory", skipped)

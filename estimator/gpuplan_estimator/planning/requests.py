@@ -51,6 +51,7 @@ class PlanRequest:
     inventory: tuple[InventoryEntry, ...]
     gpu_types: tuple[str, ...]
     model_hf_config: Mapping[str, Any] | None = None
+    prices_provider: str | None = None  # price from this provider of the shipped book alone
 
 
 @dataclass(frozen=True)

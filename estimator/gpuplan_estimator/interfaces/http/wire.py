@@ -17,7 +17,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
 from pydantic_core import PydanticCustomError
 
 from gpuplan_estimator.core import limits, options, vocabulary
@@ -182,6 +190,10 @@ class PlanRequestBody(_ModelBody):
                          BeforeValidator(_at_most(MAX_INVENTORY_POOLS, "GPU pools"))] = Field(
         min_length=1, max_length=MAX_INVENTORY_POOLS)
     gpu_types: Names | None = Field(None, description="Allow-list of GPU types; empty: any.")
+    prices_provider: Annotated[str, StringConstraints(max_length=40)] | None = Field(
+        None, description="Price every GPU from this provider's published, dated on-demand "
+                          "list (e.g. aws, lambda): a GPU it does not list is unpriced. "
+                          "Absent: the service's prices.")
 
 
 class EstimateRequestBody(_ModelBody):
@@ -333,7 +345,7 @@ def parse_plan_request(body: Any) -> PlanRequest:
                        free_gpus=p.free_gpus if p.free_gpus is not None else p.gpus_per_node)
         for p in valid.inventory)
     return PlanRequest(model, training, objective, inventory, tuple(valid.gpu_types or ()),
-                       model_hf_config=_hf_config(valid))
+                       model_hf_config=_hf_config(valid), prices_provider=valid.prices_provider)
 
 
 def parse_estimate_request(body: Any) -> EstimateRequest:

@@ -3,17 +3,22 @@ the user names, every price says where and when it was taken, and unlisted GPUs 
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from aiohttp.test_utils import TestClient, TestServer
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.graph import examples
 from gpuplan_estimator.interfaces.cli import main
+from gpuplan_estimator.interfaces.http import service
+from gpuplan_testing.contexts import roofline_context
 
 
 def test_every_shipped_price_has_a_source_a_date_and_a_catalog_gpu() -> None:
@@ -82,3 +87,33 @@ def test_a_plan_compares_within_the_named_provider_and_says_where_prices_come_fr
     assert any(n.startswith("no price for l4") for n in doc["notes"])
     assert main.main(argv) == 0  # the catalog's prices come from several sources: said
     assert any("different sources" in n for n in json.loads(capsys.readouterr().out)["notes"])
+
+
+def plan_body(**fields: Any) -> dict[str, Any]:
+    model = base64.b64encode(Path(examples.light_resnet50_path()).read_bytes()).decode()
+    return {"model_onnx_b64": model, "objective": {"prefer": "cheapest", "max_gpus": 8},
+            "training": {"batch_size": 1, "dataset_size": 10000, "optimizer": "sgd"},
+            "inventory": [{"gpu_type": "NVIDIA-H100-80GB-HBM3", "gpus_per_node": 8},
+                          {"gpu_type": "NVIDIA-L4", "gpus_per_node": 4}], **fields}
+
+
+def test_the_http_plan_field_prices_within_one_provider_and_refuses_others() -> None:
+
+    async def check(client: TestClient) -> None:
+        resp = await client.post("/v1/plans", json=plan_body(prices_provider="lambda"))
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+        assert body["plan"]["device"] == "h100-sxm-80gb"  # Lambda lists no L4
+        assert any(n.startswith("price of h100-sxm-80gb: lambda: ") for n in body["notes"])
+        assert any(n.startswith("no price for l4") for n in body["notes"])
+        resp = await client.post("/v1/plans", json=plan_body(prices_provider="/etc/passwd"))
+        assert resp.status == 422  # the service's answer to an invalid request field
+        assert "prices_provider" in await resp.text()
+
+    async def main() -> None:
+        app = service.make_app(service.ServiceState(roofline_context),
+                               service.ServiceSettings(bundle_poll_s=3600))
+        async with TestClient(TestServer(app)) as client:
+            await check(client)
+
+    asyncio.run(main())

@@ -34,8 +34,9 @@ Handler = Any
 class EstimatorServer:
     """`gpuplan serve` in-process; `port=0` picks a free port."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, catalog_file: str | None = None) -> None:
         self.port = port
+        self.catalog_file = catalog_file  # `gpuplan serve --catalog`: the user's own GPUs
         self.requests: list[dict[str, Any]] = []
         self._dir = tempfile.TemporaryDirectory(prefix="gpuplan-perfdb-")
         self.db_url = f"sqlite:///{Path(self._dir.name) / 'perf.db'}"
@@ -55,7 +56,8 @@ class EstimatorServer:
         return response
 
     async def _start(self) -> None:
-        state = service.ServiceState(functools.partial(plans.load_context, None))
+        state = service.ServiceState(functools.partial(plans.load_context, None, None,
+                                                       self.catalog_file))
         app = service.make_app(state, service.ServiceSettings(bundle_poll_s=3600),
                                outcome_sink=serving.perfdb_outcome_sink(self.db_url),
                                coverage_source=serving.perfdb_coverage_source(self.db_url),

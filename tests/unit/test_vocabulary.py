@@ -19,8 +19,9 @@ from gpuplan_estimator.graph import batching, examples, loading
 from gpuplan_estimator.interfaces.cli import main as cli_main
 from gpuplan_estimator.interfaces.cli.plotting import documents
 from gpuplan_estimator.interfaces.http import openapi, responses
+from gpuplan_estimator.parallel import sharding, strategies
 from gpuplan_estimator.planning import estimates, workloads
-from gpuplan_estimator.step import memory, sharding, strategies
+from gpuplan_estimator.step import memory
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_operator import estimator_client, modelsource
 from gpuplan_operator.core import resources, validation

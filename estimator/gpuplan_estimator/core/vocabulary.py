@@ -47,7 +47,7 @@ MEMORY_PARTS: tuple[str, ...] = (
 of `step.memory.MemoryBreakdown`, an estimate's `memory` (JSON and HTTP), the memory plot."""
 SHARDED_MEMORY_PARTS: tuple[str, ...] = (
     *MEMORY_PARTS, "gathered_parameters_bytes", "recompute_bytes", "host_bytes")
-"""The parts under a memory strategy (`step.sharding.StrategyMemory`, a plan candidate's
+"""The parts under a memory strategy (`parallel.sharding.StrategyMemory`, a plan candidate's
 `memory`, a TrainingJob's `status.plan.memoryBytesByPart`); `host_bytes` is offloaded to host
 memory, so it is not in the total."""
 MEMORY_TOTAL = "total_bytes"

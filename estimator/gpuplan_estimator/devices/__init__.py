@@ -10,6 +10,7 @@ from gpuplan_estimator.devices.catalog import (
     DEFAULT_CATALOG_PATH,
     MAX_CATALOG_BYTES,
     PEAK_DTYPES,
+    SHIPPED,
     VENDORS,
     Catalog,
     DeviceSpec,
@@ -25,18 +26,39 @@ from gpuplan_estimator.devices.catalog import (
     supports_precision,
     with_prices,
 )
+from gpuplan_estimator.devices.price_book import (
+    PROVIDER_ENV,
+    PriceChoice,
+    apply_prices,
+    price_by_provider,
+    shipped_book,
+)
 from gpuplan_estimator.devices.prices import prices_from_env, read_prices_file
 from gpuplan_estimator.devices.resolution import resolve_device
+from gpuplan_estimator.devices.user_catalog import (
+    CATALOG_ENV,
+    GPUS_PER_NODE_EXTRA,
+    MAX_USER_CATALOG_BYTES,
+    catalog_file_from_env,
+)
 
 __all__ = [
+    "CATALOG_ENV",
     "CPU_KEY",
     "DEFAULT_CATALOG_PATH",
+    "GPUS_PER_NODE_EXTRA",
     "MAX_CATALOG_BYTES",
+    "MAX_USER_CATALOG_BYTES",
     "PEAK_DTYPES",
+    "PROVIDER_ENV",
+    "SHIPPED",
     "VENDORS",
     "Catalog",
     "DeviceSpec",
+    "PriceChoice",
+    "apply_prices",
     "canonical_key",
+    "catalog_file_from_env",
     "check_precision",
     "dominated_siblings",
     "dominates_in_speed",
@@ -44,9 +66,11 @@ __all__ = [
     "normalize_name",
     "parse_catalog",
     "parse_entry",
+    "price_by_provider",
     "prices_from_env",
     "read_prices_file",
     "resolve_device",
+    "shipped_book",
     "simt_fp32_tflops",
     "supports_precision",
     "with_prices",

@@ -27,6 +27,8 @@ CPU_KEY = "cpu"
 MAX_CATALOG_BYTES = 1 << 20  # the shipped file is ~25 kB; a bigger one is a mistake
 PEAK_DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")
 VENDORS = ("nvidia", "amd")
+SHIPPED = "shipped"
+"""`DeviceSpec.catalog_source` of the devices in `data/gpus.yaml`."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class DeviceSpec:
     """What the driver gives processes (NVML's total, below the datasheet: ECC, reserved
     memory); 0 where not recorded. Read it through `step.memory.usable_memory_bytes`."""
     usable_memory_source: str = ""  # where usable_memory_bytes comes from
+    catalog_source: str = SHIPPED
+    """Which catalog the entry comes from: `SHIPPED`, or the user catalog file's path (#34)."""
 
     @property
     def platform(self) -> str:
@@ -402,14 +406,24 @@ def load_catalog(
     path: str | os.PathLike[str] | None = None,
     *,
     price_overrides: Mapping[str, float] | None = None,
+    user_file: str | os.PathLike[str] | None = None,
 ) -> Catalog:
-    """Load and validate a catalog YAML (default: the shipped `data/gpus.yaml`); cached."""
+    """Load and validate a catalog YAML (default: the shipped `data/gpus.yaml`); cached.
+
+    `user_file` (``--catalog``) adds or overrides devices by spec (`user_catalog`); prices are
+    applied after it, so they may price a user device too."""
     file = Path(path) if path is not None else DEFAULT_CATALOG_PATH
     try:
         mtime_ns = file.stat().st_mtime_ns
     except OSError as exc:
         raise errors.CatalogError(f"{file}: cannot read device catalog: {exc.strerror}") from None
     catalog = _load_file(str(file), mtime_ns)
+    if user_file is not None:
+        # Imported here: user_catalog builds on this module's types.
+        from gpuplan_estimator.devices import user_catalog
+
+        origin = os.fspath(user_file)
+        catalog = user_catalog.merge(catalog, user_catalog.read_user_catalog(origin), origin)
     return with_prices(catalog, price_overrides) if price_overrides else catalog
 
 

@@ -229,6 +229,16 @@ def predictor_order(name: str) -> tuple[int, str]:
     return order.get(name, 9), name
 
 
+PUBLISHED_RUNS_SECTION = (
+    "## Published multi-GPU runs", "",
+    "Throughput of published multi-GPU training runs (MosaicML LLM Foundry's MPT benchmarks, "
+    "A100-80GB and H100, 8 GPUs), predicted by each run's layout and compared with the "
+    "published tokens/s per GPU: [published-runs.md](published-runs.md), written by "
+    "`python -m gpuplan_estimator.evaluation.published_runs --write docs/published-runs.md`.",
+    "")
+"""The section pointing at the published-run comparison (`evaluation.published_runs`)."""
+
+
 def to_markdown(rep: Report, *, roots: Mapping[str, str], json_name: str = "accuracy.json",
                 residuals_png: str = RESIDUALS_PNG, coverage_png: str = COVERAGE_PNG) -> str:
     """The accuracy page: headline, pictures, what was measured, noise, how to reproduce,
@@ -249,6 +259,7 @@ def to_markdown(rep: Report, *, roots: Mapping[str, str], json_name: str = "accu
         "## What was measured", "", *_measured(rep, roots), "",
         *_noise(rep),
         *_reproduce(rep, roots, json_name),
+        *PUBLISHED_RUNS_SECTION,
         "## Details", "",
         "### GPU, by mode", "",
         _table(report.summarise(rep.gpu), gpu_preds, names) if rep.gpu else "(not run)", "",

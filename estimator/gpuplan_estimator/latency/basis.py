@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuplan_estimator.devices import user_catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
 
 MEASURED = "measured"
@@ -28,6 +29,7 @@ def data_basis(predictor: Any, device: DeviceSpec) -> str:
         return ROOFLINE
     if bundle.has_seen(device):
         return MEASURED
-    if device.key in bundle.manifest.get("probe_offsets", {}):
+    if (device.key in bundle.manifest.get("probe_offsets", {})
+            and not user_catalog.respecified(device)):
         return PROBED
     return EXTRAPOLATED

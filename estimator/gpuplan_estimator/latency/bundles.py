@@ -27,6 +27,7 @@ import lightgbm as lgb
 
 from gpuplan_estimator.core import errors, paths
 from gpuplan_estimator.cost import features
+from gpuplan_estimator.devices import user_catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.latency.regressors import LayerLatencyModel, ProbeCorrection
 
@@ -65,8 +66,10 @@ class Bundle:
     CPU rows cannot move GPU predictions (bagging and splits shared them in one model)."""
 
     def has_seen(self, device: DeviceSpec) -> bool:
-        """Whether the bundle was trained on this device (it is in the manifest's ``devices``)."""
-        return device.key in self.manifest.get("devices", [])
+        """Whether the bundle was trained on this device (it is in the manifest's ``devices``,
+        and a user catalog did not give that key other specs)."""
+        return (device.key in self.manifest.get("devices", [])
+                and not user_catalog.respecified(device))
 
     def probe_correction(self, kernel: str, device: DeviceSpec) -> ProbeCorrection | None:
         """The transfer model's correction for `kernel` on `device`, or None when not probed.
@@ -74,7 +77,7 @@ class Bundle:
         It is fitted on the device's few probe rows of the kernel (`train.split_probe_rows`).
         """
         entry = self.manifest.get("probe_offsets", {}).get(device.key, {}).get(kernel)
-        if entry is None:
+        if entry is None or user_catalog.respecified(device):
             return None
         # Bundles written before the probe range was recorded extrapolate the slope unbounded.
         return ProbeCorrection(float(entry["log_offset"]), float(entry["log_base_slope"]),

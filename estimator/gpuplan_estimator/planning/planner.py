@@ -231,6 +231,9 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
     # cleanly, while one at a large batch keeps it in constants (measured: LLaMA exported at
     # 512 and re-batched to 1 came out 200x slower and larger than exported at 1).
     req = with_graph(req, export_batch=1)
+    if req.prices_provider is not None:
+        ctx = dataclasses.replace(ctx, catalog=devices.price_by_provider(
+            ctx.catalog, req.prices_provider, field="prices_provider"))
     pools, skipped = _pools(req, ctx)
     if not pools:
         raise NoFeasiblePlanError("no usable GPU type in the inventory", skipped)
@@ -248,7 +251,8 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
     out = plan_json(result, max_candidates=max_candidates)
     out["candidates_total"] = len(result.candidates)
     out["scaling"] = ctx.scaling_fit.as_dict()
-    out["notes"] = [f"{t}: {why}" for t, why in skipped]
+    out["notes"] = [f"{t}: {why}" for t, why in skipped] + price_notes(
+        specs, result.chosen.device_key)
     out["attention"] = attention_report(graph_at_batch, req.training.attention).as_dict()
     return out
 
@@ -367,6 +371,21 @@ def _setup_json(c: placement.Candidate) -> dict[str, Any]:
         "memory": c.memory.as_dict(),
         "step_ms": {name: round(ms, 4) for name, ms in c.parts_ms.items()},
     }
+
+
+def price_notes(specs: Sequence[devices.DeviceSpec], chosen_key: str) -> list[str]:
+    """Where the chosen GPU's price was taken, which GPUs have none, and whether the prices
+    compared come from more than one source (#34)."""
+    chosen = next(s for s in specs if s.key == chosen_key)
+    notes = [f"price of {chosen.key}: {chosen.price_source or 'none known'}"]
+    unpriced = sorted(s.key for s in specs if not s.has_price)
+    if unpriced:
+        notes.append(f"no price for {', '.join(unpriced)}: their cost is unknown, so "
+                     "'cheapest' cannot choose them")
+    if len({s.price_source for s in specs if s.has_price}) > 1:
+        notes.append("the prices compared come from different sources (the catalog's "
+                     "indicative ones); --prices PROVIDER compares within one provider")
+    return notes
 
 
 def plan_json(result: placement.Plan, *, max_candidates: int | None = 20) -> dict[str, Any]:

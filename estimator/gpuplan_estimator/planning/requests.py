@@ -54,6 +54,7 @@ class PlanRequest:
     model_hf_config: Mapping[str, Any] | None = None
     layout: LayoutRequest | None = None
     """A pinned layout: the plan takes it or says why not (its gpus_per_node is the pool's)."""
+    prices_provider: str | None = None  # price from this provider of the shipped book alone
 
 
 @dataclass(frozen=True)

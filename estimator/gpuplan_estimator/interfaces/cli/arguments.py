@@ -96,16 +96,27 @@ def duration_minutes(text: str) -> float:
     return minutes
 
 
-PRICES_HELP = ("YAML/JSON file with a 'prices:' mapping of GPU type to USD per GPU hour (the "
-               "chart's values schema); overrides the catalog's indicative prices")
+PRICES_HELP = ("PROVIDER of the shipped price book (aws, lambda: published on-demand prices, "
+               "dated; a plan then compares within that provider), or a YAML/JSON file: a "
+               "one-provider book ('providers:', see docs/catalog.md) or a 'prices:' mapping "
+               "of GPU type to USD per GPU hour overriding the catalog's indicative prices")
 
 
 def add_prices_flag(parser: argparse.ArgumentParser) -> None:
     """``--prices FILE``, the same on every command that prices GPUs."""
-    parser.add_argument("--prices", default=None, metavar="FILE", help=PRICES_HELP)
+    parser.add_argument("--prices", default=None, metavar="PROVIDER|FILE", help=PRICES_HELP)
 
 
-def catalog(prices_file: str | None) -> devices.Catalog:
-    """The device catalog with the prices of `prices_file` (``--prices``) applied."""
-    overrides = devices.read_prices_file(prices_file) if prices_file else None
-    return devices.load_catalog(price_overrides=overrides)
+CATALOG_HELP = ("YAML/JSON file of your own GPUs by spec (memory, bandwidth, SMs, clocks, "
+                "peaks, power, interconnect, price, product labels): adds to or overrides the "
+                "shipped catalog; see docs/catalog.md")
+
+
+def add_catalog_flag(parser: argparse.ArgumentParser) -> None:
+    """``--catalog FILE``, the same on every command that lists or prices devices."""
+    parser.add_argument("--catalog", default=None, metavar="FILE", help=CATALOG_HELP)
+
+
+def catalog(prices_file: str | None, catalog_file: str | None = None) -> devices.Catalog:
+    """The device catalog with ``--catalog``'s devices and ``--prices``' prices applied."""
+    return devices.apply_prices(devices.load_catalog(user_file=catalog_file), prices_file)

@@ -109,6 +109,7 @@ def _register_estimate(sub: Any) -> None:
                    help="bundle backend that prices CPU devices, or a unique prefix of one "
                    "(e.g. torch: PyTorch eager rows); default: the bundle's main CPU backend")
     arguments.add_prices_flag(p)
+    arguments.add_catalog_flag(p)
     progress.add_flag(p)
     layouts.add_flags(p)
     p.set_defaults(func=run_estimate)
@@ -171,7 +172,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     if layouts.given(args):
         return layouts.run(args)
     plots.check(args.plot)
-    specs = resolve_devices(args.device, arguments.catalog(args.prices))
+    specs = resolve_devices(args.device, arguments.catalog(args.prices, args.catalog))
     if not args.device:  # the whole catalog: leave out GPUs without this precision's math
         specs = [d for d in specs if devices.supports_precision(d, args.precision)]
     with progress.for_args(args) as shown:
@@ -291,6 +292,7 @@ def _register_devices(sub: Any) -> None:
                    help="model bundle whose coverage the BASIS column shows (default: the "
                    "newest in the data dir, else the shipped one)")
     arguments.add_prices_flag(p)
+    arguments.add_catalog_flag(p)
     p.set_defaults(func=run_devices)
 
 
@@ -298,7 +300,8 @@ DEVICE_COLUMNS = [
     output.Column("KEY"), output.Column("NAME"), output.Column("MEMORY", numeric=True),
     output.Column("GB/S", numeric=True), output.Column("FP32 TFLOPS", numeric=True),
     output.Column("BF16 TFLOPS", numeric=True), output.Column("$/H", numeric=True),
-    output.Column("BASIS"), output.Column("SMS", numeric=True, wide_only=True),
+    output.Column("BASIS"), output.Column("SOURCE"),
+    output.Column("SMS", numeric=True, wide_only=True),
     output.Column("L2 MB", numeric=True, wide_only=True),
     output.Column("INTERCONNECT", wide_only=True), output.Column("PRICE SOURCE", wide_only=True),
 ]
@@ -306,7 +309,7 @@ DEVICE_COLUMNS = [
 
 def run_devices(args: argparse.Namespace) -> int:
     """`gpuplan devices`: the device catalog as a table or a document."""
-    catalog = arguments.catalog(args.prices)
+    catalog = arguments.catalog(args.prices, args.catalog)
     predictor, _ = selection.select_predictor(args.bundle)
     bases = {d.key: basis.data_basis(predictor, d) for d in catalog.devices}
     if output.is_document(args.output):
@@ -318,10 +321,13 @@ def run_devices(args: argparse.Namespace) -> int:
         [d.key, d.name, render.gib(d.memory_bytes), f"{d.mem_bandwidth_gbps:,.0f}",
          _tflops(d, "fp32"), _tflops(d, "bf16"),
          f"{d.price_per_hour_usd:.2f}" if d.has_price else "?", bases[d.key],
-         str(d.sm_count), f"{d.l2_cache_mb:g}", f"{d.interconnect} {d.interconnect_gbps:g} GB/s",
+         d.catalog_source, str(d.sm_count), f"{d.l2_cache_mb:g}",
+         f"{d.interconnect} {d.interconnect_gbps:g} GB/s",
          d.price_source or "-"]
         for d in catalog.devices], wide=args.output == "wide")
     return 0
+
+
 def _tflops(d: devices.DeviceSpec, precision: str) -> str:
     value = d.peak_tflops.get(precision)
     return f"{value:.1f}" if value else "-"
@@ -335,5 +341,6 @@ def _device_json(d: devices.DeviceSpec) -> dict[str, Any]:
         "l2_cache_mb": d.l2_cache_mb, "tdp_watts": d.tdp_watts,
         "price_per_hour_usd": d.price_per_hour_usd, "interconnect": d.interconnect,
         "interconnect_gbps": d.interconnect_gbps, "nvml_names": list(d.nvml_names),
-        "gfd_products": list(d.gfd_products),
+        "gfd_products": list(d.gfd_products), "catalog_source": d.catalog_source,
+        "price_source": d.price_source,
     }

@@ -36,13 +36,15 @@ DEFAULT_POOL_GPUS_PER_NODE = 8
 
 
 def load_context(bundle_dir: str | None,
-                 prices: Mapping[str, float] | None = None) -> planner.PlannerContext:
-    """Planner context: the catalog (with `prices` applied) and the predictor from
-    `bundle_dir` or the default bundle."""
+                 prices: devices.PriceChoice = None,
+                 catalog_file: str | None = None) -> planner.PlannerContext:
+    """Planner context: the catalog (with `catalog_file`'s devices, priced as `prices` says)
+    and the predictor from `bundle_dir` or the default bundle."""
     predictor, source = selection.select_predictor(bundle_dir)
     manifest = getattr(getattr(predictor, "bundle", None), "manifest", {}) or {}
     return planner.PlannerContext(
-        catalog=devices.load_catalog(price_overrides=prices), predictor=predictor,
+        catalog=devices.apply_prices(devices.load_catalog(user_file=catalog_file), prices),
+        predictor=predictor,
         predictor_source=source,
         manifest=manifest if isinstance(manifest, dict) else {},
     )
@@ -102,18 +104,18 @@ def register(sub: Any) -> None:
                    "the shipped one)")
     probing.add_db_flag(p)
     arguments.add_prices_flag(p)
+    arguments.add_catalog_flag(p)
     progress.add_flag(p)
     p.set_defaults(func=run_plan)
 
 
-def pools(specs: Sequence[str]) -> list[dict[str, Any]]:
-    """`--pool` values as inventory entries (default: one node of 8 of every catalog GPU)."""
+def pools(specs: Sequence[str], catalog: devices.Catalog) -> list[dict[str, Any]]:
+    """`--pool` values as inventory entries (default: one node of every catalog GPU, of the
+    GPUs per node a user catalog gives, else 8)."""
     if not specs:
-        return [{"gpu_type": d.key, "gpus_per_node": DEFAULT_POOL_GPUS_PER_NODE,
-                 "nodes": DEFAULT_POOL_NODES,
-                 "free_gpus": DEFAULT_POOL_NODES * DEFAULT_POOL_GPUS_PER_NODE}
-                for d in devices.load_catalog().devices]
-    catalog = devices.load_catalog()
+        return [{"gpu_type": d.key, "gpus_per_node": _gpus_per_node(d),
+                 "nodes": DEFAULT_POOL_NODES, "free_gpus": DEFAULT_POOL_NODES * _gpus_per_node(d)}
+                for d in catalog.devices]
     out = []
     for text in specs:
         name, _, shape = text.rpartition("=")
@@ -126,6 +128,10 @@ def pools(specs: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
+def _gpus_per_node(spec: devices.DeviceSpec) -> int:
+    return int(spec.extra.get(devices.GPUS_PER_NODE_EXTRA, DEFAULT_POOL_GPUS_PER_NODE))
+
+
 def model_json(args: argparse.Namespace) -> dict[str, Any]:
     """The model of a request (wire format): the ONNX file's bytes or the --hf-config object."""
     if (args.model is None) == (args.hf_config is None):
@@ -136,7 +142,7 @@ def model_json(args: argparse.Namespace) -> dict[str, Any]:
             else {"model_hf_config": zoo.load_hf_config(args.hf_config)})
 
 
-def request_body(args: argparse.Namespace) -> dict[str, Any]:
+def request_body(args: argparse.Namespace, catalog: devices.Catalog) -> dict[str, Any]:
     """The plan request the flags describe, in the service's wire format."""
     return {
         **model_json(args),
@@ -146,7 +152,7 @@ def request_body(args: argparse.Namespace) -> dict[str, Any]:
                      "dims": dict(args.dim)},
         "objective": {"prefer": args.prefer, "max_gpus": args.max_gpus,
                       "deadline_seconds": args.deadline, "budget_usd": args.budget},
-        "inventory": pools(args.pool),
+        "inventory": pools(args.pool, catalog),
     }
 
 
@@ -155,10 +161,9 @@ def run_plan(args: argparse.Namespace) -> int:
     plots.check(args.plot)
     with progress.for_args(args) as shown:
         shown(Step("planning", 0, 1))
-        body = request_body(args)
-        prices = devices.read_prices_file(args.prices) if args.prices else None
-        context = dataclasses.replace(load_context(args.bundle, prices),
+        context = dataclasses.replace(load_context(args.bundle, args.prices, args.catalog),
                                       host_probes=probing.stored_probes(args))
+        body = request_body(args, context.catalog)
         result = planner.plan_request(wire.parse_plan_request(body), context,
                                       max_candidates=None)
         shown(Step("planning", 1, 1))

@@ -73,9 +73,13 @@ def register(sub: Any) -> None:
                    help="keep a plan's stored workload this long unless a job outcome names it "
                    "(the promotion gate re-estimates those); checked hourly (a duration like "
                    "720h, or seconds; default 720h = 30 days)")
-    s.add_argument("--prices", default=None, metavar="FILE",
-                   help=f"{arguments.PRICES_HELP} (default: ${PRICES_ENV}, which the "
-                   "Helm chart sets from its prices value)")
+    s.add_argument("--prices", default=None, metavar="PROVIDER|FILE",
+                   help=f"{arguments.PRICES_HELP} (default: ${devices.PROVIDER_ENV}, else "
+                   f"${PRICES_ENV}, which the Helm chart sets from its pricesProvider and "
+                   "prices values)")
+    s.add_argument("--catalog", default=None, metavar="FILE",
+                   help=f"{arguments.CATALOG_HELP} (default: ${devices.CATALOG_ENV}, which the "
+                   "Helm chart sets when its catalog value is given)")
     add_write_auth_flags(s)
     s.set_defaults(func=run_serve)
 
@@ -322,15 +326,19 @@ def run_serve(args: argparse.Namespace) -> int:
         queued_per_client=args.queued_per_client,
     )
     # A partial, not a lambda: every estimation worker process builds its context with it.
-    prices = (devices.read_prices_file(args.prices) if args.prices
-              else devices.prices_from_env(os.environ))
-    file_context = functools.partial(plans.load_context, args.bundle, prices)
+    prices: devices.PriceChoice = (args.prices or os.environ.get(devices.PROVIDER_ENV)
+                                   or devices.prices_from_env(os.environ) or None)
+    catalog_file = args.catalog or devices.catalog_file_from_env(os.environ)
+    # A bad catalog file or price choice stops the start, naming the file and field.
+    devices.apply_prices(devices.load_catalog(user_file=catalog_file), prices)
+    file_context = functools.partial(plans.load_context, args.bundle, prices, catalog_file)
     if args.bundle is not None:  # an explicit bundle is pinned: the database's is not served
         state = service.ServiceState(with_host_probes(file_context, args.db))
     else:
         cache = Path(args.bundle_cache) if args.bundle_cache else paths.data_dir() / "bundle-cache"
         state = service.ServiceState(with_host_probes(
-            functools.partial(service.database_bundle_context, str(cache), file_context, prices),
+            functools.partial(service.database_bundle_context, str(cache), file_context, prices,
+                              catalog_file),
             args.db), bundle_sync=perfdb_bundle_sync(args.db, cache))
     write_auth = write_auth_settings(args, os.environ)
     try:

@@ -28,7 +28,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,7 +106,8 @@ class ServiceSettings:
 
 
 def database_bundle_context(
-    cache_dir: str, fallback: work.ContextLoader, prices: Mapping[str, float] | None = None
+    cache_dir: str, fallback: work.ContextLoader, prices: devices.PriceChoice = None,
+    catalog_file: str | None = None,
 ) -> planner.PlannerContext:
     """The context of the database bundle the cache points at, else `fallback()` (the data-dir
     or shipped bundle). Module-level, so a `functools.partial` of it pickles to the workers."""
@@ -116,7 +117,8 @@ def database_bundle_context(
     predictor, source = found
     manifest = getattr(getattr(predictor, "bundle", None), "manifest", {}) or {}
     return planner.PlannerContext(
-        catalog=devices.load_catalog(price_overrides=prices), predictor=predictor,
+        catalog=devices.apply_prices(devices.load_catalog(user_file=catalog_file), prices),
+        predictor=predictor,
         predictor_source=source, manifest=dict(manifest))
 
 

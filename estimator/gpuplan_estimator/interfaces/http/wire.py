@@ -17,7 +17,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
 from pydantic_core import PydanticCustomError
 
 from gpuplan_estimator.core import limits, options, vocabulary
@@ -187,6 +195,10 @@ class PlanRequestBody(_ModelBody):
     layout: LayoutBody | None = Field(
         None, description="A pinned parallel layout: the plan takes it at its GPU count on each "
                           "pool (gpus_per_node is the pool's) or says why it cannot.")
+    prices_provider: Annotated[str, StringConstraints(max_length=40)] | None = Field(
+        None, description="Price every GPU from this provider's published, dated on-demand "
+                          "list (e.g. aws, lambda): a GPU it does not list is unpriced. "
+                          "Absent: the service's prices.")
 
 
 class EstimateRequestBody(_ModelBody):
@@ -342,7 +354,8 @@ def parse_plan_request(body: Any) -> PlanRequest:
         for p in valid.inventory)
     return PlanRequest(model, training, objective, inventory, tuple(valid.gpu_types or ()),
                        model_hf_config=_hf_config(valid),
-                       layout=layout_wire.to_request(valid.layout) if valid.layout else None)
+                       layout=layout_wire.to_request(valid.layout) if valid.layout else None,
+                       prices_provider=valid.prices_provider)
 
 
 def parse_estimate_request(body: Any) -> EstimateRequest:

@@ -18,7 +18,6 @@ from gpuplan_estimator.devices.catalog import (
     check_precision,
     dominated_siblings,
     dominates_in_speed,
-    load_catalog,
     normalize_name,
     parse_catalog,
     parse_entry,
@@ -40,6 +39,7 @@ from gpuplan_estimator.devices.user_catalog import (
     GPUS_PER_NODE_EXTRA,
     MAX_USER_CATALOG_BYTES,
     catalog_file_from_env,
+    load_catalog,
 )
 
 __all__ = [

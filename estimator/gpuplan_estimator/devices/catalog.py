@@ -406,24 +406,15 @@ def load_catalog(
     path: str | os.PathLike[str] | None = None,
     *,
     price_overrides: Mapping[str, float] | None = None,
-    user_file: str | os.PathLike[str] | None = None,
 ) -> Catalog:
-    """Load and validate a catalog YAML (default: the shipped `data/gpus.yaml`); cached.
-
-    `user_file` (``--catalog``) adds or overrides devices by spec (`user_catalog`); prices are
-    applied after it, so they may price a user device too."""
+    """Load and validate a catalog YAML (default: the shipped `data/gpus.yaml`); cached. A
+    user's catalog file (``--catalog``) is merged on top by `user_catalog.load_catalog`."""
     file = Path(path) if path is not None else DEFAULT_CATALOG_PATH
     try:
         mtime_ns = file.stat().st_mtime_ns
     except OSError as exc:
         raise errors.CatalogError(f"{file}: cannot read device catalog: {exc.strerror}") from None
     catalog = _load_file(str(file), mtime_ns)
-    if user_file is not None:
-        # Imported here: user_catalog builds on this module's types.
-        from gpuplan_estimator.devices import user_catalog
-
-        origin = os.fspath(user_file)
-        catalog = user_catalog.merge(catalog, user_catalog.read_user_catalog(origin), origin)
     return with_prices(catalog, price_overrides) if price_overrides else catalog
 
 

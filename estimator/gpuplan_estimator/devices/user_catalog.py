@@ -26,12 +26,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.devices import catalog as catalog_module
 from gpuplan_estimator.devices.catalog import (
     PEAK_DTYPES,
     SHIPPED,
     Catalog,
     DeviceSpec,
-    load_catalog,
     normalize_name,
 )
 
@@ -254,3 +254,18 @@ def respecified(device: DeviceSpec) -> bool:
 def catalog_file_from_env(environ: Mapping[str, str]) -> str | None:
     """The catalog file the chart mounts (``GPUPLAN_CATALOG_FILE``), or None when unset."""
     return environ.get(CATALOG_ENV) or None
+
+
+def load_catalog(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    price_overrides: Mapping[str, float] | None = None,
+    user_file: str | os.PathLike[str] | None = None,
+) -> Catalog:
+    """`catalog.load_catalog`, with `user_file` (``--catalog``) adding or overriding devices by
+    spec; prices are applied after it, so they may price a user device too."""
+    base = catalog_module.load_catalog(path)
+    if user_file is not None:
+        origin = os.fspath(user_file)
+        base = merge(base, read_user_catalog(origin), origin)
+    return catalog_module.with_prices(base, price_overrides) if price_overrides else base

@@ -67,6 +67,12 @@ def _require(module: str, extra: str) -> Any:
         raise MissingTorchError("model", str(exc)) from exc
 
 
+def require_export_packages() -> None:
+    """Fail now, before any other work, when torch or transformers is missing."""
+    _require("torch", "torch")
+    _require("transformers", "torch")
+
+
 def needs_export(config: Mapping[str, Any]) -> bool:
     """Whether a Hugging Face config is built by torch (seconds, `gpuplan[torch]`) rather
     than written from the config (`zoo`, `hf_blocks`)."""

@@ -138,6 +138,7 @@ def model_source(args: argparse.Namespace) -> str | bytes:
             raise
         raise InvalidRequestError(flag, exc.message) from exc
     if exporting.needs_export(config):
+        exporting.require_export_packages()
         _progress(f"building {config.get('model_type')!s} from {args.hf_config} on the meta "
                   "device and exporting it")
     return exporting.hf_config_graph(config, batch=args.batch or 1, sequence=sequence,

@@ -32,8 +32,9 @@ import onnx
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.graph import zoo
 
-_GET = zoo._get  # noqa: SLF001  (one config reader for every builder)
-
+# zoo's config reader, node writer and model wrapper are shared by both config writers (one
+# package, one convention for structure-only graphs).
+_get = zoo._get
 
 @dataclass(frozen=True)
 class DecoderShape:
@@ -74,27 +75,27 @@ def decoder_shape(config: Mapping[str, Any]) -> DecoderShape:
     if kind not in MODEL_TYPES:
         raise errors.InvalidRequestError("config.model_type", f"{kind!r} is not a decoder "
                                          f"family written here ({', '.join(MODEL_TYPES)})")
-    hidden, heads = int(_GET(config, "hidden_size")), int(_GET(config, "num_attention_heads"))
-    act_name = str(_GET(config, "hidden_activation", "hidden_act", default="silu"))
+    hidden, heads = int(_get(config, "hidden_size")), int(_get(config, "num_attention_heads"))
+    act_name = str(_get(config, "hidden_activation", "hidden_act", default="silu"))
     if act_name not in _ACTIVATIONS:
         raise errors.InvalidRequestError("config.hidden_act", f"unsupported {act_name!r}")
     moe = kind in MOE_TYPES
     return DecoderShape(
-        hidden=hidden, layers=int(_GET(config, "num_hidden_layers")), heads=heads,
-        kv_heads=int(_GET(config, "num_key_value_heads", default=heads)),
-        head_dim=int(_GET(config, "head_dim", default=hidden // heads)),
-        intermediate=int(_GET(config, "intermediate_size")),
-        vocab=int(_GET(config, "vocab_size")),
-        rms_eps=float(_GET(config, "rms_norm_eps", default=1e-6)),
+        hidden=hidden, layers=int(_get(config, "num_hidden_layers")), heads=heads,
+        kv_heads=int(_get(config, "num_key_value_heads", default=heads)),
+        head_dim=int(_get(config, "head_dim", default=hidden // heads)),
+        intermediate=int(_get(config, "intermediate_size")),
+        vocab=int(_get(config, "vocab_size")),
+        rms_eps=float(_get(config, "rms_norm_eps", default=1e-6)),
         activation=_ACTIVATIONS[act_name],
         tied_head=bool(config.get("tie_word_embeddings", kind == "gemma")),
         qkv_bias=kind in ("qwen2", "qwen2_moe") or bool(config.get("attention_bias", False)),
         gemma=kind == "gemma",
-        experts=int(_GET(config, "num_local_experts", "num_experts")) if moe else 0,
-        top_k=int(_GET(config, "num_experts_per_tok")) if moe else 0,
-        expert_intermediate=int(_GET(config, "moe_intermediate_size", "intermediate_size"))
+        experts=int(_get(config, "num_local_experts", "num_experts")) if moe else 0,
+        top_k=int(_get(config, "num_experts_per_tok")) if moe else 0,
+        expert_intermediate=int(_get(config, "moe_intermediate_size", "intermediate_size"))
         if moe else 0,
-        capacity_factor=float(_GET(config, "capacity_factor", default=1.0)),
+        capacity_factor=float(_get(config, "capacity_factor", default=1.0)),
         shared_intermediate=int(config.get("shared_expert_intermediate_size") or 0),
         normalize_top_k=bool(config.get("norm_topk_prob", kind == "mixtral")))
 
@@ -120,7 +121,7 @@ class _Decoder:
 
     def __init__(self, shape: DecoderShape) -> None:
         self.s = shape
-        self.b = zoo._Builder()  # noqa: SLF001  (the builder every config writer shares)
+        self.b = zoo._Builder()
         b = self.b
         self.bs = b.op("Shape", ["input_ids"], "shape.batch_seq")
         self.seq1 = b.op("Shape", ["input_ids"], "shape.seq1", start=1, end=2)
@@ -328,5 +329,5 @@ def build_decoder(config: Mapping[str, Any], *, name: str) -> onnx.ModelProto:
         logits = b.op("MatMul", [x, head_w], "lm_head")
     else:
         logits = d.linear(x, "lm_head", shape.hidden, shape.vocab)
-    return zoo._model(b, name, logits)  # noqa: SLF001
+    return zoo._model(b, name, logits)
 

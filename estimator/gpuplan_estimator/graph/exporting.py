@@ -33,9 +33,10 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gpuplan_estimator.core import errors, extras
-from gpuplan_estimator.graph import hf_blocks, loading, zoo
+from gpuplan_estimator.graph import hf_blocks, hf_seq2seq, loading, zoo
 
-WRITTEN_MODEL_TYPES: tuple[str, ...] = zoo.MODEL_TYPES + hf_blocks.MODEL_TYPES
+WRITTEN_MODEL_TYPES: tuple[str, ...] = (zoo.MODEL_TYPES + hf_blocks.MODEL_TYPES
+                                         + hf_seq2seq.MODEL_TYPES)
 """The HF `model_type`s written from the config without torch (docs/models.md lists them; a
 test checks the list against this)."""
 
@@ -119,15 +120,17 @@ def check_hf_request(config: Mapping[str, Any], *, batch: int | None, sequence: 
 def hf_config_graph(config: Mapping[str, Any], *, batch: int, sequence: int | None,
                     label: str, name: str | None = None) -> bytes:
     """The ONNX graph of a Hugging Face config: `zoo` writes GPT-2, BERT and OPT, `hf_blocks`
-    the Llama-shaped and mixture-of-experts decoders directly (symbolic batch and sequence, no
-    torch); any other architecture is exported by `from_hf_config` at `batch` and
-    `sequence`. `check_hf_request` runs first."""
+    the Llama-shaped and mixture-of-experts decoders, `hf_seq2seq` T5, directly (symbolic
+    batch and sequence, no torch); any other architecture is exported by `from_hf_config` at
+    `batch` and `sequence`. `check_hf_request` runs first."""
     check_hf_request(config, batch=batch, sequence=sequence, label=label)
     kind = config.get("model_type")
     if kind in zoo.MODEL_TYPES:
         return zoo.build_transformer(config, name=name or label).SerializeToString()
     if kind in hf_blocks.MODEL_TYPES:
         return hf_blocks.build_decoder(config, name=name or label).SerializeToString()
+    if kind in hf_seq2seq.MODEL_TYPES:
+        return hf_seq2seq.build_t5(config, name=name or label).SerializeToString()
     return from_hf_config(config, batch=batch, sequence=sequence, label=label)
 
 

@@ -116,7 +116,7 @@ def parameter_count(shape: DecoderShape) -> int:
     return shape.vocab * h + shape.layers * (attention + mlp + 2 * h) + h + head
 
 
-class _Decoder:
+class BlockWriter:
     """Writes one decoder's nodes: a `zoo` builder plus the shapes every block shares."""
 
     def __init__(self, shape: DecoderShape) -> None:
@@ -150,6 +150,7 @@ class _Decoder:
         return y
 
     def rms_norm(self, x: str, name: str) -> str:
+        """RMSNorm as exported: x·rsqrt(mean(x²) + eps), times the weight."""
         b = self.b
         sq = b.op("Pow", [x, b.scalar(f"{name}.two", 2.0)], f"{name}.pow")
         mean = b.op("ReduceMean", [sq, b.ints(f"{name}.axes", [-1])], f"{name}.mean",
@@ -217,6 +218,7 @@ class _Decoder:
         return b.op("MatMul", [probs, v], f"{name}.context")
 
     def attention(self, x: str, rope: tuple[str, str], mask: str, name: str) -> str:
+        """Self-attention: q/k/v projections, RoPE on q and k, GQA repeat, SDPA, o_proj."""
         s, b = self.s, self.b
         q, k, v = (self.heads(self.linear(x, f"{name}.{p}_proj", s.hidden, n * s.head_dim,
                                           bias=s.qkv_bias), n, f"{name}.{p}")
@@ -232,6 +234,7 @@ class _Decoder:
         return self.linear(merged, f"{name}.o_proj", s.heads * s.head_dim, s.hidden)
 
     def act(self, x: str, name: str) -> str:
+        """The gate's activation: SiLU as x·sigmoid(x) (as exported), or tanh-GELU."""
         if self.s.activation == "gelu_tanh":
             return self.b.op("Gelu", [x], name, approximate="tanh")
         return self.b.op("Mul", [x, self.b.op("Sigmoid", [x], f"{name}.sigmoid")], name)
@@ -293,6 +296,7 @@ class _Decoder:
                     f"{name}.out")
 
     def block(self, x: str, rope: tuple[str, str], mask: str, i: int) -> str:
+        """Decoder layer `i`: pre-norm attention and MLP (or MoE), each with its residual."""
         p = f"model.layers.{i}"
         y = self.attention(self.rms_norm(x, f"{p}.input_layernorm"), rope, mask,
                            f"{p}.self_attn")
@@ -311,7 +315,7 @@ def build_decoder(config: Mapping[str, Any], *, name: str) -> onnx.ModelProto:
         raise errors.InvalidRequestError(
             "config.num_key_value_heads", f"{shape.heads} heads over {shape.kv_heads} key/value "
             f"heads of dim {shape.head_dim}: heads must divide evenly, head_dim be even")
-    d = _Decoder(shape)
+    d = BlockWriter(shape)
     b = d.b
     embed = b.weight("model.embed_tokens.weight", [shape.vocab, shape.hidden])
     x = b.op("Gather", [embed, "input_ids"], "model.embed_tokens")

@@ -12,7 +12,7 @@ import pytest
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
-from gpuplan_estimator.graph import exporting, hf_blocks, zoo
+from gpuplan_estimator.graph import exporting, hf_blocks, hf_seq2seq, zoo
 from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step.decomposition import TrainingSettings
@@ -139,3 +139,23 @@ def test_registry_lists_the_written_families() -> None:
     assert not set(exporting.WRITTEN_MODEL_TYPES) & set(exporting.UNSUPPORTED_MODEL_TYPES)
     assert json.loads((CONFIGS / "mixtral_8x7b.json").read_text())["model_type"] in (
         hf_blocks.MOE_TYPES)
+
+
+# Published sizes (HF model cards): t5-base 222,903,552; flan-t5-base 247,577,856 (gated-GELU
+# feed-forward of 2048, untied head).
+@pytest.mark.parametrize(("overrides", "published"), [
+    ({}, 222_903_552),
+    ({"feed_forward_proj": "gated-gelu", "d_ff": 2048, "tie_word_embeddings": False},
+     247_577_856)])
+def test_t5_encoder_decoder_counts_as_published(overrides: dict[str, object],
+                                                published: int) -> None:
+    config = {**zoo.load_hf_config(CONFIGS / "t5_base.json"), **overrides}
+    assert hf_seq2seq.parameter_count(hf_seq2seq.seq2seq_shape(config)) == published
+    g = graph.load_model(hf_seq2seq.build_t5(config, name="t5").SerializeToString(), batch=2,
+                         dim_bindings={"sequence": 32})
+    assert g.parameter_count == published and g.unknown_op_types == ()
+    assert g.layers[-1].outputs[0].shape == (2, 32, 32128)
+    # 12 encoder self-attentions, 12 decoder self- and 12 cross-attentions: 36 softmaxes
+    assert Counter(ly.family for ly in g.layers)[OpFamily.SOFTMAX] == 36
+    cross = next(ly for ly in g.layers if ly.name == "decoder.block.0.layer.1.EncDecAttention.k")
+    assert cross.inputs[0].name == "encoder.final_layer_norm"  # keys from the encoder

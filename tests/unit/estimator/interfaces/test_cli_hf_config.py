@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuplan_estimator.graph import exporting, hf_blocks, zoo
+from gpuplan_estimator.graph import exporting, hf_blocks, hf_seq2seq, zoo
 from gpuplan_estimator.interfaces.cli import main
 
 CONFIGS = Path(zoo.__file__).parent.parent / "data" / "model_configs"
@@ -29,7 +29,7 @@ def write(tmp_path: Path, config: dict[str, object], name: str = "config") -> st
     return str(path)
 
 
-@pytest.mark.parametrize("name", ["mixtral_8x7b", "llama2_7b"])
+@pytest.mark.parametrize("name", ["mixtral_8x7b", "llama2_7b", "t5_base"])
 def test_shipped_configs_estimate_without_torch(name: str, capsys: pytest.CaptureFixture[str]
                                                 ) -> None:
     """Written from the config (no export): parameters as the closed form (= published)."""
@@ -39,8 +39,9 @@ def test_shipped_configs_estimate_without_torch(name: str, capsys: pytest.Captur
     assert code in (0, 3), err  # 3: fits no device; the estimate is still printed
     doc = json.loads(out)
     config = zoo.load_hf_config(CONFIGS / f"{name}.json")
-    assert doc["model"]["parameters"] == hf_blocks.parameter_count(
-        hf_blocks.decoder_shape(config))
+    assert doc["model"]["parameters"] == (
+        hf_seq2seq.parameter_count(hf_seq2seq.seq2seq_shape(config)) if name == "t5_base"
+        else hf_blocks.parameter_count(hf_blocks.decoder_shape(config)))
     assert "building" not in err  # no export's progress line
 
 

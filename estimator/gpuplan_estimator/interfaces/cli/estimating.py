@@ -127,16 +127,8 @@ def model_source(args: argparse.Namespace) -> str | bytes:
         factory = exporting.resolve_factory(args.torch)
         _progress(f"building {args.torch} on the meta device and exporting it")
         return exporting.from_torch_factory(factory)
-    config = zoo.load_hf_config(args.hf_config)
+    config = hf_config_checked(args)
     sequence = dict(args.dim).get(batching.SEQUENCE_DIM)
-    try:  # before any model is built: what cannot succeed is refused at once
-        exporting.check_hf_request(config, batch=args.batch, sequence=sequence,
-                                   label=args.hf_config)
-    except InvalidRequestError as exc:
-        flag = _HF_REQUEST_FLAGS.get(exc.field)
-        if flag is None:
-            raise
-        raise InvalidRequestError(flag, exc.message) from exc
     if exporting.needs_export(config):
         exporting.require_export_packages()
         _progress(f"building {config.get('model_type')!s} from {args.hf_config} on the meta "
@@ -147,6 +139,22 @@ def model_source(args: argparse.Namespace) -> str | bytes:
 
 _HF_REQUEST_FLAGS = {"batch": "--batch", "dim_bindings.sequence": "--dim sequence"}
 """`exporting.check_hf_request`'s request fields, as the flags that set them."""
+
+
+def hf_config_checked(args: argparse.Namespace) -> dict[str, Any]:
+    """--hf-config's config, refused before any model is built when it cannot succeed at
+    --batch and --dim sequence (`exporting.check_hf_request`); errors name the flag."""
+    config = zoo.load_hf_config(args.hf_config)
+    try:
+        exporting.check_hf_request(config, batch=args.batch,
+                                   sequence=dict(args.dim).get(batching.SEQUENCE_DIM),
+                                   label=args.hf_config)
+    except InvalidRequestError as exc:
+        flag = _HF_REQUEST_FLAGS.get(exc.field)
+        if flag is None:
+            raise
+        raise InvalidRequestError(flag, exc.message) from exc
+    return config
 
 
 def _model_name(args: argparse.Namespace) -> str | None:

@@ -92,3 +92,12 @@ def test_exporter_failures_read_as_one_plain_line() -> None:
     exc = RuntimeError("\x1b[31m\x1b[1mFailed to export\x1b[0m: step 1/3\n\nTraceback ...\n")
     assert exporting.first_line(exc) == "RuntimeError: Failed to export: step 1/3"
     assert exporting.first_line(ValueError("")) == "ValueError"
+
+
+def test_plan_checks_the_config_before_building_too(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "--hf-config", LLAMA_70B, "--batch", "8", "--dataset-size", "1000"]
+    for extra, needle in (([], "give the sequence length"),
+                          (["--dim", "sequence=16777216"], "attention scores")):
+        code, out, err = run([*base, *extra], capsys)
+        assert code == 2 and out == ""
+        assert err.startswith("gpuplan: error: --dim sequence: ") and needle in err

@@ -51,6 +51,7 @@ class DecoderShape:
     activation: str  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
     tied_head: bool
     qkv_bias: bool
+    mlp_bias: bool  # Llama's `mlp_bias`: gate/up/down projections with biases
     gemma: bool  # embeddings scaled by sqrt(hidden), RMSNorm weight applied as (1 + w)
     experts: int = 0  # 0: a dense MLP
     top_k: int = 0
@@ -90,6 +91,7 @@ def decoder_shape(config: Mapping[str, Any]) -> DecoderShape:
         activation=_ACTIVATIONS[act_name],
         tied_head=bool(config.get("tie_word_embeddings", kind == "gemma")),
         qkv_bias=kind in ("qwen2", "qwen2_moe") or bool(config.get("attention_bias", False)),
+        mlp_bias=bool(config.get("mlp_bias", False)),
         gemma=kind == "gemma",
         experts=int(_get(config, "num_local_experts", "num_experts")) if moe else 0,
         top_k=int(_get(config, "num_experts_per_tok")) if moe else 0,
@@ -112,6 +114,8 @@ def parameter_count(shape: DecoderShape) -> int:
             mlp += 3 * h * shape.shared_intermediate + h
     else:
         mlp = 3 * h * shape.intermediate
+        if shape.mlp_bias:
+            mlp += 2 * shape.intermediate + h
     head = 0 if shape.tied_head else shape.vocab * h
     return shape.vocab * h + shape.layers * (attention + mlp + 2 * h) + h + head
 
@@ -241,11 +245,11 @@ class BlockWriter:
 
     def mlp(self, x: str, name: str, inner: int) -> str:
         """Gated MLP: down(act(gate(x)) · up(x))."""
-        h = self.s.hidden
-        gate = self.act(self.linear(x, f"{name}.gate_proj", h, inner), f"{name}.act")
-        up = self.linear(x, f"{name}.up_proj", h, inner)
+        h, bias = self.s.hidden, self.s.mlp_bias and not self.s.experts
+        gate = self.act(self.linear(x, f"{name}.gate_proj", h, inner, bias), f"{name}.act")
+        up = self.linear(x, f"{name}.up_proj", h, inner, bias)
         return self.linear(self.b.op("Mul", [gate, up], f"{name}.mul"), f"{name}.down_proj",
-                           inner, h)
+                           inner, h, bias)
 
     def moe(self, x: str, name: str) -> str:
         """Router, top-k, dispatch of C rows to each of E experts, the experts' gated MLPs

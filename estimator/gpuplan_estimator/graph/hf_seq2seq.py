@@ -51,7 +51,8 @@ def seq2seq_shape(config: Mapping[str, Any]) -> Seq2SeqShape:
         head_dim=int(_get(config, "d_kv")), intermediate=int(_get(config, "d_ff")),
         vocab=int(_get(config, "vocab_size")),
         rms_eps=float(_get(config, "layer_norm_epsilon", default=1e-6)), activation="relu",
-        tied_head=bool(config.get("tie_word_embeddings", True)), qkv_bias=False, gemma=False)
+        tied_head=bool(config.get("tie_word_embeddings", True)), qkv_bias=False,
+        mlp_bias=False, gemma=False)
     return Seq2SeqShape(
         block=block, encoder_layers=layers,
         decoder_layers=int(_get(config, "num_decoder_layers", default=layers)),

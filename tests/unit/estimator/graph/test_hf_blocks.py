@@ -46,6 +46,7 @@ def test_closed_form_count_matches_the_published_size(name: str, published: int)
     {**TINY_LLAMA, "model_type": "qwen2", "num_key_value_heads": 4, "tie_word_embeddings": True},
     {**TINY_LLAMA, "model_type": "gemma", "head_dim": 32, "hidden_act": "gelu_pytorch_tanh"},
     {**TINY_LLAMA, "model_type": "mistral"},
+    {**TINY_LLAMA, "mlp_bias": True, "attention_bias": True},
     TINY_MIXTRAL,
     {**TINY_MIXTRAL, "model_type": "qwen2_moe", "num_experts": 8, "num_local_experts": None,
      "num_experts_per_tok": 4, "moe_intermediate_size": 32,

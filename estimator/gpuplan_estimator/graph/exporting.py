@@ -5,8 +5,14 @@
 exporter at a static input shape, on the meta device (no weights are allocated, downloaded or
 needed), and return a structure-only graph: each weight a `ConstantOfShape` of its shape, the
 convention `graph.load_model` reads. torch and transformers are optional (`gpuplan[torch]`);
-without them the error says what to install. GPT-2, BERT and OPT configs need neither:
-`graph.zoo` writes those graphs directly.
+without them the error says what to install (exit 4, as every missing package). GPT-2, BERT
+and OPT configs need neither (`graph.zoo` writes those graphs directly), nor do the Llama,
+Mistral, Qwen2, Gemma, Mixtral and Qwen2-MoE families (`graph.hf_blocks` writes their block
+once per layer, in well under a second where the full export takes a minute).
+
+`check_hf_request` refuses, before anything is built, what cannot succeed: an architecture
+known not to export, a text model without a sequence length, a size whose attention scores
+alone exceed any GPU.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import contextlib
 import importlib
 import io
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -26,7 +33,30 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gpuplan_estimator.core import errors, extras
-from gpuplan_estimator.graph import zoo
+from gpuplan_estimator.graph import hf_blocks, hf_seq2seq, loading, zoo
+
+WRITTEN_MODEL_TYPES: tuple[str, ...] = (zoo.MODEL_TYPES + hf_blocks.MODEL_TYPES
+                                         + hf_seq2seq.MODEL_TYPES)
+"""The HF `model_type`s written from the config without torch (docs/models.md lists them; a
+test checks the list against this)."""
+
+UNSUPPORTED_MODEL_TYPES: Mapping[str, str] = {
+    "switch_transformers": "its top-1 router does not export with torch.onnx (data-dependent "
+                           "expert dispatch)",
+    "deepseek_v2": "multi-head latent attention is not modelled",
+    "deepseek_v3": "multi-head latent attention is not modelled",
+    "whisper": "WhisperForConditionalGeneration fails in torch.export (transformers 5.24, torch "
+               "2.15) and its encoder-decoder block is not written here yet",
+}
+"""Architectures refused at once, by name, with the reason (rather than a minute of export
+that fails)."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class MissingTorchError(errors.InvalidRequestError, extras.MissingExtraError):
+    """torch or transformers is not installed: the request's field `model` for the service,
+    and "unavailable" (exit 4) for the CLI, as every missing optional package."""
 
 
 def _require(module: str, extra: str) -> Any:
@@ -35,22 +65,72 @@ def _require(module: str, extra: str) -> Any:
     try:
         return extras.require(module, extra, needed_by="building a model in-process")
     except extras.MissingExtraError as exc:
-        raise errors.InvalidRequestError("model", str(exc)) from exc
+        raise MissingTorchError("model", str(exc)) from exc
+
+
+def require_export_packages() -> None:
+    """Fail now, before any other work, when torch or transformers is missing."""
+    _require("torch", "torch")
+    _require("transformers", "torch")
 
 
 def needs_export(config: Mapping[str, Any]) -> bool:
     """Whether a Hugging Face config is built by torch (seconds, `gpuplan[torch]`) rather
-    than written by `zoo` (GPT-2, BERT, OPT)."""
-    return config.get("model_type") not in zoo.MODEL_TYPES
+    than written from the config (`zoo`, `hf_blocks`)."""
+    return config.get("model_type") not in WRITTEN_MODEL_TYPES
+
+
+def needs_sequence(config: Mapping[str, Any]) -> bool:
+    """Whether the model reads token ids (a sequence length to bind) rather than pixels at
+    the config's image_size or audio features at its max_source_positions."""
+    return not any(key in config for key in ("image_size", "num_mel_bins", "vision_config"))
+
+
+def check_hf_request(config: Mapping[str, Any], *, batch: int | None, sequence: int | None,
+                     label: str) -> None:
+    """Refuse, before building anything, a config that cannot be estimated at this size:
+    a known-unsupported architecture (by name), a missing sequence length, or a size whose
+    largest tensor (the eager attention scores, batch·heads·sequence²) is beyond the cap on
+    any tensor (`loading.MAX_TENSOR_ELEMENTS`). Fields are the request's
+    (`dim_bindings.sequence`, `batch`); the CLI names its flags."""
+    kind = config.get("model_type")
+    if not isinstance(kind, str):
+        raise errors.InvalidRequestError(f"{label}.model_type", "missing: not a transformers "
+                                         "config.json")
+    if kind in UNSUPPORTED_MODEL_TYPES:
+        raise errors.InvalidRequestError(f"{label}.model_type", f"{kind!r} is not supported: "
+                                         f"{UNSUPPORTED_MODEL_TYPES[kind]}")
+    if needs_export(config) and batch is None:
+        raise errors.InvalidRequestError("batch", f"{label}: needed to export {kind}")
+    if not needs_sequence(config):
+        return
+    if sequence is None:
+        raise errors.InvalidRequestError("dim_bindings.sequence",
+                                         f"{label}: give the sequence length (--dim sequence=N)")
+    heads = config.get("num_attention_heads", config.get("n_head", 1))
+    scores = (batch or 1) * (heads if isinstance(heads, int) and heads > 0 else 1) * sequence ** 2
+    if scores > loading.MAX_TENSOR_ELEMENTS:
+        raise errors.InvalidRequestError(
+            "dim_bindings.sequence", f"{label}: sequence {sequence:,} at batch {batch or 1}: "
+            f"one layer's attention scores alone are {scores:.2e} elements "
+            f"({scores * 4 / 2**40:,.0f} TiB in fp32), beyond the {loading.MAX_TENSOR_ELEMENTS:.2e}"
+            "-element cap on any tensor; use a shorter sequence")
 
 
 def hf_config_graph(config: Mapping[str, Any], *, batch: int, sequence: int | None,
                     label: str, name: str | None = None) -> bytes:
-    """The ONNX graph of a Hugging Face config: `zoo` writes GPT-2, BERT and OPT directly
-    (symbolic batch and sequence, no torch); any other architecture is exported by
-    `from_hf_config` at `batch` and `sequence`."""
-    if not needs_export(config):
+    """The ONNX graph of a Hugging Face config: `zoo` writes GPT-2, BERT and OPT, `hf_blocks`
+    the Llama-shaped and mixture-of-experts decoders, `hf_seq2seq` T5, directly (symbolic
+    batch and sequence, no torch); any other architecture is exported by `from_hf_config` at
+    `batch` and `sequence`. `check_hf_request` runs first."""
+    check_hf_request(config, batch=batch, sequence=sequence, label=label)
+    kind = config.get("model_type")
+    if kind in zoo.MODEL_TYPES:
         return zoo.build_transformer(config, name=name or label).SerializeToString()
+    if kind in hf_blocks.MODEL_TYPES:
+        return hf_blocks.build_decoder(config, name=name or label).SerializeToString()
+    if kind in hf_seq2seq.MODEL_TYPES:
+        return hf_seq2seq.build_t5(config, name=name or label).SerializeToString()
     return from_hf_config(config, batch=batch, sequence=sequence, label=label)
 
 
@@ -156,9 +236,9 @@ def export_module(module: Any, args: tuple[Any, ...], *, label: str) -> bytes:
                 program.save(path, include_initializers=False,
                              keep_initializers_as_inputs=True)
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise errors.InvalidModelError(
-                f"{label}: torch.onnx.export failed: {type(exc).__name__}: {first}") from exc
+                f"{label}: torch.onnx.export failed: {first_line(exc)} (--debug: the whole "
+                "traceback)") from exc
         model = onnx.load(path, load_external_data=False)
     signature = program.exported_program.graph_signature
     buffers = frozenset(signature.inputs_to_buffers.values()) | frozenset(
@@ -166,6 +246,13 @@ def export_module(module: Any, args: tuple[Any, ...], *, label: str) -> bytes:
     weights_to_constant_of_shape(model, data_inputs=len(program.model.graph.inputs),
                                  buffers=buffers)
     return model.SerializeToString()
+
+
+def first_line(exc: BaseException) -> str:
+    """An exporter failure in one line: its type and first non-empty line, terminal colour
+    codes removed (torch's messages carry them)."""
+    lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 @contextlib.contextmanager

@@ -146,6 +146,7 @@ class _Walk:
         self.act_grads: dict[str, int] = {}
         self.optimizer_bytes = 0
         self.best: PeakParts | None = None
+        self._weights_bytes: int | None = None
 
     # --- bookkeeping -----------------------------------------------------------------------
 
@@ -160,7 +161,10 @@ class _Walk:
 
     def weights_bytes(self) -> int:
         # The module's weights are fp32 in every precision measured: autocast keeps them so.
-        return sum(self.rounded(n * FP32_BYTES) for n in self.params.values())
+        # Summed once: `mark` runs per layer, and a 70B graph has thousands of both (#34).
+        if self._weights_bytes is None:
+            self._weights_bytes = sum(self.rounded(n * FP32_BYTES) for n in self.params.values())
+        return self._weights_bytes
 
     def mark(self, phase: str) -> None:
         parts = PeakParts(

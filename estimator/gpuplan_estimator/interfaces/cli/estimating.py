@@ -43,7 +43,8 @@ def _register_estimate(sub: Any) -> None:
                    help="ONNX file (plain, gzip, xz or zstd; weights optional)")
     p.add_argument("--hf-config", default=None, metavar="CONFIG_JSON",
                    help="instead of an ONNX file: a Hugging Face config.json. model_type "
-                   f"{', '.join(zoo.MODEL_TYPES)} are built without torch; any other "
+                   f"{', '.join(exporting.WRITTEN_MODEL_TYPES)} are written without torch "
+                   "(in seconds); any other "
                    "architecture transformers knows is built on the meta device and exported "
                    "(needs gpuplan[torch] and transformers). Text models need --batch and "
                    "--dim sequence=N")
@@ -129,15 +130,34 @@ def model_source(args: argparse.Namespace) -> str | bytes:
         factory = exporting.resolve_factory(args.torch)
         _progress(f"building {args.torch} on the meta device and exporting it")
         return exporting.from_torch_factory(factory)
-    config = zoo.load_hf_config(args.hf_config)
+    config = hf_config_checked(args)
+    sequence = dict(args.dim).get(batching.SEQUENCE_DIM)
     if exporting.needs_export(config):
-        if args.batch is None:
-            raise InvalidRequestError("--batch", "needed to export a model from --hf-config")
+        exporting.require_export_packages()
         _progress(f"building {config.get('model_type')!s} from {args.hf_config} on the meta "
                   "device and exporting it")
-    return exporting.hf_config_graph(config, batch=args.batch or 1,
-                                     sequence=dict(args.dim).get(batching.SEQUENCE_DIM),
+    return exporting.hf_config_graph(config, batch=args.batch or 1, sequence=sequence,
                                      label=args.hf_config, name=_model_name(args))
+
+
+_HF_REQUEST_FLAGS = {"batch": "--batch", "dim_bindings.sequence": "--dim sequence"}
+"""`exporting.check_hf_request`'s request fields, as the flags that set them."""
+
+
+def hf_config_checked(args: argparse.Namespace) -> dict[str, Any]:
+    """--hf-config's config, refused before any model is built when it cannot succeed at
+    --batch and --dim sequence (`exporting.check_hf_request`); errors name the flag."""
+    config = zoo.load_hf_config(args.hf_config)
+    try:
+        exporting.check_hf_request(config, batch=args.batch,
+                                   sequence=dict(args.dim).get(batching.SEQUENCE_DIM),
+                                   label=args.hf_config)
+    except InvalidRequestError as exc:
+        flag = _HF_REQUEST_FLAGS.get(exc.field)
+        if flag is None:
+            raise
+        raise InvalidRequestError(flag, exc.message) from exc
+    return config
 
 
 def _model_name(args: argparse.Namespace) -> str | None:

@@ -19,8 +19,15 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.progress import Step
-from gpuplan_estimator.graph import zoo
-from gpuplan_estimator.interfaces.cli import arguments, output, plots, probing, progress, render
+from gpuplan_estimator.interfaces.cli import (
+    arguments,
+    estimating,
+    output,
+    plots,
+    probing,
+    progress,
+    render,
+)
 from gpuplan_estimator.interfaces.http import wire
 from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import planner
@@ -139,7 +146,7 @@ def model_json(args: argparse.Namespace) -> dict[str, Any]:
                                   "(exactly one)")
     return ({"model_onnx_b64": base64.b64encode(Path(args.model).read_bytes()).decode()}
             if args.model is not None
-            else {"model_hf_config": zoo.load_hf_config(args.hf_config)})
+            else {"model_hf_config": estimating.hf_config_checked(args)})
 
 
 def request_body(args: argparse.Namespace, catalog: devices.Catalog) -> dict[str, Any]:

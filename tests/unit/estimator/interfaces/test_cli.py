@@ -265,7 +265,7 @@ def test_estimate_from_a_hf_config_needs_no_onnx_file(capsys: pytest.CaptureFixt
 def test_estimate_exports_an_architecture_the_zoo_lacks(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
-    """A Llama config is built on the meta device by transformers and exported in-process."""
+    """A Llama config is written block by block from the config (`hf_blocks`)."""
     config = tmp_path / "tiny-llama.json"
     config.write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,

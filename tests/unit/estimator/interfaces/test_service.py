@@ -118,7 +118,7 @@ def test_invalid_fields_are_named(body: dict[str, Any], field: str) -> None:
 
 def test_a_hf_config_instead_of_onnx_is_planned_and_estimated() -> None:
     """`model_hf_config` (what a TrainingJob's spec.model.hfConfig ConfigMap holds) is built
-    into its graph: GPT-2 by the zoo, Llama exported on the meta device."""
+    into its graph: GPT-2 by the zoo, Llama block by block by hf_blocks."""
     gpt2 = json.loads(examples.GPT2_CONFIG.read_text())
     llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
              "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,

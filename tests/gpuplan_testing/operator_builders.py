@@ -69,3 +69,38 @@ class LocalServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._runner.cleanup()
+
+
+class SchedulingKubeMixin:
+    """The `kube.Kube` calls of quotas, scheduler opt-in, gangs and FailedCreate (issue #32)
+    for a unit test's fake kube: a cluster without quotas, labels or PodGroup APIs unless a
+    test sets them."""
+
+    quotas: list[dict[str, Any]]
+    namespace_labels: dict[str, str]
+    served_groups: list[str]
+    podgroups: dict[str, dict[str, Any]]
+    job_objects: dict[str, dict[str, Any]]
+
+    def init_scheduling(self) -> None:
+        self.quotas, self.namespace_labels, self.served_groups = [], {}, ["batch/v1"]
+        self.podgroups, self.job_objects = {}, {}
+
+    async def list_resource_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        return list(self.quotas)
+
+    async def get_namespace_labels(self, name: str) -> dict[str, str]:
+        return dict(self.namespace_labels)
+
+    async def served_api_groups(self) -> list[str]:
+        return list(self.served_groups)
+
+    async def create_podgroup(self, group: str, version: str, namespace: str,
+                              body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        name = body["metadata"]["name"]
+        created = name not in self.podgroups
+        self.podgroups.setdefault(name, body)
+        return self.podgroups[name], created
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.job_objects.get(name)

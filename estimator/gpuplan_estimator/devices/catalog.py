@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from gpuplan_estimator.core import errors, paths, precisions
+from gpuplan_estimator.devices import mig
 
 DEFAULT_CATALOG_PATH = paths.PACKAGE_DATA_DIR / "gpus.yaml"
 CPU_KEY = "cpu"
@@ -113,7 +114,23 @@ class Catalog:
                 spec = self._index.get(candidate[: -len(_SHARED_SUFFIX)])
             if spec is not None:
                 return spec
+        partitioned = self._resolve_mig(name)
+        if partitioned is not None:
+            return partitioned
         raise errors.UnknownDeviceError(name, self.suggest(name))
+
+    def _resolve_mig(self, name: str) -> DeviceSpec | None:
+        """A MIG profile of a catalog GPU (`mig`), derived from its parent; None when `name`
+        is no MIG name. A profile NVIDIA's table lacks for that GPU is an unknown device."""
+        parts = mig.split_name(name)
+        if parts is None:
+            return None
+        parent = self.resolve(parts[0])
+        profile = mig.profile_of(parent, parts[1])
+        if profile is None:
+            known = mig.PROFILES_BY_PARENT.get(parent.key, {})
+            raise errors.UnknownDeviceError(name, tuple(f"{parent.key}-mig-{p}" for p in known))
+        return mig.mig_device(parent, profile)
 
     def keys(self) -> tuple[str, ...]:
         """Catalog keys of all known devices, in catalog order."""

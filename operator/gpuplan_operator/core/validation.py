@@ -31,6 +31,7 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
     _check_gpu_types(spec.get("gpuTypes", []), out)
     _check_template(spec.get("template"), out)
     _check_kueue(spec.get("kueue", {}), out)
+    _check_scheduling(spec.get("scheduling", {}), out)
     return out
 
 
@@ -68,6 +69,7 @@ def parse_spec(spec: Mapping[str, Any]) -> resources.TrainingJobSpec:
         gpu_types=tuple(spec.get("gpuTypes") or ()),
         template=spec["template"],
         local_queue=(spec.get("kueue") or {}).get("localQueue"),
+        gpuplan_scheduler=(spec.get("scheduling") or {}).get("gpuplanScheduler"),
     )
 
 
@@ -217,6 +219,15 @@ def _check_kueue(kueue: object, out: list[str]) -> None:
     if not isinstance(name, str) or not DNS_LABEL.fullmatch(name):
         out.append(f"{path}.localQueue: must be a DNS label (lower-case letters, digits and '-', "
                    f"at most 63 characters), got {name!r}")
+
+
+def _check_scheduling(scheduling: object, out: list[str]) -> None:
+    if not isinstance(scheduling, Mapping):
+        out.append("spec.scheduling: must be an object")
+        return
+    choice = scheduling.get("gpuplanScheduler")
+    if choice is not None and not isinstance(choice, bool):
+        out.append(f"spec.scheduling.gpuplanScheduler: must be true or false, got {choice!r}")
 
 
 def service_account(template: Mapping[str, Any]) -> str | None:

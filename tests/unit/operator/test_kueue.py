@@ -17,7 +17,12 @@ from prometheus_client import CollectorRegistry
 from gpuplan_operator import handlers, metrics, modelsource, reconcile
 from gpuplan_operator.core import errors, gpu_pools, kueue, manifests, settings, validation
 from gpuplan_testing.kueue_builders import ClusterQueueBuilder, local_queue, resource_flavor
-from gpuplan_testing.operator_builders import LocalServer, SpecBuilder, make_plan
+from gpuplan_testing.operator_builders import (
+    LocalServer,
+    SchedulingKubeMixin,
+    SpecBuilder,
+    make_plan,
+)
 from gpuplan_testing.paths import REPO_ROOT
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -152,7 +157,7 @@ def test_queued_job_is_suspended_and_labelled(nodes: int) -> None:
 # ---- reconcile against a fake kube with Kueue objects
 
 
-class FakeKube:
+class FakeKube(SchedulingKubeMixin):
     """The `kube.Kube` methods reconcile uses, with Kueue's objects in dicts."""
 
     def __init__(self) -> None:
@@ -164,6 +169,7 @@ class FakeKube:
         self.nodes = [_node(f"l4-{i}", L4, 4) for i in range(4)] + [
             _node(f"a100-{i}", A100, 8) for i in range(2)]
         self.tj_reads = 0
+        self.init_scheduling()
 
     async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         return {"metadata": {"name": name},

@@ -78,12 +78,3 @@ def capped_max_gpus(max_gpus: int, room: QuotaRoom) -> int:
     room (0 when the quota is spent: no plan, and the rejection names the quota)."""
     return max_gpus if room.gpus is None else min(max_gpus, room.gpus)
 
-
-def failed_create_message(events: Iterable[Mapping[str, Any]]) -> str | None:
-    """The newest FailedCreate event's message of a Job's events (the Job controller's record
-    of a pod the API server refused, e.g. "exceeded quota"), None when there is none."""
-    failed = [e for e in events if e.get("reason") == "FailedCreate" and e.get("message")]
-    if not failed:
-        return None
-    newest = max(failed, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
-    return str(newest["message"])

@@ -8,7 +8,8 @@ NVIDIA's table, "Supported MIG Profiles", Multi-Instance GPU User Guide
 (https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html, read
 2026-11-28): the columns "Fraction of Memory" and "Fraction of SMs".
 
-A profile is named as GPU Feature Discovery names it: the parent's product label, `-MIG-`,
+`catalog` derives the profile's spec from its parent's by these slice counts. A profile is
+named as GPU Feature Discovery names it: the parent's product label, `-MIG-`,
 then the profile (`NVIDIA-A100-SXM4-80GB-MIG-1g.10gb`); its catalog key is the parent's key
 with `-mig-<profile>` appended.
 """
@@ -18,10 +19,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # catalog resolves MIG names through this module
-    from gpuplan_estimator.devices.catalog import DeviceSpec
 
 COMPUTE_SLICES = 7
 MEMORY_SLICES = 8
@@ -68,36 +65,7 @@ def split_name(name: str) -> tuple[str, str] | None:
     return match["parent"], match["profile"].lower()
 
 
-def profile_of(parent: DeviceSpec, profile: str) -> MigProfile | None:
-    """The profile `profile` of `parent`, None when NVIDIA's table has no such profile."""
-    return PROFILES_BY_PARENT.get(parent.key, {}).get(profile)
-
-
-def mig_device(parent: DeviceSpec, profile: MigProfile) -> DeviceSpec:
-    """The spec of one `profile` GPU instance of `parent` (see the module docstring)."""
-    compute = profile.compute_slices / COMPUTE_SLICES
-    memory = profile.memory_slices / MEMORY_SLICES
-    suffix = f"MIG-{profile.name}"
-    return dataclasses.replace(
-        parent,
-        key=f"{parent.key}-mig-{profile.name}",
-        name=f"{parent.name} {suffix}",
-        memory_bytes=int(parent.memory_bytes * memory),
-        usable_memory_bytes=int(parent.usable_memory_bytes * memory),
-        mem_bandwidth_gbps=parent.mem_bandwidth_gbps * memory,
-        l2_cache_mb=parent.l2_cache_mb * memory,
-        peak_tflops={dtype: rate * compute for dtype, rate in parent.peak_tflops.items()},
-        extra={k: v * compute for k, v in parent.extra.items()},
-        sm_count=max(1, round(parent.sm_count * compute)),
-        tdp_watts=parent.tdp_watts * compute,
-        price_per_hour_usd=parent.price_per_hour_usd * compute,
-        price_source=(f"{parent.price_source} x {profile.compute_slices}/{COMPUTE_SLICES} "
-                      "(compute share)" if parent.has_price else parent.price_source),
-        nvml_names=tuple(f"{n} {suffix}" for n in parent.nvml_names),
-        gfd_products=tuple(f"{p}-{suffix}" for p in parent.gfd_products),
-        aliases=(),
-        source=f"{parent.source}; slices: {MIG_SOURCE}",
-        notes=(f"MIG {profile.name}: {profile.compute_slices}/{COMPUTE_SLICES} of the SMs and "
-               f"peak rates, {profile.memory_slices}/{MEMORY_SLICES} of the memory, bandwidth "
-               "and L2 of the parent; one instance per process, no NVLink between instances."),
-    )
+def profile_of(parent_key: str, profile: str) -> MigProfile | None:
+    """Profile `profile` of the GPU with catalog key `parent_key`, None when NVIDIA's table
+    has no such profile."""
+    return PROFILES_BY_PARENT.get(parent_key, {}).get(profile)

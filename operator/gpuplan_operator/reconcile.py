@@ -268,7 +268,7 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
             # A queued or quota-capped job's feasibility also depends on its quota, which the
             # capacity record does not cover: it re-plans at every capacity check instead.
             ctx.infeasible_at[tj.uid] = gpu_pools.capacity(pools)
-        wrapped = _within_quotas(exc, quota, room if capped else None)
+        wrapped = _explained(exc, quota, room if capped else None, ctx.excluded_nodes)
         if wrapped is exc:
             raise
         raise wrapped from exc
@@ -300,19 +300,21 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
     return plan
 
 
-def _within_quotas(exc: errors.OperatorError, queue: kueue.QueueQuota | None,
-                   room: quotas.QuotaRoom | None) -> errors.OperatorError:
+def _explained(exc: errors.OperatorError, queue: kueue.QueueQuota | None,
+               room: quotas.QuotaRoom | None, excluded: Mapping[str, str]) -> errors.OperatorError:
     """The estimator's rejection saying which quotas bounded the plan (a Kueue queue's, the
-    namespace's ResourceQuota); other errors as they are."""
+    namespace's ResourceQuota) and which shared GPUs it left out; other errors as they are."""
     if not isinstance(exc, errors.EstimatorRejectedError):
         return exc
     within = [] if queue is None else [queue.name]
     if room is not None:
         within.append(room.describe())
-    if not within:
+    message = f"within {'; '.join(within)}: {exc}" if within else str(exc)
+    if excluded and exc.reason == Reason.NO_FEASIBLE_PLAN:
+        message += f" ({gpu_pools.describe_excluded(excluded)})"
+    if message == str(exc):
         return exc
-    return errors.EstimatorRejectedError(exc.reason, f"within {'; '.join(within)}: {exc}",
-                                         exc.details)
+    return errors.EstimatorRejectedError(exc.reason, message, exc.details)
 
 
 async def _read_queue_quota(ctx: Context, namespace: str, name: str) -> kueue.QueueQuota:
@@ -391,10 +393,11 @@ async def _placement(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJ
     s = ctx.settings
     template_scheduler = (spec.template.get("spec") or {}).get("schedulerName")
     labels: Mapping[str, str] = {}
-    if (s.scheduler_name and s.scheduler_scope != "all" and not template_scheduler
-            and spec.gpuplan_scheduler is None):
+    if (s.scheduler_name and pool.extender_places() and s.scheduler_scope != "all"
+            and not template_scheduler and spec.gpuplan_scheduler is None):
         labels = await ctx.kube.get_namespace_labels(tj.namespace)
-    scheduler = gangs.scheduler_for(template_scheduler, s.scheduler_name,
+    configured = s.scheduler_name if pool.extender_places() else ""
+    scheduler = gangs.scheduler_for(template_scheduler, configured,
                                     scope=s.scheduler_scope, namespace_labels=labels,
                                     tj_opt_in=spec.gpuplan_scheduler)
     podgroup = None

@@ -32,6 +32,12 @@ class GpuPool:
         return {"gpu_type": self.gpu_type, "gpus_per_node": self.gpus_per_node,
                 "nodes": self.nodes, "free_gpus": self.free_gpus}
 
+    def extender_places(self) -> bool:
+        """Whether gpuplan-scheduler's extender can place the pool's pods: it reads only the
+        GFD product label and `nvidia.com/gpu` (whole GPUs, single-strategy MIG); pods of
+        other pools (mixed-strategy MIG, GKE labels) keep the default scheduler."""
+        return self.resource == gpu_accounting.GPU_RESOURCE and not self.node_labels
+
     def selector(self) -> tuple[tuple[str, str], ...]:
         """The node labels a pod of this pool must match."""
         return self.node_labels or ((gpu_accounting.GPU_PRODUCT_LABEL, self.gpu_type),)

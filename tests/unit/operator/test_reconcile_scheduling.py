@@ -82,9 +82,10 @@ class Kube(SchedulingKubeMixin):
 class Estimator:
     """`POST /v1/plans` planning `min(max_gpus, 16)` A100s (8 per node), or rejecting."""
 
-    def __init__(self, reject: bool = False) -> None:
+    def __init__(self, reject: bool = False, gpu_type: str = A100, per_node: int = 8) -> None:
         self.requests: list[dict[str, Any]] = []
         self.reject = reject
+        self.gpu_type, self.per_node = gpu_type, per_node
 
     async def plans(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -94,9 +95,9 @@ class Estimator:
                                                 "message": "no candidate meets the deadline"}},
                                      status=422)
         gpus = min(body["objective"]["max_gpus"], 16)
-        per_node = min(gpus, 8)
+        per_node = min(gpus, self.per_node)
         return web.json_response({"plan": {
-            "gpu_type": A100, "device": "a100-sxm4-80gb", "gpu_count": gpus,
+            "gpu_type": self.gpu_type, "device": "a100-sxm4-80gb", "gpu_count": gpus,
             "gpus_per_node": per_node, "nodes": gpus // per_node, "estimated_seconds": 1000.0,
             "interval_seconds": [800.0, 1200.0], "step_time_ms": 10.0,
             "memory_bytes_per_gpu": 1, "cost_usd": 1.0, "predictor": "p"},
@@ -243,3 +244,42 @@ def test_failed_create_replaces_launched_until_pods_exist() -> None:
         await reconcile.record_job(ctx, running, noop)
         assert condition(kube, "Launched")["status"] == "True"
     asyncio.run(go())
+
+
+def gpu_node(name: str, labels: dict[str, str], allocatable: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels}, "spec": {},
+            "status": {"allocatable": allocatable,
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_mixed_mig_pods_request_the_profile_and_keep_the_default_scheduler() -> None:
+    kube = Kube()
+    kube.nodes = [gpu_node("mix", {"nvidia.com/gpu.product": A100,
+                                   "nvidia.com/mig.strategy": "mixed"},
+                           {"nvidia.com/mig-1g.10gb": "7"})]
+    est = Estimator(gpu_type=f"{A100}-MIG-1g.10gb", per_node=1)
+    run(kube, SpecBuilder().set("objective.maxGpus", 2).obj(), est,
+        scheduler_name="gpuplan-scheduler", scheduler_scope="all")
+    assert est.requests[0]["inventory"] == [{"gpu_type": f"{A100}-MIG-1g.10gb",
+                                             "gpus_per_node": 1, "nodes": 7, "free_gpus": 7}]
+    pod = kube.jobs[JOB]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]
+    assert term["matchExpressions"][-1]["values"] == [A100]
+    # the extender reads only whole-GPU product labels: node affinity alone places these
+    assert "schedulerName" not in pod
+
+
+def test_no_plan_says_which_shared_gpus_were_left_out() -> None:
+    kube = Kube()
+    kube.nodes.append(gpu_node("ts-0", {"nvidia.com/gpu.product": "NVIDIA-L40S-SHARED",
+                                        "nvidia.com/gpu.replicas": "4",
+                                        "nvidia.com/gpu.count": "2"}, {"nvidia.com/gpu": "8"}))
+    est = Estimator(reject=True)
+    with pytest.raises(errors.EstimatorRejectedError):
+        run(kube, SpecBuilder().obj(), est)
+    assert [p["gpu_type"] for p in est.requests[0]["inventory"]] == [A100]
+    message = condition(kube, "Estimated")["message"]
+    assert "1 node(s) with shared GPUs left out of plans" in message
+    assert "ts-0 (time-slicing or MPS: 4 replicas of 2 GPU(s)" in message

@@ -5,7 +5,6 @@ gangs through a PodGroup, Kueue's maximum execution time, and FailedCreate as a 
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime
 from typing import Any
 
@@ -17,9 +16,10 @@ from gpuplan_operator import metrics, modelsource, reconcile
 from gpuplan_operator.core import errors, gangs, settings
 from gpuplan_testing.operator_builders import (
     LocalServer,
-    SchedulingKubeMixin,
+    PlanningKube,
     SpecBuilder,
     make_plan,
+    no_feasible_plan,
 )
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -27,56 +27,15 @@ A100 = "NVIDIA-A100-SXM4-80GB"
 JOB = "tj-train"
 
 
-class Kube(SchedulingKubeMixin):
-    """The `kube.Kube` calls of a reconcile pass, in dicts."""
+class Kube(PlanningKube):
+    """Four 8-GPU A100 nodes."""
 
     def __init__(self) -> None:
-        self.init_scheduling()
-        self.status: dict[str, Any] = {}
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self.nodes = [{"metadata": {"name": f"a{i}", "labels": {"nvidia.com/gpu.product": A100}},
-                       "spec": {}, "status": {"allocatable": {"nvidia.com/gpu": "8"},
-                                              "conditions": [{"type": "Ready",
-                                                              "status": "True"}]}}
-                      for i in range(4)]
-
-    async def get_config_map(self, namespace: str, name: str) -> dict[str, Any]:
-        return {"metadata": {"name": name},
-                "binaryData": {"model.onnx": base64.b64encode(b"\x08\x07").decode()}}
-
-    async def list_gpu_nodes(self) -> list[dict[str, Any]]:
-        return list(self.nodes)
-
-    async def list_active_pods(self) -> list[dict[str, Any]]:
-        return []
-
-    async def get_service_account(self, namespace: str, name: str) -> dict[str, Any]:
-        return {"metadata": {"name": name}}
-
-    async def list_job_pods(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
-        return []
-
-    async def patch_trainingjob_status(self, namespace: str, name: str,
-                                       status: dict[str, Any]) -> dict[str, Any]:
-        self.status.update(status)
-        return {}
-
-    async def patch_trainingjob_annotations(self, namespace: str, name: str,
-                                            annotations: dict[str, str]) -> dict[str, Any]:
-        return {}
-
-    async def get_trainingjob(self, namespace: str, name: str) -> dict[str, Any]:
-        return {"metadata": {"name": name, "uid": "uid-1", "generation": 1},
-                "status": dict(self.status)}
-
-    async def create_job(self, namespace: str,
-                         body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        self.jobs[body["metadata"]["name"]] = body
-        return body, True
-
-    async def create_service(self, namespace: str,
-                             body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        return body, True
+        super().__init__([
+            {"metadata": {"name": f"a{i}", "labels": {"nvidia.com/gpu.product": A100}},
+             "spec": {}, "status": {"allocatable": {"nvidia.com/gpu": "8"},
+                                    "conditions": [{"type": "Ready", "status": "True"}]}}
+            for i in range(4)])
 
 
 class Estimator:
@@ -91,9 +50,7 @@ class Estimator:
         body = await request.json()
         self.requests.append(body)
         if self.reject:
-            return web.json_response({"error": {"reason": "NoFeasiblePlan",
-                                                "message": "no candidate meets the deadline"}},
-                                     status=422)
+            return no_feasible_plan()
         gpus = min(body["objective"]["max_gpus"], 16)
         per_node = min(gpus, self.per_node)
         return web.json_response({"plan": {

@@ -144,3 +144,15 @@ def test_a_spent_quota_leaves_zero() -> None:
                                     {"requests.nvidia.com/gpu": "6"})])
     assert room.gpus == 0
 
+
+
+def test_the_trainingjobs_scheduler_choice_is_checked_by_field() -> None:
+    from gpuplan_operator.core import validation
+    from gpuplan_testing.operator_builders import SpecBuilder
+
+    bad = SpecBuilder().set("scheduling.gpuplanScheduler", "yes").obj()
+    assert validation.validate_spec(bad) == [
+        "spec.scheduling.gpuplanScheduler: must be true or false, got 'yes'"]
+    good = SpecBuilder().set("scheduling.gpuplanScheduler", False).obj()
+    assert validation.parse_spec(good).gpuplan_scheduler is False
+    assert validation.parse_spec(SpecBuilder().obj()).gpuplan_scheduler is None

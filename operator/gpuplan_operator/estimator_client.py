@@ -82,10 +82,23 @@ def parse_plan(body: Mapping[str, Any], *, generation: int) -> resources.Plan:
             workload_id=_workload_id(body.get("workload_id")),
             data_basis=_data_basis(p.get("data_basis")),
             attention=_attention(body.get("attention")),
+            p90_seconds=_p90(p.get("interval_seconds")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.EstimatorProtocolError(
             f"estimator plan response: bad or missing {exc}") from exc
+
+
+def _p90(interval: Any) -> float | None:
+    """The upper end of `interval_seconds` ([p10, p90]); None from an estimator without it."""
+    if interval is None:
+        return None
+    if not isinstance(interval, list) or len(interval) != 2:
+        raise ValueError(f"interval_seconds: need [p10, p90], got {interval!r:.80}")
+    p90 = float(interval[1])
+    if not p90 > 0:
+        raise ValueError(f"interval_seconds: p90 must be > 0, got {p90!r}")
+    return p90
 
 
 def _bundle_version(raw: Any) -> int | None:

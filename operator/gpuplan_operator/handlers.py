@@ -152,3 +152,19 @@ async def job_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         except errors.KubeApiUnavailableError as exc:
             LOG.warning("recording Job %s: %s", body.get("metadata", {}).get("name"), exc)
             await asyncio.sleep(ctx.settings.retry_delay_seconds(attempt))
+
+
+@kopf.on.event("", "v1", "events", field="reason", value="FailedCreate")
+async def job_failed_create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A Job the operator launched could not create its pods (quota, admission): its
+    TrainingJob says so in `Launched` instead of claiming the Job runs."""
+    involved = body.get("involvedObject") or {}
+    if involved.get("kind") != "Job" or not involved.get("name"):
+        return
+    try:
+        await reconcile.record_failed_create(
+            memo.ctx, str(involved.get("namespace")), str(involved["name"]),
+            str(body.get("message", "")), _emitter)
+    except errors.KubeApiUnavailableError as exc:
+        # The Job controller retries with backoff and records each failure again.
+        LOG.warning("recording FailedCreate of Job %s: %s", involved["name"], exc)

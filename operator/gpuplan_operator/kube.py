@@ -13,7 +13,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpuplan_operator.core import errors, gpu_accounting, kueue, resources
+from gpuplan_operator.core import errors, gpu_accounting, kueue, node_gpus, resources
 
 ApiError = ApiException
 """What the Kubernetes client raises for a 4xx answer; callers catch this, not the client.
@@ -40,6 +40,7 @@ class Kube:
         self._core = kubernetes.client.CoreV1Api(api_client)
         self._batch = kubernetes.client.BatchV1Api(api_client)
         self._custom = kubernetes.client.CustomObjectsApi(api_client)
+        self._apis = kubernetes.client.ApisApi(api_client)
 
     @classmethod
     def from_environment(cls) -> Kube:
@@ -51,9 +52,14 @@ class Kube:
         return await _call_or_none(self._core.read_namespaced_config_map, name, namespace)
 
     async def list_gpu_nodes(self) -> list[dict[str, Any]]:
-        """Nodes carrying the GPU product label of GPU Feature Discovery."""
-        out = await _call(self._core.list_node, label_selector=gpu_accounting.GPU_PRODUCT_LABEL)
-        return list(out.get("items", []))
+        """Nodes carrying GPU Feature Discovery's product label or GKE's accelerator label
+        (GKE nodes without GFD); each node once."""
+        gfd, gke = await asyncio.gather(
+            _call(self._core.list_node, label_selector=gpu_accounting.GPU_PRODUCT_LABEL),
+            _call(self._core.list_node, label_selector=node_gpus.GKE_ACCELERATOR_LABEL))
+        by_name = {n["metadata"]["name"]: n for n in [*gke.get("items", []),
+                                                        *gfd.get("items", [])]}
+        return list(by_name.values())
 
     async def list_active_pods(self) -> list[dict[str, Any]]:
         """Pods of all namespaces that may still hold resources (not Succeeded or Failed)."""
@@ -120,6 +126,39 @@ class Kube:
         """Kueue's ResourceFlavors (cluster-scoped, few: one per node pool)."""
         out = await _call(self._custom.list_cluster_custom_object, kueue.GROUP, kueue.VERSION,
                           kueue.RESOURCE_FLAVORS)
+        return list(out.get("items", []))
+
+    async def get_namespace_labels(self, name: str) -> dict[str, str]:
+        """The namespace's labels ({} when it is gone)."""
+        body = await _call_or_none(self._core.read_namespace, name)
+        return dict(((body or {}).get("metadata") or {}).get("labels") or {})
+
+    async def list_resource_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's ResourceQuotas (status.used is the API server's own count)."""
+        out = await _call(self._core.list_namespaced_resource_quota, namespace)
+        return list(out.get("items", []))
+
+    async def served_api_groups(self) -> list[str]:
+        """Every `group/version` the API server serves (API discovery of /apis)."""
+        out = await _call(self._apis.get_api_versions)
+        return [v["groupVersion"] for g in out.get("groups", []) for v in g.get("versions", [])]
+
+    async def create_podgroup(self, group: str, version: str, namespace: str,
+                              body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Create a gang scheduler's PodGroup, or return the existing one of that name."""
+        def create(ns: str, obj: dict[str, Any], **kw: Any) -> Any:
+            return self._custom.create_namespaced_custom_object(
+                group, version, ns, "podgroups", obj, **kw)
+
+        def read(name: str, ns: str, **kw: Any) -> Any:
+            return self._custom.get_namespaced_custom_object(
+                group, version, ns, "podgroups", name, **kw)
+        return await _create(create, read, namespace, body)
+
+    async def list_job_events(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        """Events about the Job of that name (the Job controller's FailedCreate among them)."""
+        out = await _call(self._core.list_namespaced_event, namespace,
+                          field_selector=f"involvedObject.kind=Job,involvedObject.name={job_name}")
         return list(out.get("items", []))
 
     async def create_service(self, namespace: str,

@@ -20,9 +20,11 @@ from gpuplan_operator import estimator_client, kube, metrics, modelsource
 from gpuplan_operator.core import (
     coalescing,
     errors,
+    gangs,
     gpu_pools,
     kueue,
     manifests,
+    quotas,
     resources,
     settings,
     tracking,
@@ -57,6 +59,8 @@ class Context:
     guard: modelsource.UrlGuard
     infeasible_at: dict[str, gpu_pools.Capacity] = dataclasses.field(default_factory=dict)
     """TrainingJob uid → the GPU capacity its plan was infeasible for."""
+    excluded_nodes: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Nodes of the latest inventory whose shared GPUs plans leave out, with why."""
     capacity: coalescing.Coalesced[gpu_pools.Capacity] = dataclasses.field(init=False)
     """The cluster's GPU capacity, re-read at most once per capacity_check_interval_seconds
     for all TrainingJobs."""
@@ -224,7 +228,22 @@ async def _load_model(ctx: Context, tj: TrainingJobRef, ref: resources.ModelRef)
 
 async def _read_gpu_pools(ctx: Context) -> list[gpu_pools.GpuPool]:
     nodes, pods = await asyncio.gather(ctx.kube.list_gpu_nodes(), ctx.kube.list_active_pods())
+    ctx.excluded_nodes = gpu_pools.excluded_nodes(nodes)
     return list(gpu_pools.build_inventory(nodes, pods))
+
+
+async def _quota_capped(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobSpec
+                        ) -> tuple[resources.TrainingJobSpec, quotas.QuotaRoom]:
+    """`spec` with `objective.maxGpus` lowered to the room the namespace's ResourceQuotas
+    leave; QuotaExceededError when they leave no GPU or no Job."""
+    room = quotas.quota_room(await ctx.kube.list_resource_quotas(tj.namespace))
+    if room.gpus == 0 or room.jobs == 0:
+        raise errors.QuotaExceededError(f"no plan fits the namespace's quota: {room.describe()}")
+    capped = quotas.capped_max_gpus(spec.objective.max_gpus, room)
+    if capped == spec.objective.max_gpus:
+        return spec, room
+    objective = dataclasses.replace(spec.objective, max_gpus=capped)
+    return dataclasses.replace(spec, objective=objective), room
 
 
 async def _plan(ctx: Context, tj: TrainingJobRef,
@@ -235,6 +254,9 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
     if spec.local_queue is not None:
         quota = await _read_queue_quota(ctx, tj.namespace, spec.local_queue)
         pools = _queue_pools(pools, quota)
+    asked_gpus = spec.objective.max_gpus
+    spec, room = await _quota_capped(ctx, tj, spec)
+    capped = spec.objective.max_gpus < asked_gpus
     body = estimator_client.build_request(spec, model, pools)
     try:
         plan = await estimator_client.request_plan(
@@ -242,14 +264,14 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
             timeout_seconds=ctx.settings.estimator_timeout_seconds, tenant=tj.namespace)
     except errors.OperatorError as exc:
         ctx.metrics.count_request(exc.reason)
-        if exc.reason == Reason.NO_FEASIBLE_PLAN and quota is None:
-            # A queued job's feasibility also depends on its ClusterQueue's quota, which the
+        if exc.reason == Reason.NO_FEASIBLE_PLAN and quota is None and not capped:
+            # A queued or quota-capped job's feasibility also depends on its quota, which the
             # capacity record does not cover: it re-plans at every capacity check instead.
             ctx.infeasible_at[tj.uid] = gpu_pools.capacity(pools)
-        if quota is not None and isinstance(exc, errors.EstimatorRejectedError):
-            raise errors.EstimatorRejectedError(
-                exc.reason, f"within {quota.name}: {exc}", exc.details) from exc
-        raise
+        wrapped = _explained(exc, quota, room if capped else None, ctx.excluded_nodes)
+        if wrapped is exc:
+            raise
+        raise wrapped from exc
     ctx.metrics.count_request("ok")
     plan = estimator_client.with_planned_steps(plan, spec.training)
     message = (f"{plan.gpu_count}x {plan.gpu_type} ({plan.nodes} node(s)), "
@@ -259,18 +281,40 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
         message += f"; {plan.setup_summary()}"
     if quota is not None:
         message += f"; {quota.name}: {kueue.describe_quota(quota)}"
+    if capped:
+        message += f"; capped at {spec.objective.max_gpus} GPU(s): {room.describe()}"
+    if ctx.excluded_nodes:
+        message += f"; {gpu_pools.describe_excluded(ctx.excluded_nodes)}"
     not_fused = plan.attention_warning()
     if not_fused is not None:
         # Asked fused, priced eager: the time and memory are the eager ones, and the user
         # must not read them as fused.
         message += f"; {not_fused}"
     await _set(ctx, tj, type_=Condition.ESTIMATED, ok=True, reason=Reason.PLANNED, message=message,
-               extra={"plan": plan.to_status()})
+               extra={"plan": plan.to_status(),
+                      "relativeSpeeds": manifests.relative_speeds(plan)})
     ctx.metrics.observe_plan(tj.namespace, tj.name, plan.gpu_type, plan.estimated_seconds)
     tj.emit(warning=False, reason=Reason.PLANNED, message=message)
     if not_fused is not None:
         tj.emit(warning=True, reason=Reason.ATTENTION_NOT_FUSED, message=not_fused)
     return plan
+
+
+def _explained(exc: errors.OperatorError, queue: kueue.QueueQuota | None,
+               room: quotas.QuotaRoom | None, excluded: Mapping[str, str]) -> errors.OperatorError:
+    """The estimator's rejection saying which quotas bounded the plan (a Kueue queue's, the
+    namespace's ResourceQuota) and which shared GPUs it left out; other errors as they are."""
+    if not isinstance(exc, errors.EstimatorRejectedError):
+        return exc
+    within = [] if queue is None else [queue.name]
+    if room is not None:
+        within.append(room.describe())
+    message = f"within {'; '.join(within)}: {exc}" if within else str(exc)
+    if excluded and exc.reason == Reason.NO_FEASIBLE_PLAN:
+        message += f" ({gpu_pools.describe_excluded(excluded)})"
+    if message == str(exc):
+        return exc
+    return errors.EstimatorRejectedError(exc.reason, message, exc.details)
 
 
 async def _read_queue_quota(ctx: Context, namespace: str, name: str) -> kueue.QueueQuota:
@@ -306,11 +350,14 @@ async def _launch(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobS
     owner = manifests.Owner(name=tj.name, uid=tj.uid)
     port = ctx.settings.master_port
     await _check_service_account(ctx, tj, spec.template)
+    placement = await _placement(ctx, tj, spec, plan)
     job = manifests.build_job(owner=owner, namespace=tj.namespace, plan=plan,
-                              template=spec.template, scheduler_name=ctx.settings.scheduler_name,
-                              master_port=port, local_queue=spec.local_queue)
+                              template=spec.template, master_port=port,
+                              local_queue=spec.local_queue, placement=placement)
     name = job["metadata"]["name"]
     try:
+        if placement.podgroup is not None:
+            await _create_podgroup(ctx, tj, owner, placement.podgroup, job)
         if plan.multi_node:
             svc = manifests.build_headless_service(owner=owner, namespace=tj.namespace,
                                                    master_port=port)
@@ -334,6 +381,51 @@ async def _launch(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobS
                message=message, extra={"jobName": name})
     if created:
         tj.emit(warning=False, reason=Reason.JOB_CREATED, message=message)
+
+
+async def _placement(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobSpec,
+                     plan: resources.Plan) -> manifests.Placement:
+    """Where the pods go (the plan's pool's resource and node labels), which scheduler takes
+    them, whether they are one gang, and Kueue's maximum execution time."""
+    pools = await ctx.gpu_pools.get(lambda: _read_gpu_pools(ctx))
+    pool = next((p for p in pools if p.gpu_type == plan.gpu_type),
+                gpu_pools.GpuPool(plan.gpu_type, plan.gpus_per_node, plan.nodes, 0))
+    s = ctx.settings
+    template_scheduler = (spec.template.get("spec") or {}).get("schedulerName")
+    labels: Mapping[str, str] = {}
+    if (s.scheduler_name and pool.extender_places() and s.scheduler_scope != "all"
+            and not template_scheduler and spec.gpuplan_scheduler is None):
+        labels = await ctx.kube.get_namespace_labels(tj.namespace)
+    configured = s.scheduler_name if pool.extender_places() else ""
+    scheduler = gangs.scheduler_for(template_scheduler, configured,
+                                    scope=s.scheduler_scope, namespace_labels=labels,
+                                    tj_opt_in=spec.gpuplan_scheduler)
+    podgroup = None
+    if plan.multi_node and spec.local_queue is None and s.gang_scheduling == "auto":
+        # Kueue admits a queued Job as one Workload already.
+        podgroup = gangs.first_served(await ctx.kube.served_api_groups())
+    exec_time = (gangs.max_exec_time_s(plan.p90_seconds, s.max_exec_time_margin)
+                 if plan.p90_seconds is not None else None)
+    return manifests.Placement(gpu_resource=pool.resource, node_labels=pool.node_labels,
+                               scheduler_name=scheduler or "", podgroup=podgroup,
+                               max_exec_time_s=exec_time)
+
+
+async def _create_podgroup(ctx: Context, tj: TrainingJobRef, owner: manifests.Owner,
+                           api: gangs.PodGroupApi, job: Mapping[str, Any]) -> None:
+    """The gang's PodGroup, named as the Job, before the Job creates its pods."""
+    meta = job["metadata"]
+    pod_meta = job["spec"]["template"].get("metadata") or {}
+    body = gangs.build_podgroup(api, name=meta["name"], namespace=tj.namespace,
+                                min_member=int(job["spec"]["parallelism"]),
+                                queue=gangs.queue_of(api, pod_meta),
+                                owner_references=manifests.owner_references(owner),
+                                labels={resources.OWNER_LABEL: owner.name})
+    _, created = await ctx.kube.create_podgroup(api.group, api.version, tj.namespace, body)
+    if created:
+        tj.emit(warning=False, reason="PodGroupCreated",
+                message=f"{api.scheduler} PodGroup {meta['name']} ({api.group}/{api.version}): "
+                        f"all {body['spec']['minMember']} pods are admitted together")
 
 
 async def _set_queued(ctx: Context, tj: TrainingJobRef, job: Mapping[str, Any],
@@ -455,6 +547,9 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     pods = await ctx.kube.list_job_pods(meta["namespace"], job_uid)
     noted = resources.parse_time(actual["startTime"]) if actual.get("startTime") else None
     if not finished:
+        await _pods_created(ctx, TrainingJobRef(
+            meta["namespace"], tj_name, body["metadata"]["uid"],
+            int(body["metadata"].get("generation", 1)), status, emit_for(body)), meta["name"])
         await _note_start(ctx, meta["namespace"], tj_name, job_uid, noted, pods)
         return
     outcome = tracking.job_outcome(job, pods, observed_start=noted)
@@ -482,6 +577,41 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     tj.emit(warning=not outcome.succeeded, reason=reason, message=message)
     if outcome.succeeded and outcome.actual.seconds > 0:
         await _feed_back(ctx, tj, plan, outcome.actual.seconds)
+
+
+async def record_failed_create(ctx: Context, namespace: str, job_name: str, message: str,
+                               emit_for: Callable[[Mapping[str, Any]], EventSink]) -> None:
+    """The Job controller's FailedCreate of a launched Job as `Launched` False on its
+    TrainingJob (reason PodsNotCreated, the API server's words): a Job whose pods a quota
+    refuses is not running. A later Job event with pods sets it back (`_pods_created`)."""
+    job = await ctx.kube.get_job(namespace, job_name)
+    tj_name = ((job or {}).get("metadata", {}).get("labels") or {}).get(resources.OWNER_LABEL)
+    if job is None or not tj_name or _has_pods(job):
+        return
+    body = await ctx.kube.get_trainingjob(namespace, tj_name)
+    if body is None or (body.get("status") or {}).get("jobName") != job_name:
+        return
+    tj = TrainingJobRef(namespace, tj_name, body["metadata"]["uid"],
+                        int(body["metadata"].get("generation", 1)), dict(body["status"]),
+                        emit_for(body))
+    said = f"Job {job_name} could not create its pods: {message}"
+    launched = resources.find_condition(tj.conditions, Condition.LAUNCHED) or {}
+    if launched.get("reason") == Reason.PODS_NOT_CREATED and launched.get("message") == said:
+        return
+    await _set(ctx, tj, type_=Condition.LAUNCHED, ok=False, reason=Reason.PODS_NOT_CREATED,
+               message=said)
+    tj.emit(warning=True, reason=Reason.PODS_NOT_CREATED, message=said)
+
+
+async def _pods_created(ctx: Context, tj: TrainingJobRef, job_name: str) -> None:
+    """`Launched` back to True once a Job that could not create its pods has some."""
+    launched = resources.find_condition(tj.conditions, Condition.LAUNCHED) or {}
+    if launched.get("reason") != Reason.PODS_NOT_CREATED:
+        return
+    message = f"Job {job_name}: its pods were created"
+    await _set(ctx, tj, type_=Condition.LAUNCHED, ok=True, reason=Reason.JOB_CREATED,
+               message=message)
+    tj.emit(warning=False, reason=Reason.JOB_CREATED, message=message)
 
 
 def _has_pods(job: Mapping[str, Any]) -> bool:

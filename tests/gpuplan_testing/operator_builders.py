@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 from typing import Any
 
@@ -69,3 +70,98 @@ class LocalServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._runner.cleanup()
+
+
+class SchedulingKubeMixin:
+    """The `kube.Kube` calls of quotas, scheduler opt-in, gangs and FailedCreate (issue #32)
+    for a unit test's fake kube: a cluster without quotas, labels or PodGroup APIs unless a
+    test sets them."""
+
+    quotas: list[dict[str, Any]]
+    namespace_labels: dict[str, str]
+    served_groups: list[str]
+    podgroups: dict[str, dict[str, Any]]
+    job_objects: dict[str, dict[str, Any]]
+
+    def init_scheduling(self) -> None:
+        self.quotas, self.namespace_labels, self.served_groups = [], {}, ["batch/v1"]
+        self.podgroups, self.job_objects = {}, {}
+
+    async def list_resource_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        return list(self.quotas)
+
+    async def get_namespace_labels(self, name: str) -> dict[str, str]:
+        return dict(self.namespace_labels)
+
+    async def served_api_groups(self) -> list[str]:
+        return list(self.served_groups)
+
+    async def create_podgroup(self, group: str, version: str, namespace: str,
+                              body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        name = body["metadata"]["name"]
+        created = name not in self.podgroups
+        self.podgroups.setdefault(name, body)
+        return self.podgroups[name], created
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.job_objects.get(name)
+
+
+class PlanningKube(SchedulingKubeMixin):
+    """A fake `kube.Kube` for a whole reconcile pass: one model ConfigMap, `nodes`, no pods;
+    the TrainingJob's status and created Jobs in dicts (`tj_reads` counts its reads)."""
+
+    def __init__(self, nodes: list[dict[str, Any]]) -> None:
+        self.init_scheduling()
+        self.status: dict[str, Any] = {}
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.nodes = nodes
+        self.tj_reads = 0
+
+    async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": name},
+                "binaryData": {"model.onnx": base64.b64encode(b"\x08\x07").decode()}}
+
+    async def list_gpu_nodes(self) -> list[dict[str, Any]]:
+        return list(self.nodes)
+
+    async def list_active_pods(self) -> list[dict[str, Any]]:
+        return []
+
+    async def get_service_account(self, namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}}
+
+    async def list_job_pods(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
+        return []
+
+    async def patch_trainingjob_status(self, namespace: str, name: str,
+                                       status: dict[str, Any]) -> dict[str, Any]:
+        self.status.update(status)
+        return {}
+
+    async def patch_trainingjob_annotations(self, namespace: str, name: str,
+                                            annotations: dict[str, str]) -> dict[str, Any]:
+        return {}
+
+    async def get_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.tj_reads += 1
+        return {"metadata": {"name": name, "uid": "uid-1", "generation": 1},
+                "status": dict(self.status)}
+
+    async def create_job(self, namespace: str,
+                         body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        self.jobs[body["metadata"]["name"]] = body
+        return body, True
+
+    async def create_service(self, namespace: str,
+                             body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        return body, True
+
+
+def no_feasible_plan() -> Any:
+    """The estimator's 422 answer when no candidate fits (an aiohttp `web.Response`)."""
+    from aiohttp import web
+
+    return web.json_response({"error": {"reason": "NoFeasiblePlan",
+                                        "message": "no candidate meets the deadline"}},
+                             status=422)

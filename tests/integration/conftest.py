@@ -40,6 +40,8 @@ def gpuplan_scheduling(testbed: Any, monkeypatch: pytest.MonkeyPatch) -> Iterato
     """Launched pods go to the testbed's gpuplan-scheduler (GPUPLAN_SCHEDULER_NAME), which calls
     the extender served here (issue #16); yields the extender's base URL."""
     monkeypatch.setenv("GPUPLAN_SCHEDULER_NAME", testbed.gpuplan_scheduler_name)
+    # every test namespace, not only those labelled gpuplan.io/scheduler=enabled (issue #32)
+    monkeypatch.setenv("GPUPLAN_SCHEDULER_SCOPE", "all")
     with testbed_extender.serving(testbed) as url:
         yield url
 

@@ -154,7 +154,8 @@ def release(testbed: Testbed, kubectl: Kubectl,
                                  pathlib.Path(testbed.state["bin_dir"])))
     create_namespace(kubectl, ns, {"pod-security.kubernetes.io/enforce": "restricted",
                                    "pod-security.kubernetes.io/enforce-version": "latest"})
-    create_namespace(kubectl, tj_ns, {})
+    # gpuplan-scheduler is opt-in per namespace (issue #32)
+    create_namespace(kubectl, tj_ns, {"gpuplan.io/scheduler": "enabled"})
     rel = Release(name=name, namespace=ns, tj_namespace=tj_ns, scheduler_name=scheduler_name,
                   values=values, workdir=workdir, cluster=cluster)
     try:

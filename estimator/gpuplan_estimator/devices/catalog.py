@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from gpuplan_estimator.core import errors, paths, precisions
+from gpuplan_estimator.devices import mig
 
 DEFAULT_CATALOG_PATH = paths.PACKAGE_DATA_DIR / "gpus.yaml"
 CPU_KEY = "cpu"
@@ -117,7 +118,23 @@ class Catalog:
                 spec = self._index.get(candidate[: -len(_SHARED_SUFFIX)])
             if spec is not None:
                 return spec
+        partitioned = self._resolve_mig(name)
+        if partitioned is not None:
+            return partitioned
         raise errors.UnknownDeviceError(name, self.suggest(name))
+
+    def _resolve_mig(self, name: str) -> DeviceSpec | None:
+        """A MIG profile of a catalog GPU (`mig`), derived from its parent; None when `name`
+        is no MIG name. A profile NVIDIA's table lacks for that GPU is an unknown device."""
+        parts = mig.split_name(name)
+        if parts is None:
+            return None
+        parent = self.resolve(parts[0])
+        profile = mig.profile_of(parent.key, parts[1])
+        if profile is None:
+            known = mig.PROFILES_BY_PARENT.get(parent.key, {})
+            raise errors.UnknownDeviceError(name, tuple(f"{parent.key}-mig-{p}" for p in known))
+        return _mig_device(parent, profile)
 
     def keys(self) -> tuple[str, ...]:
         """Catalog keys of all known devices, in catalog order."""
@@ -135,6 +152,38 @@ class Catalog:
         close = difflib.get_close_matches(name.strip().lower(), list(names), n=n, cutoff=0.4)
         ranked = dict.fromkeys([*containing, *(names[c] for c in close)])
         return tuple(ranked)[:n]
+
+
+def _mig_device(parent: DeviceSpec, profile: mig.MigProfile) -> DeviceSpec:
+    """One `profile` GPU instance of `parent` (`mig`): its compute slices' share of the SMs,
+    peak rates, power and price, its memory slices' share of the memory, bandwidth and L2;
+    architecture, clocks and cores per SM are the parent's."""
+    compute = profile.compute_slices / mig.COMPUTE_SLICES
+    memory = profile.memory_slices / mig.MEMORY_SLICES
+    suffix = f"MIG-{profile.name}"
+    return dataclasses.replace(
+        parent,
+        key=f"{parent.key}-mig-{profile.name}",
+        name=f"{parent.name} {suffix}",
+        memory_bytes=int(parent.memory_bytes * memory),
+        usable_memory_bytes=int(parent.usable_memory_bytes * memory),
+        mem_bandwidth_gbps=parent.mem_bandwidth_gbps * memory,
+        l2_cache_mb=parent.l2_cache_mb * memory,
+        peak_tflops={dtype: rate * compute for dtype, rate in parent.peak_tflops.items()},
+        extra={k: v * compute for k, v in parent.extra.items()},
+        sm_count=max(1, round(parent.sm_count * compute)),
+        tdp_watts=parent.tdp_watts * compute,
+        price_per_hour_usd=parent.price_per_hour_usd * compute,
+        price_source=(f"{parent.price_source} x {profile.compute_slices}/{mig.COMPUTE_SLICES} "
+                      "(compute share)" if parent.has_price else parent.price_source),
+        nvml_names=tuple(f"{n} {suffix}" for n in parent.nvml_names),
+        gfd_products=tuple(f"{p}-{suffix}" for p in parent.gfd_products),
+        aliases=(),
+        source=f"{parent.source}; slices: {mig.MIG_SOURCE}",
+        notes=(f"MIG {profile.name}: {profile.compute_slices}/{mig.COMPUTE_SLICES} of the SMs and "
+               f"peak rates, {profile.memory_slices}/{mig.MEMORY_SLICES} of the memory, bandwidth "
+               "and L2 of the parent; one instance per process, no NVLink between instances."),
+    )
 
 
 def _build_index(devices: tuple[DeviceSpec, ...]) -> dict[str, DeviceSpec]:

@@ -52,27 +52,28 @@ def parse_gpu_quantity(raw: object) -> int:
     return value
 
 
-def container_gpus(container: Mapping[str, Any]) -> int:
-    """GPUs one container asks for: its request, else its limit (they must be equal if both)."""
+def container_gpus(container: Mapping[str, Any], resource: str = GPU_RESOURCE) -> int:
+    """GPUs one container asks for: its request, else its limit (they must be equal if both);
+    `resource` is `nvidia.com/gpu` or a MIG profile's (`nvidia.com/mig-1g.10gb`)."""
     resources = container.get("resources") or {}
     requests = resources.get("requests") or {}
     limits = resources.get("limits") or {}
-    raw = requests.get(GPU_RESOURCE, limits.get(GPU_RESOURCE))
+    raw = requests.get(resource, limits.get(resource))
     return 0 if raw is None else parse_gpu_quantity(raw)
 
 
-def pod_gpu_request(pod: Mapping[str, Any]) -> int:
+def pod_gpu_request(pod: Mapping[str, Any], resource: str = GPU_RESOURCE) -> int:
     """Effective GPU request of a pod (see the module docstring); raises QuantityError."""
     spec = pod.get("spec") or {}
-    app = sum(container_gpus(c) for c in spec.get("containers") or ())
+    app = sum(container_gpus(c, resource) for c in spec.get("containers") or ())
     sidecars = 0
     init_peak = 0
     for c in spec.get("initContainers") or ():
         if c.get("restartPolicy") == "Always":
-            sidecars += container_gpus(c)
+            sidecars += container_gpus(c, resource)
         else:
-            init_peak = max(init_peak, sidecars + container_gpus(c))
-    overhead = (spec.get("overhead") or {}).get(GPU_RESOURCE)
+            init_peak = max(init_peak, sidecars + container_gpus(c, resource))
+    overhead = (spec.get("overhead") or {}).get(resource)
     extra = 0 if overhead is None else parse_gpu_quantity(overhead)
     return max(app + sidecars, init_peak) + extra
 
@@ -86,14 +87,14 @@ def holds_gpus_on(pod: Mapping[str, Any]) -> str | None:
     return str(node_name)
 
 
-def held_gpus(pod: Mapping[str, Any]) -> tuple[str, int] | None:
+def held_gpus(pod: Mapping[str, Any], resource: str = GPU_RESOURCE) -> tuple[str, int] | None:
     """(node, GPUs) a bound, live pod holds; None when it holds none or its quantity is
     malformed (which cannot have passed apiserver validation, so it counts as zero)."""
     node_name = holds_gpus_on(pod)
     if node_name is None:
         return None
     try:
-        gpus = pod_gpu_request(pod)
+        gpus = pod_gpu_request(pod, resource)
     except QuantityError:
         return None
     return (node_name, gpus) if gpus > 0 else None

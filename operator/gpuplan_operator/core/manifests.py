@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from gpuplan_operator.core import annotations as plan_keys
-from gpuplan_operator.core import gpu_accounting, kueue, resources
+from gpuplan_operator.core import gangs, gpu_accounting, kueue, resources
 
 # Pods of an Indexed Job are named <job>-<index>-<5 random> and use <job>-<index> as hostname
 # (a 63-char DNS label), so the Job name leaves room for both.
@@ -55,11 +56,36 @@ def plan_annotations(plan: resources.Plan, *, per_pod: bool = False) -> dict[str
     share (the extender's contract, `annotations.GPU_COUNT`).
     """
     count = plan.gpus_per_node if per_pod else plan.gpu_count
-    return {
+    out = {
         plan_keys.GPU_TYPE: plan.gpu_type,
         plan_keys.GPU_COUNT: str(count),
         plan_keys.ESTIMATED_SECONDS: f"{plan.estimated_seconds:.0f}",
     }
+    if not per_pod:
+        out[gangs.RELATIVE_SPEED_ANNOTATION] = json.dumps(relative_speeds(plan),
+                                                          separators=(",", ":"))
+    return out
+
+
+def relative_speeds(plan: resources.Plan) -> dict[str, float]:
+    """`gangs.relative_speeds` of the plan and its alternatives."""
+    return gangs.relative_speeds(plan.gpu_type, plan.estimated_seconds, plan.alternatives)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """How the Job's pods reach the plan's GPUs and which scheduler admits them."""
+
+    gpu_resource: str = gpu_accounting.GPU_RESOURCE
+    """The resource the trainer requests (`nvidia.com/mig-<profile>` on mixed MIG nodes)."""
+    node_labels: tuple[tuple[str, str], ...] = ()
+    """Node labels the pods require; empty: the GFD product label is the plan's GPU type."""
+    scheduler_name: str = ""
+    """schedulerName to set when the template names none; empty leaves the default."""
+    podgroup: gangs.PodGroupApi | None = None
+    """The gang scheduler whose PodGroup (named as the Job) the pods join; None for none."""
+    max_exec_time_s: int | None = None
+    """Kueue's maximum execution time label of the Job; None for none."""
 
 
 def owner_references(owner: Owner) -> list[dict[str, Any]]:
@@ -73,6 +99,7 @@ def owner_references(owner: Owner) -> list[dict[str, Any]]:
 def build_job(
     *, owner: Owner, namespace: str, plan: resources.Plan, template: Mapping[str, Any],
     scheduler_name: str = "", master_port: int = 29500, local_queue: str | None = None,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     """batch/v1 Job running `template` on the planned GPU type and count.
 
@@ -83,7 +110,10 @@ def build_job(
     admission reserves quota for all of them or none.
     """
     name = job_name(owner.name)
-    pod = _pod_template(owner, plan, template, scheduler_name)
+    placed = placement or Placement(scheduler_name=scheduler_name)
+    pod = _pod_template(owner, plan, template, placed)
+    if placed.podgroup is not None:
+        gangs.join_podgroup(placed.podgroup, pod["metadata"], name)
     spec: dict[str, Any] = {
         "backoffLimit": JOB_BACKOFF_LIMIT,
         "podFailurePolicy": pod_failure_policy(pod["spec"]["containers"][0]["name"]),
@@ -102,6 +132,8 @@ def build_job(
     if local_queue is not None:
         spec["suspend"] = True
         labels[kueue.QUEUE_NAME_LABEL] = local_queue
+    if placed.max_exec_time_s is not None:
+        labels[gangs.MAX_EXEC_TIME_LABEL] = str(placed.max_exec_time_s)
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {
@@ -152,7 +184,7 @@ def build_headless_service(
 
 
 def _pod_template(owner: Owner, plan: resources.Plan, template: Mapping[str, Any],
-                  scheduler_name: str) -> dict[str, Any]:
+                  placement: Placement) -> dict[str, Any]:
     pod = copy.deepcopy(dict(template))
     meta = pod.setdefault("metadata", {})
     meta.setdefault("labels", {})[resources.OWNER_LABEL] = owner.name
@@ -160,34 +192,40 @@ def _pod_template(owner: Owner, plan: resources.Plan, template: Mapping[str, Any
     spec = pod.setdefault("spec", {})
     # podFailurePolicy requires Never; validation refuses any other value in the template.
     spec["restartPolicy"] = "Never"
-    if scheduler_name:
-        spec["schedulerName"] = scheduler_name
-    spec["affinity"] = _with_gpu_affinity(spec.get("affinity") or {}, plan.gpu_type)
-    _set_gpu_limit(spec["containers"][0], plan.gpus_per_node)
+    if placement.scheduler_name and not spec.get("schedulerName"):
+        # A tenant's scheduler (KAI, Volcano, HAMi's) is kept: only an unset one is filled.
+        spec["schedulerName"] = placement.scheduler_name
+    labels = placement.node_labels or ((gpu_accounting.GPU_PRODUCT_LABEL, plan.gpu_type),)
+    spec["affinity"] = _with_gpu_affinity(spec.get("affinity") or {}, labels)
+    _set_gpu_limit(spec["containers"][0], plan.gpus_per_node, placement.gpu_resource)
     return pod
 
 
-def _with_gpu_affinity(affinity: Mapping[str, Any], gpu_type: str) -> dict[str, Any]:
-    """AND the GPU-type requirement into every node selector term (terms are ORed)."""
+def _with_gpu_affinity(affinity: Mapping[str, Any],
+                       labels: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """AND the GPU-type requirements into every node selector term (terms are ORed)."""
     out = copy.deepcopy(dict(affinity))
     node = out.setdefault("nodeAffinity", {})
     required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.get("nodeSelectorTerms") or [{}]
-    requirement = {"key": gpu_accounting.GPU_PRODUCT_LABEL, "operator": "In", "values": [gpu_type]}
+    ours = {gpu_accounting.GPU_PRODUCT_LABEL, *(key for key, _ in labels)}
+    requirements = [{"key": key, "operator": "In", "values": [value]} for key, value in labels]
     for term in terms:
-        exprs = [e for e in term.get("matchExpressions", [])
-                 if e.get("key") != gpu_accounting.GPU_PRODUCT_LABEL]
-        term["matchExpressions"] = [*exprs, requirement]
+        exprs = [e for e in term.get("matchExpressions", []) if e.get("key") not in ours]
+        term["matchExpressions"] = [*exprs, *requirements]
     required["nodeSelectorTerms"] = terms
     return out
 
 
-def _set_gpu_limit(container: dict[str, Any], gpus: int) -> None:
+def _set_gpu_limit(container: dict[str, Any], gpus: int, resource: str) -> None:
     res = container.setdefault("resources", {})
-    res.setdefault("limits", {})[gpu_accounting.GPU_RESOURCE] = str(gpus)
-    if gpu_accounting.GPU_RESOURCE in res.get("requests", {}):
+    for quantities in (res.setdefault("limits", {}), res.get("requests") or {}):
+        # A whole-GPU request beside a MIG instance would also take a whole GPU.
+        quantities.pop(gpu_accounting.GPU_RESOURCE, None)
+    res["limits"][resource] = str(gpus)
+    if "requests" in res:
         # Extended resources must have requests == limits.
-        res["requests"][gpu_accounting.GPU_RESOURCE] = str(gpus)
+        res["requests"][resource] = str(gpus)
 
 
 def _plan_env(plan: resources.Plan) -> list[dict[str, Any]]:

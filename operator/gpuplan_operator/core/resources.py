@@ -46,6 +46,8 @@ class Reason:
     WAITING_FOR_ADMISSION = "WaitingForAdmission"
     ADMITTED = "Admitted"
     QUEUE_NOT_FOUND = "QueueNotFound"
+    PODS_NOT_CREATED = "PodsNotCreated"
+    """The Job controller could not create the Job's pods (FailedCreate: quota, admission)."""
     ATTENTION_NOT_FUSED = "AttentionNotFused"
 
 
@@ -101,6 +103,9 @@ class TrainingJobSpec:
     layout: Mapping[str, Any] | None = None
     """`spec.layout`: a pinned parallel layout, as the estimator's `layout` object (snake_case
     keys); None lets the planner search."""
+    gpuplan_scheduler: bool | None = None
+    """`spec.scheduling.gpuplanScheduler`: this TrainingJob's opt-in (True) or opt-out (False)
+    of gpuplan-scheduler; None lets its namespace's label decide."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,6 +326,9 @@ class Plan:
     measured on it, a probe, or its spec sheet alone; None from an estimator that predates it."""
     attention: AttentionPricing | None = None
     """How the attention was priced (issue #30); None from an estimator that predates it."""
+    p90_seconds: float | None = None
+    """The P90 of `estimated_seconds` (the estimator's interval, issue #32: Kueue's maximum
+    execution time); None from an older plan."""
 
     def attention_warning(self) -> str | None:
         """E.g. "attention not fused: fused attention was asked for, but no attention core
@@ -379,6 +387,8 @@ class Plan:
             out["dataBasis"] = self.data_basis
         if self.attention is not None:
             out["attention"] = self.attention.to_status()
+        if self.p90_seconds is not None:
+            out["p90Seconds"] = self.p90_seconds
         inputs = self.scaling_inputs.present()
         if inputs:
             out["scalingInputs"] = {SCALING_INPUT_KEYS[k]: v for k, v in inputs.items()}
@@ -420,6 +430,8 @@ class Plan:
             # Plans stored before issue #17's database bundles carry none.
             bundle_version=(int(data["bundleVersion"]) if data.get("bundleVersion") is not None
                             else None),
+            p90_seconds=(float(data["p90Seconds"]) if data.get("p90Seconds") is not None
+                         else None),
             workload_id=(str(data["workloadId"]) if data.get("workloadId") is not None
                          else None),
             # Plans stored before issue #18's basis carry none.

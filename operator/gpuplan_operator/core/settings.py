@@ -48,7 +48,25 @@ class Settings:
     which only an estimator with `--write-auth none` accepts."""
 
     scheduler_name: str = ""
-    """schedulerName for launched pods (e.g. gpuplan-scheduler); empty keeps the default one."""
+    """schedulerName for launched pods (e.g. gpuplan-scheduler) that opted in
+    (`scheduler_scope`); empty keeps the default one. A schedulerName the TrainingJob's
+    template sets is always kept."""
+
+    scheduler_scope: str = "opt-in"
+    """Which pods get `scheduler_name`: "opt-in" only those of namespaces labelled
+    `gpuplan.io/scheduler=enabled` or of TrainingJobs with `spec.scheduling.gpuplanScheduler:
+    true` (others keep the default scheduler: node affinity alone places them), "all" every
+    pod whose template names no scheduler."""
+
+    gang_scheduling: str = "auto"
+    """How a multi-node plan is admitted as a gang outside Kueue: "auto" through the PodGroup
+    of the first of KAI Scheduler, Volcano or scheduler-plugins coscheduling whose API the
+    cluster serves (found by API discovery), "off" never."""
+
+    max_exec_time_margin: float = 0.0
+    """Write the plan's P90 runtime x this margin as the Job's Kueue maximum execution time
+    (label `kueue.x-k8s.io/max-exec-time-seconds`); 0 writes none. Kueue stops the Job past it,
+    so keep it >= 1 (1.5: half again the P90)."""
 
     model_max_bytes: int = 32 * 1024 * 1024
     """Largest model file accepted from a ConfigMap or URL (bytes as stored, compressed or not)."""
@@ -267,11 +285,30 @@ def _problems(s: Settings) -> list[str]:
         out.append(f"metrics_port: must be in 0..65535, got {s.metrics_port}")
     out.extend(_benchmark_problems(s))
     out.extend(_retraining_problems(s))
+    out.extend(_placement_problems(s))
     for cidr in s.model_url_allowed_networks:
         try:
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:
             out.append(f"model_url_allowed_networks: {cidr!r} is not a CIDR")
+    return out
+
+
+SCHEDULER_SCOPES = ("opt-in", "all")
+GANG_SCHEDULING = ("auto", "off")
+
+
+def _placement_problems(s: Settings) -> list[str]:
+    out = []
+    if s.scheduler_scope not in SCHEDULER_SCOPES:
+        out.append(f"scheduler_scope: must be one of {', '.join(SCHEDULER_SCOPES)}, "
+                   f"got {s.scheduler_scope!r}")
+    if s.gang_scheduling not in GANG_SCHEDULING:
+        out.append(f"gang_scheduling: must be one of {', '.join(GANG_SCHEDULING)}, "
+                   f"got {s.gang_scheduling!r}")
+    if not (s.max_exec_time_margin == 0 or 1 <= s.max_exec_time_margin <= 100):
+        out.append("max_exec_time_margin: must be 0 (off) or in [1, 100], "
+                   f"got {s.max_exec_time_margin}")
     return out
 
 

@@ -32,6 +32,7 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
     _check_template(spec.get("template"), out)
     _check_kueue(spec.get("kueue", {}), out)
     _check_layout(spec.get("layout", {}), out)
+    _check_scheduling(spec.get("scheduling", {}), out)
     return out
 
 
@@ -70,6 +71,7 @@ def parse_spec(spec: Mapping[str, Any]) -> resources.TrainingJobSpec:
         template=spec["template"],
         local_queue=(spec.get("kueue") or {}).get("localQueue"),
         layout=_layout(spec.get("layout")),
+        gpuplan_scheduler=(spec.get("scheduling") or {}).get("gpuplanScheduler"),
     )
 
 
@@ -263,6 +265,13 @@ def _layout(layout: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not layout:
         return None
     return {LAYOUT_FIELDS[k]: v for k, v in layout.items()}
+def _check_scheduling(scheduling: object, out: list[str]) -> None:
+    if not isinstance(scheduling, Mapping):
+        out.append("spec.scheduling: must be an object")
+        return
+    choice = scheduling.get("gpuplanScheduler")
+    if choice is not None and not isinstance(choice, bool):
+        out.append(f"spec.scheduling.gpuplanScheduler: must be true or false, got {choice!r}")
 
 
 def service_account(template: Mapping[str, Any]) -> str | None:

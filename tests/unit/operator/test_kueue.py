@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime
 import re
 from typing import Any
@@ -17,7 +16,13 @@ from prometheus_client import CollectorRegistry
 from gpuplan_operator import handlers, metrics, modelsource, reconcile
 from gpuplan_operator.core import errors, gpu_pools, kueue, manifests, settings, validation
 from gpuplan_testing.kueue_builders import ClusterQueueBuilder, local_queue, resource_flavor
-from gpuplan_testing.operator_builders import LocalServer, SpecBuilder, make_plan
+from gpuplan_testing.operator_builders import (
+    LocalServer,
+    PlanningKube,
+    SpecBuilder,
+    make_plan,
+    no_feasible_plan,
+)
 from gpuplan_testing.paths import REPO_ROOT
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -152,28 +157,15 @@ def test_queued_job_is_suspended_and_labelled(nodes: int) -> None:
 # ---- reconcile against a fake kube with Kueue objects
 
 
-class FakeKube:
+class FakeKube(PlanningKube):
     """The `kube.Kube` methods reconcile uses, with Kueue's objects in dicts."""
 
     def __init__(self) -> None:
-        self.status: dict[str, Any] = {}
-        self.jobs: dict[str, dict[str, Any]] = {}
+        super().__init__([_node(f"l4-{i}", L4, 4) for i in range(4)]
+                         + [_node(f"a100-{i}", A100, 8) for i in range(2)])
         self.local_queues = {"team": local_queue("team", "ns", "cq")}
         self.cluster_queues = {"cq": ClusterQueueBuilder("cq").flavor("l4", gpus=8).obj()}
         self.flavors = list(FLAVORS)
-        self.nodes = [_node(f"l4-{i}", L4, 4) for i in range(4)] + [
-            _node(f"a100-{i}", A100, 8) for i in range(2)]
-        self.tj_reads = 0
-
-    async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return {"metadata": {"name": name},
-                "binaryData": {"model.onnx": base64.b64encode(b"\x08\x07").decode()}}
-
-    async def list_gpu_nodes(self) -> list[dict[str, Any]]:
-        return list(self.nodes)
-
-    async def list_active_pods(self) -> list[dict[str, Any]]:
-        return []
 
     async def get_local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.local_queues.get(name)
@@ -183,29 +175,6 @@ class FakeKube:
 
     async def list_resource_flavors(self) -> list[dict[str, Any]]:
         return list(self.flavors)
-
-    async def patch_trainingjob_status(self, namespace: str, name: str,
-                                       status: dict[str, Any]) -> dict[str, Any]:
-        self.status.update(status)
-        return {}
-
-    async def patch_trainingjob_annotations(self, namespace: str, name: str,
-                                            annotations: dict[str, str]) -> dict[str, Any]:
-        return {}
-
-    async def get_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
-        self.tj_reads += 1
-        return {"metadata": {"name": name, "uid": "uid-1", "generation": 1},
-                "status": dict(self.status)}
-
-    async def create_job(self, namespace: str,
-                         body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        self.jobs[body["metadata"]["name"]] = body
-        return body, True
-
-    async def create_service(self, namespace: str,
-                             body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        return body, True
 
 
 def _node(name: str, product: str, gpus: int) -> dict[str, Any]:
@@ -227,9 +196,7 @@ class Estimator:
         body = await request.json()
         self.requests.append(body)
         if self.reject:
-            return web.json_response({"error": {"reason": "NoFeasiblePlan",
-                                                "message": "no candidate meets the deadline"}},
-                                     status=422)
+            return no_feasible_plan()
         pool = body["inventory"][0]
         return web.json_response({"plan": {
             "gpu_type": pool["gpu_type"], "device": "l4", "gpu_count": pool["gpus_per_node"],

@@ -15,7 +15,12 @@ from prometheus_client import CollectorRegistry
 
 from gpuplan_operator import kube, metrics, modelsource, reconcile
 from gpuplan_operator.core import errors, gpu_pools, manifests, settings
-from gpuplan_testing.operator_builders import LocalServer, SpecBuilder, make_plan
+from gpuplan_testing.operator_builders import (
+    LocalServer,
+    SchedulingKubeMixin,
+    SpecBuilder,
+    make_plan,
+)
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 PLAN = {"plan": {"gpu_type": "NVIDIA-L4", "device": "l4", "gpu_count": 2, "gpus_per_node": 2,
@@ -23,7 +28,7 @@ PLAN = {"plan": {"gpu_type": "NVIDIA-L4", "device": "l4", "gpu_count": 2, "gpus_
                  "memory_bytes_per_gpu": 1, "cost_usd": 1.0, "predictor": "p"}}
 
 
-class FakeKube:
+class FakeKube(SchedulingKubeMixin):
     """Same async methods as `kube.Kube`, backed by dicts; `calls` records the order."""
 
     def __init__(self, config_maps: dict[str, Any] | None = None) -> None:
@@ -37,6 +42,7 @@ class FakeKube:
         self.service_accounts: set[str] = set()
         self.create_job_error: Exception | None = None
         self.node_lists = 0
+        self.init_scheduling()
 
     async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.config_maps.get(name)
@@ -125,7 +131,7 @@ def _estimator(answer: dict[str, Any] = PLAN) -> web.Application:
 def test_plan_is_stored_before_the_job_is_created() -> None:
     kube = FakeKube(CM)
     events = _run(kube, SpecBuilder().obj(), estimator=_estimator())
-    assert kube.calls == ["status:conditions,observedGeneration,plan", "annotations",
+    assert kube.calls == ["status:conditions,observedGeneration,plan,relativeSpeeds", "annotations",
                           "create_job", "status:conditions,jobName,observedGeneration"]
     assert kube.annotations["gpuplan.io/gpu-count"] == "2"
     assert [c["type"] for c in kube.status["conditions"]] == ["Estimated", "Launched"]

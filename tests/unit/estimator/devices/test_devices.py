@@ -110,8 +110,10 @@ def test_unknown_name_suggests_three_close_names(
 
 
 def test_mig_slice_is_not_the_whole_gpu(catalog: devices.Catalog) -> None:
-    with pytest.raises(errors.UnknownDeviceError):
-        catalog.resolve("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb")
+    # issue #32: a MIG instance is a device of its own (tests/unit/estimator/devices/test_mig.py)
+    whole = catalog.resolve("NVIDIA-A100-SXM4-40GB")
+    sliced = catalog.resolve("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb")
+    assert sliced.key != whole.key and sliced.memory_bytes == whole.memory_bytes // 8
 
 
 def test_catalog_covers_the_required_devices(catalog: devices.Catalog) -> None:

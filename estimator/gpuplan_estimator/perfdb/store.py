@@ -14,7 +14,7 @@ import pandas as pd
 from sqlalchemy import Select, delete, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 
-from gpuplan_estimator.core import errors, paths, vocabulary
+from gpuplan_estimator.core import errors, limits, paths, vocabulary
 from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.perfdb import connections, frames
@@ -35,7 +35,6 @@ from gpuplan_estimator.perfdb.tables import (
     ModelVersion,
     PlanWorkload,
 )
-from gpuplan_estimator.planning import workloads
 
 Clock = Callable[[], datetime]
 RUN_STATUSES = frozenset({"running", "done", "failed", "interrupted"})
@@ -132,9 +131,6 @@ class OutcomeWorkload:
     """The model's own (uncalibrated) estimate, as stored with the outcome."""
     workload_id: str
     workload_zstd: bytes
-
-
-MAX_WORKLOAD_BYTES = workloads.MAX_WORKLOAD_BYTES
 
 
 _BUNDLE_INFO_COLUMNS = tuple(c for c in ModelBundle.__table__.columns if c.name != "bundle_bytes")
@@ -544,9 +540,10 @@ class PerfStore:
         True when this call stored it, False when the id was already there."""
         vocabulary.check_workload_id(workload_id)
         _check_text("device", device, required=True)
-        if len(data) > MAX_WORKLOAD_BYTES:
+        if len(data) > limits.MAX_WORKLOAD_BYTES:
             raise errors.InvalidRequestError(
-                "workload", f"must be at most {MAX_WORKLOAD_BYTES} bytes, got {len(data)}")
+                "workload",
+                f"must be at most {limits.MAX_WORKLOAD_BYTES} bytes, got {len(data)}")
         row = {"workload_id": workload_id, "created_at": self.clock(), "device": device,
                "gpu_count": int(gpu_count), "size_bytes": len(data), "workload_zstd": data}
         stmt = connections.insert_ignoring_duplicates(

@@ -16,6 +16,7 @@ import pytest
 import zstandard
 
 from gpuplan_estimator import devices
+from gpuplan_estimator.core import limits
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.planning import estimates, planner, requests, workloads
@@ -107,7 +108,7 @@ def test_a_workload_over_the_cap_is_refused_and_the_plan_still_answered(
     w = wb.workload(wb.softmax_items([(8, 8)]), RooflinePredictor())
     with pytest.raises(workloads.WorkloadTooLargeError, match="over the 10-byte cap"):
         workloads.encode(w, limit_bytes=10)
-    monkeypatch.setattr(workloads, "MAX_WORKLOAD_BYTES", 200)
+    monkeypatch.setattr(limits, "MAX_WORKLOAD_BYTES", 200)
     out = planner.plan_with_workload(_plan_request(), _context(RooflinePredictor()))
     assert out["plan"]["device"] == "t4"
     assert set(out[planner.WORKLOAD_KEY]) == {"skipped"}

@@ -22,8 +22,8 @@ def test_stdlib_operator_is_not_shadowed() -> None:
     assert operator.add(2, 3) == 5
 
 
-ESTIMATOR_SUBPACKAGES = ("core", "devices", "graph", "step", "cost", "latency", "planning",
-                         "perfdb", "bench", "training", "evaluation", "interfaces")
+ESTIMATOR_SUBPACKAGES = ("core", "devices", "graph", "step", "cost", "latency", "perfdb",
+                         "planning", "bench", "training", "evaluation", "interfaces")
 
 
 def test_estimator_modules_live_in_subpackages() -> None:

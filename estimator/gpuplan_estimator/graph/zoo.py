@@ -53,7 +53,7 @@ def _get(config: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     raise errors.InvalidRequestError(f"config.{keys[0]}", "missing")
 
 
-class _Builder:
+class _ZooGraphBuilder:
     """Accumulates nodes; every tensor is named after the node that produces it."""
 
     def __init__(self) -> None:
@@ -118,7 +118,7 @@ class _Builder:
 class _Shapes:
     """Shape tensors shared by every layer (static: they cost nothing)."""
 
-    def __init__(self, b: _Builder, heads: int, head_dim: int, vocab: int) -> None:
+    def __init__(self, b: _ZooGraphBuilder, heads: int, head_dim: int, vocab: int) -> None:
         self.bs = b.op("Shape", ["input_ids"], "shape.batch_seq")
         self.seq1 = b.op("Shape", ["input_ids"], "shape.seq1", start=1, end=2)
         self.heads = b.op("Concat", [self.bs, b.ints("c.heads", [heads, head_dim])],
@@ -127,7 +127,7 @@ class _Shapes:
                            axis=0)
         self.tokens = b.ints("c.tokens", [-1, heads * head_dim])
 
-    def positions(self, b: _Builder) -> str:
+    def positions(self, b: _ZooGraphBuilder) -> str:
         """position_ids = arange(seq)[None] as cumsum(ones) - 1 (static, and ONNX shape
         inference resolves it where a Range or Slice on a computed bound stays unknown)."""
         shape = b.op("Concat", [b.ints("c.one_list", [1]), self.seq1], "shape.one_seq", axis=0)
@@ -137,18 +137,19 @@ class _Shapes:
         return b.op("Sub", [count, b.ints("c.one_i", [1], scalar=True)], "shape.position_ids")
 
 
-def _split_heads(b: _Builder, x: str, shapes: _Shapes, name: str, keys: bool = False) -> str:
+def _split_heads(b: _ZooGraphBuilder, x: str, shapes: _Shapes, name: str,
+                 keys: bool = False) -> str:
     heads = b.op("Reshape", [x, shapes.heads], f"{name}.view")
     perm = [0, 2, 3, 1] if keys else [0, 2, 1, 3]  # keys pre-transposed for Q·Kᵀ
     return b.op("Transpose", [heads], f"{name}.permute", perm=perm)
 
 
-def _merge_heads(b: _Builder, x: str, shapes: _Shapes, name: str) -> str:
+def _merge_heads(b: _ZooGraphBuilder, x: str, shapes: _Shapes, name: str) -> str:
     merged = b.op("Transpose", [x], f"{name}.permute", perm=[0, 2, 1, 3])
     return b.op("Reshape", [merged, shapes.tokens], f"{name}.view")
 
 
-def _model(b: _Builder, name: str, logits: str) -> onnx.ModelProto:
+def _model(b: _ZooGraphBuilder, name: str, logits: str) -> onnx.ModelProto:
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", SEQUENCE_DIM])
     out = helper.make_tensor_value_info(logits, TensorProto.FLOAT,
                                         ["batch", SEQUENCE_DIM, None])
@@ -157,7 +158,7 @@ def _model(b: _Builder, name: str, logits: str) -> onnx.ModelProto:
                              producer_name="gpuplan.zoo")
 
 
-def _attention_core(b: _Builder, q: str, k: str, v: str, shapes: _Shapes, name: str,
+def _attention_core(b: _ZooGraphBuilder, q: str, k: str, v: str, shapes: _Shapes, name: str,
                     mask: Callable[[str], str]) -> str:
     """Q·Kᵀ → mask → softmax → ·V on [batch, heads, seq, head_dim]; returns token-major output."""
     qh = _split_heads(b, q, shapes, f"{name}.q")
@@ -177,7 +178,7 @@ def _build_gpt2(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
     eps = float(_get(config, "layer_norm_epsilon", default=1e-5))
     act = str(_get(config, "activation_function", default="gelu_new"))
     hd = h // heads
-    b = _Builder()
+    b = _ZooGraphBuilder()
     s = _Shapes(b, heads, hd, vocab)
     wte = b.weight("transformer.wte.weight", [vocab, h])
     tok = b.op("Gather", [wte, "input_ids"], "transformer.wte")
@@ -224,7 +225,7 @@ def _build_bert(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
     eps = float(_get(config, "layer_norm_eps", default=1e-12))
     act = str(_get(config, "hidden_act", default="gelu"))
     hd = h // heads
-    b = _Builder()
+    b = _ZooGraphBuilder()
     s = _Shapes(b, heads, hd, vocab)
     word = b.weight("bert.embeddings.word_embeddings.weight", [vocab, h])
     zeros = b.op("ConstantOfShape", [s.bs], "bert.token_type_ids",
@@ -280,7 +281,7 @@ def _build_opt(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
     pre_ln = bool(config.get("do_layer_norm_before", True))
     act = str(_get(config, "activation_function", default="relu"))
     hd = h // heads
-    b = _Builder()
+    b = _ZooGraphBuilder()
     s = _Shapes(b, heads, hd, vocab)
     embed = b.weight("model.decoder.embed_tokens.weight", [vocab, proj])
     x = b.op("Reshape", [b.op("Gather", [embed, "input_ids"], "model.decoder.embed_tokens"),

@@ -20,6 +20,7 @@ from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.progress import Step
 from gpuplan_estimator.graph import zoo
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import arguments, output, plots, probing, progress, render
 from gpuplan_estimator.interfaces.http import wire
 from gpuplan_estimator.latency import selection
@@ -155,8 +156,8 @@ def run_plan(args: argparse.Namespace) -> int:
         prices = devices.read_prices_file(args.prices) if args.prices else None
         context = dataclasses.replace(load_context(args.bundle, prices),
                                       host_probes=probing.stored_probes(args))
-        result = planner.plan_request(wire.parse_plan_request(body), context,
-                                      max_candidates=None)
+        result = json_documents.plan_request_json(wire.parse_plan_request(body), context,
+                                             max_candidates=None)
         shown(Step("planning", 1, 1))
     doc = {**result, "objective": body["objective"],
            "training": dict(body["training"])}

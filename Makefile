@@ -72,7 +72,7 @@ bench-rehearsal: $(STAMP) ## the batched kernel bench on this CPU for 30 s: batc
 	  test $$code -eq 0 -o $$code -eq 5
 
 gpu-predict: $(STAMP) ## the estimator's prices of the GPU campaign's cases on H100/H200, before measuring
-	$(PYTHON) -m gpuplan_estimator.evaluation.model_step_scoring predict --device h100-sxm-80gb \
+	$(BIN)/gpuplan eval model-step-scoring predict --device h100-sxm-80gb \
 	  --device h100-pcie-80gb --device h200-sxm-141gb --out docs/gpu-steps/predicted.json
 
 # The benchmarked-GPU path (#30 part 6): a GPU run's `gpuplan bench --export` rows imported as a
@@ -86,14 +86,14 @@ gpu-import: $(STAMP) ## RUN=<gpu-runs dir>: import its bench.parquet -> retrain 
 	mkdir -p $(IMPORT_DIR) && rm -rf $(IMPORT_DIR)/perf.db $(IMPORT_DIR)/bundle
 	$(BIN)/gpuplan import $(RUN)/bench.parquet --db sqlite:///$(IMPORT_DIR)/perf.db
 	$(BIN)/gpuplan train --shipped --db sqlite:///$(IMPORT_DIR)/perf.db --out $(IMPORT_DIR)/bundle
-	$(PYTHON) -m gpuplan_estimator.evaluation.model_step_scoring predict --bundle $(IMPORT_DIR)/bundle \
+	$(BIN)/gpuplan eval model-step-scoring predict --bundle $(IMPORT_DIR)/bundle \
 	  --device $$($(PYTHON) -c 'import json,sys; print(json.load(open(sys.argv[1]))["device"])' \
 	  $(RUN)/bench.json) --out $(IMPORT_DIR)/predicted.json
-	$(PYTHON) -m gpuplan_estimator.evaluation.model_step_scoring score --predicted \
+	$(BIN)/gpuplan eval model-step-scoring score --predicted \
 	  $(IMPORT_DIR)/predicted.json --measured $(RUN)/steps.jsonl --markdown $(IMPORT_DIR)/scored-after.md
 
 bench: $(STAMP) ## speed benchmarks (reported, not asserted)
-	$(PYTHON) -m gpuplan_estimator.evaluation.speed
+	$(BIN)/gpuplan eval speed
 
 bench-plans: $(STAMP) ## apply->planned p50/p95 of 50 concurrent TrainingJobs on a private testbed (real estimator + operator)
 	PYTHONPATH=tests:testbed:hack $(PYTHON) -m campaigns.plan_latency --jobs 50 $(BENCH_PLANS_ARGS)
@@ -105,13 +105,13 @@ bench-extender: $(STAMP) ## extender load benchmark: 5,000 nodes, filter/priorit
 	PYTHONPATH=tests:hack $(PYTHON) -m campaigns.extender_loadbench $(BENCH_EXTENDER_ARGS)
 
 plans-report: $(STAMP) ## plans for GPT-2 medium, GPT-3 2.7B, LLaMA-7B over A100/H100/L4 pools -> docs/plans.md (~30 s)
-	$(PYTHON) -m gpuplan_estimator.evaluation.plans_report
+	$(BIN)/gpuplan eval plans-report
 
 memory-check: $(STAMP) ## predicted vs measured per-component training memory (PyTorch on CPU, ~10 s) -> paste into docs/memory.md
-	$(PYTHON) -m gpuplan_estimator.evaluation.memory_check
+	$(BIN)/gpuplan eval memory-check
 
 parallel-check: $(STAMP) ## DP/TP/PP step model vs published 4-GPU steps (NeuSight, for comparison) -> docs/parallelism.md table (~30 s)
-	$(PYTHON) -m gpuplan_estimator.evaluation.parallel_check
+	$(BIN)/gpuplan eval parallel-check
 
 eval: $(STAMP) ## accuracy evaluation -> docs/accuracy.md
 	$(BIN)/gpuplan eval

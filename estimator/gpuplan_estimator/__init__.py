@@ -11,8 +11,9 @@ onnx, LightGBM and the rest::
 
 The package's subpackages follow the data flow, each importing only those before it (checked
 by `lint-imports`, see `.importlinter`): `core` → `devices` → `graph` → `step` | `cost` →
-`latency` → `planning`; beside them `perfdb`, `bench`, `training`, `evaluation`; at the edge
-`interfaces` (the CLI and the HTTP service), which nothing imports.
+`latency` → `perfdb` → `planning` → `bench` → `training` → `evaluation`; at the edge
+`interfaces` (the CLI and the HTTP service, and the JSON documents they answer with), which
+nothing imports. Planning never opens the database: the edges read it and hand in the data.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from gpuplan_estimator.core.lazy_exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "estimate": "gpuplan_estimator.planning.estimates",
-    "to_json": "gpuplan_estimator.planning.estimates",
+    "to_json": "gpuplan_estimator.interfaces.json_documents",
     "DeviceEstimate": "gpuplan_estimator.planning.estimates",
     "LayerEstimate": "gpuplan_estimator.planning.estimates",
     "TrainingSettings": "gpuplan_estimator.step.decomposition",
@@ -77,12 +78,8 @@ if TYPE_CHECKING:
     from gpuplan_estimator.devices.catalog import DeviceSpec, load_catalog
     from gpuplan_estimator.devices.resolution import resolve_device
     from gpuplan_estimator.graph.loading import load_model, strip_weights
-    from gpuplan_estimator.planning.estimates import (
-        DeviceEstimate,
-        LayerEstimate,
-        estimate,
-        to_json,
-    )
+    from gpuplan_estimator.interfaces.json_documents import to_json
+    from gpuplan_estimator.planning.estimates import DeviceEstimate, LayerEstimate, estimate
     from gpuplan_estimator.step.decomposition import StepWork, TrainingSettings, build_step
     from gpuplan_estimator.step.memory import MemoryBreakdown, training_memory
 

@@ -88,18 +88,18 @@ class RetrainingLedger:
         return {t: rows > self.rows_seen.get(t, 0) for t, rows in rows_by_type.items()}
 
 
-def job_options(s: operator_settings.Settings) -> benchmarks.JobOptions:
+def job_options(s: operator_settings.Settings) -> benchmarks.BenchmarkJobOptions:
     """The benchmark Jobs' options from validated operator settings."""
-    return benchmarks.JobOptions(
+    return benchmarks.BenchmarkJobOptions(
         image=s.benchmark_image, db_secret=s.benchmark_db_secret,
         budget_minutes=s.benchmark_budget_minutes, backend=s.benchmark_backend,
         tolerations=s.benchmark_tolerations(), priority_class_name=s.benchmark_priority_class_name,
         node_selector=s.benchmark_node_selector(), resources=s.benchmark_resources())
 
 
-def retraining_options(s: operator_settings.Settings) -> retraining.JobOptions:
+def retraining_options(s: operator_settings.Settings) -> retraining.RetrainJobOptions:
     """The training Jobs' options from validated operator settings (the benchmark database)."""
-    return retraining.JobOptions(image=s.retraining_image, db_secret=s.benchmark_db_secret,
+    return retraining.RetrainJobOptions(image=s.retraining_image, db_secret=s.benchmark_db_secret,
                                  max_rows=s.retraining_max_rows,
                                  resources=s.retraining_resources())
 

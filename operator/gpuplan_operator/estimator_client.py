@@ -190,14 +190,14 @@ def _object(raw: Any, section: str) -> Mapping[str, Any]:
     return raw
 
 
-def _parallelism(raw: Any, *, gpu_count: int) -> resources.Parallelism | None:
+def _parallelism(raw: Any, *, gpu_count: int) -> resources.PlannedParallelism | None:
     """`plan.parallelism` (issue #19); None from an estimator that does not send it. Present, every
     field must be a positive integer and dp x tp x pp the plan's GPU count: a trainer launched
     with another world size would not run the plan."""
     if raw is None:
         return None
     obj = _object(raw, "parallelism")
-    par = resources.Parallelism(**{key: _int_at_least(obj, "parallelism", key) for key in
+    par = resources.PlannedParallelism(**{key: _int_at_least(obj, "parallelism", key) for key in
                                    ("dp", "tp", "pp", "micro_batches", "micro_batch")})
     if par.dp * par.tp * par.pp != gpu_count:
         raise ValueError(f"'parallelism' dp={par.dp} x tp={par.tp} x pp={par.pp}: must make "
@@ -205,7 +205,7 @@ def _parallelism(raw: Any, *, gpu_count: int) -> resources.Parallelism | None:
     return par
 
 
-def _strategy(raw: Any) -> resources.MemoryStrategy | None:
+def _strategy(raw: Any) -> resources.PlannedMemoryStrategy | None:
     """`plan.strategy` (issue #19); None from an estimator that does not send it. Present, its
     fields must have the estimator's types (`interfaces/http/responses.py` `Strategy`)."""
     if raw is None:
@@ -219,7 +219,7 @@ def _strategy(raw: Any) -> resources.MemoryStrategy | None:
     offload = obj["offload_optimizer"]
     if not isinstance(offload, bool):
         raise ValueError(f"'strategy.offload_optimizer' {offload!r}: must be true or false")
-    return resources.MemoryStrategy(
+    return resources.PlannedMemoryStrategy(
         label=_text(obj, "strategy", "label", max_chars=MAX_LABEL_CHARS),
         zero_stage=_int_at_least(obj, "strategy", "zero_stage", minimum=0,
                                  maximum=MAX_ZERO_STAGE),
@@ -296,10 +296,10 @@ def _alternative(c: Mapping[str, Any]) -> dict[str, Any]:
     return {camel: c[snake] for snake, camel in keys.items() if snake in c}
 
 
-def rejection(r: Mapping[str, Any]) -> resources.Rejection:
+def rejection(r: Mapping[str, Any]) -> resources.RejectedCandidate:
     """One `rejected` entry of the estimator's answer as a Rejection."""
     count = r.get("gpu_count")
-    return resources.Rejection(str(r.get("gpu_type", "")),
+    return resources.RejectedCandidate(str(r.get("gpu_type", "")),
                                int(count) if count is not None else None, str(r.get("reason", "")))
 
 
@@ -517,7 +517,7 @@ def _error_message(raw: bytes) -> str:
         return raw[:200].decode(errors="replace")
 
 
-def parse_coverage(body: Mapping[str, Any]) -> dict[str, benchmarks.DeviceCoverage]:
+def parse_coverage(body: Mapping[str, Any]) -> dict[str, benchmarks.CoveredDevice]:
     """`GET /v1/coverage` → per device key; EstimatorProtocolError names the bad device."""
     devices = body.get("devices") if isinstance(body, Mapping) else None
     if not isinstance(devices, Mapping):
@@ -528,7 +528,7 @@ def parse_coverage(body: Mapping[str, Any]) -> dict[str, benchmarks.DeviceCovera
             newest = d["newest_run_unix"]
             # Per-GPU bundle rows are newer than the rest of the answer (issue #17): optional.
             bundle_rows = d.get("bundle_rows")
-            out[str(key)] = benchmarks.DeviceCoverage(
+            out[str(key)] = benchmarks.CoveredDevice(
                 measurements=int(d["measurements"]),
                 newest_run_unix=float(newest) if newest is not None else None,
                 in_bundle=bool(d["in_bundle"]),
@@ -540,7 +540,7 @@ def parse_coverage(body: Mapping[str, Any]) -> dict[str, benchmarks.DeviceCovera
 
 
 async def fetch_coverage(base_url: str, *, timeout_seconds: float
-                         ) -> dict[str, benchmarks.DeviceCoverage]:
+                         ) -> dict[str, benchmarks.CoveredDevice]:
     """GET the coverage: 200 → parsed, anything else or a timeout → EstimatorUnavailableError."""
     url = base_url.rstrip("/") + COVERAGE_PATH
     try:

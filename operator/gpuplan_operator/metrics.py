@@ -76,7 +76,7 @@ class OperatorMetrics:
             "Training Jobs (gpuplan train --candidate --promote) that finished, by outcome "
             "(promoted, refused: the promotion gate kept the active bundle, failed)",
             ["outcome"], registry=registry)
-        for outcome in retraining.Outcome.ALL:  # from 0, so increase() sees the first one
+        for outcome in retraining.RetrainOutcome.ALL:  # from 0, so increase() sees the first one
             self.retraining_jobs.labels(outcome)
         # Per-job label sets: (namespace, trainingjob) → (gpu_type, when it finished or None).
         self._jobs: dict[tuple[str, str], tuple[str, datetime.datetime | None]] = {}
@@ -90,17 +90,17 @@ class OperatorMetrics:
             self.gpu_type_measurements.labels(c.gpu_type).set(c.measurements)
             self.gpu_type_in_bundle.labels(c.gpu_type).set(1 if c.in_bundle else 0)
             # Counters start at 0 for every type seen, so increase() sees a first failure.
-            for outcome in benchmarks.Outcome.ALL:
+            for outcome in benchmarks.BenchmarkOutcome.ALL:
                 self.benchmark_jobs.labels(c.gpu_type, outcome)
             if c.age_seconds is not None:
                 self.benchmark_age_seconds.labels(c.gpu_type).set(c.age_seconds)
 
     def count_benchmark_job(self, gpu_type: str, outcome: str) -> None:
-        """Count one finished benchmark Job by its `benchmarks.Outcome`."""
+        """Count one finished benchmark Job by its `benchmarks.BenchmarkOutcome`."""
         self.benchmark_jobs.labels(gpu_type, outcome).inc()
 
     def count_retraining_job(self, outcome: str) -> None:
-        """Count one finished training Job by its `retraining.Outcome`."""
+        """Count one finished training Job by its `retraining.RetrainOutcome`."""
         self.retraining_jobs.labels(outcome).inc()
 
     def observe_plan(self, namespace: str, name: str, gpu_type: str, seconds: float) -> None:

@@ -102,7 +102,7 @@ def check_url(url: str, guard: UrlGuard) -> None:
         parts = urlsplit(url)
         host = parts.hostname
     except ValueError as exc:  # e.g. an unclosed IPv6 bracket: `http://[::1/m`
-        raise errors.InvalidModelError(f"model URL {url!r} is malformed: {exc}") from exc
+        raise errors.InvalidModelSourceError(f"model URL {url!r} is malformed: {exc}") from exc
     if parts.scheme not in {"http", "https"}:
         raise errors.BlockedUrlError(f"model URL scheme {parts.scheme!r} refused: use http(s)")
     if not host:
@@ -120,7 +120,7 @@ async def fetch_url(url: str, *, guard: UrlGuard, max_bytes: int, timeout_second
     `timeout_seconds` is a total deadline over every redirect hop and the body, so a chain of
     slow hops cannot take a multiple of it. Every failure is a domain error, so the TrainingJob
     always gets a condition: ModelSourceUnavailableError when a retry may help (timeouts,
-    refused connections, truncated bodies), InvalidModelError when it will not.
+    refused connections, truncated bodies), InvalidModelSourceError when it will not.
     """
     first_url = url
     try:
@@ -136,14 +136,14 @@ async def fetch_url(url: str, *, guard: UrlGuard, max_bytes: int, timeout_second
         raise errors.ModelSourceUnavailableError(
             f"model URL {first_url!r}: body cut short: {exc}") from exc
     except aiohttp.InvalidURL as exc:  # e.g. `127.1` or `0177.0.0.1`: not canonical IPv4
-        raise errors.InvalidModelError(f"model URL {first_url!r} is invalid: {exc}") from exc
+        raise errors.InvalidModelSourceError(f"model URL {first_url!r} is invalid: {exc}") from exc
     except aiohttp.ClientConnectionError as exc:
         raise errors.ModelSourceUnavailableError(
             f"model URL {first_url!r} unreachable: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:
         # Anything else (a malformed response, an unexpected client error) repeats on retry:
         # say so in a condition rather than let the framework retry it blindly forever.
-        raise errors.InvalidModelError(
+        raise errors.InvalidModelSourceError(
             f"model URL {first_url!r} could not be fetched: {type(exc).__name__}: {exc}") from exc
 
 
@@ -161,14 +161,14 @@ async def _fetch_following_redirects(url: str, guard: UrlGuard, max_bytes: int) 
                     url = _redirect_target(url, resp.headers["Location"])
                     continue
                 return await _read_body(resp, url, max_bytes)
-    raise errors.InvalidModelError(f"model URL: more than {MAX_REDIRECTS} redirects")
+    raise errors.InvalidModelSourceError(f"model URL: more than {MAX_REDIRECTS} redirects")
 
 
 def _redirect_target(url: str, location: str) -> str:
     try:
         return urljoin(url, location)
     except ValueError as exc:
-        raise errors.InvalidModelError(
+        raise errors.InvalidModelSourceError(
             f"model URL {url!r} redirects to a malformed Location {location!r}: {exc}") from exc
 
 
@@ -176,15 +176,16 @@ async def _read_body(resp: aiohttp.ClientResponse, url: str, max_bytes: int) -> 
     if resp.status >= 500:
         raise errors.ModelSourceUnavailableError(f"model URL {url!r} answered {resp.status}")
     if resp.status != 200:
-        raise errors.InvalidModelError(f"model URL {url!r} answered {resp.status}")
+        raise errors.InvalidModelSourceError(f"model URL {url!r} answered {resp.status}")
     if resp.content_length is not None and resp.content_length > max_bytes:
-        raise errors.InvalidModelError(
+        raise errors.InvalidModelSourceError(
             f"model URL {url!r}: {resp.content_length} bytes exceeds the cap of {max_bytes}")
     body = bytearray()
     async for chunk in resp.content.iter_chunked(64 * 1024):
         body += chunk
         if len(body) > max_bytes:
-            raise errors.InvalidModelError(f"model URL {url!r}: larger than the cap of {max_bytes}")
+            raise errors.InvalidModelSourceError(
+                f"model URL {url!r}: larger than the cap of {max_bytes}")
     return _decode(bytes(body), resp.headers.get("Content-Encoding", ""), url, max_bytes)
 
 
@@ -194,20 +195,20 @@ def _decode(body: bytes, encoding: str, url: str, max_bytes: int) -> bytes:
     if name in {"", "identity"}:
         return body
     if name not in _WBITS:
-        raise errors.InvalidModelError(
+        raise errors.InvalidModelSourceError(
             f"model URL {url!r}: unsupported Content-Encoding {encoding!r} "
             f"(asked for {', '.join(_WBITS)})")
     decoder = zlib.decompressobj(_WBITS[name])
     try:
         out = decoder.decompress(body, max_bytes + 1)
     except zlib.error as exc:
-        raise errors.InvalidModelError(
+        raise errors.InvalidModelSourceError(
             f"model URL {url!r}: body does not match its Content-Encoding {name}: {exc}") from exc
     if len(out) > max_bytes:
-        raise errors.InvalidModelError(
+        raise errors.InvalidModelSourceError(
             f"model URL {url!r}: larger than the cap of {max_bytes} once {name}-decoded")
     if not decoder.eof:
-        raise errors.InvalidModelError(
+        raise errors.InvalidModelSourceError(
             f"model URL {url!r}: {name} Content-Encoding stream is truncated")
     return out
 
@@ -220,31 +221,31 @@ def from_config_map(config_map: Mapping[str, Any], key: str, max_bytes: int) -> 
         try:
             data = base64.b64decode(binary[key], validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise errors.InvalidModelError(
+            raise errors.InvalidModelSourceError(
                 f"configmap {name}: binaryData.{key} is not base64") from exc
     elif key in text:
         data = str(text[key]).encode()
     else:
-        raise errors.InvalidModelError(
+        raise errors.InvalidModelSourceError(
             f"configmap {name}: no key {key!r} in binaryData or data "
             f"(keys: {sorted([*binary, *text])})")
     if len(data) > max_bytes:
-        raise errors.InvalidModelError(
+        raise errors.InvalidModelSourceError(
             f"configmap {name}/{key}: {len(data)} bytes exceeds {max_bytes}")
     if not data:
-        raise errors.InvalidModelError(f"configmap {name}/{key}: empty")
+        raise errors.InvalidModelSourceError(f"configmap {name}/{key}: empty")
     return data
 
 
 def check_hf_config(data: bytes, where: str) -> None:
-    """A Hugging Face config.json: a JSON object with a `model_type`; InvalidModelError
+    """A Hugging Face config.json: a JSON object with a `model_type`; InvalidModelSourceError
     naming `where` otherwise (the estimator builds the graph from it)."""
     try:
         config = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise errors.InvalidModelError(f"{where}: not JSON: {exc}") from exc
+        raise errors.InvalidModelSourceError(f"{where}: not JSON: {exc}") from exc
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
-        raise errors.InvalidModelError(
+        raise errors.InvalidModelSourceError(
             f"{where}: not a Hugging Face config.json (a JSON object with a model_type)")
 
 
@@ -253,6 +254,6 @@ def check_format(data: bytes, fmt: str) -> None:
     detected = next((name for name, magic in MODEL_COMPRESSION_MAGIC.items()
                      if data.startswith(magic)), "raw")
     if fmt != "auto" and fmt != detected:
-        raise errors.InvalidModelError(
+        raise errors.InvalidModelSourceError(
             f"spec.model.format is {fmt!r} but the model bytes look like {detected!r}")
 

@@ -1,6 +1,6 @@
 """Helpers of the retraining-loop test (tests/integration/test_retraining_loop.py).
 
-* `Timeline`: wall-clock stamps of the loop's stages, written as JSON when asked.
+* `LoopTimeline`: wall-clock stamps of the loop's stages, written as JSON when asked.
 * `local_argv` / `local_env`: a Job's container command as a local process. The image's
   entrypoint is `gpuplan`; `$(VAR)` in args is expanded from the container's env as the kubelet
   does; `secretKeyRef` env values are read from the Secret. The GPU mapping (what the GPU node
@@ -37,7 +37,7 @@ ALERT_RULES = ROOT / "charts" / "gpuplan" / "files" / "alerts.yaml"
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
-class Timeline:
+class LoopTimeline:
     """Stages of the loop with the time each was reached (first time only)."""
 
     def __init__(self) -> None:

@@ -195,7 +195,7 @@ def test_new_gpu_type_is_benchmarked_retrained_promoted_and_served(
     path = os.environ.get("GPUPLAN_LOOP_TIMELINE")
     # The operator refuses GPUPLAN_* variables it does not know; this one is the test's.
     monkeypatch.delenv("GPUPLAN_LOOP_TIMELINE", raising=False)
-    timeline = lh.Timeline()
+    timeline = lh.LoopTimeline()
     try:
         _loop(monkeypatch, namespace, core_v1, batch_v1, loop_db, serve, new_gpu_node,
               wait_for, tmp_path, timeline)
@@ -211,7 +211,7 @@ def test_new_gpu_type_is_benchmarked_retrained_promoted_and_served(
 
 def _loop(monkeypatch: pytest.MonkeyPatch, namespace: str, core_v1: Any, batch_v1: Any,
           loop_db: str, serve: str, new_gpu_node: Callable[[], None], wait_for: Any,
-          tmp_path: pathlib.Path, timeline: lh.Timeline) -> None:
+          tmp_path: pathlib.Path, timeline: lh.LoopTimeline) -> None:
     core_v1.create_namespaced_secret(namespace, {"metadata": {"name": SECRET},
                                                  "stringData": {"url": loop_db}},
                                      _request_timeout=30)

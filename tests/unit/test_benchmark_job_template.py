@@ -69,7 +69,8 @@ def _job_args(**mapping: str) -> list[str]:
 
     job = benchmarks.build_job(
         "NVIDIA-L4", now=datetime.datetime(2026, 6, 15, tzinfo=datetime.UTC), namespace="ml",
-        options=benchmarks.JobOptions(image="img:1", db_secret="perfdb", budget_minutes=30))
+        options=benchmarks.BenchmarkJobOptions(image="img:1", db_secret="perfdb",
+                                               budget_minutes=30))
     args = list(job["spec"]["template"]["spec"]["containers"][0]["args"])
     return [mapping.get(a, a) for a in args]
 

@@ -23,7 +23,7 @@ def test_stdlib_operator_is_not_shadowed() -> None:
 
 
 ESTIMATOR_SUBPACKAGES = ("core", "devices", "graph", "step", "cost", "latency", "parallel",
-                         "planning", "perfdb", "bench", "training", "evaluation", "interfaces")
+                         "perfdb", "planning", "bench", "training", "evaluation", "interfaces")
 
 
 def test_estimator_modules_live_in_subpackages() -> None:

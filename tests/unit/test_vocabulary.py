@@ -25,7 +25,7 @@ from gpuplan_estimator.step import memory
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_operator import estimator_client, modelsource
 from gpuplan_operator.core import resources, validation
-from gpuplan_operator.core.errors import InvalidModelError
+from gpuplan_operator.core.errors import InvalidModelSourceError
 from gpuplan_testing.paths import REPO_ROOT
 
 
@@ -106,7 +106,7 @@ def test_the_magic_bytes_are_what_the_compressors_write(kind: str, compress: Any
     assert data.startswith(vocabulary.MODEL_COMPRESSION_MAGIC[kind])
     assert loading.compression_of(data) == kind
     modelsource.check_format(data, kind)
-    with pytest.raises(InvalidModelError):
+    with pytest.raises(InvalidModelSourceError):
         modelsource.check_format(data, "raw")
 
 

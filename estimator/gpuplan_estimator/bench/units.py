@@ -41,7 +41,7 @@ class Unit:
     feeds: Mapping[str, Array]
 
 
-class _Builder:
+class _UnitGraphBuilder:
     def __init__(self, dtype: str, rng: np.random.Generator) -> None:
         if dtype not in _ONNX_DTYPES:
             raise errors.GpuplanError(f"bench dtype {dtype!r} unsupported")
@@ -83,7 +83,7 @@ class _Builder:
 
 def build_unit(item: PlanItem, rng: np.random.Generator) -> Unit:
     """The single-node ONNX graph that runs `item`'s kernel once."""
-    b = _Builder(item.dtype, rng)
+    b = _UnitGraphBuilder(item.dtype, rng)
     d = item.dims
     try:
         builder = _KERNEL_BUILDERS[item.kernel]
@@ -97,7 +97,7 @@ def build_unit(item: PlanItem, rng: np.random.Generator) -> Unit:
         ) from exc
 
 
-def _gemm(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
+def _gemm(b: _UnitGraphBuilder, _op: str, d: Mapping[str, int]) -> Unit:
     batch, m, k, n = d["batch"], d["m"], d["k"], d["n"]
     lead = (batch,) if batch > 1 else ()
     x = b.input("x", (*lead, m, k))
@@ -116,7 +116,7 @@ def _gemm(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
     return b.build(helper.make_node("MatMul", [x, y], ["y"]), (*lead, m, n))
 
 
-def _conv(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
+def _conv(b: _UnitGraphBuilder, _op: str, d: Mapping[str, int]) -> Unit:
     g = d["groups"]
     x = b.input("x", (d["batch"], d["c_in"], d["h"], d["w"]))
     w = b.weight("w", (d["c_out"], d["c_in"] // g, d["kernel_h"], d["kernel_w"]))
@@ -132,7 +132,7 @@ def _conv(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
     return b.build(node, (d["batch"], d["c_out"], oh, ow))
 
 
-def _pool(b: _Builder, op: str, d: Mapping[str, int]) -> Unit:
+def _pool(b: _UnitGraphBuilder, op: str, d: Mapping[str, int]) -> Unit:
     ops = {"maxpool": "MaxPool", "avgpool": "AveragePool"}
     if op not in ops:
         raise errors.GpuplanError(f"pool op {op!r} not one of {sorted(ops)}")
@@ -146,7 +146,7 @@ def _pool(b: _Builder, op: str, d: Mapping[str, int]) -> Unit:
     return b.build(node, (d["batch"], d["channels"], oh, ow))
 
 
-def _layernorm(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
+def _layernorm(b: _UnitGraphBuilder, _op: str, d: Mapping[str, int]) -> Unit:
     x = b.input("x", (d["rows"], d["cols"]))
     scale = b.weight("scale", (d["cols"],))
     bias = b.weight("bias", (d["cols"],))
@@ -154,7 +154,7 @@ def _layernorm(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
     return b.build(node, (d["rows"], d["cols"]))
 
 
-def _batchnorm(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
+def _batchnorm(b: _UnitGraphBuilder, _op: str, d: Mapping[str, int]) -> Unit:
     # rows are the channels, cols the N*H*W positions each channel normalises over (`opcost`).
     shape = (1, d["rows"], d["cols"], 1)
     x = b.input("x", shape)
@@ -163,12 +163,12 @@ def _batchnorm(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
     return b.build(helper.make_node("BatchNormalization", [x, *params], ["y"]), shape)
 
 
-def _softmax(b: _Builder, _op: str, d: Mapping[str, int]) -> Unit:
+def _softmax(b: _UnitGraphBuilder, _op: str, d: Mapping[str, int]) -> Unit:
     x = b.input("x", (d["rows"], d["cols"]))
     return b.build(helper.make_node("Softmax", [x], ["y"], axis=-1), (d["rows"], d["cols"]))
 
 
-def _elementwise(b: _Builder, op: str, d: Mapping[str, int]) -> Unit:
+def _elementwise(b: _UnitGraphBuilder, op: str, d: Mapping[str, int]) -> Unit:
     if op in shapes.WINDOW_OPS:
         return _lrn(b, d)
     if op not in _ELEMENTWISE_OPS:
@@ -185,7 +185,7 @@ def _elementwise(b: _Builder, op: str, d: Mapping[str, int]) -> Unit:
     return b.build(helper.make_node(_ELEMENTWISE_OPS[op], ins, ["y"]), shape)
 
 
-def _lrn(b: _Builder, d: Mapping[str, int]) -> Unit:
+def _lrn(b: _UnitGraphBuilder, d: Mapping[str, int]) -> Unit:
     # rows play the channels the window slides over, cols the spatial positions: the same
     # per-element work as LRN on [N, C, H, W] with rows = N*C*H and cols = W.
     shape = (1, d["rows"], d["cols"], 1)
@@ -195,7 +195,7 @@ def _lrn(b: _Builder, d: Mapping[str, int]) -> Unit:
     return b.build(node, shape)
 
 
-def _memcpy(b: _Builder, op: str, d: Mapping[str, int]) -> Unit:
+def _memcpy(b: _UnitGraphBuilder, op: str, d: Mapping[str, int]) -> Unit:
     if op != "transpose":
         raise errors.GpuplanError(f"memcpy op {op!r} unsupported (only transpose)")
     n = d["elements"]

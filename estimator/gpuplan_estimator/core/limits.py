@@ -25,6 +25,10 @@ MAX_NODES_PER_POOL = 100_000
 MAX_DIMS = 64
 """Named dimensions per request."""
 MAX_DIM_NAME_CHARS = 128
+MAX_WORKLOAD_BYTES = 2 * 2**20
+"""A plan's compressed workload (`planning.workloads`, stored by `perfdb`). A 2-layer Llama
+config compresses to a few KB; distinct items grow with distinct shapes, not with depth, so only
+an unusually varied graph comes near this."""
 
 
 def sample_elements_error(batch_size: int, dims: dict[str, int]) -> str | None:

@@ -41,7 +41,7 @@ class CalibrationSizes:
 
 
 @dataclass(frozen=True)
-class Calibration:
+class HostPeaks:
     """Measured peak float32 GFLOP/s and memory bandwidth (GB/s) of this host."""
     peak_gflops_fp32: float
     mem_bandwidth_gbps: float  # bytes read + bytes written per second, GB/s
@@ -59,7 +59,7 @@ class HostFacts:
 
 def measure(
     sizes: CalibrationSizes, *, timer: Callable[[], float] = time.perf_counter
-) -> Calibration:
+) -> HostPeaks:
     """Best float32 matmul GFLOP/s and best array-copy GB/s (read + write counted)."""
     rng = np.random.default_rng(0)
     best_gflops = 0.0
@@ -79,7 +79,7 @@ def measure(
         start = timer()
         np.copyto(dst, src)
         best_gbps = max(best_gbps, 2.0 * src.nbytes / max(timer() - start, 1e-9) / 1e9)
-    return Calibration(peak_gflops_fp32=best_gflops, mem_bandwidth_gbps=best_gbps)
+    return HostPeaks(peak_gflops_fp32=best_gflops, mem_bandwidth_gbps=best_gbps)
 
 
 def _read(path: Path) -> str:
@@ -124,12 +124,12 @@ def default_cache_dir() -> Path:
 
 
 def cache_path(cache_dir: Path, facts: HostFacts) -> Path:
-    """Calibration cache file for this CPU model and core count inside `cache_dir`."""
+    """The host-peaks cache file for this CPU model and core count inside `cache_dir`."""
     slug = re.sub(r"[^a-z0-9]+", "-", facts.model_name.lower()).strip("-") or "cpu"
     return cache_dir / f"cpu-{slug[:80]}-{facts.cores}c.json"
 
 
-def _read_cache(path: Path) -> Calibration | None:
+def _read_cache(path: Path) -> HostPeaks | None:
     """The cached calibration, or None when absent or unusable (a corrupt file is re-measured)."""
     if not path.is_file() or path.stat().st_size > MAX_CACHE_BYTES:
         return None
@@ -137,13 +137,13 @@ def _read_cache(path: Path) -> Calibration | None:
         doc: Any = json.loads(path.read_text(encoding="utf-8"))
         if doc.get("schema_version") != CACHE_SCHEMA_VERSION:
             return None
-        cal = Calibration(float(doc["peak_gflops_fp32"]), float(doc["mem_bandwidth_gbps"]))
+        cal = HostPeaks(float(doc["peak_gflops_fp32"]), float(doc["mem_bandwidth_gbps"]))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return cal if cal.peak_gflops_fp32 > 0 and cal.mem_bandwidth_gbps > 0 else None
 
 
-def _write_cache(path: Path, facts: HostFacts, cal: Calibration, sizes: CalibrationSizes,
+def _write_cache(path: Path, facts: HostFacts, cal: HostPeaks, sizes: CalibrationSizes,
                  measured_at: float) -> None:
     doc = {
         "schema_version": CACHE_SCHEMA_VERSION,
@@ -162,7 +162,7 @@ def _write_cache(path: Path, facts: HostFacts, cal: Calibration, sizes: Calibrat
     tmp.replace(path)  # atomic: a concurrent reader never sees half a file
 
 
-def to_device(facts: HostFacts, cal: Calibration, source: str) -> DeviceSpec:
+def to_device(facts: HostFacts, cal: HostPeaks, source: str) -> DeviceSpec:
     """Host facts + calibration → the `cpu` DeviceSpec (pure)."""
     return DeviceSpec(
         key=CPU_KEY, name=facts.model_name, vendor="cpu", memory_bytes=facts.memory_bytes,
@@ -180,7 +180,7 @@ def local_cpu_device(
     measure: bool = True,
     clock: Callable[[], float] = time.time,
     sizes: CalibrationSizes = CalibrationSizes(),
-    measure_fn: Callable[[CalibrationSizes], Calibration] | None = None,
+    measure_fn: Callable[[CalibrationSizes], HostPeaks] | None = None,
     facts: HostFacts | None = None,
 ) -> DeviceSpec:
     """The local CPU as a `DeviceSpec` keyed ``cpu``; measures once, then reads the JSON cache.
@@ -202,5 +202,5 @@ def local_cpu_device(
     return to_device(facts, cal, source=f"measured, cached in {path}")
 
 
-def _measure_default(sizes: CalibrationSizes) -> Calibration:
+def _measure_default(sizes: CalibrationSizes) -> HostPeaks:
     return measure(sizes)

@@ -41,7 +41,7 @@ def light_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class TimingSettings:
+class CpuTimingSettings:
     """How the CPU loop times each light model with onnxruntime."""
     runs: int = 10
     """Timed runs after the warm-up (mean of runs 2..N+1)."""
@@ -79,7 +79,7 @@ class CpuResult:
         return self.p10_ms <= self.measured_ms <= self.p90_ms
 
 
-def measure_ms(model_bytes: bytes, settings: TimingSettings,
+def measure_ms(model_bytes: bytes, settings: CpuTimingSettings,
                clock: Callable[[], float] = time.perf_counter) -> float:
     """Median over `settings.sessions` fresh sessions of the mean of runs 2..N+1."""
     if settings.sessions < 1:
@@ -88,7 +88,7 @@ def measure_ms(model_bytes: bytes, settings: TimingSettings,
                             for _ in range(settings.sessions)]))
 
 
-def _session_mean_ms(model_bytes: bytes, settings: TimingSettings,
+def _session_mean_ms(model_bytes: bytes, settings: CpuTimingSettings,
                      clock: Callable[[], float]) -> float:
     """Mean wall time of runs 2..N+1 of the model in one onnxruntime CPU session."""
     import onnxruntime as ort  # the only onnxruntime user in evaluation; imported at the edge
@@ -126,7 +126,7 @@ def mean_run_ms(run: Callable[[], object], runs: int, clock: Callable[[], float]
 
 def evaluate_model(
     path: Path, batch: int, *, device: DeviceSpec, predictor: LatencyPredictor,
-    settings: TimingSettings,
+    settings: CpuTimingSettings,
 ) -> CpuResult:
     """Predict and measure one light model at one batch."""
     proto = batching.fixed_batch(onnx.load(os.fspath(path), load_external_data=False), batch)
@@ -152,7 +152,7 @@ settings) -> CpuResult."""
 
 
 def evaluate_light_models(
-    *, device: DeviceSpec, predictor: LatencyPredictor, settings: TimingSettings,
+    *, device: DeviceSpec, predictor: LatencyPredictor, settings: CpuTimingSettings,
     models: Sequence[str] = LIGHT_MODELS, batches: Sequence[int] = BATCHES,
     directory: Path | None = None, progress: Progress = silent,
     evaluate: ModelEvaluator | None = None, task: str = "eval: CPU inference",

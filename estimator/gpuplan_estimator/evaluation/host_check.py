@@ -1,6 +1,6 @@
 """The host timeline against measured steps: fit leave-one-model-out, report held out.
 
-    python -m gpuplan_estimator.evaluation.host_check \\
+    gpuplan eval host-check \\
         --steps docs/gpu-steps/2026-11-27-h200b/steps.jsonl \\
         --probe docs/gpu-steps/2026-11-27-h200b/host-probe.json [--json host-model.json]
 
@@ -13,12 +13,10 @@ held-out spread and the probe, the object a bundle's manifest holds (`step.host`
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -124,34 +122,35 @@ def report(rows: Sequence[host_fit.HostRow], folds: Mapping[str, host.HostCoeffi
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass(frozen=True)
+class HostCheckSettings:
+    """`gpuplan eval host-check`'s flags."""
+    steps: tuple[Path, ...]
+    """`model_steps` JSON lines files (at least one)."""
+    probe: Path
+    """The `bench.host_probe` JSON measured on the same host."""
+    json: Path | None
+    """Write the all-rows host model here."""
+    folds: Path | None
+    """Write each model's leave-one-out host model here (`model-step-scoring predict
+    --host-folds`)."""
+
+
+def run(settings: HostCheckSettings) -> int:
     """Fit, report held-out figures, optionally write the all-rows host model."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=Path, action="append", required=True,
-                        help="model_steps JSON lines (repeat)")
-    parser.add_argument("--probe", type=Path, required=True, help="bench.host_probe JSON")
-    parser.add_argument("--json", type=Path, default=None, help="write the host model here")
-    parser.add_argument("--folds", type=Path, default=None,
-                        help="write each model's leave-one-out host model here "
-                             "(model_step_scoring predict --host-folds)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    probe, rows = load_rows(args.steps, args.probe)
+    probe, rows = load_rows(list(settings.steps), settings.probe)
     folds = host_fit.leave_one_group_out(rows)
     for line in report(rows, folds):
         mape = f"{line['mape_pct']:.1f}" if line["mape_pct"] is not None else "-"
         print(f"{line['model']:12s} {line['phase']:9s} rows {line['rows']:2d} "
               f"held-out host MAPE {mape} %")
-    if args.folds is not None:
-        args.folds.write_text(json.dumps(
+    if settings.folds is not None:
+        settings.folds.write_text(json.dumps(
             {g: host.model_to_json(host.HostModel(probe, c)) for g, c in folds.items()},
             indent=1) + "\n", encoding="utf-8")
     final = host_fit.fit_for_bundle(rows)
     print(f"all rows: {final}")
-    if args.json is not None:
-        args.json.write_text(json.dumps(host.model_to_json(host.HostModel(probe, final)),
-                                        indent=1) + "\n", encoding="utf-8")
+    if settings.json is not None:
+        settings.json.write_text(json.dumps(host.model_to_json(host.HostModel(probe, final)),
+                                            indent=1) + "\n", encoding="utf-8")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -22,12 +22,11 @@ Hugging Face's "sdpa" attention (`torch.nn.functional.scaled_dot_product_attenti
 with `attention="fused"`; the loss is the mean of the logits, whose backward keeps nothing (a
 cross-entropy would keep the log-softmax of the logits, which the graph does not contain).
 
-Run: ``python -m gpuplan_estimator.evaluation.memory_check`` (a Markdown table on stdout).
+Run: ``gpuplan eval memory-check`` (a Markdown table on stdout).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 from collections.abc import Callable, Sequence
@@ -53,7 +52,7 @@ TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
 
 
 @dataclass(frozen=True)
-class Case:
+class MemoryCase:
     """One model x setting to measure and predict."""
 
     name: str
@@ -69,7 +68,7 @@ class Case:
 
 
 @dataclass(frozen=True)
-class Row:
+class MemoryRow:
     """One component of one case: predicted and measured bytes."""
 
     model: str
@@ -91,7 +90,7 @@ HF_ATTENTION = {options.EAGER_ATTENTION: "eager", options.FUSED_ATTENTION: "sdpa
 
 
 def gpt2_case(*, checkpointing: bool, batch: int = 4, sequence: int = 32,
-              attention: str = options.EAGER_ATTENTION) -> Case:
+              attention: str = options.EAGER_ATTENTION) -> MemoryCase:
     """A two-block GPT-2 (d=64) at [batch, sequence] tokens, AdamW."""
 
     config_dict = {**TINY_GPT2, "n_positions": max(TINY_POSITIONS, sequence)}
@@ -114,10 +113,10 @@ def gpt2_case(*, checkpointing: bool, batch: int = 4, sequence: int = 32,
 
     setting = ("fp32, adamw" + (", full checkpointing" if checkpointing else "")
                + f", {HF_ATTENTION[attention]} attention, sequence {sequence}")
-    return Case("gpt2 2x64", setting, batch, "adamw", checkpointing, attention, build, graph)
+    return MemoryCase("gpt2 2x64", setting, batch, "adamw", checkpointing, attention, build, graph)
 
 
-def cnn_case(*, batch: int = 8) -> Case:
+def cnn_case(*, batch: int = 8) -> MemoryCase:
     """A three-conv CNN on 3x32x32 images, SGD with momentum."""
 
     def module(torch: Any) -> Any:
@@ -139,11 +138,11 @@ def cnn_case(*, batch: int = 8) -> Case:
                                        label="cnn")
         return loading.load_model(data)
 
-    return Case("cnn 3-conv", "fp32, sgd momentum", batch, "momentum", False,
+    return MemoryCase("cnn 3-conv", "fp32, sgd momentum", batch, "momentum", False,
                 options.EAGER_ATTENTION, build, graph)
 
 
-def default_cases() -> tuple[Case, ...]:
+def default_cases() -> tuple[MemoryCase, ...]:
     """The cases `docs/memory.md` reports."""
     long = 256  # a sequence where the scores outweigh the rest
     return (gpt2_case(checkpointing=False), gpt2_case(checkpointing=True),
@@ -152,7 +151,7 @@ def default_cases() -> tuple[Case, ...]:
             cnn_case())
 
 
-def predict(case: Case) -> dict[str, int]:
+def predict(case: MemoryCase) -> dict[str, int]:
     """Bytes per component the model predicts for `case` (CPU: no CUDA constants).
 
     Parameters, gradients and optimizer state are each category's peak (all of them); the
@@ -185,7 +184,7 @@ def predict(case: Case) -> dict[str, int]:
             "step_peak": walked.total_bytes}
 
 
-def measure(case: Case, *, seed: int = 0) -> dict[str, int]:
+def measure(case: MemoryCase, *, seed: int = 0) -> dict[str, int]:
     """Bytes per component PyTorch's memory profiler attributes in one CPU training step."""
     torch = extras.require("torch", "torch", needed_by="memory_check")
     from torch.profiler import _memory_profiler as mp  # private: read from torch 2.x source
@@ -246,16 +245,17 @@ def _loss(torch: Any, output: Any) -> Any:
     return logits.mean()  # MeanBackward keeps no tensor: the logits die before backward
 
 
-def compare(cases: Sequence[Case]) -> list[Row]:
+def compare(cases: Sequence[MemoryCase]) -> list[MemoryRow]:
     """Predicted and measured bytes for every component of every case."""
     rows = []
     for case in cases:
         predicted, measured = predict(case), measure(case)
-        rows += [Row(case.name, case.setting, c, predicted[c], measured[c]) for c in COMPONENTS]
+        rows += [MemoryRow(case.name, case.setting, c, predicted[c], measured[c])
+                 for c in COMPONENTS]
     return rows
 
 
-def render(rows: Sequence[Row], *, command: str) -> str:
+def render(rows: Sequence[MemoryRow], *, command: str) -> str:
     """A Markdown table with the command, torch version and date it came from."""
     torch = extras.require("torch", "torch", needed_by="memory_check")
     lines = [f"Produced by `{command}` with torch {torch.__version__} on "
@@ -267,16 +267,11 @@ def render(rows: Sequence[Row], *, command: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print the table of predicted vs measured memory for the default cases."""
-    parser = argparse.ArgumentParser(
-        prog="python -m gpuplan_estimator.evaluation.memory_check",
-        description="Predicted vs measured per-component memory of small CPU training steps.")
-    parser.parse_args(argv)
-    print(render(compare(default_cases()),
-                 command="python -m gpuplan_estimator.evaluation.memory_check"))
+COMMAND = "gpuplan eval memory-check"
+
+
+def run() -> int:
+    """Print the table of predicted vs measured memory for the default cases (no settings:
+    the cases are fixed)."""
+    print(render(compare(default_cases()), command=COMMAND))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -2,9 +2,9 @@
 
 Two halves, so that the prediction is on record before the measurement exists:
 
-    python -m gpuplan_estimator.evaluation.model_step_scoring predict \\
+    gpuplan eval model-step-scoring predict \\
         --device h100-sxm-80gb --device h200-sxm-141gb --out predicted.json
-    python -m gpuplan_estimator.evaluation.model_step_scoring score \\
+    gpuplan eval model-step-scoring score \\
         --predicted predicted.json --measured steps.jsonl [--markdown table.md]
 
 `predict` prices every case of `model_steps.FULL_CASES` (`--cases smoke`: the tiny ones a CPU
@@ -20,21 +20,20 @@ against the measured peak.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import shlex
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gpuplan_estimator import devices, graph
-from gpuplan_estimator.core import options, provenance
+from gpuplan_estimator.core import errors, options, provenance
 from gpuplan_estimator.evaluation import model_steps
-from gpuplan_estimator.evaluation.model_steps import PRECISIONS, ModelCase
+from gpuplan_estimator.evaluation.model_steps import ModelCase
 from gpuplan_estimator.graph import batching, exporting
 from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import estimates
@@ -42,14 +41,13 @@ from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_estimator.step.host import HostModel
 
-MODULE = "gpuplan_estimator.evaluation.model_step_scoring"
 OPTIMIZER = "adamw"  # what `model_steps` steps with
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 PHASES = ("inference_forward", "forward_backward", "train_step")
 MEMORY_MODES = ("train", "inference")
 """Measured peaks (`model_steps`' `peak_memory_bytes`) scored against `{mode}_memory_bytes`."""
 IEEE_FP32 = "fp32-ieee"
-PREDICTED_PRECISIONS = (*PRECISIONS, IEEE_FP32)
+PREDICTED_PRECISIONS = (*model_steps.PRECISIONS, IEEE_FP32)
 """What `predict` prices by default: the campaign's precisions, and fp32 with cuDNN's TF32 off
 (what the first H200 run's fp32 rows ran, `estimator_precision`)."""
 FUSED_IMPLEMENTATIONS = frozenset({"sdpa", "flash_attention_2", "flash_attention_3",
@@ -244,61 +242,68 @@ def read_json_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in read_capped(path).splitlines() if line.strip()]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`predict` or `score` (see the module's doc)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("predict", help="price the campaign's cases before they are measured")
-    p.add_argument("--device", action="append", required=True, help="catalog device (repeat)")
-    p.add_argument("--precisions", default=",".join(PREDICTED_PRECISIONS))
-    p.add_argument("--cases", choices=sorted(model_steps.CASE_SETS), default="full",
-                   help="the campaign's case set (smoke: the tiny models a CPU rehearsal runs)")
-    p.add_argument("--models", default="", help="comma-separated case names (default all)")
-    p.add_argument("--bundle", default=None, help="model bundle directory (default: active)")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--host-folds", type=Path, default=None,
-                   help="JSON of case -> host model fitted without it (host_check --folds)")
-    s = sub.add_parser("score", help="join predictions with a model_steps measurement")
-    s.add_argument("--predicted", type=Path, required=True)
-    s.add_argument("--measured", type=Path, required=True)
-    s.add_argument("--markdown", type=Path, default=None, help="also write the tables here")
-    args = parser.parse_args(argv)
-    if args.command == "predict":
-        catalog = devices.load_catalog()
-        specs = [devices.resolve_device(d, catalog) for d in args.device]
-        try:
-            cases = model_steps.select_cases(model_steps.CASE_SETS[args.cases],
-                                             [m for m in args.models.split(",") if m])
-        except ValueError as exc:
-            parser.error(f"--models: {exc}")
-        folds = None
-        if args.host_folds is not None:
-            folds = {name: host.model_from_json(doc)
-                     for name, doc in json.loads(read_capped(args.host_folds)).items()}
-        doc = predict(cases, specs, [p for p in args.precisions.split(",") if p], args.bundle,
-                      progress=lambda m: print(m, file=sys.stderr, flush=True),
-                      host_folds=folds)
-        doc["provenance"] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
-                             "commit": provenance.git_commit(),
-                             "command": shlex.join(["python", "-m", MODULE, *argv])}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {len(doc['rows'])} predictions to {args.out}")
-        return 0
-    predicted = json.loads(read_capped(args.predicted))
-    measured = read_json_lines(args.measured)
+@dataclass(frozen=True)
+class PredictSettings:
+    """`gpuplan eval model-step-scoring predict`'s flags."""
+    devices: tuple[str, ...]
+    """Catalog devices to price on (at least one)."""
+    precisions: tuple[str, ...]
+    cases: str
+    """The campaign's case set (`model_steps.CASE_SETS`)."""
+    models: tuple[str, ...]
+    """Case names to keep (empty: every case of the set)."""
+    bundle: str | None
+    """Model bundle directory (None: the active one)."""
+    out: Path
+    host_folds: Path | None
+    """JSON of case -> host model fitted without it (`host-check --folds`)."""
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    """`gpuplan eval model-step-scoring score`'s flags."""
+    predicted: Path
+    measured: Path
+    markdown: Path | None
+    """Also write the tables here."""
+
+
+def run_predict(settings: PredictSettings, command: str) -> int:
+    """Price the campaign's cases and write them with their provenance (`command`: the command
+    line that ran this, as recorded)."""
+    catalog = devices.load_catalog()
+    specs = [devices.resolve_device(d, catalog) for d in settings.devices]
+    try:
+        cases = model_steps.select_cases(model_steps.CASE_SETS[settings.cases],
+                                         list(settings.models))
+    except ValueError as exc:
+        raise errors.InvalidRequestError("--models", str(exc)) from None
+    folds = None
+    if settings.host_folds is not None:
+        folds = {name: host.model_from_json(doc)
+                 for name, doc in json.loads(read_capped(settings.host_folds)).items()}
+    doc = predict(cases, specs, list(settings.precisions), settings.bundle,
+                  progress=lambda m: print(m, file=sys.stderr, flush=True), host_folds=folds)
+    doc["provenance"] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
+                         "commit": provenance.git_commit(), "command": command}
+    settings.out.parent.mkdir(parents=True, exist_ok=True)
+    settings.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {len(doc['rows'])} predictions to {settings.out}")
+    return 0
+
+
+def run_score(settings: ScoreSettings) -> int:
+    """Join predictions with a measurement and print (and maybe write) the tables; 1 when no
+    measured row has a prediction."""
+    predicted = json.loads(read_capped(settings.predicted))
+    measured = read_json_lines(settings.measured)
     scored = score(predicted, measured, lambda n: devices.resolve_device(n).key)
     if not scored:
         print("no measured row has a prediction (device, model, batch or precision differ)",
               file=sys.stderr)
         return 1
     text = markdown(scored)
-    if args.markdown is not None:
-        args.markdown.write_text(text, encoding="utf-8")
+    if settings.markdown is not None:
+        settings.markdown.write_text(text, encoding="utf-8")
     print(text)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -13,7 +13,7 @@ from typing import Any
 from gpuplan_estimator.evaluation import report
 from gpuplan_estimator.evaluation.cpu_loop import CpuResult
 from gpuplan_estimator.evaluation.gpu_labels import RowResult
-from gpuplan_estimator.evaluation.report import Metrics, Report
+from gpuplan_estimator.evaluation.report import AccuracyMetrics, Report
 
 LEARNED = "lightgbm"
 CALIBRATED = "lightgbm+calibration"
@@ -36,7 +36,7 @@ def gpu_names(results: Sequence[RowResult]) -> dict[str, str]:
     return {r.device: r.row.gpu.replace("_", " ") for r in results}
 
 
-def _pct(m: Metrics | None, field: str, digits: int = 1) -> str:
+def _pct(m: AccuracyMetrics | None, field: str, digits: int = 1) -> str:
     return "–" if m is None else f"{getattr(m, field):.{digits}f}"
 
 
@@ -88,7 +88,7 @@ def _headline(rep: Report) -> list[str]:
     return out
 
 
-def _cpu_overall(results: Sequence[CpuResult]) -> dict[str, Metrics]:
+def _cpu_overall(results: Sequence[CpuResult]) -> dict[str, AccuracyMetrics]:
     summary = report.summarise_cpu(results)
     return {k.removesuffix(" all"): v for k, v in summary.items() if k.endswith(" all")}
 
@@ -177,7 +177,7 @@ def _reproduce(rep: Report, roots: Mapping[str, str], json_name: str) -> list[st
     return [*lines, ""]
 
 
-def _table(summary: Mapping[tuple[str, str, str], Metrics], predictors: Sequence[str],
+def _table(summary: Mapping[tuple[str, str, str], AccuracyMetrics], predictors: Sequence[str],
            names: Mapping[str, str]) -> str:
     lines = ["| GPU | mode | rows | " + " | ".join(
         f"{p} MAPE % | {p} P90 % | {p} in P10–P90 %" for p in predictors) + " |",

@@ -1,6 +1,6 @@
 """Multi-GPU step times predicted by `parallel.layouts` next to published measurements.
 
-    python -m gpuplan_estimator.evaluation.parallel_check [--bundle DIR]
+    gpuplan eval parallel-check [--bundle DIR]
 
 Prints the markdown table of docs/parallelism.md. The published numbers are used for comparison
 only: nothing here is fitted to them. The single-GPU step comes from the shipped estimator
@@ -22,7 +22,6 @@ pp=4 with ONE micro-batch.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,7 +86,7 @@ PUBLISHED: tuple[Published, ...] = (
 
 
 @dataclass(frozen=True)
-class Row:
+class ParallelRow:
     """A published step with our prediction and its parts."""
 
     published: Published
@@ -100,7 +99,7 @@ class Row:
         return 100.0 * (self.step.total_ms / self.published.measured_ms - 1.0)
 
 
-def predict(p: Published, *, bundle: str | None = None) -> Row:
+def predict(p: Published, *, bundle: str | None = None) -> ParallelRow:
     """Our prediction of one published configuration."""
     predictor, _ = selection.select_predictor(bundle)
     device = devices.load_catalog().resolve(p.device)
@@ -114,10 +113,10 @@ def predict(p: Published, *, bundle: str | None = None) -> Row:
         p.layout, parallel_inputs.split_from_estimate(single),
         parallel_inputs.model_dims_from_graph(g, precision=PRECISION), device, ScalingModel(),
         gpus_per_node=GPUS_PER_NODE)
-    return Row(p, step, single.data_basis)
+    return ParallelRow(p, step, single.data_basis)
 
 
-def table(rows: Sequence[Row]) -> str:
+def table(rows: Sequence[ParallelRow]) -> str:
     """The markdown comparison table, with the mean absolute error."""
     lines = ["| model, global batch | hardware | layout | published (ms) | NeuSight (ms) | ours "
              "(ms) | error | compute / TP / bubble / p2p / DP / optimizer (ms) |",
@@ -135,16 +134,15 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@dataclass(frozen=True)
+class ParallelCheckSettings:
+    """`gpuplan eval parallel-check`'s flags."""
+    bundle: str | None
+    """Model bundle to predict with (None: as `gpuplan estimate`)."""
+
+
+def run(settings: ParallelCheckSettings) -> int:
     """Print the comparison table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bundle", default=None, metavar="DIR",
-                        help="model bundle to predict with (default: as `gpuplan estimate`)")
-    args = parser.parse_args(argv)
     print(f"Source: {SOURCE}")
-    print(table([predict(p, bundle=args.bundle) for p in PUBLISHED]))
+    print(table([predict(p, bundle=settings.bundle) for p in PUBLISHED]))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

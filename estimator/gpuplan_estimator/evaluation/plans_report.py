@@ -1,4 +1,5 @@
-"""`make plans-report`: plans for GPT-class models at realistic batches → docs/plans.md.
+"""`make plans-report` (`gpuplan eval plans-report`): plans for GPT-class models at realistic
+batches → docs/plans.md.
 
 Each case is planned with the shipped latency models over 4 nodes x 8 GPUs of three types (the
 CLI's default objective, cheapest, with a deadline); the page shows the choice, how it runs
@@ -8,10 +9,9 @@ multi-GPU accuracy table lives in docs/parallelism.md (`parallel_check`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +32,7 @@ DEADLINE_SECONDS = 14 * 86400.0
 
 
 @dataclass(frozen=True)
-class Case:
+class PlanCase:
     """One model at a realistic batch, sequence and token budget."""
 
     title: str
@@ -59,17 +59,17 @@ LLAMA_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidde
             "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 2048,
             "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False}
 CASES = (
-    Case("GPT-2 medium (355 M), batch 512 x 1024, 10 B tokens", GPT2_MEDIUM, 512, 1024,
+    PlanCase("GPT-2 medium (355 M), batch 512 x 1024, 10 B tokens", GPT2_MEDIUM, 512, 1024,
          10 * 10**9),
-    Case("GPT-3 2.7B, batch 512 x 2048 (1 M tokens), 10 B tokens", GPT3_2_7B, 512, 2048,
+    PlanCase("GPT-3 2.7B, batch 512 x 2048 (1 M tokens), 10 B tokens", GPT3_2_7B, 512, 2048,
          10 * 10**9),
-    Case("LLaMA-7B-shaped, batch 512 x 2048 (1 M tokens), 10 B tokens", LLAMA_7B, 512, 2048,
+    PlanCase("LLaMA-7B-shaped, batch 512 x 2048 (1 M tokens), 10 B tokens", LLAMA_7B, 512, 2048,
          10 * 10**9),
 )
 
 
-def plan_case(case: Case, ctx: planner.PlannerContext) -> dict[str, Any]:
-    """The plan document of one case (every candidate)."""
+def plan_case(case: PlanCase, ctx: planner.PlannerContext) -> planner.PlannedRequest:
+    """The plan of one case (every candidate: its document lists them all)."""
     # Batch 1, as `planner.with_graph` exports for plans: re-batched up to each batch needed.
     model = exporting.hf_config_graph(case.config, batch=1, sequence=case.sequence,
                                       label=case.title)
@@ -83,7 +83,7 @@ def plan_case(case: Case, ctx: planner.PlannerContext) -> dict[str, Any]:
         inventory=tuple(requests.InventoryEntry(gpu_type=t, gpus_per_node=g, nodes=n,
                                                 free_gpus=n * g) for t, n, g in POOLS),
         gpu_types=())
-    return planner.plan_request(request, ctx, max_candidates=None)
+    return planner.plan_request(request, ctx)
 
 
 def _usd(c: Mapping[str, Any]) -> str:
@@ -95,7 +95,7 @@ def _layout(c: Mapping[str, Any]) -> str:
     return f"dp{p['dp']} tp{p['tp']} pp{p['pp']} m{p['micro_batches']}x{p['micro_batch']}"
 
 
-def case_section(case: Case, doc: Mapping[str, Any], seconds: float) -> list[str]:
+def case_section(case: PlanCase, doc: Mapping[str, Any], seconds: float) -> list[str]:
     """The page section of one case: the choice in words, memory, alternatives."""
     c = doc["plan"]
     mem = c["memory"]
@@ -160,28 +160,32 @@ def page(sections: Sequence[str], command: str, source: str) -> str:
     return "\n".join(head + list(sections))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@dataclass(frozen=True)
+class PlansReportSettings:
+    """`gpuplan eval plans-report`'s flags."""
+    out: Path
+    """The page to write; the plan documents go beside it as JSON."""
+
+
+DEFAULT_OUT = paths.REPO_ROOT / "docs" / "plans.md"
+PlanDocument = Callable[[planner.PlannedRequest], dict[str, Any]]
+"""Turns a case's plan into its JSON document (every candidate): the wire's shape, which the
+interfaces own (`interfaces.json_documents.planned_json`), handed in by the command."""
+
+
+def run(settings: PlansReportSettings, document: PlanDocument) -> int:
     """Plan every case and write the page (and the plan documents as JSON beside it)."""
-    parser = argparse.ArgumentParser(prog="python -m gpuplan_estimator.evaluation.plans_report",
-                                     description=__doc__)
-    parser.add_argument("--out", type=Path, default=paths.REPO_ROOT / "docs" / "plans.md",
-                        help="page to write (default docs/plans.md; plans.json beside it)")
-    args = parser.parse_args(argv)
     predictor, source = selection.select_predictor(None)
     ctx = planner.PlannerContext(catalog=devices.load_catalog(), predictor=predictor,
                                  predictor_source=source.split(":")[0])
     sections, documents = [], {}
     for case in CASES:
         start = time.perf_counter()
-        doc = plan_case(case, ctx)
+        doc = document(plan_case(case, ctx))
         sections += case_section(case, doc, time.perf_counter() - start)
         documents[case.title] = doc
         print(f"planned {case.title}", flush=True)
-    args.out.write_text(page(sections, "make plans-report", ctx.predictor_source) + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps(documents, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    settings.out.write_text(page(sections, "make plans-report", ctx.predictor_source) + "\n")
+    settings.out.with_suffix(".json").write_text(json.dumps(documents, indent=1) + "\n")
+    print(f"wrote {settings.out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

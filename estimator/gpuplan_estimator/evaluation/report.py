@@ -20,7 +20,7 @@ from gpuplan_estimator.evaluation.gpu_labels import LabelRow, RowResult, Skipped
 
 
 @dataclass(frozen=True)
-class Metrics:
+class AccuracyMetrics:
     """Accuracy of a group of rows: MAPE, P90 APE and P10–P90 coverage, in percent."""
     rows: int
     mape_pct: float
@@ -34,12 +34,12 @@ class Metrics:
                 "coverage_pct": round(self.coverage_pct, 1)}
 
 
-def metrics(apes: Sequence[float], covered: Sequence[bool]) -> Metrics:
+def metrics(apes: Sequence[float], covered: Sequence[bool]) -> AccuracyMetrics:
     """MAPE, P90 APE (linear interpolation) and interval coverage, in percent."""
     if not apes:
         raise ValueError("no rows to summarise")
     a = np.asarray(apes, dtype=np.float64)
-    return Metrics(len(a), float(100 * a.mean()), float(100 * np.quantile(a, 0.9)),
+    return AccuracyMetrics(len(a), float(100 * a.mean()), float(100 * np.quantile(a, 0.9)),
                    float(100 * np.mean(np.asarray(covered, dtype=bool))))
 
 
@@ -48,7 +48,7 @@ def group_key(r: RowResult) -> tuple[str, str, str]:
     return r.predictor, r.device, r.row.mode + ("/compiled" if r.row.fused else "")
 
 
-def summarise(results: Iterable[RowResult]) -> dict[tuple[str, str, str], Metrics]:
+def summarise(results: Iterable[RowResult]) -> dict[tuple[str, str, str], AccuracyMetrics]:
     """Per (predictor, device, mode) plus (predictor, "all", mode)."""
     groups: dict[tuple[str, str, str], list[RowResult]] = {}
     for r in results:
@@ -59,7 +59,7 @@ def summarise(results: Iterable[RowResult]) -> dict[tuple[str, str, str], Metric
             for k, v in sorted(groups.items())}
 
 
-def summarise_by_device(results: Iterable[RowResult]) -> dict[tuple[str, str], Metrics]:
+def summarise_by_device(results: Iterable[RowResult]) -> dict[tuple[str, str], AccuracyMetrics]:
     """Per (predictor, device) over every mode, plus (predictor, "all")."""
     groups: dict[tuple[str, str], list[RowResult]] = {}
     for r in results:
@@ -74,9 +74,9 @@ def signed_error_pct(predicted_ms: float, measured_ms: float) -> float:
     return 100.0 * (predicted_ms / measured_ms - 1.0)
 
 
-def summarise_cpu(results: Sequence[CpuResult]) -> dict[str, Metrics]:
+def summarise_cpu(results: Sequence[CpuResult]) -> dict[str, AccuracyMetrics]:
     """Per mode and batch, per mode, and over all rows of that mode."""
-    out: dict[str, Metrics] = {}
+    out: dict[str, AccuracyMetrics] = {}
     for mode in sorted({r.mode for r in results}):
         rows = [r for r in results if r.mode == mode]
         for b in sorted({r.batch for r in rows}):
@@ -166,7 +166,7 @@ def _rows_from_json(rows: Sequence[Mapping[str, Any]]) -> tuple[RowResult, ...]:
                            float(d["forward_ms"])) for d in rows)
 
 
-def _flat(s: Mapping[tuple[str, str, str], Metrics]) -> list[dict[str, Any]]:
+def _flat(s: Mapping[tuple[str, str, str], AccuracyMetrics]) -> list[dict[str, Any]]:
     return [{"predictor": p, "device": d, "mode": m, **v.as_dict()} for (p, d, m), v in s.items()]
 
 

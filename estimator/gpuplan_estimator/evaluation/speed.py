@@ -2,16 +2,14 @@
 
 Times GPT-2 large (zoo, sequence 1024, batch 1..8) and the light ResNet-50 on every catalog GPU;
 graph loading is timed separately from `estimate` (the median of a few runs of each).
-``python -m gpuplan_estimator.evaluation.speed [--json] [--repeats N]``.
+``gpuplan eval speed [--json] [--repeats N]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -64,7 +62,7 @@ def gpt2_large_loader(config_path: Path) -> Callable[[int], ModelGraph]:
                                           name="gpt2-large")
 
 
-def run(
+def time_cases(
     cases: Sequence[tuple[str, Callable[[int], ModelGraph], Sequence[int]]],
     specs: Sequence[devices.DeviceSpec], repeats: int,
     clock: Callable[[], float] = time.perf_counter,
@@ -82,20 +80,26 @@ def run(
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point: time the cases and print a table or JSON; returns 0."""
-    parser = argparse.ArgumentParser(prog="python -m gpuplan_estimator.evaluation.speed")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gpt2-config", type=Path, default=GPT2_LARGE_CONFIG)
-    args = parser.parse_args(argv)
+@dataclass(frozen=True)
+class SpeedSettings:
+    """`gpuplan eval speed`'s flags."""
+    json: bool
+    """Print the rows as JSON instead of a table."""
+    repeats: int
+    """Timed `estimate` calls per case (the median is kept); at least 1."""
+    gpt2_config: Path
+    """The Hugging Face config of the GPT-2 large case."""
+
+
+def run(settings: SpeedSettings) -> int:
+    """Time the cases and print a table or JSON; returns 0."""
     specs = devices.load_catalog().devices
     cases: list[tuple[str, Callable[[int], ModelGraph], Sequence[int]]] = [
         ("resnet50", examples.resnet50, (1, 32)),
-        ("gpt2-large", gpt2_large_loader(args.gpt2_config), (1, 2, 4, 8)),
+        ("gpt2-large", gpt2_large_loader(settings.gpt2_config), (1, 2, 4, 8)),
     ]
-    rows = run(cases, specs, max(1, args.repeats))
-    if args.json:
+    rows = time_cases(cases, specs, max(1, settings.repeats))
+    if settings.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return 0
     print(f"{'model':<12} {'batch':>5} {'layers':>6} {'devices':>7} {'load s':>8} "
@@ -104,7 +108,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{r.model:<12} {r.batch:>5} {r.layers:>6} {r.devices:>7} {r.load_seconds:>8.3f} "
               f"{r.estimate_seconds:>10.3f}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

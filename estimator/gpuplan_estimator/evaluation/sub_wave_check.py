@@ -6,15 +6,13 @@ After: the same, except rows whose tile plan fits one wave of the left-out GPU's
 sub-wave rows only (`fitting.fit_sub_wave`). Errors by the band of the *before* prediction and
 by whether the plan fits one wave.
 
-``python -m gpuplan_estimator.evaluation.sub_wave_check --max-rows 15000`` (the shared gpu-ops
+``gpuplan eval sub-wave-check --max-rows 15000`` (the shared gpu-ops
 rows; ``--bench RUN/bench.parquet`` adds a benchmark run's GPU, e.g. the H200, as one more GPU
 left out: its rows are never in a fit that prices them).
 """
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,30 +104,30 @@ def bench_rows(path: Path, backend: str) -> pd.DataFrame:
     return gemm.assign(backend=backend)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@dataclass(frozen=True)
+class SubWaveCheckSettings:
+    """`gpuplan eval sub-wave-check`'s flags."""
+    max_rows: int
+    """GEMM rows of the shared gpu-ops kept (a bench run's rows all stay)."""
+    seed: int
+    bench: tuple[Path, ...]
+    """`gpuplan bench --export` parquets; each one's GPU is left out like the rest."""
+
+
+def run(settings: SubWaveCheckSettings) -> int:
     """Print the before/after table; 0."""
-    p = argparse.ArgumentParser(prog="python -m gpuplan_estimator.evaluation.sub_wave_check")
-    p.add_argument("--max-rows", type=int, default=15000, help="gemm rows (default 15000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bench", type=Path, action="append", default=[],
-                   help="a `gpuplan bench --export` parquet; its GPU is left out like the rest")
-    args = p.parse_args(argv)
     gpu_ops = str(recipe.shared_data_dir() / "gpu-ops")
     frame = sources.load_sources([gpu_ops])
     frame = frame[frame["kernel"] == "gemm"]
-    settings = fitting.TrainSettings(seed=args.seed, max_rows_per_kernel=args.max_rows,
-                                     kernel_params=recipe.KERNEL_PARAMS,
-                                     transfer_params=recipe.TRANSFER_PARAMS)
+    train = fitting.TrainSettings(seed=settings.seed, max_rows_per_kernel=settings.max_rows,
+                                  kernel_params=recipe.KERNEL_PARAMS,
+                                  transfer_params=recipe.TRANSFER_PARAMS)
     # The cap applies to the shared rows; a bench run's few rows all stay.
-    frame = fitting.subsample(frame, args.max_rows, args.seed)
+    frame = fitting.subsample(frame, settings.max_rows, settings.seed)
     backend = str(frame["backend"].iloc[0])
-    extra = [bench_rows(path, backend) for path in args.bench]
-    result = held_out(pd.concat([frame, *extra], ignore_index=True), settings)
+    extra = [bench_rows(path, backend) for path in settings.bench]
+    result = held_out(pd.concat([frame, *extra], ignore_index=True), train)
     print(table(result))
     print("\none-wave log scale fitted without each GPU: " + ", ".join(
         f"{d} {s:+.3f} (x{np.exp(s):.2f})" for d, s in sorted(result.log_scale.items())))
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

@@ -27,7 +27,7 @@ from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.evaluation.cpu_loop import (
     BATCHES,
     CpuResult,
-    TimingSettings,
+    CpuTimingSettings,
     evaluate_light_models,
     main_predictor,
     mean_run_ms,
@@ -88,7 +88,7 @@ def to_torch(model: onnx.ModelProto) -> Any:
 
 
 def measure_train_step_ms(
-    module: Any, input_shape: Sequence[int], settings: TimingSettings,
+    module: Any, input_shape: Sequence[int], settings: CpuTimingSettings,
     clock: Callable[[], float] = time.perf_counter,
 ) -> float:
     """Mean wall time of steps 2..N+1 of forward, mean loss, backward and an SGD step."""
@@ -111,7 +111,7 @@ def measure_train_step_ms(
 
 def evaluate_model(
     path: Path, batch: int, *, device: DeviceSpec, predictor: LatencyPredictor,
-    settings: TimingSettings,
+    settings: CpuTimingSettings,
 ) -> CpuResult:
     """Predict and measure one SGD training step of one light model at one batch."""
     proto = batching.fixed_batch(onnx.load(str(path), load_external_data=False), batch)
@@ -129,7 +129,7 @@ def evaluate_model(
 
 
 def evaluate_training_steps(
-    *, device: DeviceSpec, predictor: LatencyPredictor, settings: TimingSettings,
+    *, device: DeviceSpec, predictor: LatencyPredictor, settings: CpuTimingSettings,
     models: Sequence[str] = CONVERTIBLE, batches: Sequence[int] = BATCHES,
     progress: Progress = silent,
 ) -> tuple[CpuResult, ...]:

@@ -1,21 +1,20 @@
 """Leave-one-GPU-out of a transfer structure (`fitting.TrainSettings.transfer_kind`): per op
 family on the op rows, and on the whole-model labels (spec sheet only, and with a 20-row probe).
 
-``python -m gpuplan_estimator.evaluation.transfer_check --kind tiled --max-rows 3000`` prints
+``gpuplan eval transfer-check --kind tiled --max-rows 3000`` prints
 both tables; the same refits as ``gpuplan eval``'s leave-one-GPU-out (`interfaces.cli.evaluation`)
 but for any kind, and without the in-distribution pass, the calibration or the CPU loop.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from gpuplan_estimator import devices
-from gpuplan_estimator.cost import features
 from gpuplan_estimator.evaluation import gpu_labels
 from gpuplan_estimator.evaluation.gpu_labels import RowResult
 from gpuplan_estimator.latency import learned
@@ -86,35 +85,39 @@ def op_table(by_kernel: Mapping[str, Mapping[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@dataclass(frozen=True)
+class TransferCheckSettings:
+    """`gpuplan eval transfer-check`'s flags."""
+    kind: str
+    """The transfer structure (`features.TRANSFER_KINDS`)."""
+    max_rows: int
+    """Rows per kernel of the whole-model table's refits."""
+    op_max_rows: int
+    """Rows per kernel of the op-family table."""
+    kernels: tuple[str, ...]
+    """Op families of the op-family table."""
+    ops: bool
+    """Print the op-family table."""
+    models: bool
+    """Print the whole-model table."""
+    probe_seed: int | None
+    """Seed of the probe rows' draw (None: the training seed)."""
+
+
+def run(settings: TransferCheckSettings) -> int:
     """Print the op-family and whole-model leave-one-GPU-out tables of one transfer kind."""
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--kind", choices=features.TRANSFER_KINDS, default="tiled")
-    p.add_argument("--max-rows", type=int, default=3000, help="rows per kernel (default 3000)")
-    p.add_argument("--op-max-rows", type=int, default=8000,
-                   help="rows per kernel of the op-family table (default 8000)")
-    p.add_argument("--kernels", default=",".join(OP_KERNELS), help="op families, comma-separated")
-    p.add_argument("--no-ops", action="store_true", help="skip the op-family table")
-    p.add_argument("--no-models", action="store_true", help="skip the whole-model table")
-    p.add_argument("--probe-seed", type=int, default=None,
-                   help="seed of the probe rows' draw (default: the training seed, 0)")
-    args = p.parse_args(argv)
     shared = recipe.shared_data_dir()
     frame = sources.load_sources([str(shared / "gpu-ops")])
-    if not args.no_ops:
-        settings = fitting.TrainSettings(max_rows_per_kernel=args.op_max_rows,
-                                         transfer_kind=args.kind)
-        print(op_table({k: op_logo(frame, k, settings) for k in args.kernels.split(",")}))
-    if not args.no_models:
+    if settings.ops:
+        train = fitting.TrainSettings(max_rows_per_kernel=settings.op_max_rows,
+                                      transfer_kind=settings.kind)
+        print(op_table({k: op_logo(frame, k, train) for k in settings.kernels}))
+    if settings.models:
         labels = Path(shared / "model-labels" / "labels.csv")
         rows = gpu_labels.read_labels(labels)
         build = gpu_labels.zoo_graph_builder(labels.parent / "model_configs")
-        settings = fitting.TrainSettings(max_rows_per_kernel=args.max_rows,
-                                         transfer_kind=args.kind)
-        print(model_table(model_logo(rows, frame, settings, devices.load_catalog(), build,
-                                     args.probe_seed)))
+        train = fitting.TrainSettings(max_rows_per_kernel=settings.max_rows,
+                                      transfer_kind=settings.kind)
+        print(model_table(model_logo(rows, frame, train, devices.load_catalog(), build,
+                                     settings.probe_seed)))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -125,7 +125,7 @@ class BlockWriter:
 
     def __init__(self, shape: DecoderShape) -> None:
         self.s = shape
-        self.b = zoo._Builder()
+        self.b = zoo.ZooGraphBuilder()
         b = self.b
         self.bs = b.op("Shape", ["input_ids"], "shape.batch_seq")
         self.seq1 = b.op("Shape", ["input_ids"], "shape.seq1", start=1, end=2)

@@ -53,7 +53,7 @@ def _get(config: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     raise errors.InvalidRequestError(f"config.{keys[0]}", "missing")
 
 
-class _Builder:
+class ZooGraphBuilder:
     """Accumulates nodes; every tensor is named after the node that produces it."""
 
     def __init__(self) -> None:
@@ -61,38 +61,46 @@ class _Builder:
         self.initializers: list[onnx.TensorProto] = []
 
     def op(self, op_type: str, inputs: list[str], name: str, **attrs: Any) -> str:
+        """A one-output node named `name`; its output's name."""
         self.nodes.append(helper.make_node(op_type, inputs, [name], name=name, **attrs))
         return name
 
     def ops(self, op_type: str, inputs: list[str], names: list[str], **attrs: Any) -> list[str]:
+        """A node with several outputs; their names."""
         self.nodes.append(helper.make_node(op_type, inputs, names, name=names[0], **attrs))
         return names
 
     def weight(self, name: str, shape: list[int]) -> str:
+        """A zero-filled weight of `shape`, made at run time (no initializer bytes)."""
         shape_name = self.ints(f"{name}__SHAPE", shape)
         value = helper.make_tensor("value", TensorProto.FLOAT, [1], [0.0])
         return self.op("ConstantOfShape", [shape_name], name, value=value)
 
     def ints(self, name: str, values: list[int], scalar: bool = False) -> str:
+        """An int64 initializer (a scalar when `scalar`)."""
         dims = [] if scalar else [len(values)]
         self.initializers.append(helper.make_tensor(name, TensorProto.INT64, dims, values))
         return name
 
     def scalar(self, name: str, value: float) -> str:
+        """A float32 scalar initializer."""
         self.initializers.append(helper.make_tensor(name, TensorProto.FLOAT, [], [value]))
         return name
 
     def linear(self, x: str, name: str, n_in: int, n_out: int, bias: bool = True) -> str:
+        """x @ W (+ b) as one Gemm."""
         w = self.weight(f"{name}.weight", [n_in, n_out])
         inputs = [x, w, self.weight(f"{name}.bias", [n_out])] if bias else [x, w]
         return self.op("Gemm", inputs, name)
 
     def layer_norm(self, x: str, name: str, hidden: int, eps: float) -> str:
+        """LayerNormalization over the last axis, with its weight and bias."""
         g = self.weight(f"{name}.weight", [hidden])
         b = self.weight(f"{name}.bias", [hidden])
         return self.op("LayerNormalization", [x, g, b], name, axis=-1, epsilon=eps)
 
     def activation(self, x: str, name: str, kind: str) -> str:
+        """The config's activation function by its Hugging Face name."""
         if kind in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
             return self.gelu_tanh(x, name)
         if kind == "gelu":
@@ -118,7 +126,7 @@ class _Builder:
 class _Shapes:
     """Shape tensors shared by every layer (static: they cost nothing)."""
 
-    def __init__(self, b: _Builder, heads: int, head_dim: int, vocab: int) -> None:
+    def __init__(self, b: ZooGraphBuilder, heads: int, head_dim: int, vocab: int) -> None:
         self.bs = b.op("Shape", ["input_ids"], "shape.batch_seq")
         self.seq1 = b.op("Shape", ["input_ids"], "shape.seq1", start=1, end=2)
         self.heads = b.op("Concat", [self.bs, b.ints("c.heads", [heads, head_dim])],
@@ -127,7 +135,7 @@ class _Shapes:
                            axis=0)
         self.tokens = b.ints("c.tokens", [-1, heads * head_dim])
 
-    def positions(self, b: _Builder) -> str:
+    def positions(self, b: ZooGraphBuilder) -> str:
         """position_ids = arange(seq)[None] as cumsum(ones) - 1 (static, and ONNX shape
         inference resolves it where a Range or Slice on a computed bound stays unknown)."""
         shape = b.op("Concat", [b.ints("c.one_list", [1]), self.seq1], "shape.one_seq", axis=0)
@@ -137,18 +145,19 @@ class _Shapes:
         return b.op("Sub", [count, b.ints("c.one_i", [1], scalar=True)], "shape.position_ids")
 
 
-def _split_heads(b: _Builder, x: str, shapes: _Shapes, name: str, keys: bool = False) -> str:
+def _split_heads(b: ZooGraphBuilder, x: str, shapes: _Shapes, name: str,
+                 keys: bool = False) -> str:
     heads = b.op("Reshape", [x, shapes.heads], f"{name}.view")
     perm = [0, 2, 3, 1] if keys else [0, 2, 1, 3]  # keys pre-transposed for Q·Kᵀ
     return b.op("Transpose", [heads], f"{name}.permute", perm=perm)
 
 
-def _merge_heads(b: _Builder, x: str, shapes: _Shapes, name: str) -> str:
+def _merge_heads(b: ZooGraphBuilder, x: str, shapes: _Shapes, name: str) -> str:
     merged = b.op("Transpose", [x], f"{name}.permute", perm=[0, 2, 1, 3])
     return b.op("Reshape", [merged, shapes.tokens], f"{name}.view")
 
 
-def _model(b: _Builder, name: str, logits: str) -> onnx.ModelProto:
+def _model(b: ZooGraphBuilder, name: str, logits: str) -> onnx.ModelProto:
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", SEQUENCE_DIM])
     out = helper.make_tensor_value_info(logits, TensorProto.FLOAT,
                                         ["batch", SEQUENCE_DIM, None])
@@ -157,7 +166,7 @@ def _model(b: _Builder, name: str, logits: str) -> onnx.ModelProto:
                              producer_name="gpuplan.zoo")
 
 
-def _attention_core(b: _Builder, q: str, k: str, v: str, shapes: _Shapes, name: str,
+def _attention_core(b: ZooGraphBuilder, q: str, k: str, v: str, shapes: _Shapes, name: str,
                     mask: Callable[[str], str]) -> str:
     """Q·Kᵀ → mask → softmax → ·V on [batch, heads, seq, head_dim]; returns token-major output."""
     qh = _split_heads(b, q, shapes, f"{name}.q")
@@ -177,7 +186,7 @@ def _build_gpt2(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
     eps = float(_get(config, "layer_norm_epsilon", default=1e-5))
     act = str(_get(config, "activation_function", default="gelu_new"))
     hd = h // heads
-    b = _Builder()
+    b = ZooGraphBuilder()
     s = _Shapes(b, heads, hd, vocab)
     wte = b.weight("transformer.wte.weight", [vocab, h])
     tok = b.op("Gather", [wte, "input_ids"], "transformer.wte")
@@ -224,7 +233,7 @@ def _build_bert(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
     eps = float(_get(config, "layer_norm_eps", default=1e-12))
     act = str(_get(config, "hidden_act", default="gelu"))
     hd = h // heads
-    b = _Builder()
+    b = ZooGraphBuilder()
     s = _Shapes(b, heads, hd, vocab)
     word = b.weight("bert.embeddings.word_embeddings.weight", [vocab, h])
     zeros = b.op("ConstantOfShape", [s.bs], "bert.token_type_ids",
@@ -280,7 +289,7 @@ def _build_opt(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
     pre_ln = bool(config.get("do_layer_norm_before", True))
     act = str(_get(config, "activation_function", default="relu"))
     hd = h // heads
-    b = _Builder()
+    b = ZooGraphBuilder()
     s = _Shapes(b, heads, hd, vocab)
     embed = b.weight("model.decoder.embed_tokens.weight", [vocab, proj])
     x = b.op("Reshape", [b.op("Gather", [embed, "input_ids"], "model.decoder.embed_tokens"),

@@ -1,17 +1,14 @@
 """Estimates priced with the host probes the performance database holds (issue #30): per
 device key, the newest probe of the version `step.host` reads, measured by a benchmark Job on a
-node of that GPU type. The service reads them at each context load, `gpuplan estimate|plan
---host-probes-db URL` once; a device without a stored probe keeps the bundle's default."""
+node of that GPU type. The service reads them at each context load
+(`interfaces.cli.serving.context_with_host_probes`), `gpuplan estimate|plan --host-probes-db URL`
+once; a device without a stored probe keeps the bundle's default."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable
 
-from gpuplan_estimator.core import errors
 from gpuplan_estimator.perfdb.store import PerfStore
-from gpuplan_estimator.planning import planner
 from gpuplan_estimator.step import host
 
 log = logging.getLogger(__name__)
@@ -40,20 +37,3 @@ def read_probes(db_url: str | None, *, retries: int = READ_RETRIES
     with PerfStore.open(db_url, retries=retries) as store:
         return probes_for_estimates(store)
 
-
-def context_with_host_probes(loader: Callable[[], planner.PlannerContext],
-                             db_url: str | None) -> planner.PlannerContext:
-    """`loader()`'s context with the database's host probes (module level, so a
-    `functools.partial` of it pickles to the service's workers). When the database cannot be
-    read the context keeps none, and says so in the log: estimates then use the bundle's
-    host model, as before the first benchmark."""
-    context = loader()
-    try:
-        probes = read_probes(db_url)
-    except errors.DatabaseError:
-        log.exception("reading host probes from the performance database failed; estimates "
-                      "use the bundle's host model")
-        return context
-    if probes:
-        log.info("host probes for %s", ", ".join(sorted(probes)))
-    return dataclasses.replace(context, host_probes=probes)

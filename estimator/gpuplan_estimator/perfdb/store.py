@@ -14,7 +14,7 @@ import pandas as pd
 from sqlalchemy import Select, delete, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 
-from gpuplan_estimator.core import errors, paths, vocabulary
+from gpuplan_estimator.core import errors, limits, paths, vocabulary
 from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.perfdb import connections, frames
@@ -29,13 +29,12 @@ from gpuplan_estimator.perfdb.tables import (
     BenchmarkRun,
     Device,
     HostProbeRecord,
-    JobOutcome,
+    JobOutcomeRecord,
     Measurement,
     ModelBundle,
     ModelVersion,
     PlanWorkload,
 )
-from gpuplan_estimator.planning import workloads
 
 Clock = Callable[[], datetime]
 RUN_STATUSES = frozenset({"running", "done", "failed", "interrupted"})
@@ -132,9 +131,6 @@ class OutcomeWorkload:
     """The model's own (uncalibrated) estimate, as stored with the outcome."""
     workload_id: str
     workload_zstd: bytes
-
-
-MAX_WORKLOAD_BYTES = workloads.MAX_WORKLOAD_BYTES
 
 
 _BUNDLE_INFO_COLUMNS = tuple(c for c in ModelBundle.__table__.columns if c.name != "bundle_bytes")
@@ -506,9 +502,9 @@ class PerfStore:
             "workload_id": workload_id,
         }
         stmt = connections.insert_ignoring_duplicates(
-            self.engine, JobOutcome, index_elements=["job_uid"]
-        ).values(**row).returning(JobOutcome.id)
-        existing = select(JobOutcome.id).where(JobOutcome.job_uid == job_uid)
+            self.engine, JobOutcomeRecord, index_elements=["job_uid"]
+        ).values(**row).returning(JobOutcomeRecord.id)
+        existing = select(JobOutcomeRecord.id).where(JobOutcomeRecord.job_uid == job_uid)
 
         def _do() -> StoredOutcome:
             with self.engine.begin() as conn:
@@ -525,14 +521,14 @@ class PerfStore:
         self, *, device: str | None = None, job_uid: str | None = None
     ) -> pd.DataFrame:
         """Finished jobs, oldest first; `drift_ratio` is actual / the model's own estimate."""
-        stmt: Select[Any] = select(JobOutcome.__table__).order_by(JobOutcome.id)
+        stmt: Select[Any] = select(JobOutcomeRecord.__table__).order_by(JobOutcomeRecord.id)
         if device is not None:
-            stmt = stmt.where(JobOutcome.device == device)
+            stmt = stmt.where(JobOutcomeRecord.device == device)
         if job_uid is not None:
-            stmt = stmt.where(JobOutcome.job_uid == job_uid)
+            stmt = stmt.where(JobOutcomeRecord.job_uid == job_uid)
         frame = self._frame(stmt)
         if frame.empty:
-            return pd.DataFrame(columns=[c.name for c in JobOutcome.__table__.columns])
+            return pd.DataFrame(columns=[c.name for c in JobOutcomeRecord.__table__.columns])
         frame["drift_ratio"] = frame["actual_seconds"] / frame["estimated_seconds"]
         return frame
 
@@ -544,9 +540,10 @@ class PerfStore:
         True when this call stored it, False when the id was already there."""
         vocabulary.check_workload_id(workload_id)
         _check_text("device", device, required=True)
-        if len(data) > MAX_WORKLOAD_BYTES:
+        if len(data) > limits.MAX_WORKLOAD_BYTES:
             raise errors.InvalidRequestError(
-                "workload", f"must be at most {MAX_WORKLOAD_BYTES} bytes, got {len(data)}")
+                "workload",
+                f"must be at most {limits.MAX_WORKLOAD_BYTES} bytes, got {len(data)}")
         row = {"workload_id": workload_id, "created_at": self.clock(), "device": device,
                "gpu_count": int(gpu_count), "size_bytes": len(data), "workload_zstd": data}
         stmt = connections.insert_ignoring_duplicates(
@@ -564,7 +561,8 @@ class PerfStore:
         return how many went. Every plan stores one (content-addressed, up to 2 MiB), so
         without this the table grows with every distinct plan; a workload an outcome names
         stays, since the promotion gate re-estimates it with each new bundle."""
-        named = select(JobOutcome.workload_id).where(JobOutcome.workload_id.is_not(None))
+        named = select(JobOutcomeRecord.workload_id).where(
+            JobOutcomeRecord.workload_id.is_not(None))
         stmt = delete(PlanWorkload).where(PlanWorkload.created_at < older_than,
                                           PlanWorkload.workload_id.not_in(named))
 
@@ -576,11 +574,11 @@ class PerfStore:
 
     def outcome_workloads(self, *, limit: int) -> list[OutcomeWorkload]:
         """The newest `limit` job outcomes whose plan's workload is stored, newest first."""
-        stmt = (select(JobOutcome.job_uid, JobOutcome.actual_seconds,
-                       JobOutcome.estimated_seconds, PlanWorkload.workload_id,
+        stmt = (select(JobOutcomeRecord.job_uid, JobOutcomeRecord.actual_seconds,
+                       JobOutcomeRecord.estimated_seconds, PlanWorkload.workload_id,
                        PlanWorkload.workload_zstd)
-                .join(PlanWorkload, PlanWorkload.workload_id == JobOutcome.workload_id)
-                .order_by(JobOutcome.id.desc()).limit(limit))
+                .join(PlanWorkload, PlanWorkload.workload_id == JobOutcomeRecord.workload_id)
+                .order_by(JobOutcomeRecord.id.desc()).limit(limit))
 
         def _do() -> list[OutcomeWorkload]:
             with self.engine.connect() as conn:
@@ -591,11 +589,11 @@ class PerfStore:
 
     def outcome_counts(self) -> tuple[int, int]:
         """(job outcomes, those naming a workload id), for saying why none could be scored."""
-        stmt = select(func.count(), func.count(JobOutcome.workload_id))
+        stmt = select(func.count(), func.count(JobOutcomeRecord.workload_id))
 
         def _do() -> tuple[int, int]:
             with self.engine.connect() as conn:
-                total, linked = conn.execute(stmt.select_from(JobOutcome)).one()
+                total, linked = conn.execute(stmt.select_from(JobOutcomeRecord)).one()
             return int(total), int(linked)
 
         counts: tuple[int, int] = self._retry(_do)

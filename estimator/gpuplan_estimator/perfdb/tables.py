@@ -111,7 +111,7 @@ class ModelVersion(Base):
     bundle_path: Mapped[str] = mapped_column(Text, default="")
 
 
-class JobOutcome(Base):
+class JobOutcomeRecord(Base):
     """A finished training job's estimated vs actual seconds, reported for calibration; one row
     per job uid."""
     __tablename__ = "job_outcomes"

@@ -25,9 +25,8 @@ from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredicto
 from gpuplan_estimator.devices import catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.latency import basis
-from gpuplan_estimator.planning import calibrating, intervals
+from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.step import host
-from gpuplan_estimator.step.attention import attention_report
 from gpuplan_estimator.step.decomposition import (
     KernelDimsFn,
     StepWork,
@@ -40,7 +39,6 @@ from gpuplan_estimator.step.memory import (
     usable_memory_bytes,
 )
 
-SCHEMA_VERSION = 1
 ROOFLINE_PREFIX = "roofline"
 TRAINING_FLOPS_PER_FORWARD_FLOP = 3
 """Model FLOPs of a training step per forward FLOP: backward is about twice the forward (the
@@ -419,84 +417,6 @@ def _layers(
     )
 
 
-def to_json(
-    graph: ModelGraph, results: Sequence[DeviceEstimate], settings: TrainingSettings, *,
-    predictor_source: str, epochs: int | None = None, dataset_size: int | None = None,
-    include_layers: bool = False, calibration: calibrating.Calibration | None = None,
-) -> dict[str, Any]:
-    """The stable JSON document of `docs/estimate-json.md`.
-
-    Each device gets `calibrated_*` fields next to the model's own (which are never changed),
-    from `calibration` fitted to job outcomes; without one they equal the model's.
-    """
-    cal = calibration if calibration is not None else calibrating.Calibration()
-    mode = calibrating.mode_of(settings.mode)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "model": {
-            "name": graph.name, "layers": len(graph.layers), "parameters": graph.parameter_count,
-            "opset": graph.opset, "dim_bindings": dict(graph.dim_bindings),
-            "flops_per_step": model_flops_per_step(graph, settings),
-        },
-        "settings": {
-            "mode": settings.mode,
-            # Inference updates no weights: no optimizer to name.
-            "optimizer": settings.optimizer if settings.mode == "train" else None,
-            "precision": settings.precision, "attention": settings.attention,
-            "batch_size": settings.batch_size,
-            "epochs": epochs, "dataset_size": dataset_size,
-        },
-        # Whether fused attention found anything to fuse: otherwise it is the eager price.
-        "attention": attention_report(graph, settings.attention).as_dict(),
-        "predictor_source": predictor_source,
-        "devices": [_device_json(r, include_layers, cal, mode) for r in results],
-    }
-
-
-def _device_json(r: DeviceEstimate, include_layers: bool, cal: calibrating.Calibration,
-                 mode: str) -> dict[str, Any]:
-    c = calibrating.calibrate(cal, r.device, mode, r.step_time_ms, *r.interval_ms)
-    factor = c.correction.factor
-    out: dict[str, Any] = {
-        "device": r.device,
-        "data_basis": r.data_basis,
-        "forward_ms": r.forward_ms,
-        "backward_ms": r.backward_ms,
-        "optimizer_ms": r.optimizer_ms,
-        "step_time_ms": r.step_time_ms,
-        "interval_ms": {"p10": r.interval_ms[0], "p90": r.interval_ms[1]},
-        "steps_per_epoch": r.steps_per_epoch,
-        "epoch_seconds": r.epoch_seconds,
-        "total_seconds": r.total_seconds,
-        "calibration": c.correction.as_dict(),
-        "calibrated_step_time_ms": c.median_ms,
-        "calibrated_interval_ms": {"p10": c.p10_ms, "p90": c.p90_ms},
-        "calibrated_epoch_seconds": (r.epoch_seconds * factor
-                                     if r.epoch_seconds is not None else None),
-        "calibrated_total_seconds": (r.total_seconds * factor
-                                     if r.total_seconds is not None else None),
-        "throughput": {"samples_per_s": r.samples_per_s, "tokens_per_s": r.tokens_per_s},
-        "mfu": r.mfu,
-        "cost_usd": {"price_per_hour": r.price_per_hour_usd,
-                     "per_step": r.cost_usd(r.step_time_ms / 1000.0),
-                     "per_epoch": r.cost_usd(r.epoch_seconds),
-                     "total": r.cost_usd(r.total_seconds)},
-        "memory_bytes": r.memory.total_bytes,
-        "memory": r.memory.as_dict(),
-        "memory_available_bytes": r.memory_available_bytes,
-        "fits": r.fits,
-        "predictor": {name: round(share, 6) for name, share in r.predictor.items()},
-        "uncovered_ops": list(r.uncovered_ops),
-        "shape_only_layers": r.shape_only_layers,
-        "host": {"gpu_busy_ms": r.gpu_busy_ms, "host_ms": r.host_ms, "bound": bound_of(r),
-                 "compiled_saving_ms": compiled_saving_ms(r), "probe": r.host_source},
-        "top_layers": [_layer_json(layer) for layer in r.top_layers(5)],
-    }
-    if include_layers:
-        out["layers"] = [_layer_json(layer) for layer in r.layers]
-    return out
-
-
 def compiled_saving_ms(r: DeviceEstimate) -> float | None:
     """What a compiled step would save at most: the time the GPU waits for the host, which a
     step captured in CUDA graphs (torch.compile's "reduce-overhead") no longer issues op by op.
@@ -513,14 +433,6 @@ def bound_of(r: DeviceEstimate) -> str:
     if r.host_ms is None:
         return "unknown"
     return "host" if r.host_bound else "gpu"
-
-
-def _layer_json(layer: LayerEstimate) -> dict[str, Any]:
-    return {
-        "name": layer.name, "op_type": layer.op_type, "family": layer.family,
-        "forward_ms": layer.forward_ms, "backward_ms": layer.backward_ms,
-        "p10_ms": layer.p10_ms, "p90_ms": layer.p90_ms, "predictor": layer.predictor,
-    }
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,7 @@ beyond parsing the model bytes it is handed)."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,10 +28,8 @@ from gpuplan_estimator.planning import (
     workloads,
 )
 from gpuplan_estimator.step import host, memory
-from gpuplan_estimator.step.attention import attention_report
+from gpuplan_estimator.step.attention import AttentionReport, attention_report
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
-
-log = logging.getLogger(__name__)
 
 
 class NoFeasiblePlanError(GpuplanError):
@@ -221,12 +217,24 @@ def with_graph(req: _Request, *, export_batch: int | None = None) -> _Request:
     return dataclasses.replace(req, model_onnx=model, model_hf_config=None)
 
 
-def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
-                 max_candidates: int | None = 20) -> dict[str, Any]:
-    """Plan JSON for a request, with notes; NoFeasiblePlanError listing why none fits.
+@dataclass(frozen=True)
+class PlannedRequest:
+    """A plan request's answer as plain data: the plan and what the JSON reports beside it
+    (`interfaces.json_documents.planned_json` writes it)."""
+    plan: placement.Plan
+    """The chosen candidate (never None here), the ranked others and every rejection."""
+    scaling: scaling_fits.FittedScaling
+    """Where the multi-GPU scaling model came from (fitted to outcomes or analytic)."""
+    skipped: tuple[tuple[str, str], ...]
+    """(GPU type, why) for each inventory entry left out before planning."""
+    attention: AttentionReport
+    """What the requested attention did to the model at the global batch."""
+    price_notes: tuple[str, ...] = ()
+    """Where the chosen GPU's price was taken and which GPUs have none (`price_notes`)."""
 
-    `max_candidates` bounds the ranked candidates listed (None: every one).
-    """
+
+def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> PlannedRequest:
+    """The plan of a request; NoFeasiblePlanError listing why none fits."""
     # A plan estimates many batches, re-batching one graph: an export at batch 1 re-batches up
     # cleanly, while one at a large batch keeps it in constants (measured: LLaMA exported at
     # 512 and re-batched to 1 came out 200x slower and larger than exported at 1).
@@ -248,41 +256,9 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
     if result.chosen is None:
         raise NoFeasiblePlanError("no GPU type and count satisfies the request",
                                   [*skipped, *result.reasons_by_type.items()])
-    out = plan_json(result, max_candidates=max_candidates)
-    out["candidates_total"] = len(result.candidates)
-    out["scaling"] = ctx.scaling_fit.as_dict()
-    out["notes"] = [f"{t}: {why}" for t, why in skipped] + price_notes(
-        specs, result.chosen.device_key)
-    out["attention"] = attention_report(graph_at_batch, req.training.attention).as_dict()
-    return out
-
-
-WORKLOAD_KEY = "_workload"
-"""Where `plan_with_workload` puts the workload: {"id", "zstd_b64", "device", "gpu_count"} or
-{"skipped": why}. The service takes it out before answering (it is not part of the plan)."""
-
-
-def plan_with_workload(req: requests.PlanRequest, ctx: PlannerContext, *,
-                       max_candidates: int | None = 20) -> dict[str, Any]:
-    """`plan_request`, plus the chosen candidate's workload under `WORKLOAD_KEY` for the
-    promotion gate (`planning.workloads`). A workload that cannot be kept (over the size cap,
-    or an error building it) is a `skipped` reason, never a failed plan."""
-    req = with_graph(req, export_batch=1)
-    out = plan_request(req, ctx, max_candidates=max_candidates)
-    try:
-        workload = plan_workload(req, ctx, out["plan"])
-        workload_id, data = workloads.encode(workload)
-    except workloads.WorkloadTooLargeError as exc:
-        out[WORKLOAD_KEY] = {"skipped": str(exc)}
-        return out
-    except Exception as exc:  # the plan stands; only the gate loses this job
-        log.exception("keeping the plan's workload failed")
-        out[WORKLOAD_KEY] = {"skipped": f"building the workload failed: "
-                                        f"{type(exc).__name__}: {str(exc)[:300]}"}
-        return out
-    out[WORKLOAD_KEY] = {"id": workload_id, "zstd_b64": base64.b64encode(data).decode("ascii"),
-                         "device": workload.device, "gpu_count": workload.gpu_count}
-    return out
+    return PlannedRequest(plan=result, scaling=ctx.scaling_fit, skipped=tuple(skipped),
+                          attention=attention_report(graph_at_batch, req.training.attention),
+                          price_notes=tuple(price_notes(specs, result.chosen.device_key)))
 
 
 def plan_workload(req: requests.PlanRequest, ctx: PlannerContext,
@@ -306,8 +282,20 @@ def plan_workload(req: requests.PlanRequest, ctx: PlannerContext,
         bundle_version=selection.bundle_version_of(ctx.predictor_source))
 
 
-def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> dict[str, Any]:
-    """Estimate JSON of the request's model on the requested (or all) catalog devices."""
+@dataclass(frozen=True)
+class EstimatedRequest:
+    """An estimate request's answer as plain data (`interfaces.json_documents.estimated_json`)."""
+    graph: ModelGraph
+    results: Sequence[estimates.DeviceEstimate]
+    settings: TrainingSettings
+    predictor_source: str
+    epochs: int | None
+    dataset_size: int | None
+    calibration: calibrating.Calibration
+
+
+def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> EstimatedRequest:
+    """Estimates of the request's model on the requested (or all) catalog devices."""
     req = with_graph(req)
     t = req.training
     # Named devices are checked by `estimate` (a refusal names the device); of the whole
@@ -315,62 +303,12 @@ def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> dict
     specs = ([ctx.catalog.resolve(n) for n in req.devices] if req.devices
              else [d for d in ctx.catalog.devices if devices.supports_precision(d, t.precision)])
     g = graph_at(req.model_onnx, t, t.batch_size)
-    results = estimates.estimate(g, specs, training_settings(t, t.batch_size),
-                                    predictor=ctx.predictor, epochs=t.epochs,
-                                    dataset_size=t.dataset_size, host_probes=ctx.host_probes)
-    return estimates.to_json(g, results, training_settings(t, t.batch_size),
-                                predictor_source=ctx.predictor_source, epochs=t.epochs,
-                                dataset_size=t.dataset_size, calibration=ctx.calibration)
-
-
-def candidate_json(c: placement.Candidate) -> dict[str, Any]:
-    """One candidate as the plan JSON shows it (rounded for reading, calibration exact)."""
-    return {
-        "gpu_type": c.gpu_type,
-        "device": c.device_key,
-        "gpu_count": c.gpu_count,
-        "gpus_per_node": c.gpus_per_node,
-        "nodes": c.nodes,
-        "per_gpu_batch": c.per_gpu_batch,
-        "step_time_ms": round(c.step_time_ms, 4),
-        "allreduce_ms": round(c.allreduce_ms, 4),
-        "estimated_seconds": round(c.estimated_seconds, 3),
-        "interval_seconds": [round(c.interval_seconds[0], 3), round(c.interval_seconds[1], 3)],
-        "memory_bytes_per_gpu": c.memory_bytes_per_gpu,
-        "cost_usd": round(c.cost_usd, 4) if c.cost_usd is not None else None,
-        "price_known": c.cost_usd is not None,
-        "predictor": c.predictor,
-        "data_basis": c.data_basis,
-        # Unrounded: the operator reports it back with the job's outcome, and the estimator
-        # divides the (calibrated) estimated_seconds by it to store the model's own estimate.
-        "calibration": c.calibration.as_dict(),
-        # What a scaling fit needs back with the job's outcome (`scaling.samples_from_outcomes`):
-        # the single-GPU step at the per-GPU batch, as planned, and what was communicated.
-        "steps": c.steps,
-        "forward_ms": round(c.forward_ms, 4),
-        "backward_ms": round(c.backward_ms, 4),
-        "optimizer_ms": round(c.optimizer_ms, 4),
-        "gradient_bytes": c.gradient_bytes,
-        "intra_node_gbps": c.intra_node_gbps,
-        **_setup_json(c),
-    }
-
-
-def _setup_json(c: placement.Candidate) -> dict[str, Any]:
-    """How the candidate runs: layout, memory strategy, memory by part, step time by part."""
-    if c.layout is None or c.strategy is None or c.memory is None:
-        return {}
-    return {
-        "parallelism": {"dp": c.layout.dp, "tp": c.layout.tp, "pp": c.layout.pp,
-                        "micro_batches": c.layout.micro_batches, "micro_batch": c.micro_batch},
-        "strategy": {"label": c.strategy.label, "zero_stage": c.strategy.zero_stage,
-                     "fsdp": c.strategy.fsdp, "checkpointing": c.strategy.checkpointing,
-                     "checkpoint_fraction": c.strategy.checkpoint_fraction,
-                     "gradient_accumulation": c.strategy.gradient_accumulation,
-                     "offload_optimizer": c.strategy.offload_optimizer},
-        "memory": c.memory.as_dict(),
-        "step_ms": {name: round(ms, 4) for name, ms in c.parts_ms.items()},
-    }
+    settings = training_settings(t, t.batch_size)
+    results = estimates.estimate(g, specs, settings, predictor=ctx.predictor, epochs=t.epochs,
+                                 dataset_size=t.dataset_size, host_probes=ctx.host_probes)
+    return EstimatedRequest(graph=g, results=results, settings=settings,
+                            predictor_source=ctx.predictor_source, epochs=t.epochs,
+                            dataset_size=t.dataset_size, calibration=ctx.calibration)
 
 
 def price_notes(specs: Sequence[devices.DeviceSpec], chosen_key: str) -> list[str]:
@@ -386,17 +324,3 @@ def price_notes(specs: Sequence[devices.DeviceSpec], chosen_key: str) -> list[st
         notes.append("the prices compared come from different sources (the catalog's "
                      "indicative ones); --prices PROVIDER compares within one provider")
     return notes
-
-
-def plan_json(result: placement.Plan, *, max_candidates: int | None = 20) -> dict[str, Any]:
-    """The plan JSON: the chosen candidate, the best others, and every rejection's reason."""
-    return {
-        "schema_version": estimates.SCHEMA_VERSION,
-        "plan": candidate_json(result.chosen) if result.chosen else None,
-        "candidates": [candidate_json(c) for c in result.candidates[:max_candidates]],
-        "rejected": [
-            {"gpu_type": r.gpu_type, "gpu_count": r.gpu_count, "reason": r.reason}
-            for r in result.rejected
-        ],
-        "reasons_by_type": dict(result.reasons_by_type),
-    }

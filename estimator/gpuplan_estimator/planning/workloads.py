@@ -6,7 +6,7 @@ what it would have said, the estimator keeps what the predictor consumed for the
 the step's distinct work items (kernel, dims, dtype, op, attributes, FLOPs, bytes) with their
 summed counts, at the batch one GPU ran per micro-step, plus the chosen device, GPU count and
 training settings. Stored zstd-compressed JSON, keyed by the SHA-256 of its canonical JSON
-(`encode`), capped at `MAX_WORKLOAD_BYTES`.
+(`encode`), capped at `core.limits.MAX_WORKLOAD_BYTES`.
 
 Re-prediction (`repredict_seconds`) prices the items with the given predictor exactly as
 `planning.estimates` prices a step (median x count, summed), and scales the part of the plan's
@@ -28,7 +28,7 @@ from typing import Any
 
 import zstandard
 
-from gpuplan_estimator.core import kernels
+from gpuplan_estimator.core import kernels, limits
 from gpuplan_estimator.core.errors import GpuplanError
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
@@ -36,9 +36,6 @@ from gpuplan_estimator.cost.predictors import LatencyPredictor, predict_on_each
 from gpuplan_estimator.devices.catalog import Catalog, DeviceSpec
 
 SCHEMA_VERSION = 1
-MAX_WORKLOAD_BYTES = 2 * 2**20
-"""Compressed size cap. A 2-layer Llama config compresses to a few KB; distinct items grow with
-distinct shapes, not with depth, so only an unusually varied graph comes near this."""
 ZSTD_LEVEL = 10
 BUNDLE_PARTS = ("compute", "recompute", "pp_bubble", "optimizer")
 """Parts of a plan's `step_ms` a latency-model bundle prices; the others (tp_comm, pp_p2p,
@@ -46,7 +43,7 @@ dp_comm, offload_copies) come from the scaling model and host link."""
 
 
 class WorkloadTooLargeError(GpuplanError):
-    """The compressed workload is over `MAX_WORKLOAD_BYTES`: it is not stored."""
+    """The compressed workload is over `limits.MAX_WORKLOAD_BYTES`: it is not stored."""
 
     def __init__(self, size_bytes: int, limit_bytes: int) -> None:
         self.size_bytes = size_bytes
@@ -227,8 +224,8 @@ def from_json(data: Mapping[str, Any]) -> Workload:
 def encode(w: Workload, *, limit_bytes: int | None = None) -> tuple[str, bytes]:
     """(id, compressed bytes): the id is the SHA-256 of the canonical JSON, so the same plan
     stored twice is one row. `WorkloadTooLargeError` past `limit_bytes` compressed (None:
-    `MAX_WORKLOAD_BYTES`, read at the call)."""
-    limit_bytes = MAX_WORKLOAD_BYTES if limit_bytes is None else limit_bytes
+    `limits.MAX_WORKLOAD_BYTES`, read at the call)."""
+    limit_bytes = limits.MAX_WORKLOAD_BYTES if limit_bytes is None else limit_bytes
     text = json.dumps(to_json(w), sort_keys=True, separators=(",", ":")).encode("utf-8")
     data = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(text)
     if len(data) > limit_bytes:

@@ -60,7 +60,7 @@ class Action:
 
 
 @dataclasses.dataclass(frozen=True)
-class DeviceCoverage:
+class CoveredDevice:
     """One device of `GET /v1/coverage`."""
 
     measurements: int
@@ -90,7 +90,7 @@ class GpuTypeCoverage:
     """Age of the newest finished benchmark run; None without one."""
     action: str
     in_bundle: bool = False
-    """The served bundle covers the type (`DeviceCoverage.bundle_covers`): estimates for it use
+    """The served bundle covers the type (`CoveredDevice.bundle_covers`): estimates for it use
     learned models even without rows in the database."""
 
     @property
@@ -110,7 +110,7 @@ def catalog_resolver(catalog: devices.Catalog) -> Resolver:
 
 
 def assess(
-    gpu_types: Iterable[str], coverage: Mapping[str, DeviceCoverage], resolve: Resolver, *,
+    gpu_types: Iterable[str], coverage: Mapping[str, CoveredDevice], resolve: Resolver, *,
     now_unix: float, max_age_seconds: float, running: Iterable[str] = (),
 ) -> list[GpuTypeCoverage]:
     """One entry per distinct GPU type, sorted; `running` = types with an unfinished Job.
@@ -129,7 +129,7 @@ def assess(
     return out
 
 
-def _assess_one(gpu_type: str, device: str | None, cov: DeviceCoverage | None, *,
+def _assess_one(gpu_type: str, device: str | None, cov: CoveredDevice | None, *,
                 now_unix: float, max_age_seconds: float, busy: bool) -> GpuTypeCoverage:
     rows = cov.measurements if cov is not None else 0
     newest = cov.newest_run_unix if cov is not None else None
@@ -181,7 +181,7 @@ def running_gpu_types(jobs: Iterable[Mapping[str, Any]]) -> set[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class JobOptions:
+class BenchmarkJobOptions:
     """What the chart decides for every benchmark Job (settings `GPUPLAN_BENCHMARK_*`)."""
 
     image: str
@@ -200,7 +200,7 @@ class JobOptions:
     """Container requests/limits (cpu, memory, ...); the one GPU limit is always set."""
 
 
-def bench_args(options: JobOptions) -> list[str]:
+def bench_args(options: BenchmarkJobOptions) -> list[str]:
     """The container's arguments to the image's `gpuplan` entrypoint.
 
     Fixed per Job, so a pod retried after a preemption runs the same command and `gpuplan bench`
@@ -210,7 +210,7 @@ def bench_args(options: JobOptions) -> list[str]:
             "--budget-minutes", str(options.budget_minutes), "--sweep", SWEEPS_DIR]
 
 
-def _resources(options: JobOptions) -> dict[str, Any]:
+def _resources(options: BenchmarkJobOptions) -> dict[str, Any]:
     out = {kind: dict(values) for kind, values in options.resources.items()}
     out["limits"] = {**out.get("limits", {}), gpu_accounting.GPU_RESOURCE: 1}
     if gpu_accounting.GPU_RESOURCE in out.get("requests", {}):
@@ -218,7 +218,7 @@ def _resources(options: JobOptions) -> dict[str, Any]:
     return out
 
 
-def _container(options: JobOptions) -> dict[str, Any]:
+def _container(options: BenchmarkJobOptions) -> dict[str, Any]:
     return {
         "name": CONTAINER,
         "image": options.image,
@@ -238,7 +238,7 @@ def _container(options: JobOptions) -> dict[str, Any]:
     }
 
 
-def _pod_spec(gpu_type: str, options: JobOptions) -> dict[str, Any]:
+def _pod_spec(gpu_type: str, options: BenchmarkJobOptions) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         # It reads its database URL from a Secret and never calls the API server (#16).
@@ -258,7 +258,7 @@ def _pod_spec(gpu_type: str, options: JobOptions) -> dict[str, Any]:
 
 
 def build_job(gpu_type: str, *, now: datetime.datetime, namespace: str,
-              options: JobOptions) -> dict[str, Any]:
+              options: BenchmarkJobOptions) -> dict[str, Any]:
     """batch/v1 Job benchmarking one GPU type on one GPU, named per type and day."""
     labels = {"app.kubernetes.io/name": "gpuplan", COMPONENT_LABEL: COMPONENT,
               "app.kubernetes.io/managed-by": "gpuplan-operator", PRODUCT_LABEL: gpu_type}
@@ -280,7 +280,7 @@ def build_job(gpu_type: str, *, now: datetime.datetime, namespace: str,
     }
 
 
-class Outcome:
+class BenchmarkOutcome:
     """How a benchmark Job ended: the `outcome` label of `gpuplan_benchmark_jobs_total`."""
 
     SUCCEEDED = "succeeded"
@@ -308,17 +308,17 @@ class FinishedJob:
 
 
 def outcome(job: Mapping[str, Any]) -> str | None:
-    """`Outcome` of a finished Job from its conditions; None while it runs."""
+    """`BenchmarkOutcome` of a finished Job from its conditions; None while it runs."""
     for c in (job.get("status") or {}).get("conditions") or []:
         if c.get("status") != "True":
             continue
         if c.get("type") == "Complete":
-            return Outcome.SUCCEEDED
+            return BenchmarkOutcome.SUCCEEDED
         if c.get("type") == "Failed":
             found = _EXIT_CODE.search(str(c.get("message") or ""))
             budget = (c.get("reason") == "PodFailurePolicy" and found is not None
                       and int(found.group(1)) == EXIT_BUDGET_SPENT)
-            return Outcome.BUDGET_SPENT if budget else Outcome.FAILED
+            return BenchmarkOutcome.BUDGET_SPENT if budget else BenchmarkOutcome.FAILED
     return None
 
 

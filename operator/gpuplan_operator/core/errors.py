@@ -21,7 +21,7 @@ class InvalidSpecError(OperatorError):
         super().__init__("; ".join(self.errors))
 
 
-class InvalidModelError(OperatorError):
+class InvalidModelSourceError(OperatorError):
     """The model cannot be fetched or is not an acceptable model file."""
 
     reason = "InvalidModel"
@@ -33,7 +33,7 @@ class ModelSourceUnavailableError(OperatorError):
     reason = "ModelSourceUnavailable"
 
 
-class BlockedUrlError(InvalidModelError):
+class BlockedUrlError(InvalidModelSourceError):
     """The model URL points at a refused scheme or address."""
 
 

@@ -79,7 +79,7 @@ class Training:
 
 
 @dataclasses.dataclass(frozen=True)
-class Objective:
+class ObjectiveSpec:
     """`spec.objective`: what the plan optimises, within deadline, budget and GPU cap."""
 
     prefer: str
@@ -94,7 +94,7 @@ class TrainingJobSpec:
 
     model: ModelRef
     training: Training
-    objective: Objective
+    objective: ObjectiveSpec
     gpu_types: tuple[str, ...]
     template: Mapping[str, Any]
     local_queue: str | None = None
@@ -109,7 +109,7 @@ class TrainingJobSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class Rejection:
+class RejectedCandidate:
     """A (GPU type, count) candidate the estimator rejected, and why."""
 
     gpu_type: str
@@ -155,7 +155,7 @@ def _scaling_inputs(stored: Mapping[str, Any]) -> ScalingInputs:
 
 
 @dataclasses.dataclass(frozen=True)
-class Parallelism:
+class PlannedParallelism:
     """How the plan splits the GPUs: data x tensor x pipeline ranks and micro-batching (the
     estimator's `Parallelism`, issue #19)."""
 
@@ -174,14 +174,14 @@ class Parallelism:
                 "microBatches": self.micro_batches, "microBatch": self.micro_batch}
 
     @classmethod
-    def from_status(cls, data: Mapping[str, Any]) -> Parallelism:
+    def from_status(cls, data: Mapping[str, Any]) -> PlannedParallelism:
         """Inverse of `to_status`."""
         return cls(dp=int(data["dp"]), tp=int(data["tp"]), pp=int(data["pp"]),
                    micro_batches=int(data["microBatches"]), micro_batch=int(data["microBatch"]))
 
 
 @dataclasses.dataclass(frozen=True)
-class MemoryStrategy:
+class PlannedMemoryStrategy:
     """What the trainer must do for the plan's memory figures to hold (the estimator's
     `Strategy`, issue #19): ZeRO stage or FSDP sharding, activation checkpointing, gradient
     accumulation and optimizer offload."""
@@ -210,7 +210,7 @@ class MemoryStrategy:
         return out
 
     @classmethod
-    def from_status(cls, data: Mapping[str, Any]) -> MemoryStrategy:
+    def from_status(cls, data: Mapping[str, Any]) -> PlannedMemoryStrategy:
         """Inverse of `to_status`."""
         fraction = data.get("checkpointFraction")
         return cls(label=str(data["label"]), zero_stage=int(data["zeroStage"]),
@@ -300,16 +300,16 @@ class Plan:
     predictor: str
     observed_generation: int
     alternatives: tuple[Mapping[str, Any], ...] = ()
-    rejected: tuple[Rejection, ...] = ()
+    rejected: tuple[RejectedCandidate, ...] = ()
     calibration_factor: float = 1.0
     """Job-outcome correction factor the estimator already multiplied into `estimated_seconds`.
 
     Reported back with the outcome so the estimator can store its model's own estimate.
     """
     scaling_inputs: ScalingInputs = ScalingInputs()
-    parallelism: Parallelism | None = None
+    parallelism: PlannedParallelism | None = None
     """None when the estimator predates issue #19's layouts (or the plan was stored before)."""
-    strategy: MemoryStrategy | None = None
+    strategy: PlannedMemoryStrategy | None = None
     """None when the estimator predates issue #19's memory strategies."""
     memory_bytes_by_part: Mapping[str, int] | None = None
     """Per-GPU bytes by part under the strategy, keyed as the estimator sends them
@@ -413,16 +413,16 @@ class Plan:
             predictor=str(data.get("predictor", "")),
             observed_generation=int(data.get("observedGeneration", 0)),
             alternatives=tuple(data.get("alternatives") or ()),
-            rejected=tuple(Rejection(str(r.get("gpuType", "")), r.get("gpuCount"),
+            rejected=tuple(RejectedCandidate(str(r.get("gpuType", "")), r.get("gpuCount"),
                                      str(r.get("reason", ""))) for r in data.get("rejected") or ()),
             # Plans stored before calibration existed were uncalibrated.
             calibration_factor=float(data.get("calibrationFactor", 1.0)),
             # Plans stored before issue #19 carry none: their outcomes only calibrate.
             scaling_inputs=_scaling_inputs(data.get("scalingInputs") or {}),
             # Plans stored before issue #19's layouts and strategies carry none of these.
-            parallelism=(Parallelism.from_status(data["parallelism"])
+            parallelism=(PlannedParallelism.from_status(data["parallelism"])
                          if data.get("parallelism") is not None else None),
-            strategy=(MemoryStrategy.from_status(data["memoryStrategy"])
+            strategy=(PlannedMemoryStrategy.from_status(data["memoryStrategy"])
                       if data.get("memoryStrategy") is not None else None),
             memory_bytes_by_part=(
                 {memory_part_name(k): int(v) for k, v in data["memoryBytesByPart"].items()}

@@ -35,7 +35,7 @@ POD_FAILURE_POLICY: dict[str, Any] = {"rules": [
 ]}
 
 
-class Outcome:
+class RetrainOutcome:
     """How a training Job ended: the `outcome` label of `gpuplan_retraining_jobs_total`."""
 
     PROMOTED = "promoted"
@@ -59,7 +59,7 @@ class Trigger:
 
 
 @dataclasses.dataclass(frozen=True)
-class JobOptions:
+class RetrainJobOptions:
     """What the chart decides for every training Job (settings `GPUPLAN_RETRAINING_*`)."""
 
     image: str
@@ -80,7 +80,8 @@ def benchmark_triggers(finished: Iterable[benchmarks.FinishedJob],
     Derived from the Jobs on every pass rather than remembered, so a benchmark Job that ended
     while the operator was down still starts its training after a restart."""
     unread = [job for job in finished
-              if job.outcome == benchmarks.Outcome.SUCCEEDED and new_rows.get(job.gpu_type, False)
+              if job.outcome == benchmarks.BenchmarkOutcome.SUCCEEDED
+              and new_rows.get(job.gpu_type, False)
               and (last_training_unix is None or job.finished_unix is None
                    or job.finished_unix > last_training_unix)]
     # Oldest first, so `next_trigger`'s newest is the last to end.
@@ -107,7 +108,7 @@ def next_trigger(pending: Sequence[Trigger], *, running: bool) -> Trigger | None
     return None if running or not pending else pending[-1]
 
 
-def train_args(options: JobOptions) -> list[str]:
+def train_args(options: RetrainJobOptions) -> list[str]:
     """The container's arguments to the image's `gpuplan` entrypoint ($(VAR) is expanded by
     the kubelet from the container's env, so the URL never appears in the Job spec)."""
     return ["train", "--db", "$(GPUPLAN_DB_URL)", "--candidate", "--promote",
@@ -119,7 +120,7 @@ def job_name(trigger: Trigger) -> str:
     return f"{NAME_PREFIX}{trigger.kind}-{trigger.digest}"
 
 
-def build_job(trigger: Trigger, *, namespace: str, options: JobOptions) -> dict[str, Any]:
+def build_job(trigger: Trigger, *, namespace: str, options: RetrainJobOptions) -> dict[str, Any]:
     """batch/v1 Job running the training for `trigger`, with the benchmark Jobs' non-root pod."""
     labels = {"app.kubernetes.io/name": "gpuplan", benchmarks.COMPONENT_LABEL: COMPONENT,
               "app.kubernetes.io/managed-by": "gpuplan-operator",
@@ -161,22 +162,22 @@ def build_job(trigger: Trigger, *, namespace: str, options: JobOptions) -> dict[
 
 
 def outcome(job: Mapping[str, Any]) -> str | None:
-    """`Outcome` of a finished training Job from its conditions; None while it runs."""
+    """`RetrainOutcome` of a finished training Job from its conditions; None while it runs."""
     for c in (job.get("status") or {}).get("conditions") or []:
         if c.get("status") != "True":
             continue
         if c.get("type") == "Complete":
-            return Outcome.PROMOTED
+            return RetrainOutcome.PROMOTED
         if c.get("type") == "Failed":
             found = benchmarks._EXIT_CODE.search(str(c.get("message") or ""))
             refused = (c.get("reason") == "PodFailurePolicy" and found is not None
                        and int(found.group(1)) == EXIT_REFUSED)
-            return Outcome.REFUSED if refused else Outcome.FAILED
+            return RetrainOutcome.REFUSED if refused else RetrainOutcome.FAILED
     return None
 
 
 def finished_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """(uid, `Outcome`) of each finished training Job among `jobs`."""
+    """(uid, `RetrainOutcome`) of each finished training Job among `jobs`."""
     out = []
     for job in jobs:
         ended = outcome(job)

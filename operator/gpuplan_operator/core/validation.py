@@ -61,7 +61,7 @@ def parse_spec(spec: Mapping[str, Any]) -> resources.TrainingJobSpec:
             sequence_length=training.get("sequenceLength"),
             dims={str(k): int(v) for k, v in (training.get("dims") or {}).items()},
         ),
-        objective=resources.Objective(
+        objective=resources.ObjectiveSpec(
             prefer=objective.get("prefer", options.DEFAULT_OBJECTIVE),
             deadline_seconds=float(parse_duration_seconds(deadline)) if deadline else None,
             budget_usd=float(objective["budget"]) if "budget" in objective else None,

@@ -23,7 +23,7 @@ from gpuplan_operator.core import settings as operator_settings
 from gpuplan_testing.operator_builders import LocalServer
 
 NOW = dt.datetime(2026, 6, 15, 8, 30, tzinfo=dt.UTC)
-Outcome = benchmarks.Outcome
+Outcome = benchmarks.BenchmarkOutcome
 TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 ENV = {"GPUPLAN_ESTIMATOR_URL": "http://est:8080", "GPUPLAN_BENCHMARKS_ENABLED": "true",
        "GPUPLAN_BENCHMARK_IMAGE": "reg/bench:1", "GPUPLAN_BENCHMARK_DB_SECRET": "perfdb",

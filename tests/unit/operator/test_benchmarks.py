@@ -29,9 +29,9 @@ from gpuplan_testing.operator_builders import LocalServer
 NOW = dt.datetime(2026, 6, 15, 8, 30, tzinfo=dt.UTC)
 DAY = 86400.0
 KNOWN = {"NVIDIA-L4": "l4", "NVIDIA-H100-80GB-HBM3": "h100-sxm-80gb", "Tesla-T4": "t4"}
-Cov = benchmarks.DeviceCoverage
+Cov = benchmarks.CoveredDevice
 A = benchmarks.Action
-OPTIONS = benchmarks.JobOptions(image="img:1", db_secret="perfdb", budget_minutes=60)
+OPTIONS = benchmarks.BenchmarkJobOptions(image="img:1", db_secret="perfdb", budget_minutes=60)
 
 
 def _resolve(gpu_type: str) -> str | None:
@@ -56,7 +56,7 @@ def _resolve(gpu_type: str) -> str | None:
     ({}, ("NVIDIA-L4",), A.RUNNING, 0, None),
     ({"l4": Cov(3, NOW.timestamp() + 60, False)}, (), A.OK, 3, 0.0),  # clock skew: age 0
 ])
-def test_assess_one_known_type(coverage: Mapping[str, benchmarks.DeviceCoverage],
+def test_assess_one_known_type(coverage: Mapping[str, benchmarks.CoveredDevice],
                                running: tuple[str, ...], action: str, rows: int,
                                age: float | None) -> None:
     [got] = benchmarks.assess(["NVIDIA-L4"], coverage, _resolve, now_unix=NOW.timestamp(),

@@ -18,7 +18,7 @@ CTX = reconcile.Context(
 
 
 @pytest.mark.parametrize("exc", [
-    errors.JobRejectedError(422, "invalid"), errors.InvalidModelError("bad gzip"),
+    errors.JobRejectedError(422, "invalid"), errors.InvalidModelSourceError("bad gzip"),
     errors.BlockedUrlError("loopback"), errors.InvalidSpecError(["spec.x: bad"]),
     errors.EstimatorRejectedError("InvalidModel", "not onnx")])
 def test_permanent(exc: errors.OperatorError) -> None:

@@ -131,12 +131,12 @@ def test_redirect_to_metadata_is_refused() -> None:
 
 
 def test_size_cap_on_streamed_body() -> None:
-    with pytest.raises(errors.InvalidModelError, match="cap"):
+    with pytest.raises(errors.InvalidModelSourceError, match="cap"):
         _fetch("/big", LOOPBACK_OK, max_bytes=10_000)
 
 
 def test_http_status_mapping() -> None:
-    with pytest.raises(errors.InvalidModelError, match="404"):
+    with pytest.raises(errors.InvalidModelSourceError, match="404"):
         _fetch("/status/404", LOOPBACK_OK)
     with pytest.raises(errors.ModelSourceUnavailableError, match="503"):
         _fetch("/status/503", LOOPBACK_OK)
@@ -157,7 +157,7 @@ def test_unreachable_is_temporary() -> None:
 def test_non_canonical_ipv4_hosts_are_invalid_models(guard: modelsource.UrlGuard, host: str,
                                                      needle: str) -> None:
     """aiohttp refuses these forms itself; they used to escape as its own InvalidURL."""
-    with pytest.raises(errors.InvalidModelError, match=needle):
+    with pytest.raises(errors.InvalidModelSourceError, match=needle):
         _fetch("/m.onnx", guard, host=host)
 
 
@@ -165,12 +165,12 @@ def test_unclosed_ipv6_bracket_is_an_invalid_model() -> None:
     async def run() -> bytes:
         return await modelsource.fetch_url("http://[::1/m", guard=LOOPBACK_OK, max_bytes=10,
                                            timeout_seconds=2)
-    with pytest.raises(errors.InvalidModelError, match="malformed"):
+    with pytest.raises(errors.InvalidModelSourceError, match="malformed"):
         asyncio.run(run())
 
 
 def test_redirect_to_a_malformed_location_is_an_invalid_model() -> None:
-    with pytest.raises(errors.InvalidModelError, match="malformed Location"):
+    with pytest.raises(errors.InvalidModelSourceError, match="malformed Location"):
         _fetch("/redirect?to=http://[::1/m", LOOPBACK_OK)
 
 
@@ -183,12 +183,12 @@ def test_content_encoding_is_decoded(kind: str) -> None:
     ("garbage", "does not match its Content-Encoding"), ("truncated", "truncated"),
     ("br", "unsupported Content-Encoding")])
 def test_broken_content_encoding_is_an_invalid_model(kind: str, needle: str) -> None:
-    with pytest.raises(errors.InvalidModelError, match=needle):
+    with pytest.raises(errors.InvalidModelSourceError, match=needle):
         _fetch(f"/encoded/{kind}", LOOPBACK_OK)
 
 
 def test_size_cap_applies_to_the_decoded_body() -> None:
-    with pytest.raises(errors.InvalidModelError, match="once gzip-decoded"):
+    with pytest.raises(errors.InvalidModelSourceError, match="once gzip-decoded"):
         _fetch("/encoded/gzip", LOOPBACK_OK, max_bytes=999)
 
 
@@ -209,9 +209,9 @@ def test_config_map_binary_data_then_data() -> None:
           "data": {"b": "text"}}
     assert modelsource.from_config_map(cm, "a", 10) == b"\x00\x01"
     assert modelsource.from_config_map(cm, "b", 10) == b"text"
-    with pytest.raises(errors.InvalidModelError, match=r"no key 'c'.*\['a', 'b'\]"):
+    with pytest.raises(errors.InvalidModelSourceError, match=r"no key 'c'.*\['a', 'b'\]"):
         modelsource.from_config_map(cm, "c", 10)
-    with pytest.raises(errors.InvalidModelError, match="exceeds"):
+    with pytest.raises(errors.InvalidModelSourceError, match="exceeds"):
         modelsource.from_config_map(cm, "b", 3)
 
 
@@ -223,7 +223,7 @@ def test_format_check(data: bytes, fmt: str, ok: bool) -> None:
     if ok:
         modelsource.check_format(data, fmt)
     else:
-        with pytest.raises(errors.InvalidModelError, match=r"spec\.model\.format"):
+        with pytest.raises(errors.InvalidModelSourceError, match=r"spec\.model\.format"):
             modelsource.check_format(data, fmt)
 
 
@@ -231,7 +231,7 @@ def test_format_check(data: bytes, fmt: str, ok: bool) -> None:
     (b"{not json", "not JSON"), (b"[1, 2]", "not a Hugging Face config.json"),
     (b'{"n_layer": 2}', "not a Hugging Face config.json"), (b"\xff\xfe", "not JSON")])
 def test_a_hf_config_must_be_a_config_json(data: bytes, needle: str) -> None:
-    with pytest.raises(errors.InvalidModelError, match=f"configmap c/k: {needle}"):
+    with pytest.raises(errors.InvalidModelSourceError, match=f"configmap c/k: {needle}"):
         modelsource.check_hf_config(data, "configmap c/k")
     modelsource.check_hf_config(b'{"model_type": "llama"}', "configmap c/k")
 
@@ -250,5 +250,6 @@ def test_a_server_that_does_not_speak_http_is_an_invalid_model() -> None:
         async with server:
             return await modelsource.fetch_url(f"http://127.0.0.1:{port}/m", guard=LOOPBACK_OK,
                                                max_bytes=10, timeout_seconds=5)
-    with pytest.raises(errors.InvalidModelError, match=r"could not be fetched: .*Bad status line"):
+    with pytest.raises(errors.InvalidModelSourceError,
+                       match=r"could not be fetched: .*Bad status line"):
         asyncio.run(run())

@@ -32,8 +32,8 @@ SETUP: dict[str, Any] = {
 BARE: dict[str, Any] = {"gpu_type": "NVIDIA-A100-SXM4-80GB", "gpu_count": 4, "gpus_per_node": 4,
                         "nodes": 1, "estimated_seconds": 3600.0, "step_time_ms": 120.5,
                         "memory_bytes_per_gpu": 6740}
-PARALLELISM = resources.Parallelism(dp=2, tp=2, pp=1, micro_batches=2, micro_batch=8)
-STRATEGY = resources.MemoryStrategy(
+PARALLELISM = resources.PlannedParallelism(dp=2, tp=2, pp=1, micro_batches=2, micro_batch=8)
+STRATEGY = resources.PlannedMemoryStrategy(
     label="zero-2 + accumulate x2 + checkpoint 50% of blocks", zero_stage=2, fsdp="none",
     checkpointing="per-block", checkpoint_fraction=0.5, gradient_accumulation=2,
     offload_optimizer=False)
@@ -213,8 +213,8 @@ def test_offload_and_fsdp_read_as_the_trainer_expects() -> None:
      "dp=2 tp=2 pp=1, no memory-saving strategy"),
     (None, None, ""),
 ])
-def test_the_setup_summary(parallelism: resources.Parallelism | None,
-                           strategy: resources.MemoryStrategy | None, summary: str) -> None:
+def test_the_setup_summary(parallelism: resources.PlannedParallelism | None,
+                           strategy: resources.PlannedMemoryStrategy | None, summary: str) -> None:
     plan = dataclasses.replace(make_plan(), parallelism=parallelism, strategy=strategy)
     assert plan.setup_summary() == summary
 

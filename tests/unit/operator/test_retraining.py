@@ -12,7 +12,7 @@ import pytest
 from gpuplan_operator import metrics
 from gpuplan_operator.core import benchmarks, retraining
 
-OPTIONS = retraining.JobOptions(image="ghcr.io/gpuplan/gpuplan:0.1.0", db_secret="perfdb",
+OPTIONS = retraining.RetrainJobOptions(image="ghcr.io/gpuplan/gpuplan:0.1.0", db_secret="perfdb",
                                 max_rows=40000, resources={"requests": {"cpu": "2"}})
 
 
@@ -21,16 +21,16 @@ def _job(**status: Any) -> dict[str, Any]:
 
 
 def test_only_a_succeeded_benchmark_with_new_rows_triggers() -> None:
-    done = [benchmarks.FinishedJob("a", "NVIDIA-L4", benchmarks.Outcome.SUCCEEDED),
-            benchmarks.FinishedJob("b", "Tesla-T4", benchmarks.Outcome.SUCCEEDED),
-            benchmarks.FinishedJob("c", "NVIDIA-L4", benchmarks.Outcome.FAILED)]
+    done = [benchmarks.FinishedJob("a", "NVIDIA-L4", benchmarks.BenchmarkOutcome.SUCCEEDED),
+            benchmarks.FinishedJob("b", "Tesla-T4", benchmarks.BenchmarkOutcome.SUCCEEDED),
+            benchmarks.FinishedJob("c", "NVIDIA-L4", benchmarks.BenchmarkOutcome.FAILED)]
     got = retraining.benchmark_triggers(done, {"NVIDIA-L4": True, "Tesla-T4": False},
                                         last_training_unix=None)
     assert got == [retraining.Trigger("benchmark", "a")]
 
 
 def test_a_benchmark_that_ended_before_the_newest_training_started_was_read() -> None:
-    ok = benchmarks.Outcome.SUCCEEDED
+    ok = benchmarks.BenchmarkOutcome.SUCCEEDED
     done = [benchmarks.FinishedJob("late", "NVIDIA-L4", ok, 2000.0),
             benchmarks.FinishedJob("early", "NVIDIA-L4", ok, 500.0),
             benchmarks.FinishedJob("before", "NVIDIA-L4", ok, 900.0)]
@@ -84,7 +84,7 @@ def test_the_job_is_named_by_the_trigger_and_runs_non_root() -> None:
     assert container["env"][0] == {"name": "GPUPLAN_DB_URL", "valueFrom": {
         "secretKeyRef": {"name": "perfdb", "key": "url"}}}
     bench = benchmarks.build_job("NVIDIA-L4", now=datetime.datetime(2026, 1, 1),
-                                 namespace="gpuplan", options=benchmarks.JobOptions(
+                                 namespace="gpuplan", options=benchmarks.BenchmarkJobOptions(
                                      image="i", db_secret="perfdb", budget_minutes=5))
     bench_pod = bench["spec"]["template"]["spec"]
     assert pod["securityContext"] == bench_pod["securityContext"]
@@ -118,6 +118,6 @@ def test_outcomes_are_counted_from_zero() -> None:
     m = metrics.OperatorMetrics(registry)
     assert registry.get_sample_value("gpuplan_retraining_jobs_total",
                                      {"outcome": "refused"}) == 0
-    m.count_retraining_job(retraining.Outcome.REFUSED)
+    m.count_retraining_job(retraining.RetrainOutcome.REFUSED)
     assert registry.get_sample_value("gpuplan_retraining_jobs_total",
                                      {"outcome": "refused"}) == 1

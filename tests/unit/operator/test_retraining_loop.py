@@ -140,7 +140,7 @@ def test_a_succeeded_benchmark_with_new_rows_starts_exactly_one_training_job() -
     assert c["image"] == "reg/gpuplan:1"
     assert c["args"] == ["train", "--db", "$(GPUPLAN_DB_URL)", "--candidate", "--promote",
                          "--max-rows", "5000"]
-    assert _retrained(registry, retraining.Outcome.PROMOTED) == 0
+    assert _retrained(registry, retraining.RetrainOutcome.PROMOTED) == 0
 
 
 def test_no_training_job_when_disabled_or_without_new_rows() -> None:
@@ -173,20 +173,20 @@ def test_one_at_a_time_then_the_waiting_trigger_and_each_outcome_counted_once() 
     first, second = kube.training_jobs()
     assert first["metadata"]["name"] != second["metadata"]["name"]
     assert first["status"] == {"conditions": [REFUSED]} and second["status"] == {}
-    assert _retrained(registry, retraining.Outcome.REFUSED) == 1
-    assert _retrained(registry, retraining.Outcome.PROMOTED) == 0
+    assert _retrained(registry, retraining.RetrainOutcome.REFUSED) == 1
+    assert _retrained(registry, retraining.RetrainOutcome.PROMOTED) == 0
 
 
 def test_training_jobs_finished_before_a_restart_are_not_counted_again() -> None:
     kube = LabelledKube(["NVIDIA-L4"])
     rows: dict[str, tuple[int, dt.datetime | None]] = {"l4": (4800, NOW)}
     old = retraining.build_job(retraining.Trigger("schedule", "1"), namespace="ml", options=(
-        retraining.JobOptions(image="reg/gpuplan:1", db_secret="perfdb", max_rows=5000)))
+        retraining.RetrainJobOptions(image="reg/gpuplan:1", db_secret="perfdb", max_rows=5000)))
     kube.jobs.append({**old, "metadata": {**old["metadata"], "uid": "old"},
                       "status": {"conditions": [_cond("Complete")]}})
     registry = prometheus_client.CollectorRegistry()
     _run_passes(kube, rows, registry, [lambda: None, lambda: None])
-    assert _retrained(registry, retraining.Outcome.PROMOTED) == 0
+    assert _retrained(registry, retraining.RetrainOutcome.PROMOTED) == 0
     assert kube.created == []  # L4 has fresh rows: no benchmark, no training
 
 
@@ -214,7 +214,7 @@ def test_the_schedule_starts_one_job_per_slot() -> None:
     [job] = kube.training_jobs()
     slot = str(int(NOW.timestamp()) // 86400)
     assert job["metadata"]["name"] == retraining.job_name(retraining.Trigger("schedule", slot))
-    assert _retrained(registry, retraining.Outcome.PROMOTED) == 1
+    assert _retrained(registry, retraining.RetrainOutcome.PROMOTED) == 1
 
 
 def test_retraining_settings_from_env() -> None:
@@ -222,7 +222,7 @@ def test_retraining_settings_from_env() -> None:
         **ENV, "GPUPLAN_RETRAINING_INTERVAL": "1h30m",
         "GPUPLAN_RETRAINING_RESOURCES_JSON": '{"requests": {"cpu": "2"}}'}).validate()
     assert s.retraining_enabled and s.retraining_interval_seconds() == 5400
-    assert benchmark_loop.retraining_options(s) == retraining.JobOptions(
+    assert benchmark_loop.retraining_options(s) == retraining.RetrainJobOptions(
         image="reg/gpuplan:1", db_secret="perfdb", max_rows=5000,
         resources={"requests": {"cpu": "2"}})
     off = operator_settings.Settings.from_env({"GPUPLAN_ESTIMATOR_URL": "http://e:1"}).validate()

@@ -15,6 +15,7 @@ from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.core.progress import Step
 from gpuplan_estimator.graph import batching, exporting, zoo
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import (
     arguments,
     exits,
@@ -215,9 +216,9 @@ def run_estimate(args: argparse.Namespace) -> int:
                                host_probes=probing.stored_probes(args)), args.prefer)
         shown(Step(f"estimating on {len(specs)} device(s)", 1, 1))
     rec = ranking.recommend(results, args.prefer)
-    doc = estimates.to_json(g, results, settings, predictor_source=predictor_source,
-                            epochs=args.epochs, dataset_size=args.dataset_size,
-                            include_layers=args.layers)
+    doc = json_documents.estimate_json(g, results, settings, predictor_source=predictor_source,
+                                  epochs=args.epochs, dataset_size=args.dataset_size,
+                                  include_layers=args.layers)
     doc["objective"] = {"prefer": args.prefer, "recommended": rec.device.device
                         if rec.device else None, "reason": rec.reason}
     if args.plot:

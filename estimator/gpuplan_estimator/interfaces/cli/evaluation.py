@@ -34,7 +34,7 @@ from gpuplan_estimator.evaluation import (
     torch_loop,
 )
 from gpuplan_estimator.evaluation.gpu_labels import RowResult
-from gpuplan_estimator.interfaces.cli import arguments, output, progress, training
+from gpuplan_estimator.interfaces.cli import arguments, eval_checks, output, progress, training
 from gpuplan_estimator.latency import bundles, learned, selection
 from gpuplan_estimator.planning import calibrating
 from gpuplan_estimator.training import fitting, recipe, shared_errors
@@ -47,7 +47,8 @@ PROBED = "lightgbm+probe"
 def register(subparsers: Any) -> None:
     """Add the ``eval`` subcommand to an argparse subparsers object."""
     p = subparsers.add_parser("eval", help="whole-model accuracy -> docs/accuracy.{md,json} "
-                              "and docs/accuracy-*.png")
+                              "and docs/accuracy-*.png; `gpuplan eval CHECK` runs one of the "
+                              "other evaluation checks")
     p.add_argument("--from-json", type=Path, metavar="ACCURACY_JSON",
                    help="measure nothing: render the page and pictures again from a saved "
                    "accuracy.json (e.g. docs/accuracy.json)")
@@ -96,6 +97,7 @@ def register(subparsers: Any) -> None:
     progress.add_flag(p)
     output.add_output_argument(p)
     p.set_defaults(func=run)
+    eval_checks.register(p)
 
 
 def _say(message: str) -> None:
@@ -202,7 +204,7 @@ def measure(args: argparse.Namespace, bars: Progress) -> report.Report:
         cpu_models.append(info)
         cpu = cpu_loop.evaluate_light_models(
             device=device, predictor=inference_models,
-            settings=cpu_loop.TimingSettings(runs=args.cpu_runs, sessions=args.cpu_sessions),
+            settings=cpu_loop.CpuTimingSettings(runs=args.cpu_runs, sessions=args.cpu_sessions),
             progress=bars)
         if not args.no_torch:
             torch_models, info = host_cpu_models(
@@ -210,7 +212,7 @@ def measure(args: argparse.Namespace, bars: Progress) -> report.Report:
             cpu_models.append(info)
             cpu += torch_loop.evaluate_training_steps(
                 device=device, predictor=torch_models,
-                settings=cpu_loop.TimingSettings(runs=args.torch_runs), progress=bars)
+                settings=cpu_loop.CpuTimingSettings(runs=args.torch_runs), progress=bars)
     return report.Report(
         measured=report.Provenance(created=_now(), commit=provenance.git_commit(short=True),
                                    command=command_line(args, public_roots())),

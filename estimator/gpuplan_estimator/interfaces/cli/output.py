@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.interfaces import json_documents
 
 FORMATS: tuple[str, ...] = ("table", "wide", "json", "yaml")
 DEFAULT_FORMAT = "table"
-SCHEMA_VERSION = estimates.SCHEMA_VERSION
+SCHEMA_VERSION = json_documents.SCHEMA_VERSION
 """Version of every JSON/YAML document the CLI prints (the service's estimate and plan
 answers carry the same); bumped when a field changes meaning or goes away (new fields do not
 bump it)."""

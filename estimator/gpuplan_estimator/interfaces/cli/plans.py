@@ -19,6 +19,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.progress import Step
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import (
     arguments,
     estimating,
@@ -171,8 +172,8 @@ def run_plan(args: argparse.Namespace) -> int:
         context = dataclasses.replace(load_context(args.bundle, args.prices, args.catalog),
                                       host_probes=probing.stored_probes(args))
         body = request_body(args, context.catalog)
-        result = planner.plan_request(wire.parse_plan_request(body), context,
-                                      max_candidates=None)
+        result = json_documents.plan_request_json(wire.parse_plan_request(body), context,
+                                                  max_candidates=None)
         shown(Step("planning", 1, 1))
     doc = {**result, "objective": body["objective"],
            "training": dict(body["training"])}

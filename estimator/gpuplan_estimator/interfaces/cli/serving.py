@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import logging
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuplan_estimator import devices
-from gpuplan_estimator.core import paths
+from gpuplan_estimator.core import errors, paths
 from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError
 from gpuplan_estimator.devices.prices import PRICES_ENV
 from gpuplan_estimator.interfaces.cli import arguments, plans
@@ -23,6 +24,8 @@ from gpuplan_estimator.planning import calibrating, planner
 
 if TYPE_CHECKING:
     from gpuplan_estimator.perfdb import PerfStore
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
@@ -308,9 +311,27 @@ def with_host_probes(loader: Callable[[], planner.PlannerContext], db_url: str |
                      ) -> Callable[[], planner.PlannerContext]:
     """`loader` whose contexts carry the database's host probes, read at each load (start,
     a new bundle, a fresh worker): a partial, so it pickles to the workers."""
-    from gpuplan_estimator.perfdb import probe_context
+    return functools.partial(context_with_host_probes, loader, db_url)
 
-    return functools.partial(probe_context.context_with_host_probes, loader, db_url)
+
+def context_with_host_probes(loader: Callable[[], planner.PlannerContext],
+                             db_url: str | None) -> planner.PlannerContext:
+    """`loader()`'s context with the database's host probes (module level, so a
+    `functools.partial` of it pickles to the service's workers). When the database cannot be
+    read the context keeps none, and says so in the log: estimates then use the bundle's
+    host model, as before the first benchmark."""
+    from gpuplan_estimator.perfdb import probe_context  # SQLAlchemy only when serving with it
+
+    context = loader()
+    try:
+        probes = probe_context.read_probes(db_url)
+    except errors.DatabaseError:
+        log.exception("reading host probes from the performance database failed; estimates "
+                      "use the bundle's host model")
+        return context
+    if probes:
+        log.info("host probes for %s", ", ".join(sorted(probes)))
+    return dataclasses.replace(context, host_probes=probes)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -346,7 +367,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except tokenreview.CredentialsError as exc:
         raise GpuplanError(f"--write-auth tokenreview: {exc}") from exc
     if write_auth.mode == "none" and not auth.is_loopback(args.host):
-        logging.getLogger(__name__).warning(
+        log.warning(
             "--write-auth none on %s: any client that reaches it can post outcomes and "
             "activate bundles", args.host)
     state.load()  # fail fast on a broken explicit bundle

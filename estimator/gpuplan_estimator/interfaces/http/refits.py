@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuplan_estimator.interfaces.http.metrics import Metrics
 from gpuplan_estimator.interfaces.http.state import ServiceState
@@ -21,6 +21,7 @@ from gpuplan_estimator.parallel import scaling
 from gpuplan_estimator.planning import calibrating
 
 log = logging.getLogger(__name__)
+_Fitted = TypeVar("_Fitted")
 
 
 @dataclass(frozen=True)
@@ -50,23 +51,38 @@ class Refits:
         self._scaling_task: asyncio.Task[None] | None = None
         self._scaling_again = False
 
+    async def _refit(self, lock: asyncio.Lock, fit: Callable[[], _Fitted],
+                     swap: Callable[[_Fitted], None], failed: Callable[[], None],
+                     what: str) -> _Fitted | None:
+        """Run `fit` on the I/O threads under `lock` and `swap` its result in (atomically, like
+        the bundle); on any failure log, call `failed` (mark stale, count it), keep what is in
+        use and return None. The outcome is stored either way; the next poll retries."""
+        async with lock:
+            try:
+                fitted = await self.io.run(fit)
+            except Exception:
+                log.exception("refitting the %s from job outcomes failed; keeping the current "
+                              "one", what)
+                failed()
+                return None
+            swap(fitted)
+        return fitted
+
     async def refit_calibration(self) -> None:
         """Refit from every stored outcome; on any failure keep the calibration in use."""
         if self.outcome_history is None:
             return
         history = self.outcome_history
-        async with self._calibrating:
-            try:
-                fitted = await self.io.run(lambda: calibrating.fit(history()))
-            except Exception:  # the outcome is stored either way; the next poll retries
-                log.exception("refitting the calibration from job outcomes failed; keeping the "
-                              "current one")
-                self.state.calibration_stale = True
-                self.metrics.refit_failures.inc()
-                return
-            self.state.set_calibration(fitted)  # atomic swap, like the bundle
-        log.info("calibration from %d job outcomes: %s", fitted.overall.outcomes,
-                 calibrating.summary(fitted))
+        fitted = await self._refit(self._calibrating, lambda: calibrating.fit(history()),
+                                   self.state.set_calibration, self._calibration_failed,
+                                   "calibration")
+        if fitted is not None:
+            log.info("calibration from %d job outcomes: %s", fitted.overall.outcomes,
+                     calibrating.summary(fitted))
+
+    def _calibration_failed(self) -> None:
+        self.state.calibration_stale = True
+        self.metrics.refit_failures.inc()
 
     def _fit_scaling(self, rows: Sequence[Mapping[str, Any]]) -> scaling.FittedScaling:
         return scaling.fit_from_outcomes(
@@ -79,17 +95,15 @@ class Refits:
         if self.scaling_history is None:
             return
         history = self.scaling_history
-        async with self._scaling:
-            try:
-                fitted = await self.io.run(lambda: self._fit_scaling(history()))
-            except Exception:  # the outcome is stored either way; the next poll retries
-                log.exception("refitting the scaling model from job outcomes failed; keeping "
-                              "the current one")
-                self.state.scaling_stale = True
-                self.metrics.scaling_refit_failures.inc()
-                return
-            self.state.set_scaling(fitted)
-        log.info("scaling model: %s (%s)", fitted.source, fitted.reason)
+        fitted = await self._refit(self._scaling, lambda: self._fit_scaling(history()),
+                                   self.state.set_scaling, self._scaling_failed,
+                                   "scaling model")
+        if fitted is not None:
+            log.info("scaling model: %s (%s)", fitted.source, fitted.reason)
+
+    def _scaling_failed(self) -> None:
+        self.state.scaling_stale = True
+        self.metrics.scaling_refit_failures.inc()
 
     async def _scaling_refits(self) -> None:
         while True:

@@ -1,7 +1,7 @@
 """Response bodies of the estimator service as pydantic models, and the one error envelope.
 
-The handlers build plain dicts (the planner's `plan_json`, `estimates.to_json`, ...); these
-models describe them for docs/openapi.json. They forbid unknown keys, and the service tests
+The handlers build plain dicts (`interfaces.json_documents`: `plan_json`, `estimate_json`, ...);
+these models describe them for docs/openapi.json. They forbid unknown keys, and the service tests
 validate real answers against them, so a field added in code without its description fails.
 """
 

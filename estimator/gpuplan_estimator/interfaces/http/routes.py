@@ -31,7 +31,7 @@ from gpuplan_estimator.interfaces.http.refits import Refits
 from gpuplan_estimator.interfaces.http.state import ServiceState
 from gpuplan_estimator.interfaces.http.storage import IoThreads, Storage, WorkloadKeeper
 from gpuplan_estimator.latency import selection
-from gpuplan_estimator.planning import calibrating, planner
+from gpuplan_estimator.planning import calibrating
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ def _json_error(status: int, reason: str, message: str) -> web.Response:
 
 
 def split_workload(document: dict[str, Any]) -> Mapping[str, Any]:
-    """Take the worker's workload (`planner.WORKLOAD_KEY`) out of a plan document; {} when it
+    """Take the worker's workload (`work.WORKLOAD_KEY`) out of a plan document; {} when it
     has none."""
-    found = document.pop(planner.WORKLOAD_KEY, None)
+    found = document.pop(work.WORKLOAD_KEY, None)
     return found if isinstance(found, Mapping) else {}
 
 

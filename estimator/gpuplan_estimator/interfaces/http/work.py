@@ -9,18 +9,20 @@ an exception, which would not survive pickling across the process boundary intac
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpuplan_estimator.core.errors import GpuplanError, InvalidModelError, InvalidRequestError
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.http import layout_wire, responses, wire
 from gpuplan_estimator.parallel import named, scaling
-from gpuplan_estimator.planning import calibrating, named_layouts, planner, requests
+from gpuplan_estimator.planning import calibrating, named_layouts, planner, requests, workloads
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ def estimate(req: requests.EstimateRequest, ctx: planner.PlannerContext) -> dict
     """`POST /v1/estimate` (and `gpuplan estimate`): one GPU per device, or per rank under the
     request's named layout, whose problems come back one per `layout.<field>`."""
     if req.layout is None:
-        return planner.estimate_request(req, ctx)
+        return json_documents.estimate_request_json(req, ctx)
     try:
         results = named_layouts.estimate_layout(req, ctx)
     except InvalidRequestError as exc:
@@ -71,13 +73,46 @@ def estimate(req: requests.EstimateRequest, ctx: planner.PlannerContext) -> dict
     return layout_wire.layout_estimates_json(results)
 
 
+WORKLOAD_KEY = "_workload"
+"""Where `plan_with_workload` puts the workload: {"id", "zstd_b64", "device", "gpu_count"} or
+{"skipped": why}. The service takes it out before answering (it is not part of the plan)."""
+
+
+def plan_with_workload(req: requests.PlanRequest, ctx: planner.PlannerContext
+                       ) -> dict[str, Any]:
+    """The plan document, plus the chosen candidate's workload under `WORKLOAD_KEY` for the
+    promotion gate (`planning.workloads`). A workload that cannot be kept (over the size cap,
+    or an error building it) is a `skipped` reason, never a failed plan."""
+    req = planner.with_graph(req, export_batch=1)
+    out = json_documents.plan_request_json(req, ctx)
+    out[WORKLOAD_KEY] = _workload_entry(req, ctx, out["plan"])
+    return out
+
+
+def _workload_entry(req: requests.PlanRequest, ctx: planner.PlannerContext,
+                    plan: Mapping[str, Any]) -> dict[str, Any]:
+    # From the plan as the document rounds it: the outcome the operator reports back carries
+    # the same figures, so the planning bundle re-predicts the stored seconds exactly.
+    try:
+        workload = planner.plan_workload(req, ctx, plan)
+        workload_id, data = workloads.encode(workload)
+    except workloads.WorkloadTooLargeError as exc:
+        return {"skipped": str(exc)}
+    except Exception as exc:  # the plan stands; only the gate loses this job
+        log.exception("keeping the plan's workload failed")
+        return {"skipped": f"building the workload failed: "
+                           f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return {"id": workload_id, "zstd_b64": base64.b64encode(data).decode("ascii"),
+            "device": workload.device, "gpu_count": workload.gpu_count}
+
+
 ENDPOINTS: dict[str, tuple[Callable[[Any], Any], Callable[[Any, planner.PlannerContext], Any]]]
 ENDPOINTS = {
-    "plans": (wire.parse_plan_request, planner.plan_request),
+    "plans": (wire.parse_plan_request, json_documents.plan_request_json),
     "estimate": (wire.parse_estimate_request, estimate),
     # A plan whose chosen workload the service stores (it has a database): the same plan
-    # plus `planner.WORKLOAD_KEY`, which the service takes out before answering.
-    "plans_with_workload": (wire.parse_plan_request, planner.plan_with_workload),
+    # plus `WORKLOAD_KEY`, which the service takes out before answering.
+    "plans_with_workload": (wire.parse_plan_request, plan_with_workload),
 }
 
 

@@ -301,9 +301,9 @@ def test_price_override_for_unknown_device() -> None:
 def test_cpu_resolves_to_the_calibrated_local_device(tmp_path: Path) -> None:
     calls: list[local_cpu.CalibrationSizes] = []
 
-    def fake(sizes: local_cpu.CalibrationSizes) -> local_cpu.Calibration:
+    def fake(sizes: local_cpu.CalibrationSizes) -> local_cpu.HostPeaks:
         calls.append(sizes)
-        return local_cpu.Calibration(peak_gflops_fp32=123.0, mem_bandwidth_gbps=9.0)
+        return local_cpu.HostPeaks(peak_gflops_fp32=123.0, mem_bandwidth_gbps=9.0)
 
     local_cpu.local_cpu_device(cache_dir=tmp_path, measure_fn=fake)
     spec = devices.resolve_device("CPU", cpu_cache_dir=tmp_path)  # reads the cache

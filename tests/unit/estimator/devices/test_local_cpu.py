@@ -20,9 +20,9 @@ FACTS = local_cpu.HostFacts(model_name="Test CPU 9000 @ 3.0GHz", cores=4,
 class CountingMeasure:
     def __init__(self, gflops: float = 100.0, gbps: float = 20.0) -> None:
         self.calls = 0
-        self.result = local_cpu.Calibration(peak_gflops_fp32=gflops, mem_bandwidth_gbps=gbps)
+        self.result = local_cpu.HostPeaks(peak_gflops_fp32=gflops, mem_bandwidth_gbps=gbps)
 
-    def __call__(self, sizes: local_cpu.CalibrationSizes) -> local_cpu.Calibration:
+    def __call__(self, sizes: local_cpu.CalibrationSizes) -> local_cpu.HostPeaks:
         self.calls += 1
         return self.result
 

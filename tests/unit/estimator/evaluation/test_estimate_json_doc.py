@@ -1,5 +1,6 @@
-"""docs/estimate-json.md's example cannot drift from what `estimates.to_json` produces: every key
-it shows exists in a real document of the same run (new fields in the code are fine)."""
+"""docs/estimate-json.md's example cannot drift from what `json_documents.estimate_json`
+produces: every key it shows exists in a real document of the same run (new fields in the code
+are fine)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import paths
 from gpuplan_estimator.graph import examples
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step.decomposition import TrainingSettings
@@ -51,7 +53,7 @@ def _real_document() -> dict[str, Any]:
     settings = TrainingSettings(batch_size=8, optimizer="adamw")
     results = estimates.estimate(graph, [devices.load_catalog().resolve("t4")], settings,
                                  predictor=predictor)
-    return estimates.to_json(graph, results, settings, predictor_source=source,
+    return json_documents.estimate_json(graph, results, settings, predictor_source=source,
                              include_layers=True)
 
 

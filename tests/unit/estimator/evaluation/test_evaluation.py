@@ -194,7 +194,7 @@ def test_evaluate_model_predicts_and_measures(tmp_path: Path) -> None:
     onnx.save(_tiny_batch1_model(), path)
     device = devices.load_catalog().resolve("t4")  # any spec: the pricing path is what's tested
     result = cpu_loop.evaluate_model(path, 8, device=device, predictor=roofline.RooflinePredictor(),
-                                     settings=cpu_loop.TimingSettings(runs=3, threads=1))
+                                     settings=cpu_loop.CpuTimingSettings(runs=3, threads=1))
     assert (result.model, result.batch, result.runs) == ("tiny", 8, 3)
     assert result.predicted_ms > 0 and result.measured_ms > 0
     assert math.isfinite(result.ape)
@@ -224,8 +224,8 @@ def test_estimate_explain_lists_every_layer() -> None:
 def test_measure_keeps_the_median_session_and_checks_sessions() -> None:
     model = batching.fixed_batch(_tiny_batch1_model(), 2).SerializeToString()
     ticks = iter(np.arange(0.0, 1e6, 0.5))  # every clock read advances 0.5 s: means are exact
-    measured = cpu_loop.measure_ms(model, cpu_loop.TimingSettings(runs=2, sessions=3, threads=1),
+    measured = cpu_loop.measure_ms(model, cpu_loop.CpuTimingSettings(runs=2, sessions=3, threads=1),
                                    clock=lambda: float(next(ticks)))
     assert measured == pytest.approx(500.0)
     with pytest.raises(InvalidRequestError, match="sessions"):
-        cpu_loop.measure_ms(model, cpu_loop.TimingSettings(sessions=0))
+        cpu_loop.measure_ms(model, cpu_loop.CpuTimingSettings(sessions=0))

@@ -9,6 +9,7 @@ import pytest
 
 from gpuplan_estimator.evaluation import model_step_scoring as scoring
 from gpuplan_estimator.evaluation import model_steps
+from gpuplan_estimator.interfaces.cli import main as cli
 
 DEVICE = "h100-sxm-80gb"
 
@@ -111,16 +112,17 @@ def test_score_command_writes_the_tables(predicted: dict, tmp_path: Path,
     lines = [{"kind": "provenance", "device": "cuda", "device_name": DEVICE},
              _measured(1.0, 5.0, None)]
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    code = scoring.main(["score", "--predicted", str(tmp_path / "p.json"), "--measured",
-                         str(tmp_path / "m.jsonl"), "--markdown", str(tmp_path / "t.md")])
+    code = cli.main(["eval", "model-step-scoring", "score", "--predicted",
+                     str(tmp_path / "p.json"), "--measured", str(tmp_path / "m.jsonl"),
+                     "--markdown", str(tmp_path / "t.md")])
     assert code == 0
     assert "| fp32 | train_step | 1 |" in (tmp_path / "t.md").read_text()
 
 
 def test_predict_command_prices_the_smoke_cases_a_cpu_rehearsal_runs(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    code = scoring.main(["predict", "--device", DEVICE, "--cases", "smoke", "--models",
-                         "gpt2-tiny", "--precisions", "fp32", "--out", str(out)])
+    code = cli.main(["eval", "model-step-scoring", "predict", "--device", DEVICE, "--cases",
+                     "smoke", "--models", "gpt2-tiny", "--precisions", "fp32", "--out", str(out)])
     assert code == 0
     doc = json.loads(out.read_text())
     assert {(r["model"], r["attention"]) for r in doc["rows"]} == {

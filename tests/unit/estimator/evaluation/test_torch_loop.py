@@ -19,7 +19,7 @@ from gpuplan_estimator.evaluation import cpu_loop, torch_loop
 from gpuplan_estimator.interfaces.cli import evaluation as eval_cli
 from gpuplan_estimator.latency.bundles import Bundle
 
-FAST = cpu_loop.TimingSettings(runs=2, threads=1)
+FAST = cpu_loop.CpuTimingSettings(runs=2, threads=1)
 
 
 def constant_weight_model() -> onnx.ModelProto:

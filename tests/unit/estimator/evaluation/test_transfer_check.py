@@ -8,8 +8,10 @@ import pytest
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import measurements
+from gpuplan_estimator.core.exit_codes import ExitCode
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.evaluation import transfer_check
+from gpuplan_estimator.interfaces.cli import main as cli
 from gpuplan_estimator.training import fitting
 
 GPUS = ("t4", "v100-pcie-32gb", "a100-pcie-40gb")
@@ -56,5 +58,4 @@ def test_the_tiled_structure_carries_a_shared_utilisation_to_a_left_out_gpu() ->
 
 @pytest.mark.parametrize("argv", [["--kind", "magic"]])
 def test_cli_refuses_an_unknown_kind(argv: list[str]) -> None:
-    with pytest.raises(SystemExit):
-        transfer_check.main(argv)
+    assert cli.main(["eval", "transfer-check", *argv]) == ExitCode.USAGE

@@ -12,9 +12,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from gpuplan_estimator.graph import examples
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import main
 from gpuplan_estimator.latency import bundles
-from gpuplan_estimator.planning import estimates
 from gpuplan_testing import onnx_models
 
 assert bundles.MANIFEST  # imported here so collection, not the first test, pays for LightGBM
@@ -54,7 +54,7 @@ def test_estimate_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
                           "--dataset-size", "100", "--prefer", "fastest"], capsys)
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["schema_version"] == estimates.SCHEMA_VERSION
+    assert doc["schema_version"] == json_documents.SCHEMA_VERSION
     assert doc["predictor_source"] == "roofline" or doc["predictor_source"].startswith("bundle:")
     assert doc["settings"] == {"mode": "train", "optimizer": "adamw", "precision": "fp32",
                                "attention": "eager",

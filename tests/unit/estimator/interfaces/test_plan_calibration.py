@@ -15,6 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import serving
 from gpuplan_estimator.interfaces.http import service, wire
 from gpuplan_estimator.perfdb import PerfStore
@@ -39,7 +40,8 @@ def plan_body(*, max_gpus: int = 4) -> dict[str, Any]:
 
 
 def plan(ctx: planner.PlannerContext, *, max_gpus: int = 4) -> dict[str, Any]:
-    return planner.plan_request(wire.parse_plan_request(plan_body(max_gpus=max_gpus)), ctx)
+    return json_documents.plan_request_json(
+        wire.parse_plan_request(plan_body(max_gpus=max_gpus)), ctx)
 
 
 def by_count(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -84,8 +86,9 @@ def test_estimate_adds_calibrated_fields_next_to_the_models_own() -> None:
             "training": {"batch_size": 1, "dataset_size": 100, "epochs": 2},
             "devices": ["NVIDIA-L4", "Tesla T4"]}
     req = wire.parse_estimate_request(body)
-    raw = planner.estimate_request(req, roofline_context())
-    doc = planner.estimate_request(req, dataclasses.replace(roofline_context(), calibration=fitted))
+    raw = json_documents.estimate_request_json(req, roofline_context())
+    doc = json_documents.estimate_request_json(
+        req, dataclasses.replace(roofline_context(), calibration=fitted))
     l4, t4 = doc["devices"]
     raw_l4, raw_t4 = raw["devices"]
     assert raw_l4["calibration"] == {"factor": 1.0, "outcomes": 0, "level": "none"}

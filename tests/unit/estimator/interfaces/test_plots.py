@@ -25,10 +25,11 @@ from gpuplan_estimator.core import extras
 from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.graph import examples
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import plotting
 from gpuplan_estimator.interfaces.cli.plotting import documents, figures
 from gpuplan_estimator.interfaces.http import wire
-from gpuplan_estimator.planning import estimates, planner
+from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_testing.contexts import roofline_context
 
@@ -104,7 +105,7 @@ def _plan_doc(**objective: Any) -> dict[str, Any]:
         "objective": {"prefer": "fastest", "max_gpus": 4, **objective},
         "inventory": pools,
     }
-    doc = planner.plan_request(wire.parse_plan_request(body), roofline_context())
+    doc = json_documents.plan_request_json(wire.parse_plan_request(body), roofline_context())
     return json.loads(json.dumps(doc))  # what the CLI prints and a user feeds back
 
 
@@ -115,7 +116,7 @@ def _estimate_doc(mode: str, batch: int, keys: tuple[str, ...]) -> dict[str, Any
     settings = TrainingSettings(batch_size=batch, mode=mode, optimizer="adam")
     results = estimates.estimate(g, [catalog.resolve(k) for k in keys], settings,
                                  predictor=roofline.RooflinePredictor())
-    doc = estimates.to_json(g, results, settings, predictor_source="roofline")
+    doc = json_documents.estimate_json(g, results, settings, predictor_source="roofline")
     return json.loads(json.dumps(doc))
 
 

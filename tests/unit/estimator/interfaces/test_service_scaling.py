@@ -15,11 +15,12 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import serving
 from gpuplan_estimator.interfaces.http import service, wire
 from gpuplan_estimator.parallel import scaling
 from gpuplan_estimator.perfdb import PerfStore
-from gpuplan_estimator.planning import calibrating, planner
+from gpuplan_estimator.planning import calibrating
 from gpuplan_testing.contexts import roofline_context
 
 L4 = {"gpu_type": "NVIDIA-L4", "gpus_per_node": 4, "nodes": 1, "free_gpus": 4}
@@ -125,9 +126,9 @@ def test_an_outcome_with_scaling_fields_refits_the_model_the_next_plan_uses(
         bandwidth_efficiency=got["bandwidth_efficiency"], hop_latency_us=got["hop_latency_us"],
         inter_node_gbps=got["inter_node_gbps"])
     ctx = dataclasses.replace(roofline_context(), scaling=fitted)
-    expected = {c["gpu_count"]: c["allreduce_ms"] for c in planner.plan_request(
+    expected = {c["gpu_count"]: c["allreduce_ms"] for c in json_documents.plan_request_json(
         wire.parse_plan_request(plan_body()), ctx)["candidates"]}
-    analytic = {c["gpu_count"]: c["allreduce_ms"] for c in planner.plan_request(
+    analytic = {c["gpu_count"]: c["allreduce_ms"] for c in json_documents.plan_request_json(
         wire.parse_plan_request(plan_body()), roofline_context())["candidates"]}
     served = {c["gpu_count"]: c for c in plan["candidates"]}
     multi = [n for n in served if n > 1]

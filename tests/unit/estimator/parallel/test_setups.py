@@ -9,6 +9,7 @@ import pytest
 from gpuplan_estimator import graph
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.graph import exporting
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.http import wire
 from gpuplan_estimator.parallel import setups
 from gpuplan_estimator.parallel.layouts import ParallelLayout
@@ -42,7 +43,7 @@ def plan(config: dict[str, Any], *, batch: int, pools: list[tuple[str, int, int]
         "inventory": [{"gpu_type": t, "gpus_per_node": g, "nodes": n, "free_gpus": g * n}
                       for t, n, g in pools],
     }
-    return planner.plan_request(wire.parse_plan_request(body), roofline_context(),
+    return json_documents.plan_request_json(wire.parse_plan_request(body), roofline_context(),
                                 max_candidates=None)
 
 

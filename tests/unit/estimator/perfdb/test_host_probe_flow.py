@@ -13,7 +13,8 @@ import pytest
 from gpuplan_estimator.bench import host_probe, runner
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.interfaces.cli import bench as cli
-from gpuplan_estimator.perfdb import host_probes, importing, probe_context
+from gpuplan_estimator.interfaces.cli import serving
+from gpuplan_estimator.perfdb import host_probes, importing
 from gpuplan_estimator.perfdb.store import PerfStore
 from gpuplan_estimator.step import host
 from gpuplan_testing.bench_fixtures import TARGET, TINY
@@ -105,7 +106,7 @@ def test_the_context_carries_the_newest_probe_per_device(tmp_path: Path) -> None
         store.add_host_probe(probe_row("t4", "Xeon", 5.0))
         store.add_host_probe(probe_row("t4", "EPYC", 7.0, date="2026-11-28"))
         store.add_host_probe(probe_row("l4", "Xeon", 9.0, version=host.PROBE_VERSION + 1))
-    ctx = probe_context.context_with_host_probes(roofline_context, url)
+    ctx = serving.context_with_host_probes(roofline_context, url)
     assert {d: p.eager_op_us for d, p in ctx.host_probes.items()} == {"t4": 7.0}
     assert ctx.host_probes["t4"].source.startswith("host probe 2 of t4 | EPYC (2026-11-28")
 
@@ -113,7 +114,7 @@ def test_the_context_carries_the_newest_probe_per_device(tmp_path: Path) -> None
 def test_an_unreadable_database_leaves_the_bundles_default(tmp_path: Path) -> None:
     garbage = tmp_path / "perf.db"
     garbage.write_bytes(b"not a database" * 100)
-    ctx = probe_context.context_with_host_probes(roofline_context, f"sqlite:///{garbage}")
+    ctx = serving.context_with_host_probes(roofline_context, f"sqlite:///{garbage}")
     assert ctx.host_probes == {}
 
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from gpuplan_estimator.core import errors
+from gpuplan_estimator.core import errors, limits
 from gpuplan_estimator.perfdb.store import PerfStore
-from gpuplan_estimator.planning import workloads
 from gpuplan_testing.old_databases import database_at
 
 from .test_model_bundles_postgres import pg_server, pg_url  # noqa: F401  (fixtures)
@@ -99,9 +98,9 @@ def test_bad_ids_are_named(tmp_path: Path, bad: str, field: str) -> None:
 def test_the_store_refuses_a_workload_over_the_cap(tmp_path: Path) -> None:
     with PerfStore.open(f"sqlite:///{tmp_path / 'perf.db'}") as store:
         with pytest.raises(errors.InvalidRequestError, match="at most 2097152 bytes"):
-            store.add_workload(IDS[0], b"x" * (workloads.MAX_WORKLOAD_BYTES + 1), device="t4",
+            store.add_workload(IDS[0], b"x" * (limits.MAX_WORKLOAD_BYTES + 1), device="t4",
                                gpu_count=1)
-        assert store.add_workload(IDS[0], b"x" * workloads.MAX_WORKLOAD_BYTES, device="t4",
+        assert store.add_workload(IDS[0], b"x" * limits.MAX_WORKLOAD_BYTES, device="t4",
                                   gpu_count=1)
 
 

@@ -16,12 +16,13 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import main as cli_main
 from gpuplan_estimator.interfaces.http import wire
 from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.latency.learned import LearnedPredictor
 from gpuplan_estimator.perfdb.store import PerfStore
-from gpuplan_estimator.planning import estimates, planner
+from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_testing.contexts import roofline_context
@@ -108,8 +109,9 @@ def test_the_planner_context_carries_the_probes_to_estimates() -> None:
     ctx = dataclasses.replace(roofline_context(),
                               predictor=bundle_predictor(host.HostModel(DEFAULT, UNIT)))
     req = wire.parse_estimate_request(resnet_estimate_body(["NVIDIA-L4", "Tesla T4"]))
-    plain = planner.estimate_request(req, ctx)
-    probed = planner.estimate_request(req, dataclasses.replace(ctx, host_probes={"t4": SLOW}))
+    plain = json_documents.estimate_request_json(req, ctx)
+    probed = json_documents.estimate_request_json(
+        req, dataclasses.replace(ctx, host_probes={"t4": SLOW}))
     (l4, t4), (l4_p, t4_p) = plain["devices"], probed["devices"]
     assert l4_p["step_time_ms"] == l4["step_time_ms"]
     assert t4_p["step_time_ms"] > t4["step_time_ms"]
@@ -144,6 +146,7 @@ def test_plans_price_the_host_with_the_stored_probe_too() -> None:
                            "free_gpus": 1}]}
     del body["devices"]
     req = wire.parse_plan_request(body)
-    plain = planner.plan_request(req, ctx)["plan"]
-    probed = planner.plan_request(req, dataclasses.replace(ctx, host_probes={"t4": SLOW}))["plan"]
+    plain = json_documents.plan_request_json(req, ctx)["plan"]
+    probed = json_documents.plan_request_json(
+        req, dataclasses.replace(ctx, host_probes={"t4": SLOW}))["plan"]
     assert probed["step_time_ms"] > plain["step_time_ms"]

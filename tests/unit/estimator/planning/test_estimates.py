@@ -17,6 +17,7 @@ from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.cost.predictors import LatencyPrediction
 from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
 from gpuplan_testing.layer_builders import layer, t
@@ -177,10 +178,10 @@ def test_json_document_is_stable_and_serialisable(gpus: list[DeviceSpec]) -> Non
     s = settings(precision="fp16")
     results = estimates.estimate(blocks(2), gpus, s, predictor=Recording(), epochs=1,
                                 dataset_size=320)
-    doc = estimates.to_json(blocks(2), results, s, predictor_source="roofline", epochs=1,
+    doc = json_documents.estimate_json(blocks(2), results, s, predictor_source="roofline", epochs=1,
                            dataset_size=320, include_layers=True)
     round_trip = json.loads(json.dumps(doc))
-    assert round_trip["schema_version"] == estimates.SCHEMA_VERSION
+    assert round_trip["schema_version"] == json_documents.SCHEMA_VERSION
     assert round_trip["settings"]["precision"] == "fp16"
     dev = round_trip["devices"][0]
     assert set(dev) >= {"device", "forward_ms", "backward_ms", "optimizer_ms", "step_time_ms",
@@ -189,5 +190,5 @@ def test_json_document_is_stable_and_serialisable(gpus: list[DeviceSpec]) -> Non
     assert dev["memory_bytes"] == dev["memory"]["total_bytes"]
     assert set(dev["interval_ms"]) == {"p10", "p90"}
     assert len(dev["layers"]) == 4
-    brief = estimates.to_json(blocks(2), results, s, predictor_source="roofline")
+    brief = json_documents.estimate_json(blocks(2), results, s, predictor_source="roofline")
     assert "layers" not in brief["devices"][0]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from gpuplan_estimator.evaluation import plans_report
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_testing.contexts import roofline_context
 
 
 def test_a_case_is_planned_with_its_layout_strategy_and_memory() -> None:
-    case = plans_report.Case("tiny GPT-2", {**plans_report.GPT2_MEDIUM, "n_layer": 2}, batch=64,
+    case = plans_report.PlanCase("tiny GPT-2", {**plans_report.GPT2_MEDIUM, "n_layer": 2}, batch=64,
                              sequence=512, tokens=64 * 512 * 100)
-    doc = plans_report.plan_case(case, roofline_context())
+    doc = json_documents.planned_json(plans_report.plan_case(case, roofline_context()),
+                                 max_candidates=None)
     chosen = doc["plan"]
     assert chosen["gpu_type"] in {t for t, _, _ in plans_report.POOLS}
     assert chosen["estimated_seconds"] <= plans_report.DEADLINE_SECONDS

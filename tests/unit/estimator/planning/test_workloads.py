@@ -16,8 +16,10 @@ import pytest
 import zstandard
 
 from gpuplan_estimator import devices
+from gpuplan_estimator.core import limits
 from gpuplan_estimator.cost.predictors import LatencyPredictor
 from gpuplan_estimator.cost.roofline import RooflinePredictor
+from gpuplan_estimator.interfaces.http import work
 from gpuplan_estimator.planning import estimates, planner, requests, workloads
 from gpuplan_estimator.planning.placement import Objective
 from gpuplan_estimator.step.decomposition import build_step
@@ -60,8 +62,8 @@ def test_items_reprice_like_the_estimate_of_the_same_step(learned: LatencyPredic
 def test_the_planning_bundle_gives_back_the_planned_seconds_and_another_differs(
         learned: LatencyPredictor) -> None:
     ctx = _context(RooflinePredictor())
-    out = planner.plan_with_workload(_plan_request(), ctx)
-    kept = out[planner.WORKLOAD_KEY]
+    out = work.plan_with_workload(_plan_request(), ctx)
+    kept = out[work.WORKLOAD_KEY]
     data = base64.b64decode(kept["zstd_b64"])
     w = workloads.decode(data)
     text = zstandard.ZstdDecompressor().decompress(data)
@@ -107,11 +109,11 @@ def test_a_workload_over_the_cap_is_refused_and_the_plan_still_answered(
     w = wb.workload(wb.softmax_items([(8, 8)]), RooflinePredictor())
     with pytest.raises(workloads.WorkloadTooLargeError, match="over the 10-byte cap"):
         workloads.encode(w, limit_bytes=10)
-    monkeypatch.setattr(workloads, "MAX_WORKLOAD_BYTES", 200)
-    out = planner.plan_with_workload(_plan_request(), _context(RooflinePredictor()))
+    monkeypatch.setattr(limits, "MAX_WORKLOAD_BYTES", 200)
+    out = work.plan_with_workload(_plan_request(), _context(RooflinePredictor()))
     assert out["plan"]["device"] == "t4"
-    assert set(out[planner.WORKLOAD_KEY]) == {"skipped"}
-    assert "over the 200-byte cap: not stored" in out[planner.WORKLOAD_KEY]["skipped"]
+    assert set(out[work.WORKLOAD_KEY]) == {"skipped"}
+    assert "over the 200-byte cap: not stored" in out[work.WORKLOAD_KEY]["skipped"]
 
 
 @pytest.mark.parametrize(("plan", "share"), [

@@ -24,11 +24,11 @@ SDPA_CASE = memory_check.gpt2_case(checkpointing=False, sequence=256,
 @pytest.mark.parametrize("case", [memory_check.gpt2_case(checkpointing=False),
                                   SDPA_CASE, memory_check.cnn_case()],
                          ids=lambda c: f"{c.name}, {c.setting}")
-def test_prediction_matches_the_measured_components(case: memory_check.Case) -> None:
+def test_prediction_matches_the_measured_components(case: memory_check.MemoryCase) -> None:
     predicted, measured = memory_check.predict(case), memory_check.measure(case)
     assert measured["parameters"] > 0 and measured["activations"] > 0
     for component, tolerance in TOLERANCE_PCT.items():
-        row = memory_check.Row(case.name, case.setting, component, predicted[component],
+        row = memory_check.MemoryRow(case.name, case.setting, component, predicted[component],
                                measured[component])
         assert abs(row.error_pct) <= tolerance, row
 
@@ -42,7 +42,7 @@ def test_checkpointing_lowers_the_measured_and_predicted_activations() -> None:
 
 
 def test_render_names_the_command_and_torch_version() -> None:
-    rows = [memory_check.Row("m", "s", "parameters", 110, 100)]
+    rows = [memory_check.MemoryRow("m", "s", "parameters", 110, 100)]
     text = memory_check.render(rows, command="cmd")
     assert "`cmd`" in text and "torch 2." in text
     assert "| m | s | parameters | 110 | 100 | +10.0 |" in text

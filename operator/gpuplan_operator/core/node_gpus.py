@@ -71,7 +71,7 @@ class GpuOffer:
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeGpus:
+class NodeGpuOffers:
     """A node's GPU offers, or why its GPUs are left out of plans (`excluded`, else "")."""
 
     offers: tuple[GpuOffer, ...]
@@ -114,19 +114,19 @@ def sharing_of(node: Mapping[str, Any]) -> str:
     return ""
 
 
-def node_gpus(node: Mapping[str, Any]) -> NodeGpus:
+def node_gpus(node: Mapping[str, Any]) -> NodeGpuOffers:
     """The node's GPU offers (none for a node without GPU labels or allocatable GPUs)."""
     sharing = sharing_of(node)
     if sharing:
-        return NodeGpus((), excluded=sharing)
+        return NodeGpuOffers((), excluded=sharing)
     labels = _labels(node)
     product = labels.get(gpu_accounting.GPU_PRODUCT_LABEL)
     if isinstance(product, str) and product:
-        return NodeGpus(_gfd_offers(node, product))
+        return NodeGpuOffers(_gfd_offers(node, product))
     accelerator = labels.get(GKE_ACCELERATOR_LABEL)
     if isinstance(accelerator, str) and accelerator in GKE_ACCELERATORS:
-        return NodeGpus(_gke_offers(node, accelerator))
-    return NodeGpus(())
+        return NodeGpuOffers(_gke_offers(node, accelerator))
+    return NodeGpuOffers(())
 
 
 def _gfd_offers(node: Mapping[str, Any], product: str) -> tuple[GpuOffer, ...]:

@@ -44,7 +44,7 @@ def mig_mixed(name: str) -> dict[str, Any]:
 def test_plain_gfd_nodes_offer_whole_gpus_by_product() -> None:
     n = node("a0", {"nvidia.com/gpu.product": A100, "nvidia.com/gpu.count": "8"},
              {"nvidia.com/gpu": "8"})
-    assert node_gpus.node_gpus(n) == node_gpus.NodeGpus((node_gpus.GpuOffer(
+    assert node_gpus.node_gpus(n) == node_gpus.NodeGpuOffers((node_gpus.GpuOffer(
         A100, "nvidia.com/gpu", (("nvidia.com/gpu.product", A100),), 8, 8),))
 
 

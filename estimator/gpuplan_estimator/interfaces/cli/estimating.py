@@ -14,11 +14,12 @@ from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.core.progress import Step
-from gpuplan_estimator.graph import batching, exporting, zoo
+from gpuplan_estimator.graph import batching, exporting
 from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import (
     arguments,
     exits,
+    hf_configs,
     layouts,
     output,
     plots,
@@ -131,7 +132,7 @@ def model_source(args: argparse.Namespace) -> str | bytes:
         factory = exporting.resolve_factory(args.torch)
         _progress(f"building {args.torch} on the meta device and exporting it")
         return exporting.from_torch_factory(factory)
-    config = hf_config_checked(args)
+    config = hf_configs.hf_config_checked(args)
     sequence = dict(args.dim).get(batching.SEQUENCE_DIM)
     if exporting.needs_export(config):
         exporting.require_export_packages()
@@ -139,26 +140,6 @@ def model_source(args: argparse.Namespace) -> str | bytes:
                   "device and exporting it")
     return exporting.hf_config_graph(config, batch=args.batch or 1, sequence=sequence,
                                      label=args.hf_config, name=_model_name(args))
-
-
-_HF_REQUEST_FLAGS = {"batch": "--batch", "dim_bindings.sequence": "--dim sequence"}
-"""`exporting.check_hf_request`'s request fields, as the flags that set them."""
-
-
-def hf_config_checked(args: argparse.Namespace) -> dict[str, Any]:
-    """--hf-config's config, refused before any model is built when it cannot succeed at
-    --batch and --dim sequence (`exporting.check_hf_request`); errors name the flag."""
-    config = zoo.load_hf_config(args.hf_config)
-    try:
-        exporting.check_hf_request(config, batch=args.batch,
-                                   sequence=dict(args.dim).get(batching.SEQUENCE_DIM),
-                                   label=args.hf_config)
-    except InvalidRequestError as exc:
-        flag = _HF_REQUEST_FLAGS.get(exc.field)
-        if flag is None:
-            raise
-        raise InvalidRequestError(flag, exc.message) from exc
-    return config
 
 
 def _model_name(args: argparse.Namespace) -> str | None:

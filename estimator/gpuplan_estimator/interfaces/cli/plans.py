@@ -22,7 +22,7 @@ from gpuplan_estimator.core.progress import Step
 from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import (
     arguments,
-    estimating,
+    hf_configs,
     output,
     plots,
     probing,
@@ -147,7 +147,7 @@ def model_json(args: argparse.Namespace) -> dict[str, Any]:
                                   "(exactly one)")
     return ({"model_onnx_b64": base64.b64encode(Path(args.model).read_bytes()).decode()}
             if args.model is not None
-            else {"model_hf_config": estimating.hf_config_checked(args)})
+            else {"model_hf_config": hf_configs.hf_config_checked(args)})
 
 
 def request_body(args: argparse.Namespace, catalog: devices.Catalog) -> dict[str, Any]:

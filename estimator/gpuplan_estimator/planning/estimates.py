@@ -24,6 +24,7 @@ from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor, predict_on_each
 from gpuplan_estimator.devices import catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.graph import export_checks
 from gpuplan_estimator.latency import basis
 from gpuplan_estimator.planning import calibrating, intervals
 from gpuplan_estimator.step import host
@@ -448,6 +449,8 @@ def to_json(
         },
         # Whether fused attention found anything to fuse: otherwise it is the eager price.
         "attention": attention_report(graph, settings.attention).as_dict(),
+        # What the export left out that training runs (BatchNorm folded into Conv).
+        "warnings": export_checks.training_warnings(settings.mode, graph.folded_batchnorm),
         "predictor_source": predictor_source,
         "devices": [_device_json(r, include_layers, cal, mode) for r in results],
     }

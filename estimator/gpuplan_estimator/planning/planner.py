@@ -15,7 +15,7 @@ from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError, UnknownDeviceError
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.cost.predictors import LatencyPredictor
-from gpuplan_estimator.graph import batching, exporting
+from gpuplan_estimator.graph import batching, export_checks, exporting
 from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import (
     calibrating,
@@ -243,6 +243,8 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext, *,
     out["scaling"] = ctx.scaling_fit.as_dict()
     out["notes"] = [f"{t}: {why}" for t, why in skipped]
     out["attention"] = attention_report(graph_at_batch, req.training.attention).as_dict()
+    out["warnings"] = export_checks.training_warnings(req.training.mode,
+                                                      graph_at_batch.folded_batchnorm)
     return out
 
 

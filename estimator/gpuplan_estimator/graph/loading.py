@@ -7,6 +7,7 @@ first-class. Symbolic input dims are bound before shape inference; one left unbo
 
 from __future__ import annotations
 
+import ast
 import gzip
 import io
 import lzma
@@ -415,7 +416,7 @@ def extract_graph(
             tensors[tensor.name] = _checked(TensorInfo(tensor.name, tuple(tensor.dims), dtype))
     initializers = frozenset(t.name for t in g.initializer)
     nodes = tuple(
-        records.NodeRecord(name=n.name, op_type=n.op_type, inputs=tuple(n.input),
+        records.NodeRecord(name=scoped_name(n), op_type=n.op_type, inputs=tuple(n.input),
                                 outputs=tuple(n.output), attributes=_attributes(n),
                                 has_subgraph=any(a.type in (onnx.AttributeProto.GRAPH,
                                                             onnx.AttributeProto.GRAPHS)
@@ -428,6 +429,32 @@ def extract_graph(
                                graph_outputs=frozenset(v.name for v in g.output),
                                symbolic_inputs=symbolic, int_constants=_int_constants(g),
                                folded=folded)
+
+
+NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+"""Node metadata of torch.onnx's dynamo exporter: the module path the node came from, as a
+Python list literal (['', 'transformer', 'transformer.h.0', 'attn', 'matmul'])."""
+MAX_NAME_SCOPES_CHARS = 4096
+
+
+def scoped_name(node: onnx.NodeProto) -> str:
+    """The node's name, prefixed by its module path when a dynamo export recorded one.
+
+    TorchScript names nodes by module path (`/transformer/h.0/attn/MatMul`); dynamo names them
+    `node_MatMul_12` and keeps the path in metadata. Prefixed the same way, both exports' layers
+    roll up into blocks (`--explain`); the node's own name stays last, so names stay unique.
+    """
+    scopes = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES_KEY), "")
+    if not scopes or "/" in node.name or len(scopes) > MAX_NAME_SCOPES_CHARS:
+        return node.name
+    try:
+        path = ast.literal_eval(scopes)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return node.name
+    if not isinstance(path, list) or not all(isinstance(p, str) for p in path):
+        return node.name
+    modules = [p for p in path[:-1] if p]  # the last scope is the op itself
+    return "/" + "/".join([*modules, node.name]) if modules else node.name
 
 
 MAX_CONSTANT_ELEMENTS = 64

@@ -428,3 +428,18 @@ def test_a_folded_export_priced_for_training_warns_with_the_fix(
         code, out, err = run([command, model, "--batch", "8", "-o", "json", "--mode",
                               "inference", *tail], capsys)
         assert code == 0 and json.loads(out)["warnings"] == [] and "warning" not in err
+
+
+@pytest.mark.parametrize("export", ["torchscript-train", "dynamo-optimize-off"])
+def test_explain_finds_the_blocks_of_either_exporter(export: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """#35: dynamo names nodes node_Conv_12 and keeps the module path in metadata
+    (pkg.torch.onnx.name_scopes); TorchScript puts it in the name. Both roll up by block."""
+    code, out, err = run(["estimate", str(EXPORTS / f"cnn-{export}.onnx"), "--batch", "8",
+                          "--device", "t4", "--explain"], capsys)
+    assert code == 0, err
+    assert "carry no block structure" not in out
+    rows = [line.split()[0] for line in out.split("by block:")[1].splitlines()[2:6]]
+    assert {r.split("/")[0] for r in rows} <= {"blocks.0", "blocks.1", "blocks.2", "blocks.3",
+                                                "(outside"}
+    assert any(r.startswith("blocks.") for r in rows)

@@ -130,7 +130,7 @@ def test_onnxruntime_framework_folds_resnet_batchnorms(
     [
         (["estimate", str(RESNET), "--device", "h100-sxm-81gb"], "did you mean"),
         (["estimate", str(RESNET), "--batch", "0"], "must be between 1 and"),
-        (["estimate", str(RESNET), "--epochs", "3", "--device", "t4"], "dataset_size"),
+        (["estimate", str(RESNET), "--epochs", "3", "--device", "t4"], "--dataset-size"),
         (["estimate", str(RESNET), "--dim", "sequence"], "NAME=VALUE"),
         (["estimate", "/nonexistent/model.onnx"], "/nonexistent/model.onnx"),
         (["estimate", str(RESNET), "--optimizer", "lamb"], "invalid choice"),

@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test unit integration loop-e2e lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean gpu-wheels gpu-predict bench-rehearsal
+.PHONY: help install demo dist dist-check docs test unit integration loop-e2e lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean gpu-wheels gpu-predict bench-rehearsal
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -23,6 +23,13 @@ install: $(STAMP) ## create .venv and install gpuplan with its dev tools
 
 demo: $(STAMP) ## estimate a shipped example model on every catalog GPU (no cluster)
 	$(BIN)/gpuplan demo
+
+dist: $(STAMP) ## wheel and sdist into dist/, checked to carry the shipped catalog and bundle
+	$(PYTHON) hack/build_dist.py --out dist
+
+dist-check: $(STAMP) ## make dist, then install the wheel from PyPI into an empty venv and run its `gpuplan demo`
+	d=$$(mktemp -d) && $(PY) -m venv $$d/venv && \
+	  $(PYTHON) hack/build_dist.py --out dist --install-check $$d/venv/bin/python && rm -rf $$d
 
 test: $(STAMP) ## unit + integration tests (integration needs `make testbed-build`)
 	$(BIN)/pytest -q tests
@@ -134,8 +141,12 @@ crds: ## copy crds/*.yaml into the chart (the chart's crds/ is generated)
 openapi: $(STAMP) ## regenerate docs/openapi.json from the estimator service's models
 	$(PYTHON) -m gpuplan_estimator.interfaces.http.openapi --output docs/openapi.json
 
-verify: crds openapi ## fail when generated artefacts (chart CRDs, OpenAPI) differ from their sources
+docs: $(STAMP) ## run README.md's marked examples and write their output into it (~40 s)
+	$(PYTHON) hack/docs_examples.py
+
+verify: crds openapi ## fail when generated artefacts (chart CRDs, OpenAPI, README examples) differ from their sources
 	git diff --exit-code -- charts/gpuplan/crds docs/openapi.json
+	$(PYTHON) hack/docs_examples.py --check
 
 chart: ## lint and render the Helm chart
 	$$(bash hack/testbed-build.sh --print-bin)/helm lint charts/gpuplan

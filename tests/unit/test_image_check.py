@@ -161,3 +161,28 @@ def test_the_runtime_script_drops_to_the_user_on_a_read_only_root(tmp_path: path
     assert "--userspec=65532:65532" in body and "HOME=/" in body
     assert body.rstrip().endswith("img gpuplan --version")
     assert "remount,ro" not in box.script(["true"], read_only=False)[-1]
+
+
+# -- #35: docs/install.md's torch image is the shipped Dockerfile plus the torch extra ----------
+
+
+def test_the_documented_torch_image_is_the_dockerfile_with_the_torch_extra(
+        tmp_path: pathlib.Path) -> None:
+    import re
+    import subprocess
+
+    doc = (ROOT / "docs" / "install.md").read_text()
+    [expression] = re.findall(r"^sed '([^']+)' Dockerfile", doc, re.M)
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    edited = subprocess.run(["sed", expression], input=dockerfile, capture_output=True,
+                            text=True, check=True, timeout=30).stdout
+    changed = [(a, b) for a, b in zip(dockerfile.splitlines(), edited.splitlines(), strict=True)
+               if a != b]
+    assert len(changed) == 1  # the extras of the one pip install, nothing else
+    shipped, torch_image = ic.parse_dockerfile(dockerfile), ic.parse_dockerfile(edited)
+    assert ".[serve,operator,postgres]" in shipped.pip_specs
+    assert tuple(torch_image.pip_specs) == (".[serve,operator,postgres,torch]",)
+    assert (torch_image.user, torch_image.entrypoint) == (shipped.user, shipped.entrypoint)
+    example = (ROOT / "docs" / "examples" / "trainingjob-llama-hf-config.yaml").read_text()
+    assert "docs/install.md#an-estimator-image-with-torch" in example
+    assert "## An estimator image with torch" in doc

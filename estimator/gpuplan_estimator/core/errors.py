@@ -18,13 +18,18 @@ class UnsupportedOpsetError(InvalidModelError):
 
 
 class UnboundDimError(GpuplanError):
-    """A symbolic dimension has no value; the message names every unbound dim."""
+    """A symbolic dimension has no value; the message names every unbound dim and, when the
+    request named dims the graph does not have, those against the graph's own."""
 
-    def __init__(self, dims: Sequence[str], where: str = "") -> None:
+    def __init__(self, dims: Sequence[str], where: str = "", *, unknown: Sequence[str] = (),
+                 graph_dims: Sequence[str] = ()) -> None:
         self.dims = tuple(dims)
+        self.unknown = tuple(unknown)
         loc = f" in {where}" if where else ""
+        typo = (f"unknown dim(s) {', '.join(map(repr, self.unknown))}; this graph's dims: "
+                f"{', '.join(graph_dims)}; " if self.unknown else "")
         super().__init__(
-            f"unbound symbolic dimension(s){loc}: {', '.join(self.dims)}; "
+            f"{typo}unbound symbolic dimension(s){loc}: {', '.join(self.dims)}; "
             f"bind them with --batch N or --dim NAME=VALUE"
         )
 

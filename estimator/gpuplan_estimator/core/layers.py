@@ -116,6 +116,8 @@ class ModelGraph:
     dim_bindings: Mapping[str, int]
     opset: int
     unknown_op_types: tuple[str, ...] = ()  # op types that landed in OpFamily.OTHER
+    # Why the export looks to have folded BatchNorm into Conv ("" = it does not; #35).
+    folded_batchnorm: str = ""
 
     @property
     def parameter_count(self) -> int:

@@ -7,6 +7,7 @@ first-class. Symbolic input dims are bound before shape inference; one left unbo
 
 from __future__ import annotations
 
+import ast
 import gzip
 import io
 import lzma
@@ -23,7 +24,7 @@ from onnx import ModelProto, TensorProto, helper, shape_inference
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import DTYPE_BYTES, ModelGraph, TensorInfo
 from gpuplan_estimator.core.vocabulary import MODEL_COMPRESSION_MAGIC, MODEL_COMPRESSIONS
-from gpuplan_estimator.graph import contrib_schemas, folding, fusion, records
+from gpuplan_estimator.graph import contrib_schemas, export_checks, folding, fusion, records
 
 DEFAULT_MAX_DECOMPRESSED_BYTES = 512 * 2**20
 MIN_OPSET = 7
@@ -48,8 +49,12 @@ def source_label(source: Source) -> str:
     return _label(source)
 
 
+BYTES_LABEL = "<bytes>"
+"""The label of a model given as bytes (no file to name in a message)."""
+
+
 def _label(source: Source) -> str:
-    return "<bytes>" if isinstance(source, bytes) else os.fspath(source)
+    return BYTES_LABEL if isinstance(source, bytes) else os.fspath(source)
 
 
 def _raw_bytes(source: Source) -> bytes:
@@ -140,6 +145,7 @@ def bind_input_dims(
     initializers = {t.name for t in model.graph.initializer}
     used: dict[str, int] = {}
     unbound: list[str] = []
+    seen: list[str] = []  # every symbolic dim of the inputs, bound or not, in order
     for value in model.graph.input:
         if value.name in initializers or not value.type.HasField("tensor_type"):
             continue
@@ -148,6 +154,7 @@ def bind_input_dims(
                 continue
             param = dim.dim_param  # bytes when a hostile file holds invalid UTF-8
             key = (param if isinstance(param, str) else repr(param)) or f"{value.name}[{pos}]"
+            seen.append(key)
             bound = _binding_for(key, pos, batch, dim_bindings)
             if bound is None:
                 unbound.append(key)
@@ -157,7 +164,10 @@ def bind_input_dims(
             dim.dim_value = bound  # assigning the oneof clears dim_param
             used[key] = bound
     if unbound:
-        raise errors.UnboundDimError(sorted(set(unbound)), where=label)
+        # A dim the request names that the graph lacks is most likely the unbound one misspelt.
+        raise errors.UnboundDimError(
+            sorted(set(unbound)), where="" if label == BYTES_LABEL else label,
+            unknown=sorted(set(dim_bindings) - set(seen)), graph_dims=list(dict.fromkeys(seen)))
     # Declared intermediate/output shapes use the same names: bind them too, so a shape only
     # declared (e.g. the output of a custom op) stays usable and consistent.
     for value in (*model.graph.value_info, *model.graph.output):
@@ -310,6 +320,7 @@ def load_model(
         read_model_bytes(source, max_decompressed_bytes=max_decompressed_bytes), label
     )
     opset = model_opset(model, label)
+    folded_batchnorm = export_checks.folded_batchnorm(model)
     drop_weight_data(model)
     drop_inferable_annotations(model)
     check_attributes(model, label)
@@ -322,7 +333,7 @@ def load_model(
     layers, unknown = records.build_layers(record, opset=opset, label=label)
     fused, units = fusion.fuse(layers, frozenset(o.name for o in inferred.graph.output))
     return ModelGraph(name=model_name, layers=fused, units=units, dim_bindings=used,
-                      opset=opset, unknown_op_types=unknown)
+                      opset=opset, unknown_op_types=unknown, folded_batchnorm=folded_batchnorm)
 
 
 _DTYPES: Mapping[int, str] = {
@@ -405,7 +416,7 @@ def extract_graph(
             tensors[tensor.name] = _checked(TensorInfo(tensor.name, tuple(tensor.dims), dtype))
     initializers = frozenset(t.name for t in g.initializer)
     nodes = tuple(
-        records.NodeRecord(name=n.name, op_type=n.op_type, inputs=tuple(n.input),
+        records.NodeRecord(name=scoped_name(n), op_type=n.op_type, inputs=tuple(n.input),
                                 outputs=tuple(n.output), attributes=_attributes(n),
                                 has_subgraph=any(a.type in (onnx.AttributeProto.GRAPH,
                                                             onnx.AttributeProto.GRAPHS)
@@ -418,6 +429,32 @@ def extract_graph(
                                graph_outputs=frozenset(v.name for v in g.output),
                                symbolic_inputs=symbolic, int_constants=_int_constants(g),
                                folded=folded)
+
+
+NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+"""Node metadata of torch.onnx's dynamo exporter: the module path the node came from, as a
+Python list literal (['', 'transformer', 'transformer.h.0', 'attn', 'matmul'])."""
+MAX_NAME_SCOPES_CHARS = 4096
+
+
+def scoped_name(node: onnx.NodeProto) -> str:
+    """The node's name, prefixed by its module path when a dynamo export recorded one.
+
+    TorchScript names nodes by module path (`/transformer/h.0/attn/MatMul`); dynamo names them
+    `node_MatMul_12` and keeps the path in metadata. Prefixed the same way, both exports' layers
+    roll up into blocks (`--explain`); the node's own name stays last, so names stay unique.
+    """
+    scopes = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES_KEY), "")
+    if not scopes or "/" in node.name or len(scopes) > MAX_NAME_SCOPES_CHARS:
+        return node.name
+    try:
+        path = ast.literal_eval(scopes)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return node.name
+    if not isinstance(path, list) or not all(isinstance(p, str) for p in path):
+        return node.name
+    modules = [p for p in path[:-1] if p]  # the last scope is the op itself
+    return "/" + "/".join([*modules, node.name]) if modules else node.name
 
 
 MAX_CONSTANT_ELEMENTS = 64

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuplan_estimator.core.layers import ModelGraph
+from gpuplan_estimator.graph import export_checks
 from gpuplan_estimator.planning import calibrating, estimates, placement, planner, requests
 from gpuplan_estimator.step.attention import attention_report
 from gpuplan_estimator.step.decomposition import TrainingSettings
@@ -46,6 +47,7 @@ def planned_json(answer: planner.PlannedRequest, *,
     out["scaling"] = answer.scaling.as_dict()
     out["notes"] = [f"{t}: {why}" for t, why in answer.skipped] + list(answer.price_notes)
     out["attention"] = answer.attention.as_dict()
+    out["warnings"] = list(answer.warnings)
     return out
 
 
@@ -150,6 +152,8 @@ def estimate_json(
         },
         # Whether fused attention found anything to fuse: otherwise it is the eager price.
         "attention": attention_report(graph, settings.attention).as_dict(),
+        # What the export left out that training runs (BatchNorm folded into Conv).
+        "warnings": export_checks.training_warnings(settings.mode, graph.folded_batchnorm),
         "predictor_source": predictor_source,
         "devices": [_device_json(r, include_layers, cal, mode) for r in results],
     }

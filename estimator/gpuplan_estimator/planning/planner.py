@@ -13,7 +13,7 @@ from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError, UnknownDeviceError
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.cost.predictors import LatencyPredictor
-from gpuplan_estimator.graph import batching, exporting
+from gpuplan_estimator.graph import batching, export_checks, exporting
 from gpuplan_estimator.latency import selection
 from gpuplan_estimator.parallel import layouts
 from gpuplan_estimator.parallel import scaling as scaling_fits
@@ -231,6 +231,8 @@ class PlannedRequest:
     """What the requested attention did to the model at the global batch."""
     price_notes: tuple[str, ...] = ()
     """Where the chosen GPU's price was taken and which GPUs have none (`price_notes`)."""
+    warnings: tuple[str, ...] = ()
+    """What the export left out that training runs (`graph.export_checks`)."""
 
 
 def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> PlannedRequest:
@@ -258,7 +260,9 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> PlannedReque
                                   [*skipped, *result.reasons_by_type.items()])
     return PlannedRequest(plan=result, scaling=ctx.scaling_fit, skipped=tuple(skipped),
                           attention=attention_report(graph_at_batch, req.training.attention),
-                          price_notes=tuple(price_notes(specs, result.chosen.device_key)))
+                          price_notes=tuple(price_notes(specs, result.chosen.device_key)),
+                          warnings=tuple(export_checks.training_warnings(
+                              req.training.mode, graph_at_batch.folded_batchnorm)))
 
 
 def plan_workload(req: requests.PlanRequest, ctx: PlannerContext,

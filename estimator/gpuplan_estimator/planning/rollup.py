@@ -63,4 +63,10 @@ def _groups(layers: Sequence[LayerEstimate], key: Callable[[LayerEstimate], str]
     total = sum(fwd + bwd for _, fwd, bwd in sums.values())
     groups = [Group(name, int(n), fwd, bwd, (fwd + bwd) / total if total > 0 else 0.0)
               for name, (n, fwd, bwd) in sums.items()]
-    return tuple(sorted(groups, key=lambda g: (-g.total_ms, g.name)))
+    return tuple(sorted(groups, key=lambda g: (-g.total_ms, natural_key(g.name))))
+
+
+def natural_key(name: str) -> tuple[tuple[int, str], ...]:
+    """Sort key reading digit runs as numbers: h.2 before h.10 (equal blocks tie on time)."""
+    return tuple((int(part), "") if part.isdigit() else (-1, part)
+                 for part in re.split(r"(\d+)", name))

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from gpuplan_estimator import devices
+
 SHELLS: tuple[str, ...] = ("bash", "zsh", "tcsh")
 
 
@@ -28,5 +30,21 @@ def run_completion(whole_parser: Callable[[], argparse.ArgumentParser],
     """Print the completion script of the whole parser for `args.shell`."""
     import shtab
 
-    sys.stdout.write(shtab.complete(whole_parser(), shell=args.shell))
+    parser = whole_parser()
+    names = " ".join(d.key for d in devices.load_catalog().devices)
+    for action in device_actions(parser):  # completed from the catalog as it is now
+        action.complete = shtab.cmd(f"echo {names}")  # type: ignore[attr-defined]
+    sys.stdout.write(shtab.complete(parser, shell=args.shell))
     return 0
+
+
+def device_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """Every `--device` taking catalog GPU names (repeatable), in every subcommand."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                found += device_actions(sub)
+        elif "--device" in action.option_strings and isinstance(action, argparse._AppendAction):
+            found.append(action)
+    return found

@@ -174,6 +174,8 @@ def run_estimate(args: argparse.Namespace) -> int:
     if layouts.given(args):
         return layouts.run(args)
     plots.check(args.plot)
+    if args.epochs is not None and args.dataset_size is None:  # before any model is built
+        raise InvalidRequestError("--epochs", "needs --dataset-size N too (samples per epoch)")
     specs = resolve_devices(args.device, arguments.catalog(args.prices, args.catalog))
     if not args.device:  # the whole catalog: leave out GPUs without this precision's math
         specs = [d for d in specs if devices.supports_precision(d, args.precision)]
@@ -202,6 +204,7 @@ def run_estimate(args: argparse.Namespace) -> int:
                                   include_layers=args.layers)
     doc["objective"] = {"prefer": args.prefer, "recommended": rec.device.device
                         if rec.device else None, "reason": rec.reason}
+    output.warn(doc["warnings"])
     if args.plot:
         plots.write_estimate(doc, args.plot)
     if output.is_document(args.output):

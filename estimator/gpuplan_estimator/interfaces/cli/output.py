@@ -119,6 +119,12 @@ def note(args_output: str, message: str) -> None:
     print(message, file=sys.stderr if is_document(args_output) else sys.stdout)
 
 
+def warn(warnings: Sequence[str]) -> None:
+    """A document's `warnings` on stderr, whatever the output format (the figures stand)."""
+    for message in warnings:
+        print(f"gpuplan: warning: {message}", file=sys.stderr)
+
+
 def print_lines(lines: Sequence[str], stream: IO[str] | None = None) -> None:
     """Plain lines around a table (headers, notes): written as they are, no markup."""
     out = stream or sys.stdout

@@ -130,10 +130,48 @@ def pools(specs: Sequence[str], catalog: devices.Catalog) -> list[dict[str, Any]
         nodes, _, gpus = shape.partition("x")
         if not name or not nodes.isdigit() or not gpus.isdigit():
             raise InvalidRequestError("--pool", f"expected TYPE=NODESxGPUS, got {text!r}")
+        for what, count in (("nodes", nodes), ("GPUs per node", gpus)):
+            if int(count) < 1:
+                raise InvalidRequestError(f"--pool {text}", f"{what} must be ≥ 1")
         catalog.resolve(name)  # a name the catalog lacks is a typo here: one error, suggestions
         out.append({"gpu_type": name, "gpus_per_node": int(gpus), "nodes": int(nodes),
                     "free_gpus": int(nodes) * int(gpus)})
     return out
+
+
+# The plan request's wire fields as the flags that set them: an error names what the user typed.
+WIRE_FLAGS = {
+    "training.batch_size": "--batch", "training.dataset_size": "--dataset-size",
+    "training.epochs": "--epochs", "training.optimizer": "--optimizer",
+    "training.precision": "--precision", "training.attention": "--attention",
+    "training.dims": "--dim", "objective.prefer": "--prefer", "objective.max_gpus": "--max-gpus",
+    "objective.deadline_seconds": "--deadline", "objective.budget_usd": "--budget",
+}
+_POOL_FIELD = re.compile(r"inventory\[(\d+)\]\.?(.*)")
+_PYDANTIC_BOUND = {"greater than or equal to": "≥", "greater than": ">",
+                   "less than or equal to": "≤", "less than": "<"}
+
+
+def in_flags(problem: tuple[str, str], pool_specs: Sequence[str]) -> tuple[str, str]:
+    """A wire (path, message) as (flag, message): `inventory[0].nodes` is the first --pool."""
+    path, message = problem
+    for words, sign in _PYDANTIC_BOUND.items():  # pydantic's wording, in the CLI's
+        message = message.replace(f"Input should be {words} ", f"must be {sign} ")
+    pool = _POOL_FIELD.fullmatch(path)
+    if pool and int(pool.group(1)) < len(pool_specs):
+        return f"--pool {pool_specs[int(pool.group(1))]}", f"{pool.group(2)} {message}".strip()
+    return WIRE_FLAGS.get(path, path), message
+
+
+def parse_flags(body: Mapping[str, Any], pool_specs: Sequence[str]) -> Any:
+    """`body` parsed as the service would, its errors naming the flags instead of wire paths."""
+    try:
+        return wire.parse_plan_request(body)
+    except wire.InvalidFieldsError as exc:
+        named = [in_flags(p, pool_specs) for p in exc.problems]
+        raise InvalidRequestError(", ".join(f for f, _ in named),
+                                  "; ".join(f"{f}: {m}" for f, m in named),
+                                  tuple(f"{f}: {m}" for f, m in named)) from exc
 
 
 def _gpus_per_node(spec: devices.DeviceSpec) -> int:
@@ -172,11 +210,12 @@ def run_plan(args: argparse.Namespace) -> int:
         context = dataclasses.replace(load_context(args.bundle, args.prices, args.catalog),
                                       host_probes=probing.stored_probes(args))
         body = request_body(args, context.catalog)
-        result = json_documents.plan_request_json(wire.parse_plan_request(body), context,
+        result = json_documents.plan_request_json(parse_flags(body, args.pool), context,
                                                   max_candidates=None)
         shown(Step("planning", 1, 1))
     doc = {**result, "objective": body["objective"],
            "training": dict(body["training"])}
+    output.warn(doc["warnings"])
     if args.plot:
         plots.write_plan(doc, args.plot)
     if output.is_document(args.output):

@@ -51,6 +51,8 @@ class ErrorEnvelope(_Response):
     error: ErrorBody
 
 
+WARNINGS_TEXT = ("What the figures may miss, with the fix: e.g. BatchNorm that the export "
+                 "folded into the convolutions, priced for training (docs/export.md).")
 BUNDLE_VERSION_TEXT = ("Version of the performance database's model bundle that answered "
                        "(gpuplan models list); null: the data-dir or shipped bundle, named by "
                        "predictor_source.")
@@ -177,6 +179,7 @@ class PlanResponse(_Response):
     scaling: FittedScalingSummary = Field(description="The multi-GPU scaling model the plan "
                                           "used.")
     attention: AttentionSummary
+    warnings: list[str] = Field(description=WARNINGS_TEXT)
     bundle_version: int | None = Field(description=BUNDLE_VERSION_TEXT)
     workload_id: str | None = Field(
         description="Id of the chosen candidate's workload as stored in the performance "
@@ -314,6 +317,7 @@ class EstimateResponse(_Response):
     model: ModelSummary
     settings: EstimateSettings
     attention: AttentionSummary
+    warnings: list[str] = Field(description=WARNINGS_TEXT)
     predictor_source: str
     devices: list[DeviceEstimate] = Field(description="In request order.")
     bundle_version: int | None = Field(description=BUNDLE_VERSION_TEXT)

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from gpuplan_estimator.graph import examples
 from gpuplan_estimator.interfaces import json_documents
-from gpuplan_estimator.interfaces.cli import main
+from gpuplan_estimator.interfaces.cli import main, plans
 from gpuplan_estimator.latency import bundles
 from gpuplan_testing import onnx_models
 
@@ -130,7 +130,7 @@ def test_onnxruntime_framework_folds_resnet_batchnorms(
     [
         (["estimate", str(RESNET), "--device", "h100-sxm-81gb"], "did you mean"),
         (["estimate", str(RESNET), "--batch", "0"], "must be between 1 and"),
-        (["estimate", str(RESNET), "--epochs", "3", "--device", "t4"], "dataset_size"),
+        (["estimate", str(RESNET), "--epochs", "3", "--device", "t4"], "--dataset-size"),
         (["estimate", str(RESNET), "--dim", "sequence"], "NAME=VALUE"),
         (["estimate", "/nonexistent/model.onnx"], "/nonexistent/model.onnx"),
         (["estimate", str(RESNET), "--optimizer", "lamb"], "invalid choice"),
@@ -368,3 +368,78 @@ def test_fused_attention_on_a_graph_without_a_core_says_it_is_priced_eager(
     code, out, err = run(argv[:-2], capsys)  # eager: nothing to say about a graph like this
     assert code == 0, err
     assert "attention:" not in out
+
+
+# -- #35: mistakes answered in the flags typed, before any model is built; an export that
+# dropped what training runs named on stderr and in the document.
+
+EXPORTS = Path(__file__).resolve().parents[3] / "fixtures" / "exports"
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["plan", str(RESNET), "--batch", "8", "--dataset-size", "100", "--pool", "t4=0x8"],
+     "gpuplan: error: --pool t4=0x8: nodes must be ≥ 1"),
+    (["plan", str(RESNET), "--batch", "8", "--dataset-size", "100", "--pool", "t4=1x0"],
+     "gpuplan: error: --pool t4=1x0: GPUs per node must be ≥ 1"),
+    # A file that does not exist: the flag check must come first, not the model's reading.
+    (["estimate", "nowhere.onnx", "--batch", "8", "--device", "t4", "--epochs", "3"],
+     "gpuplan: error: --epochs: needs --dataset-size N too (samples per epoch)"),
+])
+def test_a_bad_flag_is_named_as_typed(argv: list[str], line: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert one_error_line(err) == line
+
+
+def test_an_unknown_dim_is_listed_against_the_graph_s_dims(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tiny_model(tmp_path / "tiny.onnx")
+    code, _, err = run(["estimate", str(model), "--batch", "2", "--dim", "seq=16", "--device",
+                        "t4"], capsys)
+    assert code == 2
+    assert one_error_line(err).startswith(
+        "gpuplan: error: unknown dim(s) 'seq'; this graph's dims: batch, sequence; unbound "
+        "symbolic dimension(s) in ")
+
+
+def test_wire_paths_read_as_the_flags_that_set_them() -> None:
+    specs = ["t4=1x8", "l4=2x4"]
+    assert plans.in_flags(("inventory[1].free_gpus",
+                           "Input should be greater than or equal to 0"), specs) == (
+        "--pool l4=2x4", "free_gpus must be ≥ 0")
+    assert plans.in_flags(("training.dims", "too big"), specs) == ("--dim", "too big")
+    assert plans.in_flags(("objective.deadline_seconds", "Input should be greater than 0"),
+                          specs) == ("--deadline", "must be > 0")
+
+
+@pytest.mark.parametrize("command", ["estimate", "plan"])
+def test_a_folded_export_priced_for_training_warns_with_the_fix(
+        command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    model = str(EXPORTS / "cnn-torchscript-eval.onnx")
+    tail = (["--device", "t4"] if command == "estimate"
+            else ["--dataset-size", "64", "--pool", "t4=1x1"])
+    code, out, err = run([command, model, "--batch", "8", "-o", "json", *tail], capsys)
+    assert code == 0, err
+    [warning] = json.loads(out)["warnings"]
+    assert "BatchNorm looks folded" in warning and "TrainingMode.TRAINING" in warning
+    assert f"gpuplan: warning: {warning}" in err.splitlines()
+    if command == "estimate":
+        code, out, err = run([command, model, "--batch", "8", "-o", "json", "--mode",
+                              "inference", *tail], capsys)
+        assert code == 0 and json.loads(out)["warnings"] == [] and "warning" not in err
+
+
+@pytest.mark.parametrize("export", ["torchscript-train", "dynamo-optimize-off"])
+def test_explain_finds_the_blocks_of_either_exporter(export: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """#35: dynamo names nodes node_Conv_12 and keeps the module path in metadata
+    (pkg.torch.onnx.name_scopes); TorchScript puts it in the name. Both roll up by block."""
+    code, out, err = run(["estimate", str(EXPORTS / f"cnn-{export}.onnx"), "--batch", "8",
+                          "--device", "t4", "--explain"], capsys)
+    assert code == 0, err
+    assert "carry no block structure" not in out
+    rows = [line.split()[0] for line in out.split("by block:")[1].splitlines()[2:6]]
+    assert {r.split("/")[0] for r in rows} <= {"blocks.0", "blocks.1", "blocks.2", "blocks.3",
+                                                "(outside"}
+    assert any(r.startswith("blocks.") for r in rows)

@@ -136,6 +136,23 @@ def test_bash_completion_knows_every_command_and_flag(capsys: pytest.CaptureFixt
         assert word in out
 
 
+def test_bash_completes_device_names_from_the_catalog(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """#35: `gpuplan estimate m.onnx --device a10<TAB>` offers the catalog's a10* GPUs."""
+    code, out, _ = run(["completion", "bash"], capsys)
+    assert code == 0
+    script = tmp_path / "gpuplan.bash"
+    script.write_text(out)
+    line = "gpuplan estimate m.onnx --device a10"
+    shell = (f'source {script}; COMP_WORDS=({line}); COMP_CWORD=4; COMP_LINE="{line}"; '
+             'COMP_POINT=${#COMP_LINE}; _shtab_gpuplan gpuplan a10 --device; '
+             'printf "%s\\n" "${COMPREPLY[@]}"')
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60)
+    offered = set(done.stdout.split())
+    expected = {d.key for d in devices.load_catalog().devices if d.key.startswith("a10")}
+    assert offered == expected and "a100-sxm4-80gb" in offered
+
+
 def test_durations_read_like_the_crd_rule_and_print_for_people() -> None:
     crd = CRD.read_text()
     rule = re.search(r"self\.matches\('(.+?)'\)", crd)
@@ -188,6 +205,15 @@ def test_layers_roll_up_by_exported_block_names() -> None:
         ("h.0", 2, 4.0), ("h.1", 1, 3.0), (rollup.OUTSIDE_BLOCKS, 1, 1.0)]
     assert sum(g.share for g in by_block) == pytest.approx(1.0)
     assert rollup.by_op_type(layers)[0].name == "MatMul"
+
+
+def test_equal_blocks_are_listed_in_natural_order() -> None:
+    """#35: twelve identical transformer layers read h.0, h.1, h.2, ..., h.10, h.11."""
+    layers = [estimates.LayerEstimate(f"/transformer/h.{i}/mlp/MatMul", "MatMul", "x", 1.0, 2.0,
+                                      0.0, 0.0, "p") for i in (11, 2, 10, 0, 1, 3)]
+    assert [g.name for g in rollup.by_block(layers)] == [
+        "transformer/h.0", "transformer/h.1", "transformer/h.2", "transformer/h.3",
+        "transformer/h.10", "transformer/h.11"]
 
 
 def test_plot_writes_the_picture_the_extension_names(

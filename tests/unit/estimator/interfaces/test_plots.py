@@ -394,3 +394,25 @@ def test_every_plan_picture_lists_each_gpu_type_once_in_its_legend(
     names = [e.removesuffix(" (price unknown)") for e in legend]
     types = {c["gpu_type"] for c in plan_doc["candidates"]}
     assert sorted(n for n in names if n in types) == sorted(types)  # each once
+
+
+def test_every_catalog_gpu_type_gets_its_own_colour() -> None:
+    """#35: with the whole catalog (22 types) tab20 alone repeated colours."""
+    keys = [d.key for d in devices.load_catalog().devices]
+    assert len(keys) > 20
+    colours = figures._type_colours(keys)
+    assert len(set(colours.values())) == len(keys)
+
+
+def test_the_chosen_callout_stays_inside_its_axes_clear_of_the_legend(
+        plan_doc: dict[str, Any]) -> None:
+    picture = plotting.plan_figure(plan_doc)
+    figure = picture.figure
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    figure.draw(renderer)  # lays out the constrained figure: boxes are final
+    legend = figure.axes[0].get_legend().get_window_extent(renderer)
+    [callout] = [t for ax in figure.axes for t in ax.texts if t.get_text().startswith("chosen")]
+    box = callout.get_bbox_patch().get_window_extent(renderer)
+    assert not box.overlaps(legend)
+    assert callout.axes is not None
+    assert callout.axes.get_window_extent(renderer).contains(box.x0 + 1, box.y0 + 1)

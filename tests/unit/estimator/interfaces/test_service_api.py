@@ -290,3 +290,24 @@ def test_fused_attention_on_a_graph_without_a_core_says_it_is_priced_eager() -> 
         assert eager["attention"]["warning"] is None
 
     serve(check)
+
+
+def test_a_folded_export_priced_for_training_answers_a_warning_with_the_fix() -> None:
+    """#35: the service says what the CLI says when BatchNorm was folded by the export."""
+    folded = ROOT / "tests" / "fixtures" / "exports" / "cnn-dynamo-default.onnx"
+    model = base64.b64encode(folded.read_bytes()).decode()
+
+    async def check(c: TestClient) -> None:
+        body = await answer(c, "POST", "/v1/estimate", responses.EstimateResponse, 200, json={
+            "model_onnx_b64": model, "devices": ["t4"], "training": {"batch_size": 4}})
+        [warning] = body["warnings"]
+        assert "FuseBatchNormIntoConv" in warning and "optimize=False" in warning
+        plan = await answer(c, "POST", "/v1/plans", responses.PlanResponse, 200,
+                            json=plan_body(model_onnx_b64=model))
+        assert plan["warnings"] == [warning]
+        inference = await answer(c, "POST", "/v1/estimate", responses.EstimateResponse, 200,
+                                 json={"model_onnx_b64": model, "devices": ["t4"],
+                                       "training": {"batch_size": 4, "mode": "inference"}})
+        assert inference["warnings"] == []
+
+    serve(check)

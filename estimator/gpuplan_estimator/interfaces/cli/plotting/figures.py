@@ -57,8 +57,11 @@ def _type_colours(types: Sequence[str]) -> dict[str, Any]:
     from matplotlib import colormaps
 
     names = sorted(set(types))
-    cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
-    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+    # One colour per GPU type: tab10, else tab20, else the three 20-colour tables together
+    # (the whole catalog is 22 types; tab20 alone gave a10 and v100-sxm2-16gb the same one).
+    tables = ["tab10"] if len(names) <= 10 else ["tab20", "tab20b", "tab20c"]
+    palette = [c for t in tables for c in colormaps[t].colors]  # type: ignore[attr-defined]
+    return {name: palette[i % len(palette)] for i, name in enumerate(names)}
 
 
 def _hours(h: float) -> str:
@@ -126,9 +129,11 @@ def _draw_unknown(ax: Axes, points: Sequence[documents.PlanPoint],
 def _mark_chosen(ax: Axes, p: documents.PlanPoint, y: float) -> None:
     ax.scatter([p.hours], [y], s=220, facecolors="none", edgecolors="k", lw=1.5, zorder=4,
                label="chosen plan")
+    # Pinned inside the axes' top right corner (slow and dear, where few candidates are), with a
+    # line to the ring: the legend sits outside on the right, so the callout never covers it.
     ax.annotate(f"chosen: {p.gpu_count} × {p.gpu_type}\n{_hours(p.hours)}, {_cost(p.cost_usd)}",
-                (p.hours, y), xytext=(30, 22), textcoords="offset points", fontsize=8,
-                bbox={"boxstyle": "round", "fc": "white", "alpha": 0.85},
+                (p.hours, y), xytext=(0.98, 0.96), textcoords="axes fraction", ha="right",
+                va="top", fontsize=8, bbox={"boxstyle": "round", "fc": "white", "alpha": 0.85},
                 arrowprops={"arrowstyle": "-", "lw": 0.6}, zorder=5)
 
 

@@ -44,6 +44,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 90
     cfg = operator_settings.Settings.from_env().validate()
+    # Bounded concurrency (issue #33): kopf otherwise starts a worker per object at once.
+    settings.batching.worker_limit = cfg.worker_limit
     registry = prometheus_client.CollectorRegistry()
     memo.registry = registry
     memo.ctx = reconcile.Context(

@@ -25,6 +25,7 @@ from gpuplan_operator.core import (
     manifests,
     resources,
     settings,
+    throttling,
     tracking,
     validation,
 )
@@ -73,6 +74,8 @@ class Context:
 
     config_maps: coalescing.CoalescedByKey[tuple[str, str], dict[str, Any] | None] = (
         dataclasses.field(init=False))
+    fetches: throttling.NamespaceSlots = dataclasses.field(init=False)
+    """Plans holding a model in memory, bounded in all and per namespace (issue #33)."""
     """Model ConfigMaps by (namespace, name): TrainingJobs applied together from one model
     share one read."""
 
@@ -83,6 +86,8 @@ class Context:
                                              clock=seconds)
         self.gpu_pools = coalescing.Coalesced(INVENTORY_MAX_AGE_S, clock=seconds)
         self.config_maps = coalescing.CoalescedByKey(INVENTORY_MAX_AGE_S, clock=seconds)
+        self.fetches = throttling.NamespaceSlots(throttling.SlotLimits(
+            self.settings.model_fetches, self.settings.model_fetches_per_namespace))
 
 
 @dataclasses.dataclass
@@ -128,6 +133,8 @@ async def reconcile(ctx: Context, tj: TrainingJobRef, spec: Mapping[str, Any]) -
     try:
         parsed = validation.parse_spec(spec)
         plan = _current_plan(tj) or await _plan(ctx, tj, parsed)
+    except errors.ModelFetchesBusyError:
+        raise  # retried soon; a condition per retry would only load the API server
     except errors.OperatorError as exc:
         await _fail_estimate(ctx, tj, exc)
         raise
@@ -229,6 +236,14 @@ async def _read_gpu_pools(ctx: Context) -> list[gpu_pools.GpuPool]:
 
 async def _plan(ctx: Context, tj: TrainingJobRef,
                 spec: resources.TrainingJobSpec) -> resources.Plan:
+    """Plan while holding one of the namespace's fetch slots: the model is in memory from its
+    fetch to the estimator's answer (issue #33)."""
+    async with ctx.fetches.take(tj.namespace):
+        return await _plan_holding_model(ctx, tj, spec)
+
+
+async def _plan_holding_model(ctx: Context, tj: TrainingJobRef,
+                              spec: resources.TrainingJobSpec) -> resources.Plan:
     model = await _load_model(ctx, tj, spec.model)
     pools = await ctx.gpu_pools.get(lambda: _read_gpu_pools(ctx))
     quota = None
@@ -236,6 +251,7 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
         quota = await _read_queue_quota(ctx, tj.namespace, spec.local_queue)
         pools = _queue_pools(pools, quota)
     body = estimator_client.build_request(spec, model, pools)
+    del model  # the body holds it now; the request's encoding is the next copy
     try:
         plan = await estimator_client.request_plan(
             ctx.settings.estimator_url, body, generation=tj.generation,

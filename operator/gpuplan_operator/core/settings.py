@@ -56,6 +56,20 @@ class Settings:
     model_fetch_timeout_seconds: float = 30.0
     """Total time allowed for downloading a model URL."""
 
+    model_fetches: int = 2
+    """TrainingJob plans that may hold a model in memory at once (fetch, encode, post); the
+    others wait holding nothing. Each holds ~4x its model (`core.throttling`), so with 64 MiB
+    models two cost ~512 MiB of the chart's 1 GiB limit (issue #33)."""
+
+    model_fetches_per_namespace: int = 4
+    """Plans one namespace may have fetching or waiting at once; its other TrainingJobs are
+    retried later (ModelFetchesBusy), so one tenant's thousand TrainingJobs wait in kopf's
+    retries rather than ahead of every other tenant."""
+
+    worker_limit: int = 64
+    """kopf's `settings.batching.worker_limit`: objects handled at once (each a coroutine;
+    unset, kopf starts one per object, so a flood of TrainingJobs is a flood of workers)."""
+
     model_url_block_private: bool = True
     """Refuse model URLs resolving to RFC 1918 / unique-local addresses (in-cluster services)."""
 
@@ -261,6 +275,12 @@ def _problems(s: Settings) -> list[str]:
         out.append("retry_max_delay_seconds: must be >= retry_base_delay_seconds")
     if not 1 <= s.model_max_bytes <= 1024**3:
         out.append(f"model_max_bytes: must be in 1..1 GiB, got {s.model_max_bytes}")
+    for name in ("model_fetches", "model_fetches_per_namespace", "worker_limit"):
+        if not 1 <= getattr(s, name) <= 10_000:
+            out.append(f"{name}: must be in 1..10000, got {getattr(s, name)}")
+    if s.worker_limit <= s.model_fetches:
+        out.append(f"worker_limit: must exceed model_fetches ({s.model_fetches}), so plans "
+                   f"waiting for a fetch leave workers for Job events, got {s.worker_limit}")
     if not 1 <= s.master_port <= 65535:
         out.append(f"master_port: must be in 1..65535, got {s.master_port}")
     if not 0 <= s.metrics_port <= 65535:

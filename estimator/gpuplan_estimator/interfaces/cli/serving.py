@@ -59,6 +59,15 @@ def register(sub: Any) -> None:
     s.add_argument("--queued-per-client", type=arguments.count_up_to(10_000), default=64,
                    metavar="N",
                    help="requests a client may have waiting; more get 429 (default 64)")
+    s.add_argument("--body-bytes-per-client", type=arguments.positive_int,
+                   default=service.ServiceSettings.body_bytes_per_client,
+                   metavar="BYTES", help="request bytes one client may have admitted at once; "
+                   "a request past it is answered 429 before its body is read (default "
+                   "%(default)s = 128 MiB)")
+    s.add_argument("--body-bytes-total", type=arguments.positive_int,
+                   default=service.ServiceSettings.body_bytes_total,
+                   metavar="BYTES", help="request bytes all clients together may have admitted "
+                   "at once (default %(default)s = 512 MiB)")
     s.add_argument("--max-body-bytes", type=arguments.positive_int, default=64 * 2**20,
                    metavar="BYTES", help="largest request body, in bytes; a larger one is "
                    "answered 413 (default %(default)s = 64 MiB)")
@@ -320,7 +329,11 @@ def run_serve(args: argparse.Namespace) -> int:
         workers=args.workers, running_per_client=args.running_per_client,
         worker_memory_bytes=int(args.worker_memory_gib * 2**30),
         queued_per_client=args.queued_per_client,
+        body_bytes_per_client=args.body_bytes_per_client, body_bytes_total=args.body_bytes_total,
     )
+    problems = service.intake_settings(settings).problems()
+    if problems:
+        raise GpuplanError("; ".join(problems))
     # A partial, not a lambda: every estimation worker process builds its context with it.
     prices = (devices.read_prices_file(args.prices) if args.prices
               else devices.prices_from_env(os.environ))

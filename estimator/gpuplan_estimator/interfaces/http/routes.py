@@ -24,7 +24,7 @@ from gpuplan_estimator.core.errors import (
     InvalidRequestError,
     UnknownDeviceError,
 )
-from gpuplan_estimator.interfaces.http import admission, front, wire, work
+from gpuplan_estimator.interfaces.http import admission, front, intake, wire, work
 from gpuplan_estimator.interfaces.http.coverage import bundle_training_rows, coverage_json
 from gpuplan_estimator.interfaces.http.metrics import Metrics
 from gpuplan_estimator.interfaces.http.refits import Refits
@@ -88,7 +88,7 @@ class Routes:
 
     def __init__(self, state: ServiceState, storage: Storage, io: IoThreads, refits: Refits,
                  workloads: WorkloadKeeper, metrics: Metrics, request_timeout_s: float,
-                 openapi_document: Mapping[str, Any]) -> None:
+                 openapi_document: Mapping[str, Any], bodies: intake.Intake) -> None:
         self.state = state
         self.storage = storage
         self.io = io
@@ -97,21 +97,32 @@ class Routes:
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
         self.document = openapi_document
+        self.intake = bodies
         self.front: front.Front | None = None
 
     async def _estimation(self, endpoint: str, request: web.Request) -> web.Response:
         context = self.state.context
         if context is None or self.front is None:
             return _json_error(503, "NotReady", "model bundle not loaded yet")
+        client = admission.client_key(request.headers.get(admission.CLIENT_HEADER),
+                                      request.remote)
+        try:  # admitted before its body is read (issue #33): a refused body is never read
+            with self.intake.hold(client, request.content_length):
+                return await self._answer(endpoint, request, context, client)
+        except intake.TooLarge as exc:
+            return _json_error(413, "RequestTooLarge", str(exc))
+        except admission.Busy as exc:
+            return _json_error(429, "TooManyRequests", str(exc))
+
+    async def _answer(self, endpoint: str, request: web.Request,
+                      context: planner.PlannerContext, client: str) -> web.Response:
+        assert self.front is not None
         deadline = asyncio.get_running_loop().time() + self.request_timeout_s
         ask = front.Ask(
             endpoint=endpoint, body=await request.read(), bundle=context.predictor_source,
             calibration=self.state.calibration,
             calibration_generation=self.state.calibration_generation,
-            scaling_fit=self.state.scaling,
-            client=admission.client_key(request.headers.get(admission.CLIENT_HEADER),
-                                        request.remote),
-            deadline=deadline)
+            scaling_fit=self.state.scaling, client=client, deadline=deadline)
         found = await self.front.answer(ask)
         body = found.body
         if found.status == 200:  # the version of the bundle the workers answered with

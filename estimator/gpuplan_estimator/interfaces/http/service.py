@@ -41,6 +41,7 @@ from gpuplan_estimator.interfaces.http import (
     auth,
     caching,
     front,
+    intake,
     openapi,
     work,
     workers,
@@ -94,6 +95,11 @@ class ServiceSettings:
     (a client already running never takes the last free worker; `admission`)."""
     queued_per_client: int = 64
     queued_total: int = 512
+    body_bytes_per_client: int = 128 * 2**20
+    """Request bytes one client may have admitted at once (read, queued or running); a body
+    past it gets 429 before it is read (`intake`, issue #33)."""
+    body_bytes_total: int = 512 * 2**20
+    """The same for every client together."""
     cache_entries: int = 512
     cache_bytes: int = 256 * 2**20
     scaling_min_samples: int = scaling.MIN_FIT_SAMPLES
@@ -102,6 +108,22 @@ class ServiceSettings:
     """Seed of the scaling fit (differential evolution and its held-out folds)."""
     workload_prune_interval_s: float = 3600.0
     """How often the bundle poll also prunes old plan workloads (`WorkloadPruner`)."""
+
+
+def intake_settings(settings: ServiceSettings) -> intake.IntakeSettings:
+    """The body caps of `settings` (`intake`)."""
+    return intake.IntakeSettings(settings.max_body_bytes, settings.body_bytes_per_client,
+                                 settings.body_bytes_total)
+
+
+def memory_plan(settings: ServiceSettings) -> intake.MemoryPlan:
+    """What sizes the service's memory under `settings` (`intake.client_worst_case_bytes`)."""
+    return intake.MemoryPlan(
+        workers=settings.workers,
+        running_per_client=settings.running_per_client or settings.workers,
+        worker_memory_bytes=settings.worker_memory_bytes,
+        bytes_per_client=settings.body_bytes_per_client,
+        bytes_total=settings.body_bytes_total, cache_bytes=settings.cache_bytes)
 
 
 def database_bundle_context(
@@ -236,7 +258,8 @@ def make_app(
     refits = Refits(state, metrics, io, outcome_history, scaling_history, ScalingFitSettings(
         settings.scaling_min_samples, settings.scaling_random_state))
     routes = Routes(state, storage, io, refits, WorkloadKeeper(workload_sink, io), metrics,
-                    settings.request_timeout_s, openapi.document())
+                    settings.request_timeout_s, openapi.document(),
+                    intake.Intake(intake_settings(settings)))
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[envelope_middleware(metrics, settings.max_body_bytes)])
     app.router.add_post("/v1/plans", routes.plans)

@@ -18,8 +18,10 @@ NAMESPACED = ("operator.namespaces={team-a,team-b}",)
 VARIANTS = {
     "default": (),
     "namespaced": NAMESPACED,
+    # A PVC goes with one replica and no database URL (#33), so it is a variant of its own.
     "ha": ("estimator.replicas=2", "estimator.database.urlSecret=perfdb", "scheduler.replicas=2",
-           "estimator.persistence.enabled=true", "kueue.enabled=true"),
+           "kueue.enabled=true"),
+    "persistent": ("estimator.persistence.enabled=true",),
 }
 
 
@@ -154,16 +156,18 @@ def test_glob_namespaces_are_refused() -> None:
 # -- NetworkPolicy ---------------------------------------------------------------------------
 
 
-def test_only_operator_scheduler_and_prometheus_reach_the_estimator() -> None:
+def test_only_operator_and_scheduler_reach_the_estimators_api_and_prometheus_its_metrics() -> None:
     policies = _by_kind(_docs(), "NetworkPolicy")
     estimator = policies["/t-gpuplan-estimator"]["spec"]
     assert estimator["policyTypes"] == ["Ingress"]  # egress left open (docs/security.md)
-    [rule] = estimator["ingress"]
+    [rule, metrics] = estimator["ingress"]
     assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     components = [p["podSelector"]["matchLabels"].get("app.kubernetes.io/component")
                   for p in rule["from"] if "namespaceSelector" not in p]
     assert components == ["operator", "scheduler"]
-    prometheus = [p for p in rule["from"] if "namespaceSelector" in p]
+    assert not [p for p in rule["from"] if "namespaceSelector" in p]  # #33: metrics moved
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    prometheus = metrics["from"]
     assert prometheus == [{"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "monitoring"}},
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]

@@ -36,6 +36,13 @@ def register(sub: Any) -> None:
                    help="address to listen on; 0.0.0.0 for every interface (default %(default)s)")
     s.add_argument("--port", type=arguments.count_up_to(65535), default=8080,
                    help="TCP port to listen on (default %(default)s)")
+    s.add_argument("--metrics-port", type=arguments.count_up_to(65535), default=None,
+                   metavar="PORT", help="serve GET /metrics alone on this port, and not on "
+                   "--port (default: on --port, beside the API)")
+    s.add_argument("--ephemeral-data", action="store_true",
+                   help="the data dir does not outlive the process (the chart's emptyDir): "
+                   "warn at start-up that SQLite outcomes, calibration and bundles are lost at "
+                   "every restart")
     s.add_argument("--bundle", metavar="DIR",
                    help="model bundle directory (default: the performance database's active "
                    "bundle, else the newest in the data dir, else the shipped one)")
@@ -318,6 +325,21 @@ def with_host_probes(loader: Callable[[], planner.PlannerContext], db_url: str |
     return functools.partial(probe_context.context_with_host_probes, loader, db_url)
 
 
+EPHEMERAL_WARNING = (
+    "the performance database is SQLite on a volume that does not outlive this pod (emptyDir): "
+    "job outcomes, the calibration learnt from them and activated bundles are lost at every "
+    "restart; set estimator.persistence.enabled or estimator.database.urlSecret")
+
+
+def warn_if_ephemeral(ephemeral: bool, db_url: str | None) -> bool:
+    """Log `EPHEMERAL_WARNING` when SQLite (no database URL) lives on ephemeral storage;
+    returns whether it did."""
+    if ephemeral and not db_url:
+        logging.getLogger(__name__).warning(EPHEMERAL_WARNING)
+        return True
+    return False
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """`gpuplan serve`: run the estimator HTTP service until stopped; returns 0."""
     from aiohttp import web
@@ -330,7 +352,9 @@ def run_serve(args: argparse.Namespace) -> int:
         worker_memory_bytes=int(args.worker_memory_gib * 2**30),
         queued_per_client=args.queued_per_client,
         body_bytes_per_client=args.body_bytes_per_client, body_bytes_total=args.body_bytes_total,
+        metrics_port=args.metrics_port,
     )
+    warn_if_ephemeral(args.ephemeral_data, args.db or os.environ.get(paths.DB_URL_ENV))
     problems = service.intake_settings(settings).problems()
     if problems:
         raise GpuplanError("; ".join(problems))
@@ -354,7 +378,9 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "--write-auth none on %s: any client that reaches it can post outcomes and "
             "activate bundles", args.host)
-    state.load()  # fail fast on a broken explicit bundle
+    if args.bundle is not None:
+        state.load()  # fail fast on a broken explicit bundle (a laptop's serve)
+    # Otherwise the bundle loads behind the open port, so /readyz can say 503 meanwhile.
     app = service.make_app(state, settings, outcome_sink=perfdb_outcome_sink(args.db),
                            coverage_source=perfdb_coverage_source(args.db),
                            outcome_history=perfdb_outcome_history(args.db),

@@ -99,6 +99,23 @@ class Routes:
         self.document = openapi_document
         self.intake = bodies
         self.front: front.Front | None = None
+        self.startup_error: str | None = None
+        """Why the bundle or the workers could not start (then /healthz fails)."""
+        self.started = asyncio.Event()
+        """Set once start-up ended, well or not (`service.Lifecycle.start`)."""
+
+    def after_start(self, handler: Handler) -> Handler:
+        """`handler`, run once start-up ended: the port opens before the bundle is loaded
+        (issue #33), and a request that arrives meanwhile waits for it within its deadline
+        rather than being refused (the readiness probe keeps the Service's traffic away)."""
+        async def waiting(request: web.Request) -> web.StreamResponse:
+            if not self.started.is_set():
+                try:
+                    await asyncio.wait_for(self.started.wait(), self.request_timeout_s)
+                except TimeoutError:
+                    return _json_error(503, "NotReady", "still loading the model bundle")
+            return await handler(request)
+        return waiting
 
     async def _estimation(self, endpoint: str, request: web.Request) -> web.Response:
         context = self.state.context
@@ -250,14 +267,17 @@ class Routes:
         })
 
     async def healthz(self, _: web.Request) -> web.Response:
-        """`GET /healthz`."""
+        """`GET /healthz`: alive unless start-up failed (the kubelet then restarts it)."""
+        if self.startup_error is not None:
+            return _json_error(503, "StartupFailed", self.startup_error)
         return web.json_response({"status": "ok"})
 
     async def readyz(self, _: web.Request) -> web.Response:
-        """`GET /readyz`: ready once a bundle is loaded."""
+        """`GET /readyz`: ready once a bundle is loaded and the workers started."""
         context = self.state.context
-        if context is None:
-            return _json_error(503, "NotReady", "model bundle not loaded yet")
+        if context is None or self.front is None:
+            return _json_error(503, "NotReady", "loading the model bundle and starting the "
+                               "estimation workers")
         return web.json_response({"status": "ready", "predictor": context.predictor_source})
 
     async def openapi_document(self, _: web.Request) -> web.Response:

@@ -56,6 +56,10 @@ class Context:
     metrics: metrics.OperatorMetrics
     clock: Callable[[], datetime.datetime]
     guard: modelsource.UrlGuard
+    pod_namespaces: tuple[str, ...] = ()
+    """Namespaces whose pods count in the GPU inventory; empty: every namespace. A namespaced
+    operator lists only its own (issue #33), so its free-GPU counts miss other namespaces'
+    pods, which the scheduler still sees."""
     infeasible_at: dict[str, gpu_pools.Capacity] = dataclasses.field(default_factory=dict)
     """TrainingJob uid → the GPU capacity its plan was infeasible for."""
     capacity: coalescing.Coalesced[gpu_pools.Capacity] = dataclasses.field(init=False)
@@ -230,7 +234,9 @@ async def _load_model(ctx: Context, tj: TrainingJobRef, ref: resources.ModelRef)
 
 
 async def _read_gpu_pools(ctx: Context) -> list[gpu_pools.GpuPool]:
-    nodes, pods = await asyncio.gather(ctx.kube.list_gpu_nodes(), ctx.kube.list_active_pods())
+    listing = (ctx.kube.list_active_pods_in(ctx.pod_namespaces) if ctx.pod_namespaces
+               else ctx.kube.list_active_pods())
+    nodes, pods = await asyncio.gather(ctx.kube.list_gpu_nodes(), listing)
     return list(gpu_pools.build_inventory(nodes, pods))
 
 

@@ -70,6 +70,18 @@ class Settings:
     """kopf's `settings.batching.worker_limit`: objects handled at once (each a coroutine;
     unset, kopf starts one per object, so a flood of TrainingJobs is a flood of workers)."""
 
+    leader_lease_name: str = ""
+    """coordination.k8s.io Lease whose holder alone runs the benchmark and retraining loop
+    (issue #33: every replica ran it); empty: this replica always runs it (one replica, a
+    test). The chart sets <release>-operator."""
+
+    leader_lease_namespace: str = ""
+    """Namespace of the Lease (the chart: the release's, where the operator runs)."""
+
+    leader_lease_seconds: float = 30.0
+    """A Lease not renewed for this long is taken over by another replica; the holder renews
+    three times per period."""
+
     model_url_block_private: bool = True
     """Refuse model URLs resolving to RFC 1918 / unique-local addresses (in-cluster services)."""
 
@@ -281,6 +293,13 @@ def _problems(s: Settings) -> list[str]:
     if s.worker_limit <= s.model_fetches:
         out.append(f"worker_limit: must exceed model_fetches ({s.model_fetches}), so plans "
                    f"waiting for a fetch leave workers for Job events, got {s.worker_limit}")
+    if s.leader_lease_name and not (DNS_SUBDOMAIN.match(s.leader_lease_name)
+                                    and DNS_LABEL.match(s.leader_lease_namespace)):
+        out.append("leader_lease_name/leader_lease_namespace: need a DNS name and the "
+                   f"namespace it lives in, got {s.leader_lease_name!r} in "
+                   f"{s.leader_lease_namespace!r}")
+    if not 3 <= s.leader_lease_seconds <= 3600:
+        out.append(f"leader_lease_seconds: must be in 3..3600, got {s.leader_lease_seconds}")
     if not 1 <= s.master_port <= 65535:
         out.append(f"master_port: must be in 1..65535, got {s.master_port}")
     if not 0 <= s.metrics_port <= 65535:

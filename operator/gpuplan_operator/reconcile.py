@@ -261,7 +261,8 @@ async def _plan_holding_model(ctx: Context, tj: TrainingJobRef,
     try:
         plan = await estimator_client.request_plan(
             ctx.settings.estimator_url, body, generation=tj.generation,
-            timeout_seconds=ctx.settings.estimator_timeout_seconds, tenant=tj.namespace)
+            timeout_seconds=ctx.settings.estimator_timeout_seconds, tenant=tj.namespace,
+            token_file=ctx.settings.estimator_token_file)
     except errors.OperatorError as exc:
         ctx.metrics.count_request(exc.reason)
         if exc.reason == Reason.NO_FEASIBLE_PLAN and quota is None:
@@ -482,8 +483,9 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     outcome = tracking.job_outcome(job, pods, observed_start=noted)
     assert outcome is not None  # finished above; pods only refine its start
     plan = resources.Plan.from_status(status["plan"])
-    drift = (resources.drift_ratio(outcome.actual.seconds, plan.estimated_seconds)
-             if outcome.succeeded else None)
+    # Issue #33: only an uninterrupted run measures training, timed from its attempt's start.
+    drift = (resources.drift_ratio(outcome.training_seconds, plan.estimated_seconds)
+             if outcome.measures_training else None)
     tj = TrainingJobRef(meta["namespace"], tj_name, body["metadata"]["uid"],
                         int(body["metadata"].get("generation", 1)), status, emit_for(body))
     extra: dict[str, Any] = {"actual": outcome.actual.to_status()}
@@ -492,6 +494,11 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     type_, reason = ((Condition.SUCCEEDED, Reason.JOB_COMPLETED) if outcome.succeeded
                      else (Condition.FAILED, Reason.JOB_FAILED))
     measured = f"{outcome.actual.seconds:.0f}s actual from the {outcome.start_source}"
+    if outcome.interruptions:
+        measured += (f"; interrupted ({', '.join(outcome.interruptions)}): not used for "
+                     "calibration or drift")
+    elif outcome.attempt_start is not None and drift is not None:
+        measured += f", {outcome.training_seconds:.0f}s in the attempt that finished"
     message = (f"{outcome.message}; {measured}, drift {drift:.3g}" if drift is not None
                else f"{outcome.message}; {measured}")
     await _set(ctx, tj, type_=type_, ok=True, reason=reason, message=message, extra=extra)
@@ -502,8 +509,8 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     ctx.metrics.observe_finished(tj.namespace, tj.name, plan.gpu_type, outcome.actual.seconds,
                                  drift, succeeded=outcome.succeeded, now=now)
     tj.emit(warning=not outcome.succeeded, reason=reason, message=message)
-    if outcome.succeeded and outcome.actual.seconds > 0:
-        await _feed_back(ctx, tj, plan, outcome.actual.seconds)
+    if outcome.measures_training and outcome.training_seconds > 0:
+        await _feed_back(ctx, tj, plan, outcome.training_seconds)
 
 
 def _has_pods(job: Mapping[str, Any]) -> bool:

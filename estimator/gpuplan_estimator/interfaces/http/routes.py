@@ -24,7 +24,7 @@ from gpuplan_estimator.core.errors import (
     InvalidRequestError,
     UnknownDeviceError,
 )
-from gpuplan_estimator.interfaces.http import admission, front, intake, wire, work
+from gpuplan_estimator.interfaces.http import admission, auth, front, intake, wire, work
 from gpuplan_estimator.interfaces.http.coverage import bundle_training_rows, coverage_json
 from gpuplan_estimator.interfaces.http.metrics import Metrics
 from gpuplan_estimator.interfaces.http.refits import Refits
@@ -88,7 +88,8 @@ class Routes:
 
     def __init__(self, state: ServiceState, storage: Storage, io: IoThreads, refits: Refits,
                  workloads: WorkloadKeeper, metrics: Metrics, request_timeout_s: float,
-                 openapi_document: Mapping[str, Any], bodies: intake.Intake) -> None:
+                 openapi_document: Mapping[str, Any], bodies: intake.Intake,
+                 guard: auth.WriteGuard) -> None:
         self.state = state
         self.storage = storage
         self.io = io
@@ -98,6 +99,7 @@ class Routes:
         self.request_timeout_s = request_timeout_s
         self.document = openapi_document
         self.intake = bodies
+        self.guard = guard
         self.front: front.Front | None = None
         self.startup_error: str | None = None
         """Why the bundle or the workers could not start (then /healthz fails)."""
@@ -121,8 +123,9 @@ class Routes:
         context = self.state.context
         if context is None or self.front is None:
             return _json_error(503, "NotReady", "model bundle not loaded yet")
-        client = admission.client_key(request.headers.get(admission.CLIENT_HEADER),
-                                      request.remote)
+        client = await self.guard.fairness_key(request.headers.get("Authorization"),
+                                               request.headers.get(admission.CLIENT_HEADER),
+                                               request.remote)
         try:  # admitted before its body is read (issue #33): a refused body is never read
             with self.intake.hold(client, request.content_length):
                 return await self._answer(endpoint, request, context, client)

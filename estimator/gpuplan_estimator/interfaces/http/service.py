@@ -299,7 +299,7 @@ def make_app(
         settings.scaling_min_samples, settings.scaling_random_state))
     routes = Routes(state, storage, io, refits, WorkloadKeeper(workload_sink, io), metrics,
                     settings.request_timeout_s, openapi.document(),
-                    intake.Intake(intake_settings(settings)))
+                    intake.Intake(intake_settings(settings)), guard)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[envelope_middleware(metrics, settings.max_body_bytes)])
     started = routes.after_start

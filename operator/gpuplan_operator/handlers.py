@@ -19,7 +19,6 @@ import kopf
 import prometheus_client
 
 from gpuplan_estimator import devices
-from gpuplan_operator import __main__ as entrypoint
 from gpuplan_operator import benchmark_loop, kube, leases, metrics, modelsource, reconcile
 from gpuplan_operator.core import benchmarks, errors, resources
 from gpuplan_operator.core import settings as operator_settings
@@ -69,7 +68,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 def pod_namespaces(environ: Mapping[str, str]) -> tuple[str, ...]:
     """The namespaces whose pods a namespaced operator lists (GPUPLAN_NAMESPACES); () for
     every namespace, also when one is a glob (a pattern cannot be listed)."""
-    names = tuple(entrypoint.env_namespaces(environ))
+    names = tuple(operator_settings.env_namespaces(environ))
     return () if any(c in n for n in names for c in "*?[") else names
 
 

@@ -23,8 +23,15 @@ OTHER_PROGRAMS_VARIABLES = frozenset({
     "GPUPLAN_DB_URL", "GPUPLAN_PRICES_JSON", "GPUPLAN_SHARED_DATA", "GPUPLAN_KUBECONFIG",
     "GPUPLAN_EXTENDER_PORT"})
 OTHER_PROGRAMS_PREFIXES = ("GPUPLAN_TESTBED_",)
-# Read by gpuplan-operator's command line before kopf starts (__main__.py), not by Settings.
-ENTRYPOINT_VARIABLES = frozenset({"GPUPLAN_NAMESPACES"})
+# Read by gpuplan-operator's command line before kopf starts (__main__.py), not by Settings,
+# and by the handlers' start-up for the pods a namespaced operator lists.
+NAMESPACES_ENV = "GPUPLAN_NAMESPACES"
+ENTRYPOINT_VARIABLES = frozenset({NAMESPACES_ENV})
+
+
+def env_namespaces(environ: Mapping[str, str]) -> list[str]:
+    """Namespaces named by GPUPLAN_NAMESPACES (comma-separated, blanks dropped)."""
+    return [ns.strip() for ns in environ.get(NAMESPACES_ENV, "").split(",") if ns.strip()]
 
 
 @dataclasses.dataclass(frozen=True)

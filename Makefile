@@ -105,8 +105,9 @@ bench: $(STAMP) ## speed benchmarks (reported, not asserted)
 bench-plans: $(STAMP) ## apply->planned p50/p95 of 50 concurrent TrainingJobs on a private testbed (real estimator + operator)
 	PYTHONPATH=tests:testbed:hack $(PYTHON) -m campaigns.plan_latency --jobs 50 $(BENCH_PLANS_ARGS)
 
-abuse: $(STAMP) ## hostile-client reproducers against a real `gpuplan serve` (64 MB of empty pools, 150k-node graphs beside small ones)
+abuse: $(STAMP) ## hostile-client reproducers against a real `gpuplan serve` (64 MB of empty pools, 150k-node graphs beside small ones), then the three-tenant campaign (#33)
 	PYTHONPATH=tests:hack $(PYTHON) -m campaigns.hostile_clients
+	PYTHONPATH=tests:hack $(PYTHON) -m campaigns.tenants
 
 bench-extender: $(STAMP) ## extender load benchmark: 5,000 nodes, filter/prioritize p50/p95/p99, server CPU per request
 	PYTHONPATH=tests:hack $(PYTHON) -m campaigns.extender_loadbench $(BENCH_EXTENDER_ARGS)

@@ -29,7 +29,7 @@ DESCRIPTION = (
     "service for a plan (GPU type and count), launches the Job and records the outcome; "
     "optionally it runs benchmark Jobs for GPU types without data. Watches every namespace "
     "unless -n is given. Settings come from the environment (below).")
-NAMESPACES_ENV = "GPUPLAN_NAMESPACES"
+NAMESPACES_ENV = settings.NAMESPACES_ENV
 OTHER_ENVIRONMENT = {
     "KUBECONFIG": "kubeconfig path when not running in a pod (default ~/.kube/config)",
     NAMESPACES_ENV: "comma-separated namespaces to watch when neither -n nor -A is given "
@@ -44,9 +44,7 @@ def kopf_argv(extra: Sequence[str]) -> list[str]:
     return ["run", *([] if scoped else ["--all-namespaces"]), *extra, str(HANDLERS)]
 
 
-def env_namespaces(environ: Mapping[str, str]) -> list[str]:
-    """Namespaces named by GPUPLAN_NAMESPACES (comma-separated, blanks dropped)."""
-    return [ns.strip() for ns in environ.get(NAMESPACES_ENV, "").split(",") if ns.strip()]
+env_namespaces = settings.env_namespaces
 
 
 def kopf_options(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> list[str]:

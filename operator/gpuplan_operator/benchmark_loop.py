@@ -34,6 +34,8 @@ class LoopContext:
     """Which finished Jobs were counted (this process's counters only)."""
     retraining: RetrainingLedger = dataclasses.field(default_factory=lambda: RetrainingLedger())
     """Training Jobs counted, Jobs started and rows at the last training (this process)."""
+    leading: Callable[[], bool] = lambda: True
+    """Whether this replica runs the passes now (`leases.LeaseKeeper.leading`; issue #33)."""
 
 
 @dataclasses.dataclass
@@ -184,7 +186,8 @@ async def run_forever(ctx: LoopContext) -> None:
     """`refresh` every `benchmark_interval_seconds`; a failed pass is logged and retried."""
     while True:
         try:
-            await refresh(ctx)
+            if ctx.leading():  # one replica counts and creates, the others wait their turn
+                await refresh(ctx)
         except (errors.OperatorError, kube.ApiError) as exc:
             LOG.warning("benchmark coverage pass failed: %s", exc)
         except Exception:  # the loop must outlive any one bad pass

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import logging
 import math
 import re
 import time
@@ -21,6 +22,7 @@ from gpuplan_operator.core.validation import ATTENTIONS
 COVERAGE_PATH = "/v1/coverage"
 OUTCOMES_PATH = "/v1/outcomes"
 PLANS_PATH = "/v1/plans"
+LOG = logging.getLogger(__name__)
 CLIENT_HEADER = "X-Gpuplan-Client"
 """The estimator's per-client share key (`interfaces/http/admission.py`)."""
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
@@ -314,12 +316,14 @@ def _rejected_error(status: int, body: Mapping[str, Any]) -> errors.EstimatorRej
 
 async def request_plan(
     base_url: str, body: Mapping[str, Any], *, generation: int, timeout_seconds: float,
-    tenant: str, session: aiohttp.ClientSession | None = None,
+    tenant: str, session: aiohttp.ClientSession | None = None, token_file: str = "",
 ) -> resources.Plan:
     """POST the request: 200 → Plan, 4xx → EstimatorRejectedError, 5xx/timeout → Unavailable.
 
     `tenant` (the TrainingJob's namespace) goes in the estimator's client header, so one
-    namespace's models cannot take every estimator worker from the others. A 504 whose
+    namespace's models cannot take every estimator worker from the others; the estimator
+    believes that header only from a caller whose token (`token_file`, read now) it verified
+    as an allowed writer (issue #33), so the operator sends it on plans too. A 504 whose
     envelope says `Timeout` is the model's own estimate running out of time (the estimator
     killed it and answers retries from its cache): rejected, not unavailable.
     """
@@ -328,6 +332,10 @@ async def request_plan(
     own = session is None
     client = session or aiohttp.ClientSession()
     headers = {CLIENT_HEADER: tenant}
+    try:
+        headers.update(bearer_headers(token_file))
+    except errors.EstimatorUnavailableError as exc:  # plans are open: unverified, still fair
+        LOG.warning("plan sent without the operator's token: %s", exc)
     try:
         async with client.post(url, json=body, timeout=timeout, headers=headers) as resp:
             raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)

@@ -9,14 +9,17 @@ import asyncio
 import contextlib
 import datetime
 import logging
-from collections.abc import Mapping
+import os
+import secrets
+import socket
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import kopf
 import prometheus_client
 
 from gpuplan_estimator import devices
-from gpuplan_operator import benchmark_loop, kube, metrics, modelsource, reconcile
+from gpuplan_operator import benchmark_loop, kube, leases, metrics, modelsource, reconcile
 from gpuplan_operator.core import benchmarks, errors, resources
 from gpuplan_operator.core import settings as operator_settings
 
@@ -44,18 +47,41 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 90
     cfg = operator_settings.Settings.from_env().validate()
+    # Bounded concurrency (issue #33): kopf otherwise starts a worker per object at once.
+    settings.batching.worker_limit = cfg.worker_limit
     registry = prometheus_client.CollectorRegistry()
     memo.registry = registry
     memo.ctx = reconcile.Context(
         kube=kube.Kube.from_environment(), settings=cfg, metrics=metrics.OperatorMetrics(registry),
         clock=_now, guard=modelsource.UrlGuard.from_cidrs(
-            block_private=cfg.model_url_block_private, cidrs=cfg.model_url_allowed_networks))
+            block_private=cfg.model_url_block_private, cidrs=cfg.model_url_allowed_networks),
+        pod_namespaces=pod_namespaces(os.environ))
     memo.metrics_server = metrics.serve(registry, cfg.metrics_port)
+    leading = _start_lease(memo, cfg)
     memo.benchmark_task = asyncio.create_task(benchmark_loop.run_forever(benchmark_loop.LoopContext(
         kube=memo.ctx.kube, settings=cfg, metrics=memo.ctx.metrics, clock=_now,
-        resolve=benchmarks.catalog_resolver(devices.load_catalog()))))
+        resolve=benchmarks.catalog_resolver(devices.load_catalog()), leading=leading)))
     LOG.info("gpuplan operator started: estimator %s, scheduler %r",
                 cfg.estimator_url, cfg.scheduler_name or "default")
+
+
+def pod_namespaces(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The namespaces whose pods a namespaced operator lists (GPUPLAN_NAMESPACES); () for
+    every namespace, also when one is a glob (a pattern cannot be listed)."""
+    names = tuple(operator_settings.env_namespaces(environ))
+    return () if any(c in n for n in names for c in "*?[") else names
+
+
+def _start_lease(memo: kopf.Memo, cfg: operator_settings.Settings) -> Callable[[], bool]:
+    """Start keeping the leader Lease when one is configured; what says whether we lead."""
+    if not cfg.leader_lease_name:
+        return lambda: True
+    keeper = leases.LeaseKeeper(
+        memo.ctx.kube, namespace=cfg.leader_lease_namespace, name=cfg.leader_lease_name,
+        me=f"{socket.gethostname()}-{secrets.token_hex(4)}",
+        duration_s=cfg.leader_lease_seconds, clock=_now)
+    memo.lease_task = asyncio.create_task(keeper.run_forever())
+    return lambda: keeper.leading
 
 
 @kopf.on.login()
@@ -75,11 +101,12 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Stop the benchmark loop and the metrics server."""
-    task = memo.get("benchmark_task")
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    for name in ("benchmark_task", "lease_task"):
+        task = memo.get(name)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     server = memo.get("metrics_server")
     if server is not None:
         server.shutdown()

@@ -41,6 +41,7 @@ class Kube:
         self._batch = kubernetes.client.BatchV1Api(api_client)
         self._custom = kubernetes.client.CustomObjectsApi(api_client)
         self._apis = kubernetes.client.ApisApi(api_client)
+        self._coordination = kubernetes.client.CoordinationV1Api(api_client)
 
     @classmethod
     def from_environment(cls) -> Kube:
@@ -66,6 +67,35 @@ class Kube:
         out = await _call(self._core.list_pod_for_all_namespaces,
                           field_selector=gpu_accounting.ACTIVE_PODS_FIELD_SELECTOR)
         return list(out.get("items", []))
+
+    async def list_active_pods_in(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Active pods of `namespaces` only (a namespaced operator, issue #33)."""
+        out: list[dict[str, Any]] = []
+        for namespace in namespaces:
+            found = await _call(self._core.list_namespaced_pod, namespace,
+                                field_selector=gpu_accounting.ACTIVE_PODS_FIELD_SELECTOR)
+            out.extend(found.get("items", []))
+        return out
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The coordination Lease, or None when it does not exist."""
+        return await _call_or_none(self._coordination.read_namespaced_lease, name, namespace)
+
+    async def write_lease(self, namespace: str, body: Mapping[str, Any]) -> bool:
+        """Create the Lease, or replace it when `body` carries a resourceVersion; False when
+        another replica wrote it first (409)."""
+        name = body["metadata"]["name"]
+        try:
+            if body["metadata"].get("resourceVersion"):
+                await _call(self._coordination.replace_namespaced_lease, name, namespace,
+                            dict(body))
+            else:
+                await _call(self._coordination.create_namespaced_lease, namespace, dict(body))
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
 
     async def get_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The TrainingJob, or None when it does not exist."""

@@ -20,6 +20,11 @@ PLAN_OK = "ok"
 PLAN_NO_FEASIBLE = resources.Reason.NO_FEASIBLE_PLAN
 
 
+DRIFT_LABELS = ["gpu_type", "trainingjob_namespace"]
+"""Drift is grouped by the TrainingJob's namespace too, so one tenant's slow jobs alert as that
+tenant's (issue #33). Not `namespace`: Prometheus renames a target label it would overwrite."""
+
+
 class OperatorMetrics:
     """The operator's Prometheus collectors, registered on `registry`."""
 
@@ -33,7 +38,7 @@ class OperatorMetrics:
             ["namespace", "trainingjob", "gpu_type"], registry=registry)
         self.drift_ratio = Histogram(
             "gpuplan_drift_ratio", "actual / estimated training time of succeeded jobs",
-            ["gpu_type"], buckets=DRIFT_BUCKETS, registry=registry)
+            DRIFT_LABELS, buckets=DRIFT_BUCKETS, registry=registry)
         # Ratios average geometrically: 2x slow and 2x fast should cancel to 1, not to 1.25. The
         # sum of ln(drift) is split by sign into two counters because rate() reads any decrease
         # of a counter as a restart; the alerts take
@@ -41,11 +46,11 @@ class OperatorMetrics:
         self.drift_log_slow = Counter(
             "gpuplan_drift_log_slow",
             "Sum of ln(actual / estimated) over succeeded jobs that ran longer than estimated",
-            ["gpu_type"], registry=registry)
+            DRIFT_LABELS, registry=registry)
         self.drift_log_fast = Counter(
             "gpuplan_drift_log_fast",
             "Sum of ln(estimated / actual) over succeeded jobs that ran shorter than estimated",
-            ["gpu_type"], registry=registry)
+            DRIFT_LABELS, registry=registry)
         self.estimator_requests = Counter(
             "gpuplan_estimator_requests", "Plan requests to the estimator by outcome",
             ["outcome"], registry=registry)
@@ -121,9 +126,10 @@ class OperatorMetrics:
         self._jobs[namespace, name] = (gpu_type, now)
         if succeeded and drift is not None and drift > 0:
             log_drift = math.log(drift)
-            self.drift_ratio.labels(gpu_type).observe(drift)
-            self.drift_log_slow.labels(gpu_type).inc(max(log_drift, 0.0))
-            self.drift_log_fast.labels(gpu_type).inc(max(-log_drift, 0.0))
+            by = (gpu_type, namespace)
+            self.drift_ratio.labels(*by).observe(drift)
+            self.drift_log_slow.labels(*by).inc(max(log_drift, 0.0))
+            self.drift_log_fast.labels(*by).inc(max(-log_drift, 0.0))
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the per-job gauges of a TrainingJob (deleted, re-planned or expired)."""

@@ -27,6 +27,7 @@ from gpuplan_operator.core import (
     quotas,
     resources,
     settings,
+    throttling,
     tracking,
     validation,
 )
@@ -57,6 +58,10 @@ class Context:
     metrics: metrics.OperatorMetrics
     clock: Callable[[], datetime.datetime]
     guard: modelsource.UrlGuard
+    pod_namespaces: tuple[str, ...] = ()
+    """Namespaces whose pods count in the GPU inventory; empty: every namespace. A namespaced
+    operator lists only its own (issue #33), so its free-GPU counts miss other namespaces'
+    pods, which the scheduler still sees."""
     infeasible_at: dict[str, gpu_pools.Capacity] = dataclasses.field(default_factory=dict)
     """TrainingJob uid → the GPU capacity its plan was infeasible for."""
     excluded_nodes: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -77,6 +82,8 @@ class Context:
 
     config_maps: coalescing.CoalescedByKey[tuple[str, str], dict[str, Any] | None] = (
         dataclasses.field(init=False))
+    fetches: throttling.NamespaceSlots = dataclasses.field(init=False)
+    """Plans holding a model in memory, bounded in all and per namespace (issue #33)."""
     """Model ConfigMaps by (namespace, name): TrainingJobs applied together from one model
     share one read."""
 
@@ -87,6 +94,8 @@ class Context:
                                              clock=seconds)
         self.gpu_pools = coalescing.Coalesced(INVENTORY_MAX_AGE_S, clock=seconds)
         self.config_maps = coalescing.CoalescedByKey(INVENTORY_MAX_AGE_S, clock=seconds)
+        self.fetches = throttling.NamespaceSlots(throttling.SlotLimits(
+            self.settings.model_fetches, self.settings.model_fetches_per_namespace))
 
 
 @dataclasses.dataclass
@@ -132,6 +141,8 @@ async def reconcile(ctx: Context, tj: TrainingJobRef, spec: Mapping[str, Any]) -
     try:
         parsed = validation.parse_spec(spec)
         plan = _current_plan(tj) or await _plan(ctx, tj, parsed)
+    except errors.ModelFetchesBusyError:
+        raise  # retried soon; a condition per retry would only load the API server
     except errors.OperatorError as exc:
         await _fail_estimate(ctx, tj, exc)
         raise
@@ -227,7 +238,9 @@ async def _load_model(ctx: Context, tj: TrainingJobRef, ref: resources.ModelRef)
 
 
 async def _read_gpu_pools(ctx: Context) -> list[gpu_pools.GpuPool]:
-    nodes, pods = await asyncio.gather(ctx.kube.list_gpu_nodes(), ctx.kube.list_active_pods())
+    listing = (ctx.kube.list_active_pods_in(ctx.pod_namespaces) if ctx.pod_namespaces
+               else ctx.kube.list_active_pods())
+    nodes, pods = await asyncio.gather(ctx.kube.list_gpu_nodes(), listing)
     ctx.excluded_nodes = gpu_pools.excluded_nodes(nodes)
     return list(gpu_pools.build_inventory(nodes, pods))
 
@@ -248,6 +261,14 @@ async def _quota_capped(ctx: Context, tj: TrainingJobRef, spec: resources.Traini
 
 async def _plan(ctx: Context, tj: TrainingJobRef,
                 spec: resources.TrainingJobSpec) -> resources.Plan:
+    """Plan while holding one of the namespace's fetch slots: the model is in memory from its
+    fetch to the estimator's answer (issue #33)."""
+    async with ctx.fetches.take(tj.namespace):
+        return await _plan_holding_model(ctx, tj, spec)
+
+
+async def _plan_holding_model(ctx: Context, tj: TrainingJobRef,
+                              spec: resources.TrainingJobSpec) -> resources.Plan:
     model = await _load_model(ctx, tj, spec.model)
     pools = await ctx.gpu_pools.get(lambda: _read_gpu_pools(ctx))
     quota = None
@@ -258,10 +279,12 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
     spec, room = await _quota_capped(ctx, tj, spec)
     capped = spec.objective.max_gpus < asked_gpus
     body = estimator_client.build_request(spec, model, pools)
+    del model  # the body holds it now; the request's encoding is the next copy
     try:
         plan = await estimator_client.request_plan(
             ctx.settings.estimator_url, body, generation=tj.generation,
-            timeout_seconds=ctx.settings.estimator_timeout_seconds, tenant=tj.namespace)
+            timeout_seconds=ctx.settings.estimator_timeout_seconds, tenant=tj.namespace,
+            token_file=ctx.settings.estimator_token_file)
     except errors.OperatorError as exc:
         ctx.metrics.count_request(exc.reason)
         if exc.reason == Reason.NO_FEASIBLE_PLAN and quota is None and not capped:
@@ -555,8 +578,9 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     outcome = tracking.job_outcome(job, pods, observed_start=noted)
     assert outcome is not None  # finished above; pods only refine its start
     plan = resources.Plan.from_status(status["plan"])
-    drift = (resources.drift_ratio(outcome.actual.seconds, plan.estimated_seconds)
-             if outcome.succeeded else None)
+    # Issue #33: only an uninterrupted run measures training, timed from its attempt's start.
+    drift = (resources.drift_ratio(outcome.training_seconds, plan.estimated_seconds)
+             if outcome.measures_training else None)
     tj = TrainingJobRef(meta["namespace"], tj_name, body["metadata"]["uid"],
                         int(body["metadata"].get("generation", 1)), status, emit_for(body))
     extra: dict[str, Any] = {"actual": outcome.actual.to_status()}
@@ -565,6 +589,11 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     type_, reason = ((Condition.SUCCEEDED, Reason.JOB_COMPLETED) if outcome.succeeded
                      else (Condition.FAILED, Reason.JOB_FAILED))
     measured = f"{outcome.actual.seconds:.0f}s actual from the {outcome.start_source}"
+    if outcome.interruptions:
+        measured += (f"; interrupted ({', '.join(outcome.interruptions)}): not used for "
+                     "calibration or drift")
+    elif outcome.attempt_start is not None and drift is not None:
+        measured += f", {outcome.training_seconds:.0f}s in the attempt that finished"
     message = (f"{outcome.message}; {measured}, drift {drift:.3g}" if drift is not None
                else f"{outcome.message}; {measured}")
     await _set(ctx, tj, type_=type_, ok=True, reason=reason, message=message, extra=extra)
@@ -575,8 +604,8 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
     ctx.metrics.observe_finished(tj.namespace, tj.name, plan.gpu_type, outcome.actual.seconds,
                                  drift, succeeded=outcome.succeeded, now=now)
     tj.emit(warning=not outcome.succeeded, reason=reason, message=message)
-    if outcome.succeeded and outcome.actual.seconds > 0:
-        await _feed_back(ctx, tj, plan, outcome.actual.seconds)
+    if outcome.measures_training and outcome.training_seconds > 0:
+        await _feed_back(ctx, tj, plan, outcome.training_seconds)
 
 
 async def record_failed_create(ctx: Context, namespace: str, job_name: str, message: str,

@@ -78,3 +78,14 @@ def hungry_context(device_key: str, allocate_bytes: int) -> planner.PlannerConte
         catalog=devices.load_catalog(), predictor=HungryOnDevice(device_key, allocate_bytes),
         predictor_source="hungry-roofline",
     )
+
+
+GATE_POLL_S = 0.05
+
+
+def gated_context(gate_file: str) -> planner.PlannerContext:
+    """The roofline context, built only once `gate_file` exists: a bundle whose load takes as
+    long as a test wants (a real one takes seconds)."""
+    while not Path(gate_file).exists():
+        time.sleep(GATE_POLL_S)
+    return roofline_context()

@@ -104,8 +104,8 @@ def serve_process(argv: list[str], port: int, log_path: Path, *, ready_timeout_s
                 try:
                     if requests.get(f"{url}/readyz", timeout=2).status_code == 200:
                         break
-                except requests.ConnectionError:
-                    pass
+                except (requests.ConnectionError, requests.Timeout):
+                    pass  # the port opens before the bundle loads (#33), which may stall it
                 time.sleep(0.5)
             yield url
         finally:

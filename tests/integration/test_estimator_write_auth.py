@@ -13,6 +13,7 @@ import os
 import pathlib
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -30,17 +31,25 @@ def mint_token(core_v1: Any, namespace: str, name: str) -> str:
     return str(answer.status.token)
 
 
-@pytest.fixture
-def guarded_estimator(testbed: Any, namespace: str, tmp_path: pathlib.Path) -> Iterator[str]:
+@contextmanager
+def serve_guarded(testbed: Any, namespace: str, tmp_path: pathlib.Path,
+                  *extra: str) -> Iterator[str]:
+    """`gpuplan serve` with tokenreview writes for `<namespace>:writer` (and `extra` flags)."""
     port = h.free_port()
     argv = [str(pathlib.Path(sys.executable).with_name("gpuplan")), "serve", "--host",
             "127.0.0.1", "--port", str(port), "--db", f"sqlite:///{tmp_path / 'perf.db'}",
             "--bundle-poll", "3600", "--workers", "1",
             "--write-auth", "tokenreview", "--write-auth-kubeconfig", str(testbed.kubeconfig),
-            "--write-allowed-subjects", f"system:serviceaccount:{namespace}:writer"]
+            "--write-allowed-subjects", f"system:serviceaccount:{namespace}:writer", *extra]
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     with serve_process(argv, port, tmp_path / "estimator.log", ready_timeout_s=180,
                        env=env) as url:
+        yield url
+
+
+@pytest.fixture
+def guarded_estimator(testbed: Any, namespace: str, tmp_path: pathlib.Path) -> Iterator[str]:
+    with serve_guarded(testbed, namespace, tmp_path) as url:
         yield url
 
 
@@ -91,3 +100,26 @@ def test_only_the_allowed_service_account_moves_the_calibration(
     assert t4_step_ms(url) > before  # the operator's outcome does calibrate
     # Reads need no token.
     assert requests.get(f"{url}/v1/models", timeout=30).status_code == 200
+
+
+@pytest.fixture
+def audience_estimator(testbed: Any, namespace: str, tmp_path: pathlib.Path) -> Iterator[str]:
+    """As the chart runs it (issue #33): only tokens minted for `gpuplan-estimator` count."""
+    with serve_guarded(testbed, namespace, tmp_path, "--write-auth-audiences",
+                       "gpuplan-estimator") as url:
+        yield url
+
+
+def test_a_token_for_the_api_server_is_refused_even_from_the_allowed_account(
+        audience_estimator: str, core_v1: Any, namespace: str) -> None:
+    """The allowed account's ordinary token (what a pod's environment or mount holds) replays
+    nowhere: only one minted for the estimator's audience writes."""
+    url = audience_estimator
+    ordinary = mint_token(core_v1, namespace, "writer")
+    resp = post_outcome(url, "replayed", ordinary)
+    assert resp.status_code == 401, resp.text
+    for_estimator = core_v1.create_namespaced_service_account_token(
+        "writer", namespace, {"spec": {"audiences": ["gpuplan-estimator"],
+                                       "expirationSeconds": 600}}).status.token
+    resp = post_outcome(url, "projected", str(for_estimator))
+    assert resp.status_code == 201, resp.text

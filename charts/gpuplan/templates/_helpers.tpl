@@ -71,3 +71,6 @@ seccompProfile: {type: RuntimeDefault}
   podSelector: {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end -}}
+
+{{/* The audience of the operator's token for the estimator (issue #33): one source for both. */}}
+{{- define "gpuplan.estimatorAudience" -}}gpuplan-estimator{{- end }}

@@ -33,6 +33,13 @@ class ModelSourceUnavailableError(OperatorError):
     reason = "ModelSourceUnavailable"
 
 
+class ModelFetchesBusyError(ModelSourceUnavailableError):
+    """The TrainingJob's namespace already has its share of model fetches running or waiting
+    (`core.throttling`): retried later, without a condition written for every retry."""
+
+    reason = "ModelFetchesBusy"
+
+
 class BlockedUrlError(InvalidModelSourceError):
     """The model URL points at a refused scheme or address."""
 

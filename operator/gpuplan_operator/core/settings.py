@@ -23,8 +23,15 @@ OTHER_PROGRAMS_VARIABLES = frozenset({
     "GPUPLAN_DB_URL", "GPUPLAN_PRICES_JSON", "GPUPLAN_SHARED_DATA", "GPUPLAN_KUBECONFIG",
     "GPUPLAN_EXTENDER_PORT"})
 OTHER_PROGRAMS_PREFIXES = ("GPUPLAN_TESTBED_",)
-# Read by gpuplan-operator's command line before kopf starts (__main__.py), not by Settings.
-ENTRYPOINT_VARIABLES = frozenset({"GPUPLAN_NAMESPACES"})
+# Read by gpuplan-operator's command line before kopf starts (__main__.py), not by Settings,
+# and by the handlers' start-up for the pods a namespaced operator lists.
+NAMESPACES_ENV = "GPUPLAN_NAMESPACES"
+ENTRYPOINT_VARIABLES = frozenset({NAMESPACES_ENV})
+
+
+def env_namespaces(environ: Mapping[str, str]) -> list[str]:
+    """Namespaces named by GPUPLAN_NAMESPACES (comma-separated, blanks dropped)."""
+    return [ns.strip() for ns in environ.get(NAMESPACES_ENV, "").split(",") if ns.strip()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +80,32 @@ class Settings:
 
     model_fetch_timeout_seconds: float = 30.0
     """Total time allowed for downloading a model URL."""
+
+    model_fetches: int = 2
+    """TrainingJob plans that may hold a model in memory at once (fetch, encode, post); the
+    others wait holding nothing. Each holds ~4x its model (`core.throttling`), so with 64 MiB
+    models two cost ~512 MiB of the chart's 1 GiB limit (issue #33)."""
+
+    model_fetches_per_namespace: int = 4
+    """Plans one namespace may have fetching or waiting at once; its other TrainingJobs are
+    retried later (ModelFetchesBusy), so one tenant's thousand TrainingJobs wait in kopf's
+    retries rather than ahead of every other tenant."""
+
+    worker_limit: int = 64
+    """kopf's `settings.batching.worker_limit`: objects handled at once (each a coroutine;
+    unset, kopf starts one per object, so a flood of TrainingJobs is a flood of workers)."""
+
+    leader_lease_name: str = ""
+    """coordination.k8s.io Lease whose holder alone runs the benchmark and retraining loop
+    (issue #33: every replica ran it); empty: this replica always runs it (one replica, a
+    test). The chart sets <release>-operator."""
+
+    leader_lease_namespace: str = ""
+    """Namespace of the Lease (the chart: the release's, where the operator runs)."""
+
+    leader_lease_seconds: float = 30.0
+    """A Lease not renewed for this long is taken over by another replica; the holder renews
+    three times per period."""
 
     model_url_block_private: bool = True
     """Refuse model URLs resolving to RFC 1918 / unique-local addresses (in-cluster services)."""
@@ -279,6 +312,19 @@ def _problems(s: Settings) -> list[str]:
         out.append("retry_max_delay_seconds: must be >= retry_base_delay_seconds")
     if not 1 <= s.model_max_bytes <= 1024**3:
         out.append(f"model_max_bytes: must be in 1..1 GiB, got {s.model_max_bytes}")
+    for name in ("model_fetches", "model_fetches_per_namespace", "worker_limit"):
+        if not 1 <= getattr(s, name) <= 10_000:
+            out.append(f"{name}: must be in 1..10000, got {getattr(s, name)}")
+    if s.worker_limit <= s.model_fetches:
+        out.append(f"worker_limit: must exceed model_fetches ({s.model_fetches}), so plans "
+                   f"waiting for a fetch leave workers for Job events, got {s.worker_limit}")
+    if s.leader_lease_name and not (DNS_SUBDOMAIN.match(s.leader_lease_name)
+                                    and DNS_LABEL.match(s.leader_lease_namespace)):
+        out.append("leader_lease_name/leader_lease_namespace: need a DNS name and the "
+                   f"namespace it lives in, got {s.leader_lease_name!r} in "
+                   f"{s.leader_lease_namespace!r}")
+    if not 3 <= s.leader_lease_seconds <= 3600:
+        out.append(f"leader_lease_seconds: must be in 3..3600, got {s.leader_lease_seconds}")
     if not 1 <= s.master_port <= 65535:
         out.append(f"master_port: must be in 1..65535, got {s.master_port}")
     if not 0 <= s.metrics_port <= 65535:

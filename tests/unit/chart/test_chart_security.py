@@ -18,8 +18,10 @@ NAMESPACED = ("operator.namespaces={team-a,team-b}",)
 VARIANTS = {
     "default": (),
     "namespaced": NAMESPACED,
+    # A PVC goes with one replica and no database URL (#33), so it is a variant of its own.
     "ha": ("estimator.replicas=2", "estimator.database.urlSecret=perfdb", "scheduler.replicas=2",
-           "estimator.persistence.enabled=true", "kueue.enabled=true"),
+           "kueue.enabled=true"),
+    "persistent": ("estimator.persistence.enabled=true",),
 }
 
 
@@ -121,9 +123,9 @@ def test_cluster_wide_operator_reads_configmaps_and_never_deletes() -> None:
 def test_namespaced_operator_holds_tenant_rights_only_in_its_namespaces() -> None:
     docs = _docs(*NAMESPACED)
     cluster = _rules(_by_kind(docs, "ClusterRole")["/t-gpuplan-operator"])
-    # Cluster-wide it only reads the GPU inventory (nodes, pods) and what kopf discovers.
-    assert {r for _, r, _ in cluster} == {"nodes", "pods", "customresourcedefinitions",
-                                          "namespaces"}
+    # Cluster-wide it only reads the GPU nodes and what kopf discovers; pods only in its own
+    # namespaces (#33).
+    assert {r for _, r, _ in cluster} == {"nodes", "customresourcedefinitions", "namespaces"}
     assert {v for _, _, v in cluster} <= {"get", "list", "watch"}
     roles = _by_kind(docs, "Role")
     bindings = _by_kind(docs, "RoleBinding")
@@ -131,10 +133,20 @@ def test_namespaced_operator_holds_tenant_rights_only_in_its_namespaces() -> Non
         rules = _rules(roles[f"{ns}/t-gpuplan-operator"])
         assert ("batch", "jobs", "create") in rules and ("", "configmaps", "get") in rules
         assert ("kopf.dev", "kopfpeerings", "patch") in rules
+        assert ("", "pods", "list") in rules
         assert bindings[f"{ns}/t-gpuplan-operator"]["subjects"][0]["name"] == "t-gpuplan-operator"
     # Benchmark and retraining Jobs run in the release's namespace.
     jobs = _rules(roles["gpuplan-system/t-gpuplan-operator-jobs"])
     assert jobs == {("batch", "jobs", v) for v in ("get", "list", "watch", "create")}
+
+
+def test_the_operator_may_hold_only_its_own_lease() -> None:
+    docs = _docs()
+    lease = _by_kind(docs, "Role")["gpuplan-system/t-gpuplan-operator-lease"]
+    assert _rules(lease) == {("coordination.k8s.io", "leases", v)
+                             for v in ("get", "update", "create")}
+    named = [r for r in lease["rules"] if "get" in r["verbs"]]
+    assert named[0]["resourceNames"] == ["t-gpuplan-operator"]
 
 
 def test_operator_peers_through_a_peering_object_per_scope() -> None:
@@ -154,16 +166,18 @@ def test_glob_namespaces_are_refused() -> None:
 # -- NetworkPolicy ---------------------------------------------------------------------------
 
 
-def test_only_operator_scheduler_and_prometheus_reach_the_estimator() -> None:
+def test_only_operator_and_scheduler_reach_the_estimators_api_and_prometheus_its_metrics() -> None:
     policies = _by_kind(_docs(), "NetworkPolicy")
     estimator = policies["/t-gpuplan-estimator"]["spec"]
     assert estimator["policyTypes"] == ["Ingress"]  # egress left open (docs/security.md)
-    [rule] = estimator["ingress"]
+    [rule, metrics] = estimator["ingress"]
     assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     components = [p["podSelector"]["matchLabels"].get("app.kubernetes.io/component")
                   for p in rule["from"] if "namespaceSelector" not in p]
     assert components == ["operator", "scheduler"]
-    prometheus = [p for p in rule["from"] if "namespaceSelector" in p]
+    assert not [p for p in rule["from"] if "namespaceSelector" in p]  # #33: metrics moved
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    prometheus = metrics["from"]
     assert prometheus == [{"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "monitoring"}},
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]

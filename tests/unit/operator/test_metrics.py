@@ -58,7 +58,7 @@ def test_drift_is_averaged_in_log_space_and_failures_are_left_out() -> None:
         m.observe_finished("ns", name, "NVIDIA-L4", 100, drift, succeeded=True, now=T0)
     m.observe_finished("ns", "crashed", "NVIDIA-L4", 5, 0.05, succeeded=False, now=T0)
     m.observe_finished("ns", "slower", "NVIDIA-L4", 100, 4.0, succeeded=True, now=T0)
-    labels = {"gpu_type": "NVIDIA-L4"}
+    labels = {"gpu_type": "NVIDIA-L4", "trainingjob_namespace": "ns"}
     count = registry.get_sample_value("gpuplan_drift_ratio_count", labels)
     slow = registry.get_sample_value("gpuplan_drift_log_slow_total", labels)
     fast = registry.get_sample_value("gpuplan_drift_log_fast_total", labels)

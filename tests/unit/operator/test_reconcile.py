@@ -251,7 +251,7 @@ def test_finished_job_is_recorded_once() -> None:
     asyncio.run(reconcile.record_job(ctx, job, noop))
     assert kube.status["actual"]["seconds"] == 100 and kube.status["drift"] == 2.0
     assert len([c for c in kube.calls if c.startswith("status")]) == 1
-    labels = {"gpu_type": "NVIDIA-A100-SXM4-80GB"}
+    labels = {"gpu_type": "NVIDIA-A100-SXM4-80GB", "trainingjob_namespace": "ns"}
     assert registry.get_sample_value("gpuplan_drift_ratio_count", labels) == 1
 
 
@@ -442,7 +442,7 @@ def test_drift_runs_from_the_first_container_start() -> None:
     succeeded = kube.status["conditions"][0]
     assert "from the first container start" in succeeded["message"]
     assert [o["actual_seconds"] for o in outcomes] == [100]
-    labels = {"gpu_type": "NVIDIA-A100-SXM4-80GB"}
+    labels = {"gpu_type": "NVIDIA-A100-SXM4-80GB", "trainingjob_namespace": "ns"}
     assert registry.get_sample_value("gpuplan_drift_log_slow_total", labels) == pytest.approx(
         math.log(2.0))
 
@@ -455,10 +455,10 @@ def test_failed_job_has_no_drift_and_no_outcome() -> None:
     assert kube.status["actual"]["seconds"] == 100 and "drift" not in kube.status
     assert kube.status["conditions"][0]["reason"] == "JobFailed"
     assert outcomes == []
-    labels = {"gpu_type": "NVIDIA-A100-SXM4-80GB"}
+    labels = {"gpu_type": "NVIDIA-A100-SXM4-80GB", "trainingjob_namespace": "ns"}
     assert registry.get_sample_value("gpuplan_drift_ratio_count", labels) is None
-    assert registry.get_sample_value(
-        "gpuplan_actual_seconds", {"namespace": "ns", "trainingjob": "tj", **labels}) == 100
+    assert registry.get_sample_value("gpuplan_actual_seconds", {
+        "namespace": "ns", "trainingjob": "tj", "gpu_type": "NVIDIA-A100-SXM4-80GB"}) == 100
 
 
 def test_outcome_is_sent_once_per_job_even_when_events_race() -> None:

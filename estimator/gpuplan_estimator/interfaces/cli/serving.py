@@ -39,6 +39,13 @@ def register(sub: Any) -> None:
                    help="address to listen on; 0.0.0.0 for every interface (default %(default)s)")
     s.add_argument("--port", type=arguments.count_up_to(65535), default=8080,
                    help="TCP port to listen on (default %(default)s)")
+    s.add_argument("--metrics-port", type=arguments.count_up_to(65535), default=None,
+                   metavar="PORT", help="serve GET /metrics alone on this port, and not on "
+                   "--port (default: on --port, beside the API)")
+    s.add_argument("--ephemeral-data", action="store_true",
+                   help="the data dir does not outlive the process (the chart's emptyDir): "
+                   "warn at start-up that SQLite outcomes, calibration and bundles are lost at "
+                   "every restart")
     s.add_argument("--bundle", metavar="DIR",
                    help="model bundle directory (default: the performance database's active "
                    "bundle, else the newest in the data dir, else the shipped one)")
@@ -62,6 +69,15 @@ def register(sub: Any) -> None:
     s.add_argument("--queued-per-client", type=arguments.count_up_to(10_000), default=64,
                    metavar="N",
                    help="requests a client may have waiting; more get 429 (default 64)")
+    s.add_argument("--body-bytes-per-client", type=arguments.positive_int,
+                   default=service.ServiceSettings.body_bytes_per_client,
+                   metavar="BYTES", help="request bytes one client may have admitted at once; "
+                   "a request past it is answered 429 before its body is read (default "
+                   "%(default)s = 128 MiB)")
+    s.add_argument("--body-bytes-total", type=arguments.positive_int,
+                   default=service.ServiceSettings.body_bytes_total,
+                   metavar="BYTES", help="request bytes all clients together may have admitted "
+                   "at once (default %(default)s = 512 MiB)")
     s.add_argument("--max-body-bytes", type=arguments.positive_int, default=64 * 2**20,
                    metavar="BYTES", help="largest request body, in bytes; a larger one is "
                    "answered 413 (default %(default)s = 64 MiB)")
@@ -334,6 +350,21 @@ def context_with_host_probes(loader: Callable[[], planner.PlannerContext],
     return dataclasses.replace(context, host_probes=probes)
 
 
+EPHEMERAL_WARNING = (
+    "the performance database is SQLite on a volume that does not outlive this pod (emptyDir): "
+    "job outcomes, the calibration learnt from them and activated bundles are lost at every "
+    "restart; set estimator.persistence.enabled or estimator.database.urlSecret")
+
+
+def warn_if_ephemeral(ephemeral: bool, db_url: str | None) -> bool:
+    """Log `EPHEMERAL_WARNING` when SQLite (no database URL) lives on ephemeral storage;
+    returns whether it did."""
+    if ephemeral and not db_url:
+        logging.getLogger(__name__).warning(EPHEMERAL_WARNING)
+        return True
+    return False
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """`gpuplan serve`: run the estimator HTTP service until stopped; returns 0."""
     from aiohttp import web
@@ -345,7 +376,13 @@ def run_serve(args: argparse.Namespace) -> int:
         workers=args.workers, running_per_client=args.running_per_client,
         worker_memory_bytes=int(args.worker_memory_gib * 2**30),
         queued_per_client=args.queued_per_client,
+        body_bytes_per_client=args.body_bytes_per_client, body_bytes_total=args.body_bytes_total,
+        metrics_port=args.metrics_port,
     )
+    warn_if_ephemeral(args.ephemeral_data, args.db or os.environ.get(paths.DB_URL_ENV))
+    problems = service.intake_settings(settings).problems()
+    if problems:
+        raise GpuplanError("; ".join(problems))
     # A partial, not a lambda: every estimation worker process builds its context with it.
     prices: devices.PriceChoice = (args.prices or os.environ.get(devices.PROVIDER_ENV)
                                    or devices.prices_from_env(os.environ) or None)
@@ -370,7 +407,9 @@ def run_serve(args: argparse.Namespace) -> int:
         log.warning(
             "--write-auth none on %s: any client that reaches it can post outcomes and "
             "activate bundles", args.host)
-    state.load()  # fail fast on a broken explicit bundle
+    if args.bundle is not None:
+        state.load()  # fail fast on a broken explicit bundle (a laptop's serve)
+    # Otherwise the bundle loads behind the open port, so /readyz can say 503 meanwhile.
     app = service.make_app(state, settings, outcome_sink=perfdb_outcome_sink(args.db),
                            coverage_source=perfdb_coverage_source(args.db),
                            outcome_history=perfdb_outcome_history(args.db),

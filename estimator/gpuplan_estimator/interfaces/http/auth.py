@@ -26,7 +26,7 @@ from typing import Literal, Protocol
 
 from aiohttp import web
 
-from gpuplan_estimator.interfaces.http import tokenreview, work
+from gpuplan_estimator.interfaces.http import admission, tokenreview, work
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +198,33 @@ class WriteGuard:
         if token is None:
             raise Denied(401, "Unauthenticated", "this endpoint needs 'Authorization: Bearer "
                          "<token>' with the caller's Kubernetes ServiceAccount token")
+        username = await self._verified(token)
+        if username not in self._allowed:
+            log.warning("write refused for %s: not in --write-allowed-subjects", username)
+            raise Denied(403, "Forbidden", f"{username} may not write to the estimator "
+                         "(not in its allowed subjects)")
+        return username
+
+    async def fairness_key(self, authorization: str | None, asserted: str | None,
+                           peer: str | None) -> str:
+        """Whose share of the workers and queues a request uses (issue #33). Only an allowed
+        writer (the operator), verified like a write, may say which tenant a request is for
+        (the TrainingJob's namespace, `asserted`); anyone else is keyed by its address, the
+        header ignored. With writes open (`none`) nobody is verified: address and header."""
+        if self.settings.mode == "none":
+            return admission.client_key(asserted, peer)
+        token = bearer_token(authorization)
+        try:
+            username = await self._verified(token) if token is not None else None
+        except Denied:
+            username = None
+        if username is None or username not in self._allowed:
+            return admission.client_key(None, peer)
+        return admission.client_key(asserted, username)
+
+    async def _verified(self, token: str) -> str:
+        """The username of a token the API server accepts for our audiences; Denied (401, or
+        503 when it cannot be asked) otherwise."""
         username = self.verified.get(token)
         if username is None:
             assert self._reviewer is not None
@@ -213,10 +240,6 @@ class WriteGuard:
                              "the Kubernetes API server (invalid, expired or wrong audience)")
             username = review.username
             self.verified.put(token, username)
-        if username not in self._allowed:
-            log.warning("write refused for %s: not in --write-allowed-subjects", username)
-            raise Denied(403, "Forbidden", f"{username} may not write to the estimator "
-                         "(not in its allowed subjects)")
         return username
 
     def protect(self, handler: Handler) -> Handler:

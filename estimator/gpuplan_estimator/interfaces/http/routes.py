@@ -24,14 +24,14 @@ from gpuplan_estimator.core.errors import (
     InvalidRequestError,
     UnknownDeviceError,
 )
-from gpuplan_estimator.interfaces.http import admission, front, wire, work
+from gpuplan_estimator.interfaces.http import admission, auth, front, intake, wire, work
 from gpuplan_estimator.interfaces.http.coverage import bundle_training_rows, coverage_json
 from gpuplan_estimator.interfaces.http.metrics import Metrics
 from gpuplan_estimator.interfaces.http.refits import Refits
 from gpuplan_estimator.interfaces.http.state import ServiceState
 from gpuplan_estimator.interfaces.http.storage import IoThreads, Storage, WorkloadKeeper
 from gpuplan_estimator.latency import selection
-from gpuplan_estimator.planning import calibrating
+from gpuplan_estimator.planning import calibrating, planner
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,8 @@ class Routes:
 
     def __init__(self, state: ServiceState, storage: Storage, io: IoThreads, refits: Refits,
                  workloads: WorkloadKeeper, metrics: Metrics, request_timeout_s: float,
-                 openapi_document: Mapping[str, Any]) -> None:
+                 openapi_document: Mapping[str, Any], bodies: intake.Intake,
+                 guard: auth.WriteGuard) -> None:
         self.state = state
         self.storage = storage
         self.io = io
@@ -97,21 +98,51 @@ class Routes:
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
         self.document = openapi_document
+        self.intake = bodies
+        self.guard = guard
         self.front: front.Front | None = None
+        self.startup_error: str | None = None
+        """Why the bundle or the workers could not start (then /healthz fails)."""
+        self.started = asyncio.Event()
+        """Set once start-up ended, well or not (`service.Lifecycle.start`)."""
+
+    def after_start(self, handler: Handler) -> Handler:
+        """`handler`, run once start-up ended: the port opens before the bundle is loaded
+        (issue #33), and a request that arrives meanwhile waits for it within its deadline
+        rather than being refused (the readiness probe keeps the Service's traffic away)."""
+        async def waiting(request: web.Request) -> web.StreamResponse:
+            if not self.started.is_set():
+                try:
+                    await asyncio.wait_for(self.started.wait(), self.request_timeout_s)
+                except TimeoutError:
+                    return _json_error(503, "NotReady", "still loading the model bundle")
+            return await handler(request)
+        return waiting
 
     async def _estimation(self, endpoint: str, request: web.Request) -> web.Response:
         context = self.state.context
         if context is None or self.front is None:
             return _json_error(503, "NotReady", "model bundle not loaded yet")
+        client = await self.guard.fairness_key(request.headers.get("Authorization"),
+                                               request.headers.get(admission.CLIENT_HEADER),
+                                               request.remote)
+        try:  # admitted before its body is read (issue #33): a refused body is never read
+            with self.intake.hold(client, request.content_length):
+                return await self._answer(endpoint, request, context, client)
+        except intake.TooLarge as exc:
+            return _json_error(413, "RequestTooLarge", str(exc))
+        except admission.Busy as exc:
+            return _json_error(429, "TooManyRequests", str(exc))
+
+    async def _answer(self, endpoint: str, request: web.Request,
+                      context: planner.PlannerContext, client: str) -> web.Response:
+        assert self.front is not None
         deadline = asyncio.get_running_loop().time() + self.request_timeout_s
         ask = front.Ask(
             endpoint=endpoint, body=await request.read(), bundle=context.predictor_source,
             calibration=self.state.calibration,
             calibration_generation=self.state.calibration_generation,
-            scaling_fit=self.state.scaling,
-            client=admission.client_key(request.headers.get(admission.CLIENT_HEADER),
-                                        request.remote),
-            deadline=deadline)
+            scaling_fit=self.state.scaling, client=client, deadline=deadline)
         found = await self.front.answer(ask)
         body = found.body
         if found.status == 200:  # the version of the bundle the workers answered with
@@ -239,14 +270,17 @@ class Routes:
         })
 
     async def healthz(self, _: web.Request) -> web.Response:
-        """`GET /healthz`."""
+        """`GET /healthz`: alive unless start-up failed (the kubelet then restarts it)."""
+        if self.startup_error is not None:
+            return _json_error(503, "StartupFailed", self.startup_error)
         return web.json_response({"status": "ok"})
 
     async def readyz(self, _: web.Request) -> web.Response:
-        """`GET /readyz`: ready once a bundle is loaded."""
+        """`GET /readyz`: ready once a bundle is loaded and the workers started."""
         context = self.state.context
-        if context is None:
-            return _json_error(503, "NotReady", "model bundle not loaded yet")
+        if context is None or self.front is None:
+            return _json_error(503, "NotReady", "loading the model bundle and starting the "
+                               "estimation workers")
         return web.json_response({"status": "ready", "predictor": context.predictor_source})
 
     async def openapi_document(self, _: web.Request) -> web.Response:

@@ -25,6 +25,7 @@ holds the settings, the start-up and polling lifecycle, and `make_app`, which wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -41,6 +42,7 @@ from gpuplan_estimator.interfaces.http import (
     auth,
     caching,
     front,
+    intake,
     openapi,
     work,
     workers,
@@ -95,14 +97,37 @@ class ServiceSettings:
     (a client already running never takes the last free worker; `admission`)."""
     queued_per_client: int = 64
     queued_total: int = 512
+    body_bytes_per_client: int = 128 * 2**20
+    """Request bytes one client may have admitted at once (read, queued or running); a body
+    past it gets 429 before it is read (`intake`, issue #33)."""
+    body_bytes_total: int = 512 * 2**20
+    """The same for every client together."""
     cache_entries: int = 512
     cache_bytes: int = 256 * 2**20
     scaling_min_samples: int = scaling.MIN_FIT_SAMPLES
     """Multi-GPU outcomes with scaling fields needed before the scaling model is fitted."""
     scaling_random_state: int = 0
     """Seed of the scaling fit (differential evolution and its held-out folds)."""
+    metrics_port: int | None = None
+    """Serve /metrics on this port alone (and not on `port`); None: on `port`, beside the API."""
     workload_prune_interval_s: float = 3600.0
     """How often the bundle poll also prunes old plan workloads (`WorkloadPruner`)."""
+
+
+def intake_settings(settings: ServiceSettings) -> intake.IntakeSettings:
+    """The body caps of `settings` (`intake`)."""
+    return intake.IntakeSettings(settings.max_body_bytes, settings.body_bytes_per_client,
+                                 settings.body_bytes_total)
+
+
+def memory_plan(settings: ServiceSettings) -> intake.MemoryPlan:
+    """What sizes the service's memory under `settings` (`intake.client_worst_case_bytes`)."""
+    return intake.MemoryPlan(
+        workers=settings.workers,
+        running_per_client=settings.running_per_client or settings.workers,
+        worker_memory_bytes=settings.worker_memory_bytes,
+        bytes_per_client=settings.body_bytes_per_client,
+        bytes_total=settings.body_bytes_total, cache_bytes=settings.cache_bytes)
 
 
 def database_bundle_context(
@@ -185,19 +210,56 @@ class Lifecycle:
             pool, gate, caching.ReplyCache(settings.cache_entries, settings.cache_bytes),
             self.metrics, settings.request_timeout_s)
 
-    async def __call__(self, app: web.Application) -> AsyncIterator[None]:
-        """aiohttp's cleanup context: start, run the poll, then shut down."""
-        front_ = await self.start_front()
+    async def start(self) -> None:
+        """Load the bundle, start the workers, fit, then poll; behind an open port, so /readyz
+        answers 503 meanwhile (issue #33) and a failed start makes /healthz fail."""
+        try:
+            front_ = await self.start_front()
+        except Exception as exc:  # the kubelet's probes restart the pod
+            log.exception("the estimator could not start")
+            self.routes.startup_error = f"{type(exc).__name__}: {exc}"
+            self.routes.started.set()
+            return
         self.routes.front = front_
-        await self.refits.refit_calibration()
-        await self.refits.refit_scaling()
-        task = asyncio.create_task(self.poll())
+        try:
+            await self.refits.refit_calibration()
+            await self.refits.refit_scaling()
+        finally:
+            self.routes.started.set()
+        await self.poll()
+
+    async def __call__(self, app: web.Application) -> AsyncIterator[None]:
+        """aiohttp's cleanup context: start in the background, then shut down."""
+        metrics_site = await self.open_metrics_port()
+        task = asyncio.create_task(self.start())
         yield
         task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         self.refits.cancel()
-        front_.close()
+        if self.routes.front is not None:
+            self.routes.front.close()
         self.io.shutdown()
         await self.guard.close()
+        if metrics_site is not None:
+            await metrics_site.cleanup()
+
+    async def open_metrics_port(self) -> web.AppRunner | None:
+        """Serve GET /metrics alone on `metrics_port`, when one is set."""
+        if self.settings.metrics_port is None:
+            return None
+        runner = web.AppRunner(make_metrics_app(self.routes))
+        await runner.setup()
+        await web.TCPSite(runner, self.settings.host, self.settings.metrics_port).start()
+        return runner
+
+
+def make_metrics_app(routes: Routes) -> web.Application:
+    """The metrics listener: `GET /metrics` only; any other method or path is refused, so a
+    scraper cannot reach the API (issue #33)."""
+    app = web.Application(client_max_size=1024)
+    app.router.add_get("/metrics", routes.metrics_endpoint)
+    return app
 
 
 def _watch_fits(metrics: Metrics, state: ServiceState) -> None:
@@ -239,19 +301,23 @@ def make_app(
     refits = Refits(state, metrics, io, outcome_history, scaling_history, ScalingFitSettings(
         settings.scaling_min_samples, settings.scaling_random_state))
     routes = Routes(state, storage, io, refits, WorkloadKeeper(workload_sink, io), metrics,
-                    settings.request_timeout_s, openapi.document())
+                    settings.request_timeout_s, openapi.document(),
+                    intake.Intake(intake_settings(settings)), guard)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[envelope_middleware(metrics, settings.max_body_bytes)])
-    app.router.add_post("/v1/plans", routes.plans)
-    app.router.add_post("/v1/estimate", routes.estimate)
+    started = routes.after_start
+    app.router.add_post("/v1/plans", started(routes.plans))
+    app.router.add_post("/v1/estimate", started(routes.estimate))
     # The writes: only callers the guard verifies (reads stay open).
-    app.router.add_post("/v1/outcomes", guard.protect(routes.outcomes))
-    app.router.add_get("/v1/models", routes.models)
-    app.router.add_get("/v1/coverage", routes.coverage)
-    app.router.add_post(r"/v1/models/{version:\d{1,30}}/activate", guard.protect(routes.activate))
+    app.router.add_post("/v1/outcomes", guard.protect(started(routes.outcomes)))
+    app.router.add_get("/v1/models", started(routes.models))
+    app.router.add_get("/v1/coverage", started(routes.coverage))
+    app.router.add_post(r"/v1/models/{version:\d{1,30}}/activate",
+                        guard.protect(started(routes.activate)))
     app.router.add_get("/healthz", routes.healthz)
     app.router.add_get("/readyz", routes.readyz)
-    app.router.add_get("/metrics", routes.metrics_endpoint)
+    if settings.metrics_port is None:
+        app.router.add_get("/metrics", routes.metrics_endpoint)
     app.router.add_get(openapi.DOCUMENT_PATH, routes.openapi_document)
     app.cleanup_ctx.append(Lifecycle(state, settings, metrics, io, refits, routes, guard,
                                      workload_pruner))

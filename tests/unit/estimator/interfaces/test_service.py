@@ -226,9 +226,9 @@ def test_estimate_endpoint_returns_the_cli_schema() -> None:
 def test_health_models_and_metrics() -> None:
     async def check(client: TestClient) -> None:
         assert (await client.get("/healthz")).status == 200
+        models = await (await client.get("/v1/models")).json()  # waits for start-up (#33)
         ready = await client.get("/readyz")
         assert ready.status == 200
-        models = await (await client.get("/v1/models")).json()
         assert models["source"] == "roofline"
         await client.post("/v1/plans", json=plan_body(inventory=[]))
         text = await (await client.get("/metrics")).text()

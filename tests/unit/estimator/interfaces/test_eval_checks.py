@@ -14,7 +14,6 @@ from gpuplan_estimator.evaluation import (
     host_check,
     memory_check,
     model_step_scoring,
-    model_steps,
     parallel_check,
     plans_report,
     speed,
@@ -104,7 +103,8 @@ def test_model_step_scoring_predict(monkeypatch: pytest.MonkeyPatch, tmp_path: P
                        f"--precisions fp32,bf16 --cases smoke --models gpt2-tiny --out {out}")
     assert main.main(["eval", "model-step-scoring", "predict", "--device", "t4",
                       "--out", str(out)]) == 0
-    assert calls[1][0].precisions == model_step_scoring.PREDICTED_PRECISIONS and calls[1][0].cases == "full"
+    assert calls[1][0].precisions == model_step_scoring.PREDICTED_PRECISIONS
+    assert calls[1][0].cases == "full"
     _usage_error(["eval", "model-step-scoring", "predict", "--device", "t4", "--cases", "huge",
                   "--out", str(out)], capsys, "--cases")
     _usage_error(["eval", "model-step-scoring", "predict", "--device", "t4"], capsys, "--out")

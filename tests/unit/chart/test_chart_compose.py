@@ -208,3 +208,26 @@ def test_wrong_values_are_refused_naming_the_value(setting: str, names: str) -> 
     out = render(setting)
     assert out.returncode != 0, setting
     assert names in out.stderr, out.stderr
+
+
+def test_helm_test_hook_plans_through_the_release_estimator() -> None:
+    """templates/tests/plan.yaml: a `helm test` hook running files/test-plan.py against this
+    release's estimator Service (tests/integration/test_helm_install.py runs it)."""
+    docs = _docs("imagePullSecrets[0].name=registry-a")
+    [pod] = [d for d in docs if d["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "registry-a"}]
+    [container] = pod["spec"]["containers"]
+    assert container["command"][:2] == ["python", "-c"]
+    script = container["command"][2]
+    assert script == (CHART / "files" / "test-plan.py").read_text()
+    compile(script, "test-plan.py", "exec")
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["GPUPLAN_ESTIMATOR_URL"] == "http://t-gpuplan-estimator.ml-infra.svc:8080"
+    labels = pod["metadata"]["labels"]
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"
+                and d["metadata"]["name"] == "t-gpuplan-estimator"]
+    admitted = [p["podSelector"]["matchLabels"] for p in policy["spec"]["ingress"][0]["from"]
+                if "namespaceSelector" not in p]
+    assert labels in admitted

@@ -56,14 +56,16 @@ def test_the_checker_flags_what_the_restricted_profile_forbids() -> None:
 def test_every_rendered_pod_meets_the_restricted_profile(variant: str) -> None:
     pods = pod_security.pod_specs(_docs(*VARIANTS[variant]))
     assert set(pods) == {"Deployment/t-gpuplan-estimator", "Deployment/t-gpuplan-operator",
-                         "Deployment/t-gpuplan-scheduler"}
+                         "Deployment/t-gpuplan-scheduler", "Pod/t-gpuplan-test-plan"}
     assert {name: pod_security.violations(pod) for name, pod in pods.items()} == {
         name: [] for name in pods}
     for name, pod in pods.items():
         for container in pod["containers"]:
             assert container["securityContext"]["readOnlyRootFilesystem"] is True, name
-        # Writable paths are emptyDirs (or the estimator's data volume), never the image.
-        assert {"name": "tmp", "emptyDir": {}} in pod["volumes"], name
+        # Writable paths are emptyDirs (or the estimator's data volume), never the image; the
+        # `helm test` pod writes nothing.
+        if name.startswith("Deployment/"):
+            assert {"name": "tmp", "emptyDir": {}} in pod["volumes"], name
 
 
 def test_jobs_the_operator_creates_meet_the_restricted_profile() -> None:
@@ -154,7 +156,7 @@ def test_glob_namespaces_are_refused() -> None:
 # -- NetworkPolicy ---------------------------------------------------------------------------
 
 
-def test_only_operator_scheduler_and_prometheus_reach_the_estimator() -> None:
+def test_only_operator_scheduler_helm_test_and_prometheus_reach_the_estimator() -> None:
     policies = _by_kind(_docs(), "NetworkPolicy")
     estimator = policies["/t-gpuplan-estimator"]["spec"]
     assert estimator["policyTypes"] == ["Ingress"]  # egress left open (docs/security.md)
@@ -162,7 +164,7 @@ def test_only_operator_scheduler_and_prometheus_reach_the_estimator() -> None:
     assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     components = [p["podSelector"]["matchLabels"].get("app.kubernetes.io/component")
                   for p in rule["from"] if "namespaceSelector" not in p]
-    assert components == ["operator", "scheduler"]
+    assert components == ["operator", "scheduler", "helm-test"]
     prometheus = [p for p in rule["from"] if "namespaceSelector" in p]
     assert prometheus == [{"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "monitoring"}},

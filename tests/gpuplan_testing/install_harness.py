@@ -563,7 +563,7 @@ def _local_container(cluster: Cluster, namespace: str, dep: Mapping[str, Any],
            "KUBERNETES_SERVICE_PORT_HTTPS": str(cluster.api_port)}
     if os.environ.get("PYTHONPATH"):  # the code under test is the image's (another checkout)
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    (pod_dir / "home").mkdir(exist_ok=True)
+    (pod_dir / "home").mkdir(parents=True, exist_ok=True)
     env.update(resolve_env(cluster, c, pod, namespace, sa))
     env = {k: rewrite_paths(v, rewrites) for k, v in env.items()}
     argv = [rewrite_paths(expand_vars(a, env), rewrites) for a in container_argv(c)]

@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo dist dist-check docs test unit integration loop-e2e lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-up testbed-down testbed-status chart kind-e2e clean gpu-wheels gpu-predict bench-rehearsal
+.PHONY: help install demo dist dist-check docs test unit integration loop-e2e lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-compat testbed-up testbed-down testbed-status chart kind-e2e clean gpu-wheels gpu-predict bench-rehearsal
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -151,10 +151,18 @@ verify: crds openapi ## fail when generated artefacts (chart CRDs, OpenAPI, READ
 
 chart: ## lint and render the Helm chart
 	$$(bash hack/testbed-build.sh --print-bin)/helm lint charts/gpuplan
-	$$(bash hack/testbed-build.sh --print-bin)/helm template gpuplan charts/gpuplan --kube-version 1.34.4 >/dev/null
+	$$(bash hack/testbed-build.sh --print-bin)/helm template gpuplan charts/gpuplan --kube-version $$(bash hack/testbed-build.sh --print-k8s-version) >/dev/null
 
 testbed-build: ## build Kubernetes/etcd/kwok/helm from Go modules into ~/.cache/gpuplan/testbed
 	bash hack/testbed-build.sh
+
+# The older Kubernetes minor the chart still supports: its own binaries and testbed state, the
+# Helm install test on it. `make test` runs on hack/testbed-build.sh's default (newest) version.
+COMPAT_K8S_VERSION ?= v1.34.4
+COMPAT_ENV = GPUPLAN_K8S_VERSION=$(COMPAT_K8S_VERSION) GPUPLAN_TESTBED_STATE=$(CURDIR)/.testbed-$(COMPAT_K8S_VERSION)
+testbed-compat: $(STAMP) ## build (if needed) Kubernetes $(COMPAT_K8S_VERSION) and run the Helm install test on it
+	GPUPLAN_K8S_VERSION=$(COMPAT_K8S_VERSION) bash hack/testbed-build.sh
+	$(COMPAT_ENV) $(BIN)/pytest -q tests/integration/test_helm_install.py
 
 testbed: testbed-build testbed-up ## build (if needed) and start the local control plane
 

@@ -3,7 +3,10 @@
 # A second run finds every binary and builds nothing. See docs/testbed.md.
 set -euo pipefail
 
-K8S_VERSION=v1.34.4
+# The default is the newest Kubernetes release the Go module proxy serves (v1.37.2 on 2026-11-28);
+# an older minor stays buildable for the compatibility install test (`make testbed-compat`,
+# GPUPLAN_K8S_VERSION=v1.34.4). Each version has its own wrapper module, testbed/k8s/<version>/.
+K8S_VERSION=${GPUPLAN_K8S_VERSION:-v1.37.2}
 ETCD_VERSION=v3.6.4
 KWOK_VERSION=v0.7.0
 HELM_VERSION=v3.21.4
@@ -16,6 +19,7 @@ export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath
 export GOMODCACHE=$cache/gomod GOCACHE=$cache/gocache
 
 if [ "${1:-}" = "--print-bin" ]; then echo "$bin"; exit 0; fi
+if [ "${1:-}" = "--print-k8s-version" ]; then echo "$K8S_VERSION"; exit 0; fi
 mkdir -p "$bin"
 
 log() { printf '[testbed-build %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -23,13 +27,16 @@ have() { for b in "$@"; do [ -x "$bin/$b" ] || return 1; done; }
 
 build_k8s() {
   have kube-apiserver kube-controller-manager kube-scheduler kubectl && return 0
+  local module=$repo/testbed/k8s/$K8S_VERSION
+  [ -f "$module/go.mod" ] || { log "no wrapper module $module/go.mod for $K8S_VERSION"; exit 1; }
   log "building Kubernetes $K8S_VERSION (cold: ~20-40 min on 2 cores)"
-  local ldf="-s -w" kv
-  for kv in gitVersion=$K8S_VERSION gitMajor=1 gitMinor=34 gitTreeState=clean \
+  local ldf="-s -w" kv minor=${K8S_VERSION#v1.}
+  minor=${minor%%.*}
+  for kv in gitVersion=$K8S_VERSION gitMajor=1 gitMinor=$minor gitTreeState=clean \
             buildDate=2026-01-01T00:00:00Z; do
     ldf="$ldf -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
   done
-  (cd "$repo/testbed/k8s" && go build -ldflags "$ldf" -o "$bin/" \
+  (cd "$module" && go build -ldflags "$ldf" -o "$bin/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
 }

@@ -1,7 +1,7 @@
 """Command lines of the control-plane processes (pure: paths and ports in, argv lists out).
 
-Flags were checked against the pinned binaries (k8s v1.34.4, etcd v3.6.4, kwok v0.7.0); see
-docs/testbed.md for what each non-obvious flag avoids.
+Flags were checked against the pinned binaries (k8s v1.34.4 and v1.37.2, etcd v3.6.4, kwok
+v0.7.0); see docs/testbed.md for what each non-obvious flag avoids.
 """
 
 from __future__ import annotations

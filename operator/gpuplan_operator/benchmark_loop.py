@@ -96,14 +96,16 @@ def job_options(s: operator_settings.Settings) -> benchmarks.BenchmarkJobOptions
         image=s.benchmark_image, db_secret=s.benchmark_db_secret,
         budget_minutes=s.benchmark_budget_minutes, backend=s.benchmark_backend,
         tolerations=s.benchmark_tolerations(), priority_class_name=s.benchmark_priority_class_name,
-        node_selector=s.benchmark_node_selector(), resources=s.benchmark_resources())
+        node_selector=s.benchmark_node_selector(), resources=s.benchmark_resources(),
+        image_pull_secrets=s.job_image_pull_secrets)
 
 
 def retraining_options(s: operator_settings.Settings) -> retraining.RetrainJobOptions:
     """The training Jobs' options from validated operator settings (the benchmark database)."""
     return retraining.RetrainJobOptions(image=s.retraining_image, db_secret=s.benchmark_db_secret,
                                  max_rows=s.retraining_max_rows,
-                                 resources=s.retraining_resources())
+                                 resources=s.retraining_resources(),
+                                 image_pull_secrets=s.job_image_pull_secrets)
 
 
 async def refresh(ctx: LoopContext) -> list[benchmarks.GpuTypeCoverage]:

@@ -453,20 +453,50 @@ def service_hosts(cluster: Cluster, namespace: str, deployments: Sequence[Mappin
     return names, problems
 
 
-def plan_containers(cluster: Cluster, namespace: str, workdir: pathlib.Path
-                    ) -> list[LocalContainer]:
-    """Every container of every Deployment in `namespace`, ready to start."""
-    deployments = cluster.json("get", "deployments", "-n", namespace)["items"]
+def _hosts(cluster: Cluster, namespace: str, deployments: Sequence[Mapping[str, Any]],
+           workdir: pathlib.Path) -> pathlib.Path:
+    """The /etc/hosts file that resolves the namespace's Services to their local backends."""
     names, problems = service_hosts(cluster, namespace, deployments)
     if problems:
         raise HarnessError("; ".join(problems))
     workdir.mkdir(parents=True, exist_ok=True)
     hosts = workdir / "hosts"
     hosts.write_text(hosts_file(names, namespace))
+    return hosts
+
+
+def plan_containers(cluster: Cluster, namespace: str, workdir: pathlib.Path
+                    ) -> list[LocalContainer]:
+    """Every container of every Deployment in `namespace`, ready to start."""
+    deployments = cluster.json("get", "deployments", "-n", namespace)["items"]
+    hosts = _hosts(cluster, namespace, deployments, workdir)
     out = []
     for dep in deployments:
         out += _deployment_containers(cluster, namespace, dep, workdir, hosts)
     return out
+
+
+def pod_containers(cluster: Cluster, namespace: str, pod: Mapping[str, Any],
+                   workdir: pathlib.Path) -> list[LocalContainer]:
+    """The containers of one bare Pod (a Helm test hook), ready to start; the namespace's
+    Services resolve to the Deployments' local processes as for `plan_containers`."""
+    deployments = cluster.json("get", "deployments", "-n", namespace)["items"]
+    hosts = _hosts(cluster, namespace, deployments, workdir)
+    labels = pod["metadata"].get("labels") or {}
+    as_owner = {"metadata": {"name": pod["metadata"]["name"]},
+                "spec": {"selector": {"matchLabels": labels},
+                         "template": {"metadata": {"labels": labels}, "spec": pod["spec"]}}}
+    return _deployment_containers(cluster, namespace, as_owner, workdir, hosts)
+
+
+def report_exit(cluster: Cluster, namespace: str, pod: Mapping[str, Any], exit_code: int) -> None:
+    """Write a finished container's outcome to its pod's status, as the kubelet would: phase
+    Succeeded on exit 0, else Failed (kwok runs no containers, so it never ends a bare pod)."""
+    phase = "Succeeded" if exit_code == 0 else "Failed"
+    status = {"status": {"phase": phase, "conditions": [
+        {"type": "Ready", "status": "False", "reason": "PodCompleted"}]}}
+    cluster.kubectl("patch", "pod", pod["metadata"]["name"], "-n", namespace,
+                    "--subresource=status", "--type=merge", "-p", json.dumps(status))
 
 
 def _deployment_containers(cluster: Cluster, namespace: str, dep: Mapping[str, Any],
@@ -533,7 +563,7 @@ def _local_container(cluster: Cluster, namespace: str, dep: Mapping[str, Any],
            "KUBERNETES_SERVICE_PORT_HTTPS": str(cluster.api_port)}
     if os.environ.get("PYTHONPATH"):  # the code under test is the image's (another checkout)
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    (pod_dir / "home").mkdir(exist_ok=True)
+    (pod_dir / "home").mkdir(parents=True, exist_ok=True)
     env.update(resolve_env(cluster, c, pod, namespace, sa))
     env = {k: rewrite_paths(v, rewrites) for k, v in env.items()}
     argv = [rewrite_paths(expand_vars(a, env), rewrites) for a in container_argv(c)]

@@ -28,6 +28,11 @@ SOURCES = [ROOT / "estimator" / "gpuplan_estimator", ROOT / "operator" / "gpupla
 DEFINITION = re.compile(r"\b(Counter|Gauge|Histogram|Summary)\(\s*\"([a-zA-Z_:][a-zA-Z0-9_:]*)\"")
 # Series every Prometheus has for each target, whatever the code defines.
 PROMETHEUS_SERIES = {"up"}
+# kube-scheduler's series the alerts read (gpuplan-scheduler runs a stock kube-scheduler):
+# `scheduler_pending_pods{queue}`, STABLE, in k8s.io/kubernetes pkg/scheduler/metrics/metrics.go
+# of v1.34.4 and v1.37.2 alike (read from the module cache, 2026-11-28);
+# tests/integration/test_scheduler_metrics.py scrapes it from the testbed's kube-scheduler.
+KUBE_SCHEDULER_SERIES = {"scheduler_pending_pods"}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
                 "or", "unless", "offset", "inf", "nan"}
 

@@ -5,7 +5,12 @@ Deployments are read back from the API and each container runs as a local proces
 its rendered command, args, env and mounts, authenticated as its own ServiceAccount by a
 TokenRequest token (tests/gpuplan_testing/install_harness.py says how, and what is mapped).
 The docs/examples TrainingJobs then go through the installed estimator, operator, scheduler and
-extender to Succeeded; `helm upgrade` with a CRD change and `helm uninstall` come last.
+extender to Succeeded, and `helm test` plans through the installed estimator; `helm upgrade`
+with a CRD change and `helm uninstall` come last. Every test runs twice (#32): on a fresh install
+of this chart, and on a release installed from the previous chart version (from git history)
+and upgraded to this one as docs/install.md says (CRDs applied first, then `helm upgrade`).
+The API server is the testbed's Kubernetes (`make test`: the newest, `make testbed-compat`: the
+older minor).
 
 Values are the chart's defaults except what the testbed needs: free ports (several test sessions
 share one machine), a scheduler name distinct from the testbed's own gpuplan-scheduler, the
@@ -19,6 +24,7 @@ import contextlib
 import copy
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +38,9 @@ import pytest
 import yaml
 from testbed_pytest import Kubectl, Testbed, namespace_name, wait_for
 
+from gpuplan_testing import chart_history
 from gpuplan_testing import install_harness as ih
+from gpuplan_testing.helm_render import built_kube_version
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +53,7 @@ CRD_MANAGER = "gpuplan-install-test"
 READY_TIMEOUT_S = 120
 EXAMPLE_TIMEOUT_S = 150
 OUTCOME_TIMEOUT_S = 60  # the operator retries a 503 outcome with 1, 2, 4 ... s waits
+HELM_TEST_TIMEOUT_S = 120
 # Objects a namespace holds without any release: its default account, the root CA, events, and
 # the Lease kube-scheduler takes at run time for leader election (not a Helm object).
 NAMESPACE_DEFAULTS = {("serviceaccount", "default"), ("configmap", "kube-root-ca.crt")}
@@ -62,6 +71,8 @@ class Release:
     values: dict[str, Any]
     workdir: pathlib.Path
     cluster: ih.Cluster
+    revision: int
+    """The Helm revision the tests start from: 1 installed, 2 upgraded from the previous chart."""
     containers: list[ih.LocalContainer] = field(default_factory=list)
     pods_seen: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     admission_events: list[str] = field(default_factory=list)
@@ -86,9 +97,10 @@ def helm(testbed: Testbed, *args: str, check: bool = True) -> subprocess.Complet
     return proc
 
 
-def values_for_testbed(tj_namespace: str, scheduler_name: str) -> dict[str, Any]:
+def values_for_testbed(tj_namespace: str, scheduler_name: str,
+                       chart: pathlib.Path = CHART) -> dict[str, Any]:
     """What the testbed needs on top of the chart's defaults (see the module docstring)."""
-    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    defaults = yaml.safe_load((chart / "values.yaml").read_text())
     return ih.merge(ih.free_port_values(defaults), {
         "operator": {"namespaces": [tj_namespace]},
         "scheduler": {"name": scheduler_name, "extender": {"ignorable": False}},
@@ -130,8 +142,36 @@ def wait_for_pods(release: Release, kubectl: Kubectl) -> None:
         wait_for(settled, 30, "the Deployments' pods")
 
 
-@pytest.fixture(scope="module")
-def release(testbed: Testbed, kubectl: Kubectl,
+def install_previous_then_upgrade(rel: Release, testbed: Testbed, kubectl: Kubectl) -> None:
+    """The previous chart version installed with its own defaults (plus the testbed's needs, and
+    the kube-scheduler tag its table may lack for this Kubernetes), then docs/install.md's
+    upgrade to this chart: apply crds/, `helm upgrade` with this chart's values file."""
+    previous = chart_history.unpack_previous(rel.workdir / "previous")
+    values = values_for_testbed(rel.tj_namespace, rel.scheduler_name, previous.path)
+    minor = ".".join(built_kube_version().split(".")[:2])
+    current_tags = yaml.safe_load((CHART / "values.yaml").read_text())[
+        "scheduler"]["image"]["tagsByMinor"]
+    values.setdefault("scheduler", {}).setdefault("image", {})["tag"] = current_tags[minor]
+    (rel.workdir / "previous-values.yaml").write_text(yaml.safe_dump(values))
+    helm(testbed, "install", rel.name, str(previous.path), "-n", rel.namespace,
+         "-f", str(rel.workdir / "previous-values.yaml"))
+    kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={CRD_MANAGER}",
+            "-f", str(CHART / "crds"))
+    helm(testbed, "upgrade", rel.name, str(CHART), "-n", rel.namespace,
+         "-f", str(rel.workdir / "values.yaml"))
+    history = json.loads(helm(testbed, "history", rel.name, "-n", rel.namespace,
+                              "-o", "json").stdout)
+    charts = [(h["revision"], h["chart"], h["status"]) for h in history]
+    current = chart_history.chart_version("")
+    assert charts == [(1, f"gpuplan-{previous.version}", "superseded"),
+                      (2, f"gpuplan-{current}", "deployed")], (previous.commit, charts)
+    for dep in deployments(rel):
+        kubectl("rollout", "status", "-n", rel.namespace, f"deployment/{dep['metadata']['name']}",
+                f"--timeout={READY_TIMEOUT_S}s")
+
+
+@pytest.fixture(scope="module", params=["fresh", "upgraded"])
+def release(request: pytest.FixtureRequest, testbed: Testbed, kubectl: Kubectl,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     if testbed.external:
         pytest.skip("runs the release's containers as local processes: local testbed only")
@@ -157,9 +197,14 @@ def release(testbed: Testbed, kubectl: Kubectl,
     # gpuplan-scheduler is opt-in per namespace (issue #32)
     create_namespace(kubectl, tj_ns, {"gpuplan.io/scheduler": "enabled"})
     rel = Release(name=name, namespace=ns, tj_namespace=tj_ns, scheduler_name=scheduler_name,
-                  values=values, workdir=workdir, cluster=cluster)
+                  values=values, workdir=workdir, cluster=cluster,
+                  revision=1 if request.param == "fresh" else 2)
     try:
-        helm(testbed, "install", name, str(CHART), "-n", ns, "-f", str(workdir / "values.yaml"))
+        if request.param == "fresh":
+            helm(testbed, "install", name, str(CHART), "-n", ns,
+                 "-f", str(workdir / "values.yaml"))
+        else:
+            install_previous_then_upgrade(rel, testbed, kubectl)
         wait_for_pods(rel, kubectl)
         rel.containers = ih.plan_containers(cluster, ns, workdir / "pods")
         with ih.running(rel.containers):
@@ -372,6 +417,44 @@ def release_objects(kubectl: Kubectl, release: Release, *, namespaced: bool
     return out.split()
 
 
+def test_the_api_server_is_the_testbeds_kubernetes(kubectl: Kubectl) -> None:
+    """The install runs on the Kubernetes version the testbed was built for (#32)."""
+    server = kubectl.json("version", "-o", "json")["serverVersion"]
+    assert server["gitVersion"] == f"v{built_kube_version()}", server
+
+
+def test_helm_test_plans_through_the_installed_estimator(
+        release: Release, testbed: Testbed, kubectl: Kubectl, tmp_path: pathlib.Path) -> None:
+    """`helm test`: its hook pod, run as the kubelet would run it (a local process, its exit
+    code written back as the pod's phase), plans a tiny model through the installed estimator."""
+    ih.wait_ready(release.containers, READY_TIMEOUT_S)
+    args = [str(testbed.helm_path), f"--kubeconfig={testbed.kubeconfig}", "test", release.name,
+            "-n", release.namespace, f"--timeout={HELM_TEST_TIMEOUT_S}s"]
+    pod_name = f"{release.name}-gpuplan-test-plan"
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as helm_test, contextlib.ExitStack() as cleanup:
+        # A failed hook pod stays (hook-succeeded deletes only a passing one) and would outlive
+        # `helm uninstall`.
+        cleanup.callback(kubectl, "delete", "pod", pod_name, "-n", release.namespace,
+                         "--ignore-not-found", "--wait=false", check=False)
+        cleanup.callback(helm_test.kill)
+        pod = wait_for(lambda: next(iter(kubectl.json(
+            "get", "pods", "-n", release.namespace, "--field-selector",
+            f"metadata.name={pod_name}")["items"]), None), 30, "the helm test pod")
+        [container] = ih.pod_containers(release.cluster, release.namespace, pod,
+                                        tmp_path / "test-pod")
+        ih.start(container)
+        assert container.proc is not None
+        exit_code = container.proc.wait(HELM_TEST_TIMEOUT_S)
+        ih.report_exit(release.cluster, release.namespace, pod, exit_code)
+        output, _ = helm_test.communicate(timeout=HELM_TEST_TIMEOUT_S)
+    assert exit_code == 0, container.log_text()
+    assert "planned " in container.log_text() and " x NVIDIA-A100-SXM4-80GB" in \
+        container.log_text(), container.log_text()
+    assert helm_test.returncode == 0, output
+    assert re.search(r"^Phase:\s+Succeeded$", output, flags=re.MULTILINE), output
+
+
 def test_upgrade_with_a_crd_change_then_uninstall_leaves_nothing(
         release: Release, testbed: Testbed, kubectl: Kubectl, tmp_path: pathlib.Path) -> None:
     """docs/install.md's upgrade (apply crds/ first, then `helm upgrade`) takes a CRD change
@@ -386,6 +469,8 @@ def test_upgrade_with_a_crd_change_then_uninstall_leaves_nothing(
                 else d for d in docs]
         path.write_text(yaml.safe_dump_all(docs))
     before = kubectl.json("get", "crd", "trainingjobs.gpuplan.io")
+    [operator] = [d for d in deployments(release) if d["metadata"]["name"].endswith("-operator")]
+    operator_generation = operator["metadata"]["generation"]
     helm(testbed, "upgrade", release.name, str(chart), "-n", release.namespace, "--reuse-values",
          "--set", "operator.modelUrl.timeoutSeconds=31")
     after_helm = kubectl.json("get", "crd", "trainingjobs.gpuplan.io")
@@ -406,11 +491,11 @@ def test_upgrade_with_a_crd_change_then_uninstall_leaves_nothing(
     assert kept == marker
     status = json.loads(helm(testbed, "status", release.name, "-n", release.namespace,
                              "-o", "json").stdout)
-    assert status["version"] == 2 and status["info"]["status"] == "deployed"
+    assert status["version"] == release.revision + 1 and status["info"]["status"] == "deployed"
     [operator] = [d for d in deployments(release) if d["metadata"]["name"].endswith("-operator")]
     env = [e.get("value") for c in operator["spec"]["template"]["spec"]["containers"]
            for e in c.get("env", [])]
-    assert operator["metadata"]["generation"] == 2 and "31" in env, env
+    assert operator["metadata"]["generation"] == operator_generation + 1 and "31" in env, env
     # The rollout, as the kubelet would see it: the new pods' containers come up.
     for c in release.containers:
         ih.stop(c)

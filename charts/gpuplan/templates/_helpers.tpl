@@ -1,6 +1,15 @@
+{{- /* Object names: fullnameOverride, else <release>-<nameOverride or chart name> (the release
+name alone when it already contains that name). Truncated to 50 characters, since components
+append suffixes such as "-extender-metrics". The app.kubernetes.io/name label stays the chart's
+name: the alerts, dashboard and operator select on app.kubernetes.io/name=gpuplan, and a
+Deployment's selector cannot change on upgrade. */ -}}
 {{- define "gpuplan.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}{{ .Release.Name | trunc 50 | trimSuffix "-" }}
-{{- else -}}{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" }}{{- end -}}
+{{- if .Values.fullnameOverride -}}{{ .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else -}}
+{{- $name := .Values.nameOverride | default .Chart.Name -}}
+{{- if contains $name .Release.Name -}}{{ .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else -}}{{ printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "gpuplan.labels" -}}
@@ -17,8 +26,55 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{- /* repository:tag, or repository@digest when image.digest is set (the digest pins it). */ -}}
 {{- define "gpuplan.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- if .Values.image.digest -}}{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}{{- end -}}
+{{- end -}}
+
+{{- /* Pull secrets' names: global.imagePullSecrets (an umbrella chart's; names or {name}
+objects) and then imagePullSecrets, each once. */ -}}
+{{- define "gpuplan.pullSecretNames" -}}
+{{- $names := list -}}
+{{- $global := (.Values.global | default dict).imagePullSecrets | default list -}}
+{{- range concat $global .Values.imagePullSecrets -}}
+{{- if kindIs "string" . -}}{{ $names = append $names . }}{{- else -}}{{ $names = append $names .name }}{{- end -}}
+{{- end -}}
+{{- $names | compact | uniq | join "," -}}
+{{- end -}}
+
+{{- /* Placement and pull secrets shared by every Deployment's pod spec; .component is the
+pod's app.kubernetes.io/component. A topologySpreadConstraints entry without a labelSelector
+spreads the component's own pods. */ -}}
+{{- define "gpuplan.podScheduling" -}}
+{{- $root := .root -}}
+{{- with include "gpuplan.pullSecretNames" $root }}
+imagePullSecrets:
+{{- range splitList "," . }}
+  - {name: {{ . }}}
+{{- end }}
+{{- end }}
+{{- with $root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $root.Values.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.topologySpreadConstraints }}
+{{- $selector := include "gpuplan.selector" (dict "root" $root "component" $.component) | fromYaml }}
+topologySpreadConstraints:
+{{- range . }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}{{ $_ := set $c "labelSelector" (dict "matchLabels" $selector) }}{{ end }}
+  - {{ toYaml $c | indent 4 | trim }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "gpuplan.estimatorUrl" -}}

@@ -198,6 +198,13 @@ class BenchmarkJobOptions:
     """Added to the GPU product label (which always wins: the Job measures that type)."""
     resources: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     """Container requests/limits (cpu, memory, ...); the one GPU limit is always set."""
+    image_pull_secrets: Sequence[str] = ()
+    """Secret names for the pod's imagePullSecrets (a private registry's credentials)."""
+
+
+def pull_secrets(names: Sequence[str]) -> dict[str, Any]:
+    """The pod spec's imagePullSecrets for `names`; nothing when there are none."""
+    return {"imagePullSecrets": [{"name": n} for n in names]} if names else {}
 
 
 def bench_args(options: BenchmarkJobOptions) -> list[str]:
@@ -254,6 +261,7 @@ def _pod_spec(gpu_type: str, options: BenchmarkJobOptions) -> dict[str, Any]:
         pod["tolerations"] = [dict(t) for t in options.tolerations]
     if options.priority_class_name:
         pod["priorityClassName"] = options.priority_class_name
+    pod.update(pull_secrets(options.image_pull_secrets))
     return pod
 
 

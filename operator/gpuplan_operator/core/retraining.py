@@ -68,6 +68,8 @@ class RetrainJobOptions:
     max_rows: int
     """`gpuplan train --max-rows`: per-kernel row cap, bounding the Job's minutes and memory."""
     resources: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    image_pull_secrets: Sequence[str] = ()
+    """Secret names for the pod's imagePullSecrets (the same as the benchmark Jobs')."""
 
 
 def benchmark_triggers(finished: Iterable[benchmarks.FinishedJob],
@@ -149,6 +151,7 @@ def build_job(trigger: Trigger, *, namespace: str, options: RetrainJobOptions) -
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": [{"name": "home", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+        **benchmarks.pull_secrets(options.image_pull_secrets),
     }
     return {
         "apiVersion": "batch/v1", "kind": "Job",

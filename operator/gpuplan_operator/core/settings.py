@@ -162,6 +162,10 @@ class Settings:
     benchmark_priority_class_name: str = ""
     """priorityClassName of the benchmark pods; empty leaves the cluster's default."""
 
+    job_image_pull_secrets: tuple[str, ...] = ()
+    """Names of the Secrets the benchmark and training Jobs' pods pull their images with (the
+    chart passes its imagePullSecrets, so a private registry serves every pod it causes)."""
+
     benchmark_tolerations_json: str = "[]"
     """JSON list of pod tolerations for the benchmark pods (GPU pools are usually tainted)."""
 
@@ -332,6 +336,9 @@ def _problems(s: Settings) -> list[str]:
     out.extend(_benchmark_problems(s))
     out.extend(_retraining_problems(s))
     out.extend(_placement_problems(s))
+    for secret in s.job_image_pull_secrets:
+        if not DNS_SUBDOMAIN.match(secret):
+            out.append(f"job_image_pull_secrets: {secret!r} is not a Secret name")
     for cidr in s.model_url_allowed_networks:
         try:
             ipaddress.ip_network(cidr, strict=False)

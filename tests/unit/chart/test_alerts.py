@@ -13,6 +13,7 @@ import yaml
 
 from gpuplan_testing.helm_render import CHART, ROOT, helm
 from gpuplan_testing.promql import (
+    KUBE_SCHEDULER_SERIES,
     PROMETHEUS_SERIES,
     SOURCES,
     exposed_metric_names,
@@ -125,7 +126,7 @@ def test_the_labels_alerts_select_on_are_on_every_scraped_service() -> None:
                 and d["metadata"]["labels"].get("app.kubernetes.io/component")
                 in monitor["spec"]["selector"]["matchExpressions"][0]["values"]]
     by_component = {s["metadata"]["labels"]["app.kubernetes.io/component"]: s for s in selected}
-    assert set(by_component) == {"estimator", "operator", "extender"}
+    assert set(by_component) == {"estimator", "operator", "extender", "scheduler"}
     for component, service in by_component.items():
         labels = service["metadata"]["labels"]
         assert labels["app.kubernetes.io/name"] == "gpuplan"
@@ -134,9 +135,10 @@ def test_the_labels_alerts_select_on_are_on_every_scraped_service() -> None:
 
 
 def test_the_extender_alert_exists_only_with_the_extender() -> None:
-    assert "GpuplanExtenderDown" in alerts(rule_groups())
+    scheduler_only = {"GpuplanExtenderDown", "GpuplanSchedulerPodsPending"}
+    assert scheduler_only <= set(alerts(rule_groups()))
     without = alerts(rule_groups("scheduler.enabled=false"))
-    assert "GpuplanExtenderDown" not in without and "GpuplanOperatorDown" in without
+    assert not scheduler_only & set(without) and "GpuplanOperatorDown" in without
 
 
 def test_every_alert_links_its_section_of_the_runbooks() -> None:
@@ -175,7 +177,7 @@ def test_every_rule_reads_metrics_the_code_defines() -> None:
     """A renamed metric must not leave an alert that can never fire (or always fires)."""
     groups = rule_groups()
     recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
-    defined = exposed_metric_names(SOURCES) | PROMETHEUS_SERIES | recorded
+    defined = exposed_metric_names(SOURCES) | PROMETHEUS_SERIES | KUBE_SCHEDULER_SERIES | recorded
     for group in groups:
         for rule in group["rules"]:
             unknown = metric_names(rule["expr"]) - defined
@@ -200,3 +202,38 @@ def test_the_extender_metrics_service_reaches_the_extenders_metrics_listener() -
     (port,) = service["spec"]["ports"]
     assert (port["name"], port["port"], port["targetPort"]) == ("metrics", 9555, 9555)
     assert {"name": "metrics", "containerPort": 9555} in extender["ports"]
+
+
+def test_kube_scheduler_metrics_are_scraped_over_https_with_a_reader_role() -> None:
+    """gpuplan-scheduler's kube-scheduler is watched (#32 item 7): a Service on its HTTPS port
+    that the ServiceMonitor scrapes with a token, and a ClusterRole allowing `get` on /metrics
+    (kube-scheduler authorizes each scrape), bound to the named scraper."""
+    docs = render("metrics.schedulerMetricsReader.name=prometheus-k8s",
+                  "metrics.schedulerMetricsReader.namespace=monitoring")
+    (service,) = [d for d in docs if d["kind"] == "Service"
+                  and d["metadata"]["labels"].get("app.kubernetes.io/component") == "scheduler"]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"
+                     and d["metadata"]["labels"].get("app.kubernetes.io/component") == "scheduler"]
+    pod = deployment["spec"]["template"]
+    assert all(pod["metadata"]["labels"].get(k) == v
+               for k, v in service["spec"]["selector"].items())
+    (scheduler,) = [c for c in pod["spec"]["containers"] if c["name"] == "kube-scheduler"]
+    (port,) = service["spec"]["ports"]
+    assert {"name": port["targetPort"], "containerPort": port["port"]} in scheduler["ports"]
+    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    [endpoint] = [e for e in monitor["spec"]["endpoints"] if e["port"] == port["name"]]
+    assert endpoint["scheme"] == "https" and endpoint["path"] == "/metrics"
+    assert endpoint["bearerTokenFile"].endswith("serviceaccount/token")
+    name = f"{RELEASE}-gpuplan-scheduler-metrics-reader"
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == name]
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"
+                  and d["metadata"]["name"] == name]
+    assert binding["roleRef"]["name"] == name
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "prometheus-k8s",
+                                    "namespace": "monitoring"}]
+    unbound = render()
+    assert not [d for d in unbound if d["kind"] == "ClusterRoleBinding"
+                and d["metadata"]["name"] == name]
+    assert not [d for d in render("scheduler.enabled=false")
+                if d["metadata"]["name"].startswith(f"{RELEASE}-gpuplan-scheduler")]

@@ -137,24 +137,6 @@ def test_scheduler_may_read_the_apiserver_authentication_config() -> None:
     assert binding["subjects"][0]["name"] == "t-gpuplan-scheduler"
 
 
-@pytest.mark.parametrize(("kube_version", "tag"), [
-    ("1.30.2", "v1.30.14"), ("1.31.0", "v1.31.10"), ("1.32.9", "v1.32.6"),
-    ("1.33.1", "v1.33.2"), ("1.34.4", "v1.34.4")])
-def test_kube_scheduler_matches_the_cluster_minor(kube_version: str, tag: str) -> None:
-    image = _containers(kube_version=kube_version)["kube-scheduler"]["image"]
-    assert image == f"registry.k8s.io/kube-scheduler:{tag}"
-
-
-def test_unsupported_kubernetes_is_refused_unless_a_tag_is_given() -> None:
-    args = [helm(), "template", "t", str(CHART), "--kube-version", "1.36.0"]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0
-    assert "no kube-scheduler image for Kubernetes v1.36.0" in out.stderr
-    assert "scheduler.image.tag" in out.stderr
-    pinned = _containers("scheduler.image.tag=v1.36.1", kube_version="1.36.0")
-    assert pinned["kube-scheduler"]["image"].endswith(":v1.36.1")
-
-
 def test_estimator_replicas_without_database_fail_in_the_template_too() -> None:
     """The template's own check, with schema validation skipped (a chart consumed as a
     subchart by tools that skip it still refuses)."""

@@ -32,7 +32,7 @@ class LeaseKeeper:
         view = leadership.parse_lease(found) if found is not None else None
         now = self.clock()
         step = leadership.next_step(view, self.me, now)
-        if step is leadership.Step.FOLLOW:
+        if step is leadership.LeaseStep.FOLLOW:
             self._set(False)
             return False
         version = view.resource_version if view is not None else None

@@ -341,22 +341,24 @@ def test_examples_run_through_the_installed_parts(release: Release, kubectl: Kub
     text = ih.scrape(f"http://127.0.0.1:{operator.local_port(metrics_port)}/metrics")
     for name in names:
         gpu = tjs[name]["status"]["plan"]["gpuType"]
-        assert f'gpuplan_drift_ratio_count{{gpu_type="{gpu}"}}' in text, gpu
+        labels = f'gpu_type="{gpu}",trainingjob_namespace="{release.tj_namespace}"'
+        assert f"gpuplan_drift_ratio_count{{{labels}}}" in text, gpu
     assert 'gpuplan_estimator_requests_total{outcome="ok"}' in text
     # The installed estimator planned them, and took each outcome from the operator (its
     # ServiceAccount token, reviewed by the API server, on POST /v1/outcomes).
-    estimator_port = release.values["estimator"]["port"]
+    # The estimator serves /metrics on a port of its own, never on its API port (#33).
+    estimator_metrics_port = release.values["estimator"]["metricsPort"]
     wanted = (("/v1/plans", "200"), ("/v1/outcomes", "201"))
 
     def served_all() -> str | None:
-        text = ih.scrape(f"http://127.0.0.1:{estimator_port}/metrics")
+        text = ih.scrape(f"http://127.0.0.1:{estimator_metrics_port}/metrics")
         return text if all(served_count(text, e, c) >= len(names) for e, c in wanted) else None
 
     # The operator posts an outcome after it has recorded the job's drift, so on a loaded
     # machine the estimator's count can trail the Succeeded condition by a moment.
     with contextlib.suppress(AssertionError):  # the assertions below name what is missing
         wait_for(served_all, OUTCOME_TIMEOUT_S, "the estimator to count every plan and outcome")
-    served = ih.scrape(f"http://127.0.0.1:{estimator_port}/metrics")
+    served = ih.scrape(f"http://127.0.0.1:{estimator_metrics_port}/metrics")
     for endpoint, code in wanted:
         assert served_count(served, endpoint, code) >= len(names), served_failure(
             served, endpoint, release, kubectl.json("get", "events", "-n", ns)["items"])

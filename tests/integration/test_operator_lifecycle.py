@@ -83,8 +83,9 @@ def test_resnet50_is_planned_launched_and_measured(
     # the model's own estimate) is the status drift.
     assert plan["calibrationFactor"] == 1.0
     assert float(fed_back["drift_ratio"].iloc[0]) == pytest.approx(status["drift"], rel=1e-3)
-    assert 'gpuplan_drift_ratio_count{gpu_type="NVIDIA-L4"} 1.0' in text
-    assert 'gpuplan_drift_log_slow_total{gpu_type="NVIDIA-L4"}' in text
+    drift_labels = f'gpu_type="NVIDIA-L4",trainingjob_namespace="{namespace}"'
+    assert f"gpuplan_drift_ratio_count{{{drift_labels}}} 1.0" in text
+    assert f"gpuplan_drift_log_slow_total{{{drift_labels}}}" in text
     assert 'gpuplan_estimator_requests_total{outcome="ok"} 1.0' in text
     assert "gpuplan_actual_seconds{" in text and "gpuplan_estimate_seconds{" in text
     assert "GPU TYPE" in table and "NVIDIA-L4" in table and "DRIFT" in table

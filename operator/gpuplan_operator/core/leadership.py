@@ -20,7 +20,7 @@ MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 """`metav1.MicroTime` as the API server writes it."""
 
 
-class Step(enum.Enum):
+class LeaseStep(enum.Enum):
     """What a replica does with the Lease it read."""
     CREATE = "create"
     """No Lease yet: create it, holding it."""
@@ -53,15 +53,15 @@ def parse_lease(lease: Mapping[str, Any]) -> LeaseView:
                                           .get("resourceVersion", "")))
 
 
-def next_step(lease: LeaseView | None, me: str, now: datetime.datetime) -> Step:
+def next_step(lease: LeaseView | None, me: str, now: datetime.datetime) -> LeaseStep:
     """What `me` does with `lease` at `now`."""
     if lease is None:
-        return Step.CREATE
+        return LeaseStep.CREATE
     if lease.holder == me:
-        return Step.RENEW
+        return LeaseStep.RENEW
     expired = (lease.renewed_at is None or not lease.holder
                or (now - lease.renewed_at).total_seconds() > lease.duration_s)
-    return Step.TAKE if expired else Step.FOLLOW
+    return LeaseStep.TAKE if expired else LeaseStep.FOLLOW
 
 
 def lease_body(name: str, namespace: str, me: str, now: datetime.datetime, duration_s: float,

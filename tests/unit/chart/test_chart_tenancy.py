@@ -76,7 +76,8 @@ def test_probes_and_a_metrics_port_of_its_own() -> None:
     ports = {p["name"] for p in one(docs, "Service", "t-gpuplan-estimator")["spec"]["ports"]}
     assert ports == {"http", "metrics"}
     monitor = one(docs, "ServiceMonitor", "t-gpuplan")
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    # The estimator's metrics port, and kube-scheduler's own (#32), never the estimator's API.
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics", "https-metrics"]
     policy = one(docs, "NetworkPolicy", "t-gpuplan-estimator")
     rules = {r["ports"][0]["port"]: r["from"] for r in policy["spec"]["ingress"]}
     assert set(rules) == {"http", "metrics"}

@@ -22,17 +22,17 @@ def at(seconds: float) -> datetime.datetime:
 
 
 @pytest.mark.parametrize(("holder", "renewed_s", "now_s", "step"), [
-    ("me", 0, 5, leadership.Step.RENEW),
-    ("other", 0, 29, leadership.Step.FOLLOW),
-    ("other", 0, 31, leadership.Step.TAKE),
-    ("", 0, 1, leadership.Step.TAKE),
+    ("me", 0, 5, leadership.LeaseStep.RENEW),
+    ("other", 0, 29, leadership.LeaseStep.FOLLOW),
+    ("other", 0, 31, leadership.LeaseStep.TAKE),
+    ("", 0, 1, leadership.LeaseStep.TAKE),
 ])
 def test_the_lease_is_followed_while_live_and_taken_once_expired(
-        holder: str, renewed_s: float, now_s: float, step: leadership.Step) -> None:
+        holder: str, renewed_s: float, now_s: float, step: leadership.LeaseStep) -> None:
     lease = leadership.parse_lease(leadership.lease_body("l", "ns", holder, at(renewed_s), 30,
                                                          "7"))
     assert leadership.next_step(lease, "me", at(now_s)) is step
-    assert leadership.next_step(None, "me", at(now_s)) is leadership.Step.CREATE
+    assert leadership.next_step(None, "me", at(now_s)) is leadership.LeaseStep.CREATE
 
 
 class FakeLeaseApi:

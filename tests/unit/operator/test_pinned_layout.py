@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.http import layout_wire, wire, work
 from gpuplan_estimator.parallel import named, strategies
 from gpuplan_estimator.planning import planner
@@ -44,7 +45,7 @@ def test_the_pinned_layout_is_planned_with_its_estimates_numbers() -> None:
     assert body["layout"] == {"gpus": 8, "dp": 4, "tp": 2, "zero_stage": 1, "micro_batch": 8,
                               "checkpointing": "full"}
     ctx = roofline_context()
-    chosen = planner.plan_request(wire.parse_plan_request(body), ctx)["plan"]
+    chosen = json_documents.plan_request_json(wire.parse_plan_request(body), ctx)["plan"]
     assert (chosen["parallelism"]["tp"], chosen["strategy"]["label"]) == (
         2, "zero-1 + checkpoint full")
     estimate = {key: body[key] for key in ("model_hf_config", "training")}
@@ -58,7 +59,7 @@ def test_the_pinned_layout_is_planned_with_its_estimates_numbers() -> None:
 def test_a_layout_no_pool_can_run_is_refused_with_the_reason() -> None:
     body = request_for({"gpus": 8, "dp": 1, "tp": 8})  # TP over 8 GPUs, nodes of 4
     with pytest.raises(planner.NoFeasiblePlanError) as info:
-        planner.plan_request(wire.parse_plan_request(body), roofline_context())
+        json_documents.plan_request_json(wire.parse_plan_request(body), roofline_context())
     # What the operator's Estimated=False condition then says (`reconcile._fail_estimate`).
     said = estimator_client.describe_rejections(
         [{"gpu_type": t, "gpu_count": None, "reason": why} for t, why in info.value.rejections])

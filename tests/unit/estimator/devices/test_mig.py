@@ -12,8 +12,8 @@ import pytest
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.devices import load_catalog, mig
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.http import wire
-from gpuplan_estimator.planning import planner
 from gpuplan_testing.contexts import roofline_context
 
 LIGHT = pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -83,7 +83,7 @@ def test_a_mig_pool_is_planned_as_instances_one_per_pod() -> None:
         "inventory": [{"gpu_type": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", "gpus_per_node": 1,
                        "nodes": 14, "free_gpus": 14}],
     }
-    answer = planner.plan_request(wire.parse_plan_request(body), roofline_context())
+    answer = json_documents.plan_request_json(wire.parse_plan_request(body), roofline_context())
     plan = answer["plan"]
     assert plan["device"] == "a100-sxm4-80gb-mig-1g.10gb"
     assert plan["gpu_type"] == "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"

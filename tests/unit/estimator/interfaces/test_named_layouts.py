@@ -13,6 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import main, plans
 from gpuplan_estimator.interfaces.http import layout_wire, service, wire, work
 from gpuplan_estimator.planning import named_layouts, planner
@@ -45,7 +46,7 @@ def test_a_plans_choice_estimated_by_name_has_the_same_step_and_memory(device: s
     body = {"model_hf_config": TINY, "training": TRAINING,
             "objective": {"prefer": "fastest", "max_gpus": 8},
             "inventory": [{"gpu_type": device, "gpus_per_node": 4, "nodes": 2}]}
-    chosen = planner.plan_request(wire.parse_plan_request(body), ctx)["plan"]
+    chosen = json_documents.plan_request_json(wire.parse_plan_request(body), ctx)["plan"]
     assert chosen["gpu_count"] == 8
     doc = work.estimate(wire.parse_estimate_request(estimate_body(by_name(chosen), device)),
                         ctx)
@@ -193,7 +194,7 @@ def plan_body(layout: dict[str, Any] | None, *, gpus_per_node: int = 4) -> dict[
 def test_a_pinned_layout_is_the_plans_only_choice_and_prices_as_its_estimate() -> None:
     ctx = roofline_context()
     layout = {"gpus": 8, "dp": 2, "tp": 2, "pp": 2, "micro_batch": 4}
-    doc = planner.plan_request(wire.parse_plan_request(plan_body(layout)), ctx)
+    doc = json_documents.plan_request_json(wire.parse_plan_request(plan_body(layout)), ctx)
     chosen = doc["plan"]
     assert [c["gpu_count"] for c in doc["candidates"]] == [8]
     assert {k: chosen["parallelism"][k] for k in ("dp", "tp", "pp", "micro_batch")} == {

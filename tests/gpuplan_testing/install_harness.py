@@ -250,10 +250,14 @@ class Cluster:
         """`kubectl get ... -o json` as admin (the kubelet's own view)."""
         return self.kubectl.json(*args)
 
-    def token(self, namespace: str, service_account: str, pod: Mapping[str, Any] | None) -> str:
-        """A TokenRequest token for `service_account`, bound to `pod` as the kubelet binds it."""
+    def token(self, namespace: str, service_account: str, pod: Mapping[str, Any] | None,
+              audience: str = "") -> str:
+        """A TokenRequest token for `service_account`, bound to `pod` as the kubelet binds it;
+        for `audience` when given (a projected token's), else the API server's."""
         args = ["create", "token", service_account, "-n", namespace,
                 f"--duration={TOKEN_SECONDS}s"]
+        if audience:
+            args.append(f"--audience={audience}")
         if pod is not None:
             args += ["--bound-object-kind=Pod", f"--bound-object-name={pod['metadata']['name']}",
                      f"--bound-object-uid={pod['metadata']['uid']}"]
@@ -326,7 +330,7 @@ def _selected(data: Mapping[str, bytes], items: Sequence[Mapping[str, Any]] | No
 
 
 def volume_files(cluster: Cluster, volume: Mapping[str, Any], namespace: str,
-                 token: Callable[[], str]) -> dict[str, bytes] | None:
+                 token: Callable[[str], str]) -> dict[str, bytes] | None:
     """A volume's files by relative path; None for an emptyDir (a fresh directory)."""
     if "emptyDir" in volume:
         return None
@@ -342,7 +346,8 @@ def volume_files(cluster: Cluster, volume: Mapping[str, Any], namespace: str,
         files: dict[str, bytes] = {}
         for source in volume["projected"]["sources"]:
             if "serviceAccountToken" in source:
-                files[source["serviceAccountToken"]["path"]] = token().encode()
+                projected = source["serviceAccountToken"]
+                files[projected["path"]] = token(projected.get("audience", "")).encode()
             elif "configMap" in source or "secret" in source:
                 kind = "configMap" if "configMap" in source else "secret"
                 ref = source[kind]
@@ -507,12 +512,12 @@ def _deployment_containers(cluster: Cluster, namespace: str, dep: Mapping[str, A
     pod = pods[0] if pods else {"metadata": {"name": dep["metadata"]["name"] + "-local"},
                                 "spec": spec}
     bound = pod if pods else None
-    token_cache: list[str] = []
+    token_cache: dict[str, str] = {}
 
-    def token() -> str:
-        if not token_cache:
-            token_cache.append(cluster.token(namespace, sa, bound))
-        return token_cache[0]
+    def token(audience: str = "") -> str:
+        if audience not in token_cache:
+            token_cache[audience] = cluster.token(namespace, sa, bound, audience)
+        return token_cache[audience]
 
     pod_dir = workdir / dep["metadata"]["name"]
     volumes: dict[str, pathlib.Path] = {}

@@ -178,6 +178,9 @@ def job_outcome(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = (),
     end = max(resources.parse_time(end_text), start)
     this_attempt = attempt_start(pods) if complete is not None else None
     first = start if source == StartSource.CONTAINER else None
+    interrupted = interruptions(job, pods, first, this_attempt)
+    # One uninterrupted attempt started with the run: its first container start, noted while
+    # it ran, stands (a finished pod's startedAt may be rewritten at termination).
     return JobOutcome(complete is not None, resources.Actual(start, end), msg, source,
-                      attempt_start=this_attempt,
-                      interruptions=interruptions(job, pods, first, this_attempt))
+                      attempt_start=this_attempt if interrupted else None,
+                      interruptions=interrupted)

@@ -25,7 +25,7 @@ MOVES = {f"{OP}.{m}": f"{OP}.core.{m}" for m in OP_CORE}
 MOVES[f"{OP}.inventory"] = f"{OP}.core.gpu_pools"
 MOVES.update({f"{OP}.extender.{m}": f"{OP}.extender.core.{m}" for m in EXT_CORE})
 MOVES[f"{OP}.extender.inventory"] = f"{OP}.extender.core.snapshot"
-POOL_NAMES = ["GpuPool", "Capacity", "build_inventory", "capacity", "gpu_requests_by_node"]
+POOL_NAMES = ["ClusterGpuPool", "Capacity", "build_inventory", "capacity", "gpu_requests_by_node"]
 SNAP_NAMES = ["NodeGpus", "PodUsage", "NodeIndex", "Snapshot", "index_nodes", "make_snapshot",
               "node_gpus", "pod_key", "pod_usage", "used_by_node", "build_snapshot"]
 

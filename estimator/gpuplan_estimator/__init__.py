@@ -25,8 +25,8 @@ from gpuplan_estimator.core.lazy_exports import lazy_exports
 _EXPORTS: dict[str, str] = {
     "estimate": "gpuplan_estimator.planning.estimates",
     "to_json": "gpuplan_estimator.interfaces.json_documents",
-    "DeviceEstimate": "gpuplan_estimator.planning.estimates",
-    "LayerEstimate": "gpuplan_estimator.planning.estimates",
+    "DeviceStepEstimate": "gpuplan_estimator.planning.estimates",
+    "LayerTimeEstimate": "gpuplan_estimator.planning.estimates",
     "TrainingSettings": "gpuplan_estimator.step.decomposition",
     "StepWork": "gpuplan_estimator.step.decomposition",
     "build_step": "gpuplan_estimator.step.decomposition",
@@ -46,13 +46,13 @@ _EXPORTS: dict[str, str] = {
     "GpuplanError": "gpuplan_estimator.core.errors",
 }
 __all__ = [
-    "DeviceEstimate",
     "DeviceSpec",
+    "DeviceStepEstimate",
     "GpuplanError",
     "LatencyPrediction",
     "LatencyPredictor",
     "Layer",
-    "LayerEstimate",
+    "LayerTimeEstimate",
     "MemoryBreakdown",
     "ModelGraph",
     "RooflinePredictor",
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from gpuplan_estimator.devices.resolution import resolve_device
     from gpuplan_estimator.graph.loading import load_model, strip_weights
     from gpuplan_estimator.interfaces.json_documents import to_json
-    from gpuplan_estimator.planning.estimates import DeviceEstimate, LayerEstimate, estimate
+    from gpuplan_estimator.planning.estimates import DeviceStepEstimate, LayerTimeEstimate, estimate
     from gpuplan_estimator.step.decomposition import StepWork, TrainingSettings, build_step
     from gpuplan_estimator.step.memory import MemoryBreakdown, training_memory
 

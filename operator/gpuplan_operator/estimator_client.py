@@ -29,7 +29,7 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
 def build_request(
-    spec: resources.TrainingJobSpec, model_bytes: bytes, pools: Sequence[gpu_pools.GpuPool]
+    spec: resources.TrainingJobSpec, model_bytes: bytes, pools: Sequence[gpu_pools.ClusterGpuPool]
 ) -> dict[str, Any]:
     """The JSON body of `POST /v1/plans` (pure)."""
     t, o = spec.training, spec.objective
@@ -61,11 +61,11 @@ def build_request(
     }
 
 
-def parse_plan(body: Mapping[str, Any], *, generation: int) -> resources.Plan:
+def parse_plan(body: Mapping[str, Any], *, generation: int) -> resources.StatusPlan:
     """The `plan` of a 200 response; EstimatorProtocolError names the first missing field."""
     try:
         p = body["plan"]
-        return resources.Plan(
+        return resources.StatusPlan(
             gpu_type=str(p["gpu_type"]), device=str(p.get("device", "")),
             gpu_count=int(p["gpu_count"]), gpus_per_node=int(p["gpus_per_node"]),
             nodes=int(p["nodes"]), estimated_seconds=float(p["estimated_seconds"]),
@@ -247,7 +247,8 @@ def _memory_parts(raw: Any) -> dict[str, int] | None:
     return parts
 
 
-def with_planned_steps(plan: resources.Plan, training: resources.Training) -> resources.Plan:
+def with_planned_steps(plan: resources.StatusPlan,
+                       training: resources.Training) -> resources.StatusPlan:
     """`plan` with the optimizer steps the job runs, when the estimator did not say: every
     epoch takes ceil(dataset / global batch) steps, the last batch partial (the estimator's
     `TrainingRequest.steps_per_epoch`)."""
@@ -317,7 +318,7 @@ def _rejected_error(status: int, body: Mapping[str, Any]) -> errors.EstimatorRej
 async def request_plan(
     base_url: str, body: Mapping[str, Any], *, generation: int, timeout_seconds: float,
     tenant: str, session: aiohttp.ClientSession | None = None, token_file: str = "",
-) -> resources.Plan:
+) -> resources.StatusPlan:
     """POST the request: 200 → Plan, 4xx → EstimatorRejectedError, 5xx/timeout → Unavailable.
 
     `tenant` (the TrainingJob's namespace) goes in the estimator's client header, so one
@@ -388,7 +389,8 @@ def describe_rejections(details: Sequence[object]) -> str:
     return "; ".join(lines)
 
 
-def build_outcome(*, job_uid: str, plan: resources.Plan, actual_seconds: float) -> dict[str, Any]:
+def build_outcome(*, job_uid: str, plan: resources.StatusPlan,
+                  actual_seconds: float) -> dict[str, Any]:
     """The calibration sample of a finished job (`POST /v1/outcomes`).
 
     `estimated_seconds` is what the plan said, already calibrated; the factor goes with it so

@@ -77,7 +77,7 @@ class Context:
     admitted: dict[str, bool] = dataclasses.field(default_factory=dict)
     """Uids of queued (Kueue) Jobs → whether the TrainingJob's Queued condition says admitted,
     so a Job's further events do not re-read its TrainingJob."""
-    gpu_pools: coalescing.Coalesced[list[gpu_pools.GpuPool]] = dataclasses.field(init=False)
+    gpu_pools: coalescing.Coalesced[list[gpu_pools.ClusterGpuPool]] = dataclasses.field(init=False)
     """The GPU pools of the latest node and pod lists, shared by concurrent plans."""
 
     config_maps: coalescing.CoalescedByKey[tuple[str, str], dict[str, Any] | None] = (
@@ -132,7 +132,7 @@ async def reconcile(ctx: Context, tj: TrainingJobRef, spec: Mapping[str, Any]) -
     if tj.status.get("jobName"):
         stored = tj.status.get("plan")
         if stored:
-            await _ensure_annotations(ctx, tj, resources.Plan.from_status(stored))
+            await _ensure_annotations(ctx, tj, resources.StatusPlan.from_status(stored))
         await _record_late_change(ctx, tj)
         return
     if awaits_capacity(tj.status, tj.generation) and not await _capacity_changed(ctx, tj):
@@ -151,7 +151,7 @@ async def reconcile(ctx: Context, tj: TrainingJobRef, spec: Mapping[str, Any]) -
     await _launch(ctx, tj, parsed, plan)
 
 
-async def _ensure_annotations(ctx: Context, tj: TrainingJobRef, plan: resources.Plan) -> None:
+async def _ensure_annotations(ctx: Context, tj: TrainingJobRef, plan: resources.StatusPlan) -> None:
     """Write the plan's annotations unless the object already carries them (a pass that
     crashed after storing the plan left them out)."""
     wanted = manifests.plan_annotations(plan)
@@ -196,11 +196,11 @@ async def _capacity_changed(ctx: Context, tj: TrainingJobRef) -> bool:
     return True
 
 
-def _current_plan(tj: TrainingJobRef) -> resources.Plan | None:
+def _current_plan(tj: TrainingJobRef) -> resources.StatusPlan | None:
     stored = tj.status.get("plan")
     if not stored or not resources.is_true(tj.conditions, Condition.ESTIMATED):
         return None
-    plan = resources.Plan.from_status(stored)
+    plan = resources.StatusPlan.from_status(stored)
     return plan if plan.observed_generation == tj.generation else None
 
 
@@ -237,7 +237,7 @@ async def _load_model(ctx: Context, tj: TrainingJobRef, ref: resources.ModelRef)
     return data
 
 
-async def _read_gpu_pools(ctx: Context) -> list[gpu_pools.GpuPool]:
+async def _read_gpu_pools(ctx: Context) -> list[gpu_pools.ClusterGpuPool]:
     listing = (ctx.kube.list_active_pods_in(ctx.pod_namespaces) if ctx.pod_namespaces
                else ctx.kube.list_active_pods())
     nodes, pods = await asyncio.gather(ctx.kube.list_gpu_nodes(), listing)
@@ -260,7 +260,7 @@ async def _quota_capped(ctx: Context, tj: TrainingJobRef, spec: resources.Traini
 
 
 async def _plan(ctx: Context, tj: TrainingJobRef,
-                spec: resources.TrainingJobSpec) -> resources.Plan:
+                spec: resources.TrainingJobSpec) -> resources.StatusPlan:
     """Plan while holding one of the namespace's fetch slots: the model is in memory from its
     fetch to the estimator's answer (issue #33)."""
     async with ctx.fetches.take(tj.namespace):
@@ -268,7 +268,7 @@ async def _plan(ctx: Context, tj: TrainingJobRef,
 
 
 async def _plan_holding_model(ctx: Context, tj: TrainingJobRef,
-                              spec: resources.TrainingJobSpec) -> resources.Plan:
+                              spec: resources.TrainingJobSpec) -> resources.StatusPlan:
     model = await _load_model(ctx, tj, spec.model)
     pools = await ctx.gpu_pools.get(lambda: _read_gpu_pools(ctx))
     quota = None
@@ -359,8 +359,8 @@ async def _read_queue_quota(ctx: Context, namespace: str, name: str) -> kueue.Qu
     return kueue.queue_quota(local_queue, cluster_queue, flavors)
 
 
-def _queue_pools(pools: list[gpu_pools.GpuPool],
-                 quota: kueue.QueueQuota) -> list[gpu_pools.GpuPool]:
+def _queue_pools(pools: list[gpu_pools.ClusterGpuPool],
+                 quota: kueue.QueueQuota) -> list[gpu_pools.ClusterGpuPool]:
     """The pools the queue's quota allows; NoQueueQuotaError naming the queue when none."""
     allowed = kueue.restrict_pools(pools, quota)
     if not allowed:
@@ -369,7 +369,7 @@ def _queue_pools(pools: list[gpu_pools.GpuPool],
 
 
 async def _launch(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobSpec,
-                  plan: resources.Plan) -> None:
+                  plan: resources.StatusPlan) -> None:
     owner = manifests.Owner(name=tj.name, uid=tj.uid)
     port = ctx.settings.master_port
     await _check_service_account(ctx, tj, spec.template)
@@ -407,12 +407,12 @@ async def _launch(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobS
 
 
 async def _placement(ctx: Context, tj: TrainingJobRef, spec: resources.TrainingJobSpec,
-                     plan: resources.Plan) -> manifests.Placement:
+                     plan: resources.StatusPlan) -> manifests.Placement:
     """Where the pods go (the plan's pool's resource and node labels), which scheduler takes
     them, whether they are one gang, and Kueue's maximum execution time."""
     pools = await ctx.gpu_pools.get(lambda: _read_gpu_pools(ctx))
     pool = next((p for p in pools if p.gpu_type == plan.gpu_type),
-                gpu_pools.GpuPool(plan.gpu_type, plan.gpus_per_node, plan.nodes, 0))
+                gpu_pools.ClusterGpuPool(plan.gpu_type, plan.gpus_per_node, plan.nodes, 0))
     s = ctx.settings
     template_scheduler = (spec.template.get("spec") or {}).get("schedulerName")
     labels: Mapping[str, str] = {}
@@ -577,7 +577,7 @@ async def record_job(ctx: Context, job: Mapping[str, Any], emit_for: Callable[
         return
     outcome = tracking.job_outcome(job, pods, observed_start=noted)
     assert outcome is not None  # finished above; pods only refine its start
-    plan = resources.Plan.from_status(status["plan"])
+    plan = resources.StatusPlan.from_status(status["plan"])
     # Issue #33: only an uninterrupted run measures training, timed from its attempt's start.
     drift = (resources.drift_ratio(outcome.training_seconds, plan.estimated_seconds)
              if outcome.measures_training else None)
@@ -668,7 +668,7 @@ def forget(ctx: Context, namespace: str, name: str, uid: str) -> None:
     ctx.infeasible_at.pop(uid, None)
 
 
-async def _feed_back(ctx: Context, tj: TrainingJobRef, plan: resources.Plan,
+async def _feed_back(ctx: Context, tj: TrainingJobRef, plan: resources.StatusPlan,
                      actual_seconds: float) -> None:
     """Send the outcome to the estimator as a calibration sample, at most once per job uid
     (status.actual, written first, guards restarts; `ctx.reported` guards racing events).

@@ -40,8 +40,8 @@ class SpecBuilder:
 
 def make_plan(*, gpu_type: str = "NVIDIA-A100-SXM4-80GB", gpu_count: int = 4,
               gpus_per_node: int = 4, nodes: int = 1, estimated_seconds: float = 3600.0,
-              generation: int = 1) -> resources.Plan:
-    return resources.Plan(
+              generation: int = 1) -> resources.StatusPlan:
+    return resources.StatusPlan(
         gpu_type=gpu_type, device="a100-sxm4-80gb", gpu_count=gpu_count,
         gpus_per_node=gpus_per_node, nodes=nodes, estimated_seconds=estimated_seconds,
         step_time_ms=120.5, memory_bytes_per_gpu=30 * 2**30, cost_usd=12.5,

@@ -118,7 +118,7 @@ def test_the_dims_caps_agree() -> None:
     assert _openapi_property("TrainingBody", "dims")["maxProperties"] == limits.MAX_DIMS
 
 
-def _memory_breakdown() -> tuple[memory.MemoryBreakdown, sharding.StrategyMemory]:
+def _memory_breakdown() -> tuple[memory.MemoryBreakdown, sharding.ShardedMemory]:
     graph = examples.resnet50(2)
     settings = TrainingSettings(batch_size=2, mode="train")
     breakdown = memory.training_memory(graph, settings)

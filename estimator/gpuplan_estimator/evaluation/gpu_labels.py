@@ -180,7 +180,7 @@ def row_framework(row: LabelRow) -> str:
     return frameworks.PYTORCH_EAGER
 
 
-def row_result(row: LabelRow, est: estimates.DeviceEstimate, predictor: str) -> RowResult:
+def row_result(row: LabelRow, est: estimates.DeviceStepEstimate, predictor: str) -> RowResult:
     """Forward (+ backward for training) and its interval (`planning.intervals`)."""
     return RowResult(
         row=row, device=est.device, predictor=predictor,

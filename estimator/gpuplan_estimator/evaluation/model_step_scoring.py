@@ -80,7 +80,7 @@ def attention_of(implementation: str | None) -> str:
 
 def _estimate(g: graph.ModelGraph, batch: int, mode: str, precision: str, attention: str,
               specs: Sequence[devices.DeviceSpec], predictor: Any,
-              host_model: HostModel | None = None) -> list[estimates.DeviceEstimate]:
+              host_model: HostModel | None = None) -> list[estimates.DeviceStepEstimate]:
     settings = TrainingSettings(batch_size=batch, mode=mode, optimizer=OPTIMIZER,
                                 precision=precision, attention=attention)
     return list(estimates.estimate(g, specs, settings, predictor=predictor,

@@ -58,7 +58,7 @@ def estimated_json(answer: planner.EstimatedRequest) -> dict[str, Any]:
                          dataset_size=answer.dataset_size, calibration=answer.calibration)
 
 
-def candidate_json(c: placement.Candidate) -> dict[str, Any]:
+def candidate_json(c: placement.PlacementCandidate) -> dict[str, Any]:
     """One candidate as the plan JSON shows it (rounded for reading, calibration exact)."""
     return {
         "gpu_type": c.gpu_type,
@@ -91,7 +91,7 @@ def candidate_json(c: placement.Candidate) -> dict[str, Any]:
     }
 
 
-def _setup_json(c: placement.Candidate) -> dict[str, Any]:
+def _setup_json(c: placement.PlacementCandidate) -> dict[str, Any]:
     """How the candidate runs: layout, memory strategy, memory by part, step time by part."""
     if c.layout is None or c.strategy is None or c.memory is None:
         return {}
@@ -123,17 +123,17 @@ def plan_json(result: placement.Plan, *, max_candidates: int | None = 20) -> dic
 
 
 def estimate_json(
-    graph: ModelGraph, results: Sequence[estimates.DeviceEstimate],
+    graph: ModelGraph, results: Sequence[estimates.DeviceStepEstimate],
     settings: TrainingSettings, *,
     predictor_source: str, epochs: int | None = None, dataset_size: int | None = None,
-    include_layers: bool = False, calibration: calibrating.Calibration | None = None,
+    include_layers: bool = False, calibration: calibrating.CalibrationTable | None = None,
 ) -> dict[str, Any]:
     """The stable estimate document of `docs/estimate-json.md`.
 
     Each device gets `calibrated_*` fields next to the model's own (which are never changed),
     from `calibration` fitted to job outcomes; without one they equal the model's.
     """
-    cal = calibration if calibration is not None else calibrating.Calibration()
+    cal = calibration if calibration is not None else calibrating.CalibrationTable()
     mode = calibrating.mode_of(settings.mode)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -164,7 +164,8 @@ to_json = estimate_json
 library's callers."""
 
 
-def _device_json(r: estimates.DeviceEstimate, include_layers: bool, cal: calibrating.Calibration,
+def _device_json(r: estimates.DeviceStepEstimate, include_layers: bool,
+                 cal: calibrating.CalibrationTable,
                  mode: str) -> dict[str, Any]:
     c = calibrating.calibrate(cal, r.device, mode, r.step_time_ms, *r.interval_ms)
     factor = c.correction.factor
@@ -208,7 +209,7 @@ def _device_json(r: estimates.DeviceEstimate, include_layers: bool, cal: calibra
     return out
 
 
-def _layer_json(layer: estimates.LayerEstimate) -> dict[str, Any]:
+def _layer_json(layer: estimates.LayerTimeEstimate) -> dict[str, Any]:
     return {
         "name": layer.name, "op_type": layer.op_type, "family": layer.family,
         "forward_ms": layer.forward_ms, "backward_ms": layer.backward_ms,

@@ -20,7 +20,7 @@ from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.parallel import layouts, strategies, strategy_time
 from gpuplan_estimator.parallel.layouts import ModelDims, ParallelLayout, SingleGpuSplit
 from gpuplan_estimator.parallel.scaling import ScalingModel
-from gpuplan_estimator.parallel.sharding import StrategyMemory
+from gpuplan_estimator.parallel.sharding import ShardedMemory
 from gpuplan_estimator.parallel.strategies import NO_STRATEGY, MemoryStrategy
 from gpuplan_estimator.step import memory
 from gpuplan_estimator.step.decomposition import TrainingSettings
@@ -40,7 +40,7 @@ EXPOSED_COMM_KINDS = (*strategy_time.COLLECTIVE_KINDS, "p2p")
 """The collectives a step's exposed communication is split by: the strategies' and the
 pipeline's point-to-point sends."""
 
-MemoryFn = Callable[[int, MemoryStrategy, ParallelLayout, int], StrategyMemory]
+MemoryFn = Callable[[int, MemoryStrategy, ParallelLayout, int], ShardedMemory]
 """(micro-batch, strategy, layout, GPUs per node) → per-GPU memory; built from the graph by
 the planner, cached by micro-batch there."""
 StepFn = Callable[[int], tuple[float, float, float]]
@@ -64,7 +64,7 @@ class Setup:
     layout: ParallelLayout  # micro_batches includes the strategy's gradient accumulation
     strategy: MemoryStrategy
     micro_batch: int
-    memory: StrategyMemory
+    memory: ShardedMemory
     step_ms: float
     backward_ms: float  # of the step, what hides the data-parallel communication
     parts_ms: dict[str, float]  # compute, recompute, tp_comm, pp_bubble, pp_p2p, dp_comm, ...
@@ -77,7 +77,7 @@ class Setup:
 class NoSetup:
     """Nothing fits: the leanest setup tried, to say by how much."""
 
-    leanest: StrategyMemory
+    leanest: ShardedMemory
     layout: ParallelLayout
 
 
@@ -91,7 +91,7 @@ def search(*, n: int, gpus_per_node: int, global_batch: int, device: DeviceSpec,
     `comm_factor` scales communication as the calibration scales compute.
     """
     best: Setup | None = None
-    leanest: tuple[StrategyMemory, ParallelLayout] | None = None
+    leanest: tuple[ShardedMemory, ParallelLayout] | None = None
     for layout, choices in _layouts(n, gpus_per_node, global_batch, facts, split):
         for strategy in choices:
             micro = global_batch // (layout.dp * layout.micro_batches
@@ -151,7 +151,7 @@ def _dp_strategies(settings: TrainingSettings, per_gpu: int, dp: int, gpus_per_n
     return tuple(dict.fromkeys(listed + zero_one))
 
 
-def timed(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, mem: StrategyMemory,
+def timed(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, mem: ShardedMemory,
           *, device: DeviceSpec, facts: ModelFacts, step_at: StepFn,
           split: SingleGpuSplit | None, scaling: ScalingModel, gpus_per_node: int,
           comm_factor: float) -> Setup:
@@ -199,7 +199,7 @@ def priced(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, gpus_pe
 
 
 def _data_parallel(layout: ParallelLayout, strategy: MemoryStrategy, micro: int,
-                   mem: StrategyMemory, forward: float, backward: float, optimizer: float, *,
+                   mem: ShardedMemory, forward: float, backward: float, optimizer: float, *,
                    facts: ModelFacts, device: DeviceSpec, scaling: ScalingModel,
                    gpus_per_node: int, comm_factor: float) -> Setup:
     t = strategy_time.time_overheads(

@@ -54,7 +54,7 @@ MASTER_WEIGHT_BYTES = 4  # fp32 master copy kept by torch.amp-style mixed precis
 
 
 @dataclass(frozen=True)
-class StrategyMemory:
+class ShardedMemory:
     """Bytes one GPU needs for a training step under a strategy, by part (as MemoryBreakdown)."""
 
     parameters_bytes: int
@@ -102,7 +102,7 @@ def memory_under(
     in_flight_micro_batches: int = 1,
     sequence_parallel: bool = False,
     layout: ActivationLayout | None = None,
-) -> StrategyMemory:
+) -> ShardedMemory:
     """Per-GPU bytes of a step under `strategy` and tp x pp model parallelism.
 
     `breakdown_at_micro_batch` is `memory.training_memory` at the micro-batch (per-GPU batch /
@@ -164,7 +164,7 @@ def memory_under(
              "optimizer_state_bytes": split(state, state_shard),
              "activations_bytes": activations, "workspace_bytes": m.workspace_bytes,
              "gathered_parameters_bytes": gathered}
-    return StrategyMemory(
+    return ShardedMemory(
         **parts,
         # the allocator's reserve follows this setup's own allocated bytes
         framework_overhead_bytes=memory.framework_overhead_bytes(sum(parts.values())),
@@ -188,7 +188,7 @@ def strategy_memory(
     pipeline_parallel: int = 1,
     in_flight_micro_batches: int = 1,
     sequence_parallel: bool = False,
-) -> StrategyMemory:
+) -> ShardedMemory:
     """`memory_under` from a graph built at the global batch `settings.batch_size`.
 
     The per-GPU batch is ceil(global / data_parallel), as in `memory.training_memory`; the
@@ -210,9 +210,9 @@ def strategy_memory(
         sequence_parallel=sequence_parallel, layout=layout)
 
 
-def _plain(m: memory.MemoryBreakdown) -> StrategyMemory:
+def _plain(m: memory.MemoryBreakdown) -> ShardedMemory:
     """Plain data parallelism: the walked peak, part by part."""
-    return StrategyMemory(
+    return ShardedMemory(
         parameters_bytes=m.parameters_bytes, gradients_bytes=m.gradients_bytes,
         optimizer_state_bytes=m.optimizer_state_bytes, activations_bytes=m.activations_bytes,
         workspace_bytes=m.workspace_bytes, framework_overhead_bytes=m.framework_overhead_bytes,

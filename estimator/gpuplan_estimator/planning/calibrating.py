@@ -73,7 +73,7 @@ def mode_of(training_mode: str) -> str:
 
 
 @dataclass(frozen=True)
-class Calibration:
+class CalibrationTable:
     """Fitted corrections: per (device, mode), per mode, and global."""
 
     by_device_mode: Mapping[tuple[str, str], Correction] = field(default_factory=dict)
@@ -112,7 +112,8 @@ def _shrunk(ratios: Sequence[float], parent: Correction, settings: CalibrationSe
     return Correction(math.exp(log_factor), sd, n, level)
 
 
-def fit(outcomes: Iterable[Outcome], settings: CalibrationSettings | None = None) -> Calibration:
+def fit(outcomes: Iterable[Outcome],
+        settings: CalibrationSettings | None = None) -> CalibrationTable:
     """Hierarchical corrections from measured outcomes; no outcomes → identity."""
     settings = settings or CalibrationSettings()
     if settings.prior_outcomes <= 0 or settings.min_log_sd <= 0 or settings.prior_log_sd <= 0:
@@ -120,7 +121,7 @@ def fit(outcomes: Iterable[Outcome], settings: CalibrationSettings | None = None
     rows = [(o, _log_ratio(o, settings)) for o in outcomes]
     identity = Correction(1.0, settings.prior_log_sd, 0, "none")
     if not rows:
-        return Calibration(overall=identity)
+        return CalibrationTable(overall=identity)
     overall = _shrunk([r for _, r in rows], identity, settings, "global")
     by_mode: dict[str, Correction] = {}
     for mode in sorted({o.mode for o, _ in rows}):
@@ -129,7 +130,7 @@ def fit(outcomes: Iterable[Outcome], settings: CalibrationSettings | None = None
     for key in sorted({(o.device, o.mode) for o, _ in rows}):
         ratios = [r for o, r in rows if (o.device, o.mode) == key]
         by_dm[key] = _shrunk(ratios, by_mode[key[1]], settings, "device+mode")
-    return Calibration(by_device_mode=by_dm, by_mode=by_mode, overall=overall)
+    return CalibrationTable(by_device_mode=by_dm, by_mode=by_mode, overall=overall)
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ class Calibrated:
     correction: Correction
 
 
-def apply(calibration: Calibration, device: str, mode: str, median_ms: float, p10_ms: float,
+def apply(calibration: CalibrationTable, device: str, mode: str, median_ms: float, p10_ms: float,
           p90_ms: float) -> Calibrated:
     """Scale a prediction; the interval is the wider of the scaled one and the outcome spread."""
     if not (0 <= p10_ms <= median_ms <= p90_ms):
@@ -154,8 +155,8 @@ def apply(calibration: Calibration, device: str, mode: str, median_ms: float, p1
                       max(p90_ms * c.factor, med * spread), c)
 
 
-def calibrate(calibration: Calibration, device: str, mode: str, median_ms: float, p10_ms: float,
-              p90_ms: float) -> Calibrated:
+def calibrate(calibration: CalibrationTable, device: str, mode: str, median_ms: float,
+              p10_ms: float, p90_ms: float) -> Calibrated:
     """`apply` at plan/estimate time: without any outcome the prediction is returned unchanged.
 
     `apply` widens every interval by the prior spread even at factor 1, which is what the
@@ -177,7 +178,7 @@ def outcomes_excluding(outcomes: Sequence[Outcome], *, model: str | None = None,
                  if (model is None or o.model != model) and (device is None or o.device != device))
 
 
-def summary(calibration: Calibration) -> Mapping[str, float]:
+def summary(calibration: CalibrationTable) -> Mapping[str, float]:
     """Flat "device/mode" → factor map for reports."""
     out = {f"{d}/{m}": c.factor for (d, m), c in calibration.by_device_mode.items()}
     out.update({f"*/{m}": c.factor for m, c in calibration.by_mode.items()})

@@ -49,7 +49,7 @@ _PHASE_CODE = {Phase.FORWARD: 0, Phase.BACKWARD: 1, Phase.OPTIMIZER: 2}
 
 
 @dataclass(frozen=True)
-class LayerEstimate:
+class LayerTimeEstimate:
     """One layer's predicted forward and backward time (ms), interval and predictor."""
     name: str
     op_type: str
@@ -67,7 +67,7 @@ class LayerEstimate:
 
 
 @dataclass(frozen=True)
-class DeviceEstimate:
+class DeviceStepEstimate:
     """Predicted step time split, epoch/total time and memory fit of a model on one device."""
     device: str  # canonical catalog key
     forward_ms: float
@@ -83,7 +83,7 @@ class DeviceEstimate:
     fits: bool
     predictor: Mapping[str, float]  # predictor label → share of step time
     uncovered_ops: tuple[str, ...]
-    layers: tuple[LayerEstimate, ...]
+    layers: tuple[LayerTimeEstimate, ...]
     shape_only_layers: int
     data_basis: str  # latency.basis: measured, probed, extrapolated or roofline
     samples_per_step: int  # the global batch
@@ -128,7 +128,7 @@ class DeviceEstimate:
             return None
         return self.price_per_hour_usd * seconds / 3600.0
 
-    def top_layers(self, n: int = 5) -> tuple[LayerEstimate, ...]:
+    def top_layers(self, n: int = 5) -> tuple[LayerTimeEstimate, ...]:
         """The `n` layers with the most forward+backward time, most expensive first."""
         return tuple(sorted(self.layers, key=lambda layer: -layer.total_ms)[: max(0, n)])
 
@@ -159,7 +159,7 @@ def estimate(
     kernel_dims: KernelDimsFn | None = None,
     host_model: host.HostModel | None = None,
     host_probes: Mapping[str, host.HostProbe] | None = None,
-) -> tuple[DeviceEstimate, ...]:
+) -> tuple[DeviceStepEstimate, ...]:
     """Estimate one step of `graph` on each device; epoch/total time when sizes are given.
 
     On a GPU in eager PyTorch the step is priced on two clocks (`step.host`): `host_model`,
@@ -194,8 +194,8 @@ def model_flops_per_step(graph: ModelGraph, settings: TrainingSettings) -> float
     return forward * (TRAINING_FLOPS_PER_FORWARD_FLOP if settings.mode == "train" else 1)
 
 
-def _with_economics(r: DeviceEstimate, graph: ModelGraph, device: DeviceSpec,
-                    settings: TrainingSettings, predictor: LatencyPredictor) -> DeviceEstimate:
+def _with_economics(r: DeviceStepEstimate, graph: ModelGraph, device: DeviceSpec,
+                    settings: TrainingSettings, predictor: LatencyPredictor) -> DeviceStepEstimate:
     """`r` with what decisions need beyond time: basis, throughput units, FLOPs, peak, price."""
     try:
         peak: float | None = roofline.peak_flops_per_s(device, settings.precision)
@@ -274,7 +274,7 @@ def _price(
     graph: ModelGraph, plan: _Plan, device: DeviceSpec, pred: LatencyPrediction | None,
     predictor: LatencyPredictor, memory: MemoryBreakdown, steps: int | None, epochs: int | None,
     hosts: _HostCosts | None = None,
-) -> DeviceEstimate:
+) -> DeviceStepEstimate:
     n = len(plan.unique)
     med_u = _checked(pred.median_ms if pred else None, n, "median_ms", predictor)
     p10_u = _checked(pred.p10_ms if pred else None, n, "p10_ms", predictor)
@@ -297,7 +297,7 @@ def _price(
               for name, s in zip(label_names, share, strict=True)}
     uncovered = _uncovered(graph, plan, predictor, label_names, label_of_item)
     epoch_s = steps * step_ms / 1000.0 if steps is not None else None
-    return _on_host(DeviceEstimate(
+    return _on_host(DeviceStepEstimate(
         device=device.key,
         forward_ms=float(by_phase[0]),
         backward_ms=float(by_phase[1]),
@@ -392,7 +392,7 @@ def _uncovered(
 def _layers(
     graph: ModelGraph, plan: _Plan, med: npt.NDArray[np.float64], p10: npt.NDArray[np.float64],
     p90: npt.NDArray[np.float64], label_names: list[str], label_of_item: npt.NDArray[np.intp],
-) -> tuple[LayerEstimate, ...]:
+) -> tuple[LayerTimeEstimate, ...]:
     n = len(graph.layers)
     mask = plan.layer_index >= 0
     idx = plan.layer_index[mask]
@@ -408,7 +408,7 @@ def _layers(
     for pos in order:
         best[idx[pos]] = label_names[labels[pos]]
     return tuple(
-        LayerEstimate(
+        LayerTimeEstimate(
             name=layer.name, op_type=layer.op_type, family=layer.family.value,
             forward_ms=float(fwd[i]), backward_ms=float(bwd[i]), p10_ms=float(lo[i]),
             p90_ms=float(hi[i]), predictor=best[i] or "none",
@@ -417,7 +417,7 @@ def _layers(
     )
 
 
-def compiled_saving_ms(r: DeviceEstimate) -> float | None:
+def compiled_saving_ms(r: DeviceStepEstimate) -> float | None:
     """What a compiled step would save at most: the time the GPU waits for the host, which a
     step captured in CUDA graphs (torch.compile's "reduce-overhead") no longer issues op by op.
     Kernel fusion would save more; Inductor's default mode, which still launches each kernel
@@ -428,7 +428,7 @@ def compiled_saving_ms(r: DeviceEstimate) -> float | None:
     return max(0.0, r.step_time_ms - r.gpu_busy_ms)
 
 
-def bound_of(r: DeviceEstimate) -> str:
+def bound_of(r: DeviceStepEstimate) -> str:
     """"host", "gpu" or "unknown" (no host model priced the step)."""
     if r.host_ms is None:
         return "unknown"
@@ -480,8 +480,8 @@ def _host_costs(graph: ModelGraph, plan: _Plan, settings: TrainingSettings,
     return _HostCosts(rows.astype(np.float64), model)
 
 
-def _on_host(r: DeviceEstimate, plan: _Plan, med: npt.NDArray[np.float64], device: DeviceSpec,
-             hosts: _HostCosts | None) -> DeviceEstimate:
+def _on_host(r: DeviceStepEstimate, plan: _Plan, med: npt.NDArray[np.float64], device: DeviceSpec,
+             hosts: _HostCosts | None) -> DeviceStepEstimate:
     """`r` priced on two clocks: phase times as events read them, its interval moved with
     them (the kernels' relative spread, and the host's at the same quantiles)."""
     busy = r.forward_ms + r.backward_ms + r.optimizer_ms

@@ -48,7 +48,7 @@ def memory_fn(graph: ModelGraph, settings: TrainingSettings) -> MemoryFn:
                                                    outside_label=rollup.OUTSIDE_BLOCKS)
 
     def per_gpu(micro: int, strategy: MemoryStrategy, layout: ParallelLayout,
-                gpus_per_node: int) -> sharding.StrategyMemory:
+                gpus_per_node: int) -> sharding.ShardedMemory:
         b = breakdown(micro)
         if not settings.training:
             return _unsharded(b)
@@ -62,9 +62,9 @@ def memory_fn(graph: ModelGraph, settings: TrainingSettings) -> MemoryFn:
     return per_gpu
 
 
-def _unsharded(b: memory.MemoryBreakdown) -> sharding.StrategyMemory:
+def _unsharded(b: memory.MemoryBreakdown) -> sharding.ShardedMemory:
     """An inference step's memory as it is: strategies save training memory only."""
-    return sharding.StrategyMemory(
+    return sharding.ShardedMemory(
         parameters_bytes=b.parameters_bytes, gradients_bytes=b.gradients_bytes,
         optimizer_state_bytes=b.optimizer_state_bytes, activations_bytes=b.activations_bytes,
         workspace_bytes=b.workspace_bytes, framework_overhead_bytes=b.framework_overhead_bytes,

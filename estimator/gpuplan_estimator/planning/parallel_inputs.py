@@ -19,7 +19,7 @@ from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.core.precisions import PRECISION_TABLE
 from gpuplan_estimator.parallel.layouts import ModelDims, RegionTime, SingleGpuSplit
 from gpuplan_estimator.planning import rollup
-from gpuplan_estimator.planning.estimates import SEQUENCE_DIM, DeviceEstimate, LayerEstimate
+from gpuplan_estimator.planning.estimates import SEQUENCE_DIM, DeviceStepEstimate, LayerTimeEstimate
 
 ELEMENT_BYTES = {name: p.activation_bytes for name, p in PRECISION_TABLE.items()}
 """Activation element size per compute precision (mixed precision keeps activations at 16 bit)."""
@@ -30,7 +30,7 @@ _TP_SUBMODULE = re.compile(
     r"(?=$|[/._])")
 
 
-def tp_splits(layer: LayerEstimate, *, in_block: bool) -> bool:
+def tp_splits(layer: LayerTimeEstimate, *, in_block: bool) -> bool:
     """Whether Megatron's TP divides `layer`'s work over the tp GPUs."""
     if layer.family in _NEVER_SPLIT:
         return False
@@ -39,7 +39,7 @@ def tp_splits(layer: LayerEstimate, *, in_block: bool) -> bool:
     return in_block and _TP_SUBMODULE.search(layer.name) is not None
 
 
-def _region(layers: Sequence[LayerEstimate], *, in_block: bool) -> RegionTime:
+def _region(layers: Sequence[LayerTimeEstimate], *, in_block: bool) -> RegionTime:
     split = sum((layer.total_ms for layer in layers if tp_splits(layer, in_block=in_block)), 0.0)
     replicated = sum((layer.total_ms for layer in layers
                       if not tp_splits(layer, in_block=in_block)), 0.0)
@@ -61,7 +61,7 @@ def _with_host_waits(regions: tuple[RegionTime, RegionTime, RegionTime], compute
     return pre, blocks, post
 
 
-def split_from_estimate(estimate: DeviceEstimate) -> SingleGpuSplit:
+def split_from_estimate(estimate: DeviceStepEstimate) -> SingleGpuSplit:
     """The estimate's step cut into embedding / blocks / output regions and TP-split /
     replicated layers; `InvalidRequestError` when the layer names carry no blocks."""
     in_block = [rollup.block_of(layer.name) != rollup.OUTSIDE_BLOCKS

@@ -19,7 +19,7 @@ from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.parallel import named, setups
 from gpuplan_estimator.parallel.layouts import ParallelLayout, SingleGpuSplit
 from gpuplan_estimator.parallel.scaling import ScalingModel
-from gpuplan_estimator.parallel.sharding import StrategyMemory
+from gpuplan_estimator.parallel.sharding import ShardedMemory
 from gpuplan_estimator.parallel.strategies import MemoryStrategy
 from gpuplan_estimator.planning import calibrating
 
@@ -152,7 +152,7 @@ class TrainingShape:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class PlacementCandidate:
     """One feasible GPU type x count: per-GPU batch, step split (ms), time (s), memory, cost."""
     gpu_type: str
     device_key: str
@@ -179,7 +179,7 @@ class Candidate:
     layout: ParallelLayout | None = None  # None: plain data parallelism, no strategy search
     strategy: MemoryStrategy | None = None
     micro_batch: int | None = None
-    memory: StrategyMemory | None = None
+    memory: ShardedMemory | None = None
     parts_ms: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -196,8 +196,8 @@ class Rejection:
 @dataclass(frozen=True)
 class Plan:
     """The planner's answer: the chosen candidate, feasible ones best first, and rejections."""
-    chosen: Candidate | None
-    candidates: tuple[Candidate, ...]  # feasible, best first
+    chosen: PlacementCandidate | None
+    candidates: tuple[PlacementCandidate, ...]  # feasible, best first
     rejected: tuple[Rejection, ...]
     objective: Objective
     reasons_by_type: Mapping[str, str] = field(default_factory=dict)  # why a type has no candidate
@@ -221,7 +221,7 @@ def evaluate(
     scaling: ScalingModel,
     facts: setups.ModelFacts | None = None,
     pinned: named.LayoutRequest | None = None,
-) -> Candidate | Rejection:
+) -> PlacementCandidate | Rejection:
     """Price `gpu_count` GPUs of `pool` for the job, or reject it (memory, uneven batch).
 
     With `facts` (the model's memory under every strategy) and the profile's device, layouts
@@ -257,7 +257,7 @@ def pinned_setup(profile: StepProfile, resolved: named.ResolvedLayout, device: D
 
 def _pinned(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count: int,
             scaling: ScalingModel, facts: setups.ModelFacts, device: DeviceSpec,
-            pinned: named.LayoutRequest) -> Candidate | Rejection:
+            pinned: named.LayoutRequest) -> PlacementCandidate | Rejection:
     """The pinned layout on `pool`, or why it cannot run there (its node size, memory)."""
     try:
         resolved = named.resolve(replace(pinned, gpus_per_node=pool.gpus_per_node),
@@ -277,7 +277,7 @@ def _pinned(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count
 
 def _searched(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count: int,
               scaling: ScalingModel, facts: setups.ModelFacts, device: DeviceSpec
-              ) -> Candidate | Rejection:
+              ) -> PlacementCandidate | Rejection:
     found = setups.search(n=gpu_count, gpus_per_node=min(gpu_count, pool.gpus_per_node),
                           global_batch=shape.global_batch, device=device, facts=facts,
                           step_at=step_fn(profile), split=profile.split, scaling=scaling,
@@ -294,12 +294,12 @@ def _searched(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_cou
 
 
 def _candidate(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count: int,
-               found: setups.Setup) -> Candidate:
+               found: setups.Setup) -> PlacementCandidate:
     ref = profile.at(found.micro_batch)
     ratio_lo = ref.p10_ms / ref.step_time_ms if ref.step_time_ms else 1.0
     ratio_hi = ref.p90_ms / ref.step_time_ms if ref.step_time_ms else 1.0
     seconds = found.step_ms * shape.total_steps / 1000.0
-    return Candidate(
+    return PlacementCandidate(
         gpu_type=pool.gpu_type, device_key=pool.device_key, gpu_count=gpu_count,
         gpus_per_node=min(gpu_count, pool.gpus_per_node),
         nodes=max(1, math.ceil(gpu_count / pool.gpus_per_node)),
@@ -343,7 +343,7 @@ def _cost(seconds: float, gpu_count: int, profile: StepProfile) -> float | None:
 
 
 def _data_parallel(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count: int,
-                   scaling: ScalingModel) -> Candidate | Rejection:
+                   scaling: ScalingModel) -> PlacementCandidate | Rejection:
     """Plain data parallelism at the profile's own memory figures (no strategy search)."""
     if shape.global_batch % gpu_count:
         return _uneven(pool, shape, gpu_count)
@@ -376,7 +376,7 @@ def _data_parallel(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gp
     ratio_hi = point.p90_ms / point.step_time_ms if point.step_time_ms else 1.0
     seconds = step_ms * shape.total_steps / 1000.0
     cost = _cost(seconds, gpu_count, profile)
-    return Candidate(
+    return PlacementCandidate(
         gpu_type=pool.gpu_type,
         device_key=pool.device_key,
         gpu_count=gpu_count,
@@ -397,7 +397,7 @@ def _data_parallel(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gp
     )
 
 
-def _objective_violation(c: Candidate, obj: Objective) -> str:
+def _objective_violation(c: PlacementCandidate, obj: Objective) -> str:
     if obj.deadline_seconds is not None and c.estimated_seconds > obj.deadline_seconds:
         return (f"takes {format_duration(c.estimated_seconds)}, deadline is "
                 f"{format_duration(obj.deadline_seconds)}")
@@ -409,7 +409,7 @@ def _objective_violation(c: Candidate, obj: Objective) -> str:
     return ""
 
 
-def rank_key(c: Candidate, prefer: str) -> tuple[float, ...]:
+def rank_key(c: PlacementCandidate, prefer: str) -> tuple[float, ...]:
     """Sort key of a candidate under `prefer`: lower is better, GPU count breaks the last tie.
 
     A candidate without a known price is never ranked as free: under the cost objectives it
@@ -445,7 +445,7 @@ def plan(
         raise ValueError("pinned: a pinned layout needs the model's facts")
     if objective.prefer not in OBJECTIVES:
         raise ValueError(f"objective.prefer: must be one of {', '.join(OBJECTIVES)}")
-    feasible: list[Candidate] = []
+    feasible: list[PlacementCandidate] = []
     rejected: list[Rejection] = []
     by_type: dict[str, str] = {}
     for pool in pools:

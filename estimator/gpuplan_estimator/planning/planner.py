@@ -52,7 +52,7 @@ class PlannerContext:
     scaling_fit: scaling_fits.FittedScaling = scaling_fits.ANALYTIC
     """Where `scaling` comes from (fitted to outcomes or analytic), reported on every plan."""
     manifest: Mapping[str, Any] = field(default_factory=dict)
-    calibration: calibrating.Calibration = field(default_factory=calibrating.Calibration)
+    calibration: calibrating.CalibrationTable = field(default_factory=calibrating.CalibrationTable)
     """Fitted from job outcomes by the service; identity (factor 1) when there are none."""
     host_probes: Mapping[str, host.HostProbe] = field(default_factory=dict)
     """Per device key, the newest host probe measured on its nodes (the performance
@@ -93,14 +93,14 @@ def graph_at(model: bytes, t: requests.TrainingRequest, batch: int) -> ModelGrap
 
 def _estimates_at(model: bytes, t: requests.TrainingRequest, batch: int,
                   specs: Sequence[devices.DeviceSpec], ctx: PlannerContext
-                  ) -> tuple[int, Sequence[estimates.DeviceEstimate]]:
+                  ) -> tuple[int, Sequence[estimates.DeviceStepEstimate]]:
     """Estimates at `batch` (`graph_at`)."""
     g = graph_at(model, t, batch)
     return batch, estimates.estimate(g, specs, training_settings(t, batch),
                                      predictor=ctx.predictor, host_probes=ctx.host_probes)
 
 
-def _point(e: estimates.DeviceEstimate, batch: int, calibrated: calibrating.Calibrated
+def _point(e: estimates.DeviceStepEstimate, batch: int, calibrated: calibrating.Calibrated
            ) -> placement.StepPoint:
     """One step as the planner sees it: every phase scaled by the job outcomes' factor (they
     measured the whole step, so there is no per-phase factor to apply), the interval theirs."""
@@ -113,7 +113,7 @@ def _point(e: estimates.DeviceEstimate, batch: int, calibrated: calibrating.Cali
     )
 
 
-def _calibrated(e: estimates.DeviceEstimate, cal: calibrating.Calibration, mode: str
+def _calibrated(e: estimates.DeviceStepEstimate, cal: calibrating.CalibrationTable, mode: str
                 ) -> calibrating.Calibrated:
     p10, p90 = e.interval_ms
     return calibrating.calibrate(cal, e.device, mode, e.step_time_ms, p10, p90)
@@ -166,7 +166,7 @@ def profiles_at(model: bytes, t: requests.TrainingRequest, max_gpus: int,
     return profiles
 
 
-def _split(e: estimates.DeviceEstimate, factor: float) -> layouts.SingleGpuSplit | None:
+def _split(e: estimates.DeviceStepEstimate, factor: float) -> layouts.SingleGpuSplit | None:
     """The estimate's step by region, calibrated like the points; None without blocks."""
     try:
         split = parallel_inputs.split_from_estimate(e)
@@ -290,12 +290,12 @@ def plan_workload(req: requests.PlanRequest, ctx: PlannerContext,
 class EstimatedRequest:
     """An estimate request's answer as plain data (`interfaces.json_documents.estimated_json`)."""
     graph: ModelGraph
-    results: Sequence[estimates.DeviceEstimate]
+    results: Sequence[estimates.DeviceStepEstimate]
     settings: TrainingSettings
     predictor_source: str
     epochs: int | None
     dataset_size: int | None
-    calibration: calibrating.Calibration
+    calibration: calibrating.CalibrationTable
 
 
 def estimate_request(req: requests.EstimateRequest, ctx: PlannerContext) -> EstimatedRequest:

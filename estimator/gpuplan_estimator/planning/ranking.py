@@ -13,22 +13,22 @@ from dataclasses import dataclass
 
 from gpuplan_estimator.core import options
 from gpuplan_estimator.core.errors import InvalidRequestError
-from gpuplan_estimator.planning.estimates import DeviceEstimate
+from gpuplan_estimator.planning.estimates import DeviceStepEstimate
 
 
 @dataclass(frozen=True)
 class Recommendation:
     """The device to use under an objective (None when the model fits none) and why."""
 
-    device: DeviceEstimate | None
+    device: DeviceStepEstimate | None
     reason: str
 
 
-def _step_cost_usd(r: DeviceEstimate) -> float | None:
+def _step_cost_usd(r: DeviceStepEstimate) -> float | None:
     return r.cost_usd(r.step_time_ms / 1000.0)
 
 
-def objective_key(r: DeviceEstimate, prefer: str) -> tuple[float, ...]:
+def objective_key(r: DeviceStepEstimate, prefer: str) -> tuple[float, ...]:
     """Sort key under `prefer`, lower is better: devices that fit first, priced before
     unpriced for the cost objectives, then the objective, then step time."""
     fits = 0.0 if r.fits else 1.0
@@ -41,7 +41,7 @@ def objective_key(r: DeviceEstimate, prefer: str) -> tuple[float, ...]:
     return (fits, 0.0, value, r.step_time_ms)
 
 
-def rank(results: Sequence[DeviceEstimate], prefer: str) -> tuple[DeviceEstimate, ...]:
+def rank(results: Sequence[DeviceStepEstimate], prefer: str) -> tuple[DeviceStepEstimate, ...]:
     """`results` best first under `prefer` (see `objective_key`)."""
     if prefer not in options.OBJECTIVES:
         raise InvalidRequestError("prefer", f"must be one of {', '.join(options.OBJECTIVES)}, "
@@ -49,7 +49,7 @@ def rank(results: Sequence[DeviceEstimate], prefer: str) -> tuple[DeviceEstimate
     return tuple(sorted(results, key=lambda r: objective_key(r, prefer)))
 
 
-def recommend(results: Sequence[DeviceEstimate], prefer: str) -> Recommendation:
+def recommend(results: Sequence[DeviceStepEstimate], prefer: str) -> Recommendation:
     """The best device under `prefer` among those the model fits, with the reason in words."""
     ranked = rank(results, prefer)
     fitting = [r for r in ranked if r.fits]

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuplan_estimator.planning.estimates import LayerEstimate
+from gpuplan_estimator.planning.estimates import LayerTimeEstimate
 
 OUTSIDE_BLOCKS = "(outside blocks)"
 _BLOCK = re.compile(
@@ -42,17 +42,17 @@ def block_of(layer_name: str) -> str:
     return match.group(1).lstrip("/") if match else OUTSIDE_BLOCKS
 
 
-def by_op_type(layers: Sequence[LayerEstimate]) -> tuple[Group, ...]:
+def by_op_type(layers: Sequence[LayerTimeEstimate]) -> tuple[Group, ...]:
     """Groups by ONNX op type, most time first."""
     return _groups(layers, lambda layer: layer.op_type)
 
 
-def by_block(layers: Sequence[LayerEstimate]) -> tuple[Group, ...]:
+def by_block(layers: Sequence[LayerTimeEstimate]) -> tuple[Group, ...]:
     """Groups by block, most time first; one `OUTSIDE_BLOCKS` group when names carry none."""
     return _groups(layers, lambda layer: block_of(layer.name))
 
 
-def _groups(layers: Sequence[LayerEstimate], key: Callable[[LayerEstimate], str]
+def _groups(layers: Sequence[LayerTimeEstimate], key: Callable[[LayerTimeEstimate], str]
             ) -> tuple[Group, ...]:
     sums: dict[str, list[float]] = {}
     for layer in layers:

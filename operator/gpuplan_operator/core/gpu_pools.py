@@ -10,7 +10,7 @@ from gpuplan_operator.core import gpu_accounting, node_gpus
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuPool:
+class ClusterGpuPool:
     """GPUs of one type in the cluster: per node, nodes, and free now.
 
     A MIG pool counts instances, one per pod (`node_gpus`): `gpus_per_node` 1 and `nodes` the
@@ -65,7 +65,7 @@ def _schedulable(node: Mapping[str, Any]) -> bool:
 
 def build_inventory(
     nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
-) -> list[GpuPool]:
+) -> list[ClusterGpuPool]:
     """One pool per GPU type (`node_gpus.GpuOffer.gpu_type`), over Ready, schedulable nodes;
     shared GPUs are left out (`excluded_nodes` says which)."""
     pods = list(pods)
@@ -81,15 +81,16 @@ def build_inventory(
     return [_pool(gpu_type, offers) for gpu_type, offers in sorted(per_type.items())]
 
 
-def _pool(gpu_type: str, offers: list[tuple[node_gpus.GpuOffer, int]]) -> GpuPool:
+def _pool(gpu_type: str, offers: list[tuple[node_gpus.GpuOffer, int]]) -> ClusterGpuPool:
     first = offers[0][0]
     free = sum(f for _, f in offers)
-    labels = () if first.node_labels == GpuPool(gpu_type, 0, 0, 0).selector() else first.node_labels
+    default_selector = ClusterGpuPool(gpu_type, 0, 0, 0).selector()
+    labels = () if first.node_labels == default_selector else first.node_labels
     if first.per_pod == 1:
         # One device per pod: every instance is a "node" of one.
-        return GpuPool(gpu_type, 1, sum(o.allocatable for o, _ in offers), free,
+        return ClusterGpuPool(gpu_type, 1, sum(o.allocatable for o, _ in offers), free,
                        first.resource, labels)
-    return GpuPool(gpu_type, max(o.allocatable for o, _ in offers), len(offers), free,
+    return ClusterGpuPool(gpu_type, max(o.allocatable for o, _ in offers), len(offers), free,
                    first.resource, labels)
 
 
@@ -117,7 +118,7 @@ Capacity = tuple[tuple[str, int, int], ...]
 """What a plan's feasibility depends on: (GPU type, GPUs per node, nodes) per pool, sorted."""
 
 
-def capacity(pools: Iterable[GpuPool]) -> Capacity:
+def capacity(pools: Iterable[ClusterGpuPool]) -> Capacity:
     """The pools without their free GPUs: the estimator's feasibility ignores them (a plan is
     for the cluster, not for this instant), so pods starting and ending do not change it."""
     return tuple(sorted((p.gpu_type, p.gpus_per_node, p.nodes) for p in pools))

@@ -159,8 +159,8 @@ def _reserved_gpus(cluster_queue: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
-def restrict_pools(pools: Sequence[gpu_pools.GpuPool],
-                   quota: QueueQuota) -> list[gpu_pools.GpuPool]:
+def restrict_pools(pools: Sequence[gpu_pools.ClusterGpuPool],
+                   quota: QueueQuota) -> list[gpu_pools.ClusterGpuPool]:
     """The pools of the queue's GPU types, each cut to at most the type's nominal quota.
 
     The estimator offers a type up to gpus_per_node x nodes GPUs, so the cut is in whole
@@ -168,7 +168,7 @@ def restrict_pools(pools: Sequence[gpu_pools.GpuPool],
     GPUs than its node has still fits there).
     """
     nominal = quota.nominal_gpus_by_type()
-    out: list[gpu_pools.GpuPool] = []
+    out: list[gpu_pools.ClusterGpuPool] = []
     for pool in pools:
         gpus = nominal.get(pool.gpu_type, 0)
         if gpus <= 0:
@@ -183,7 +183,7 @@ def restrict_pools(pools: Sequence[gpu_pools.GpuPool],
     return out
 
 
-def describe_no_gpu_types(quota: QueueQuota, pools: Sequence[gpu_pools.GpuPool]) -> str:
+def describe_no_gpu_types(quota: QueueQuota, pools: Sequence[gpu_pools.ClusterGpuPool]) -> str:
     """Why a queue leaves the planner nothing: its flavors, the cluster's types, what was left
     out. The message of NoFeasiblePlan, so it names the queue."""
     offered = quota.nominal_gpus_by_type()

@@ -49,7 +49,7 @@ def job_name(tj_name: str) -> str:
     return f"{base[:keep].rstrip('-')}-{digest}{JOB_SUFFIX}"
 
 
-def plan_annotations(plan: resources.Plan, *, per_pod: bool = False) -> dict[str, str]:
+def plan_annotations(plan: resources.StatusPlan, *, per_pod: bool = False) -> dict[str, str]:
     """The plan as annotations: GPU type, GPU count and estimated seconds.
 
     On the TrainingJob and Job the count is the total; on pods (`per_pod`) it is the pod's own
@@ -67,7 +67,7 @@ def plan_annotations(plan: resources.Plan, *, per_pod: bool = False) -> dict[str
     return out
 
 
-def relative_speeds(plan: resources.Plan) -> dict[str, float]:
+def relative_speeds(plan: resources.StatusPlan) -> dict[str, float]:
     """`gangs.relative_speeds` of the plan and its alternatives."""
     return gangs.relative_speeds(plan.gpu_type, plan.estimated_seconds, plan.alternatives)
 
@@ -97,7 +97,7 @@ def owner_references(owner: Owner) -> list[dict[str, Any]]:
 
 
 def build_job(
-    *, owner: Owner, namespace: str, plan: resources.Plan, template: Mapping[str, Any],
+    *, owner: Owner, namespace: str, plan: resources.StatusPlan, template: Mapping[str, Any],
     scheduler_name: str = "", master_port: int = 29500, local_queue: str | None = None,
     placement: Placement | None = None,
 ) -> dict[str, Any]:
@@ -183,7 +183,7 @@ def build_headless_service(
     }
 
 
-def _pod_template(owner: Owner, plan: resources.Plan, template: Mapping[str, Any],
+def _pod_template(owner: Owner, plan: resources.StatusPlan, template: Mapping[str, Any],
                   placement: Placement) -> dict[str, Any]:
     pod = copy.deepcopy(dict(template))
     meta = pod.setdefault("metadata", {})
@@ -228,7 +228,7 @@ def _set_gpu_limit(container: dict[str, Any], gpus: int, resource: str) -> None:
         res["requests"][resource] = str(gpus)
 
 
-def _plan_env(plan: resources.Plan) -> list[dict[str, Any]]:
+def _plan_env(plan: resources.StatusPlan) -> list[dict[str, Any]]:
     return [
         {"name": "GPUPLAN_GPU_TYPE", "value": plan.gpu_type},
         {"name": "GPUPLAN_GPU_COUNT", "value": str(plan.gpu_count)},
@@ -241,7 +241,7 @@ def _plan_env(plan: resources.Plan) -> list[dict[str, Any]]:
     ]
 
 
-def setup_env(plan: resources.Plan) -> list[dict[str, str]]:
+def setup_env(plan: resources.StatusPlan) -> list[dict[str, str]]:
     """How the plan runs, as the trainer's GPUPLAN_* variables (docs/trainingjob.md); only
     what the plan carries (an estimator before issue #19 sends no layout or strategy).
 
@@ -267,7 +267,7 @@ def setup_env(plan: resources.Plan) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
-def _distributed_env(job: str, namespace: str, plan: resources.Plan,
+def _distributed_env(job: str, namespace: str, plan: resources.StatusPlan,
                      master_port: int) -> list[dict[str, Any]]:
     return [
         {"name": "MASTER_ADDR", "value": f"{job}-0.{job}.{namespace}.svc"},

@@ -285,7 +285,7 @@ class AttentionPricing:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class StatusPlan:
     """The estimator's choice, as stored in `status.plan`."""
 
     gpu_type: str
@@ -402,7 +402,7 @@ class Plan:
         return out
 
     @classmethod
-    def from_status(cls, data: Mapping[str, Any]) -> Plan:
+    def from_status(cls, data: Mapping[str, Any]) -> StatusPlan:
         """Inverse of `to_status` (a restarted operator resumes from the stored plan)."""
         return cls(
             gpu_type=str(data["gpuType"]), device=str(data.get("device", "")),

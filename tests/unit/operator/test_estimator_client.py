@@ -41,8 +41,8 @@ def _app(status: int, body: Any, delay: float = 0.0) -> web.Application:
     return app
 
 
-def _ask(app: web.Application, timeout: float = 5) -> resources.Plan:
-    async def run() -> resources.Plan:
+def _ask(app: web.Application, timeout: float = 5) -> resources.StatusPlan:
+    async def run() -> resources.StatusPlan:
         async with LocalServer(app) as srv:
             return await estimator_client.request_plan(srv.url + "/", {"x": 1}, generation=4,
                                                        timeout_seconds=timeout, tenant="team-a")
@@ -108,7 +108,7 @@ def test_timeout_is_unavailable() -> None:
 
 
 def test_connection_refused_is_unavailable() -> None:
-    async def run() -> resources.Plan:
+    async def run() -> resources.StatusPlan:
         return await estimator_client.request_plan("http://127.0.0.1:9", {}, generation=1,
                                                    timeout_seconds=2, tenant="t")
     with pytest.raises(errors.EstimatorUnavailableError):
@@ -134,7 +134,7 @@ def test_request_body_follows_the_contract() -> None:
     spec = validation.parse_spec(SpecBuilder().set("training.sequenceLength", 128)
                                  .set("training.dims", {"heads": 12}).set("gpuTypes", ["NVIDIA-L4"])
                                  .obj())
-    pools = [gpu_pools.GpuPool("NVIDIA-L4", gpus_per_node=4, nodes=8, free_gpus=30)]
+    pools = [gpu_pools.ClusterGpuPool("NVIDIA-L4", gpus_per_node=4, nodes=8, free_gpus=30)]
     body = estimator_client.build_request(spec, b"\x01\x02", pools)
     assert base64.b64decode(body["model_onnx_b64"]) == b"\x01\x02"
     assert body["training"] == {"batch_size": 256, "dataset_size": 1_281_167, "epochs": 1,

@@ -28,8 +28,8 @@ def test_inventory_groups_by_product_and_subtracts_active_requests() -> None:
              node("cordoned", "L4", "4", unschedulable=True)]
     pods = [pod("a0", "3"), pod("a0", "8", phase="Succeeded"), pod("l0", "4"), pod(None, "2")]
     assert gpu_pools.build_inventory(nodes, pods) == [
-        gpu_pools.GpuPool("A100", gpus_per_node=8, nodes=2, free_gpus=13),
-        gpu_pools.GpuPool("L4", gpus_per_node=4, nodes=1, free_gpus=0),
+        gpu_pools.ClusterGpuPool("A100", gpus_per_node=8, nodes=2, free_gpus=13),
+        gpu_pools.ClusterGpuPool("L4", gpus_per_node=4, nodes=1, free_gpus=0),
     ]
 
 

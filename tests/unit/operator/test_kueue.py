@@ -27,8 +27,8 @@ from gpuplan_testing.paths import REPO_ROOT
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 L4, A100, H100 = "NVIDIA-L4", "NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"
-POOLS = [gpu_pools.GpuPool(A100, 8, 4, 32), gpu_pools.GpuPool(H100, 8, 4, 30),
-         gpu_pools.GpuPool(L4, 4, 8, 32)]
+POOLS = [gpu_pools.ClusterGpuPool(A100, 8, 4, 32), gpu_pools.ClusterGpuPool(H100, 8, 4, 30),
+         gpu_pools.ClusterGpuPool(L4, 4, 8, 32)]
 FLAVORS = [resource_flavor("a100", A100), resource_flavor("h100", H100),
            resource_flavor("l4", L4), resource_flavor("cpu")]
 

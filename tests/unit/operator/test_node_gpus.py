@@ -51,7 +51,7 @@ def test_plain_gfd_nodes_offer_whole_gpus_by_product() -> None:
 def test_mig_single_strategy_is_a_pool_of_instances_one_per_pod() -> None:
     pools = gpu_pools.build_inventory([mig_single("m0"), mig_single("m1")],
                                       [pod("m0", "nvidia.com/gpu", "3")])
-    assert pools == [gpu_pools.GpuPool(f"{A100}-MIG-1g.10gb", gpus_per_node=1, nodes=112,
+    assert pools == [gpu_pools.ClusterGpuPool(f"{A100}-MIG-1g.10gb", gpus_per_node=1, nodes=112,
                                        free_gpus=109)]
     assert pools[0].selector() == (("nvidia.com/gpu.product", f"{A100}-MIG-1g.10gb"),)
 
@@ -93,7 +93,7 @@ def test_shared_gpus_are_never_offered_as_whole_gpus(labels: dict[str, str],
 def test_replicas_of_one_are_not_sharing() -> None:
     n = node("l4-0", {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.replicas": "1"},
              {"nvidia.com/gpu": "4"})
-    assert gpu_pools.build_inventory([n], []) == [gpu_pools.GpuPool("NVIDIA-L4", 4, 1, 4)]
+    assert gpu_pools.build_inventory([n], []) == [gpu_pools.ClusterGpuPool("NVIDIA-L4", 4, 1, 4)]
 
 
 def test_gke_accelerator_labels_without_gfd_name_the_board() -> None:

@@ -20,7 +20,7 @@ from gpuplan_operator.core import errors, resources, settings
 from gpuplan_testing import tokenreviews as tr
 from gpuplan_testing.operator_builders import LocalServer
 
-PLAN = resources.Plan(
+PLAN = resources.StatusPlan(
     gpu_type="NVIDIA-L4", device="l4", gpu_count=1, gpus_per_node=1, nodes=1,
     estimated_seconds=100.0, step_time_ms=10.0, memory_bytes_per_gpu=2**30, cost_usd=1.0,
     predictor="roofline", observed_generation=1,

@@ -22,7 +22,7 @@ from gpuplan_operator import estimator_client
 from gpuplan_operator.core import errors, resources
 from gpuplan_testing.operator_builders import LocalServer
 
-PLAN = resources.Plan(
+PLAN = resources.StatusPlan(
     gpu_type="NVIDIA-L4", device="l4", gpu_count=2, gpus_per_node=2, nodes=1,
     estimated_seconds=100.0, step_time_ms=10.0, memory_bytes_per_gpu=2**30, cost_usd=1.0,
     predictor="roofline", observed_generation=1,
@@ -82,12 +82,12 @@ def test_calibrated_plans_feed_back_the_models_own_estimate(tmp_path: pathlib.Pa
                            "free_gpus": 1}],
             "gpu_types": []}
 
-    async def main() -> resources.Plan:
+    async def main() -> resources.StatusPlan:
         async with LocalServer(app) as srv:
             plan = await estimator_client.request_plan(srv.url, body, generation=1,
                                                        timeout_seconds=30, tenant="default")
             # The plan survives an operator restart through status.plan.
-            plan = resources.Plan.from_status(plan.to_status())
+            plan = resources.StatusPlan.from_status(plan.to_status())
             outcome = estimator_client.build_outcome(
                 job_uid="new", plan=plan, actual_seconds=plan.estimated_seconds)
             await estimator_client.report_outcome(srv.url, outcome, timeout_seconds=30)

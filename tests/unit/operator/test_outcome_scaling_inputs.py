@@ -43,7 +43,7 @@ def test_the_plans_scaling_inputs_are_read_and_kept_through_status() -> None:
     assert status["scalingInputs"] == {"perGpuBatch": 16, "steps": 28_800, "forwardMs": 60.0,
                                        "backwardMs": 120.0, "optimizerMs": 7.5,
                                        "gradientBytes": 102_228_128, "intraNodeGbps": 64.0}
-    assert resources.Plan.from_status(status) == plan
+    assert resources.StatusPlan.from_status(status) == plan
 
 
 def test_an_estimator_without_them_gives_none_and_old_status_reads_as_none() -> None:
@@ -53,7 +53,7 @@ def test_an_estimator_without_them_gives_none_and_old_status_reads_as_none() -> 
     plan = estimator_client.parse_plan(bare, generation=1)
     assert plan.scaling_inputs == resources.ScalingInputs()
     assert "scalingInputs" not in plan.to_status()
-    assert resources.Plan.from_status(plan.to_status()).scaling_inputs == (
+    assert resources.StatusPlan.from_status(plan.to_status()).scaling_inputs == (
         resources.ScalingInputs())
 
 
@@ -97,7 +97,7 @@ def test_the_real_service_stores_the_models_own_parts(tmp_path: pathlib.Path) ->
                            service.ServiceSettings(bundle_poll_s=3600),
                            outcome_sink=serving.perfdb_outcome_sink(url))
     # A plan as the operator keeps it (status.plan) from an answer with every input.
-    plan = resources.Plan.from_status(estimator_client.parse_plan(ANSWER, generation=1)
+    plan = resources.StatusPlan.from_status(estimator_client.parse_plan(ANSWER, generation=1)
                                       .to_status())
     old = dataclasses.replace(plan, scaling_inputs=resources.ScalingInputs())
 

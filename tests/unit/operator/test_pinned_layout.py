@@ -23,7 +23,7 @@ from gpuplan_testing.operator_builders import SpecBuilder
 TINY = {"model_type": "gpt2", "n_embd": 256, "n_layer": 8, "n_head": 8, "n_positions": 256,
         "vocab_size": 4096}
 CRD = Path(__file__).parents[3] / "crds" / "trainingjobs.gpuplan.io.yaml"
-POOLS = [gpu_pools.GpuPool("a100-sxm4-40gb", gpus_per_node=4, nodes=2, free_gpus=8)]
+POOLS = [gpu_pools.ClusterGpuPool("a100-sxm4-40gb", gpus_per_node=4, nodes=2, free_gpus=8)]
 
 
 def spec_with(layout: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ NOT_FOUND = {"requested": "fused", "cores": 0, "fused_cores": 0, "unfused_scores
              "warning": "fused attention was asked for, but no attention core was found"}
 
 
-def _parse(attention: object) -> resources.Plan:
+def _parse(attention: object) -> resources.StatusPlan:
     return estimator_client.parse_plan({"plan": BARE, "attention": attention}, generation=1)
 
 
@@ -39,7 +39,7 @@ def test_the_attention_round_trips_through_status_under_the_schema(
     status = plan.to_status()
     assert status["attention"]["fusedCores"] == answer["fused_cores"]
     assert crd_schema.problems(status, crd_schema.status_plan_schema()) == []
-    assert resources.Plan.from_status(status) == plan
+    assert resources.StatusPlan.from_status(status) == plan
     said = plan.attention_warning()
     assert said == (None if answer["warning"] is None
                     else f"attention not fused: {answer['warning']}")
@@ -49,7 +49,7 @@ def test_an_older_estimator_or_stored_plan_has_no_attention() -> None:
     plan = _parse(None)
     assert plan.attention is None and "attention" not in plan.to_status()
     assert plan.attention_warning() is None
-    assert resources.Plan.from_status(make_plan().to_status()).attention is None
+    assert resources.StatusPlan.from_status(make_plan().to_status()).attention is None
 
 
 def test_a_long_warning_is_cut_to_what_the_schema_admits() -> None:

@@ -17,7 +17,7 @@ BARE: dict[str, Any] = {"gpu_type": "NVIDIA-L4", "gpu_count": 1, "gpus_per_node"
                         "memory_bytes_per_gpu": 1000, "predictor": "learned"}
 
 
-def _parse(**top: Any) -> resources.Plan:
+def _parse(**top: Any) -> resources.StatusPlan:
     return estimator_client.parse_plan({"plan": BARE, **top}, generation=1)
 
 
@@ -27,7 +27,7 @@ def test_the_bundle_version_round_trips_through_status_under_the_schema() -> Non
     status = plan.to_status()
     assert status["bundleVersion"] == 4
     assert crd_schema.problems(status, crd_schema.status_plan_schema()) == []
-    assert resources.Plan.from_status(status) == plan
+    assert resources.StatusPlan.from_status(status) == plan
     assert plan.predictor_summary() == "predictor learned, bundle version 4"
 
 
@@ -38,7 +38,7 @@ def test_a_file_bundle_or_older_estimator_gives_none(top: dict[str, Any]) -> Non
     assert "bundleVersion" not in plan.to_status()
     assert plan.predictor_summary() == "predictor learned"
     # Plans stored before issue #17 read back without one.
-    assert resources.Plan.from_status(make_plan().to_status()).bundle_version is None
+    assert resources.StatusPlan.from_status(make_plan().to_status()).bundle_version is None
 
 
 @pytest.mark.parametrize("bad", [0, -1, "4", 2.5, True])

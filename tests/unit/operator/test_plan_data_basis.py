@@ -19,7 +19,7 @@ BARE: dict[str, Any] = {"gpu_type": "NVIDIA-H100-80GB-HBM3", "gpu_count": 1, "gp
                         "memory_bytes_per_gpu": 1000, "predictor": "learned"}
 
 
-def _parse(data_basis: object, **top: Any) -> resources.Plan:
+def _parse(data_basis: object, **top: Any) -> resources.StatusPlan:
     plan = {**BARE, "data_basis": data_basis} if data_basis is not None else BARE
     return estimator_client.parse_plan({"plan": plan, **top}, generation=1)
 
@@ -38,7 +38,7 @@ def test_the_basis_round_trips_through_status_under_the_schema(label: str) -> No
     assert status["dataBasis"] == label
     assert status["alternatives"][0]["dataBasis"] == "measured"
     assert crd_schema.problems(status, crd_schema.status_plan_schema()) == []
-    assert resources.Plan.from_status(status) == plan
+    assert resources.StatusPlan.from_status(status) == plan
     assert plan.predictor_summary().endswith(resources.DATA_BASIS_PHRASES[label])
 
 
@@ -46,7 +46,7 @@ def test_an_older_estimator_or_stored_plan_has_no_basis() -> None:
     plan = _parse(None)
     assert plan.data_basis is None and "dataBasis" not in plan.to_status()
     assert plan.predictor_summary() == "predictor learned"
-    assert resources.Plan.from_status(make_plan().to_status()).data_basis is None
+    assert resources.StatusPlan.from_status(make_plan().to_status()).data_basis is None
 
 
 @pytest.mark.parametrize("bad", ["guessed", 3, ""])

@@ -39,11 +39,11 @@ STRATEGY = resources.PlannedMemoryStrategy(
     offload_optimizer=False)
 
 
-def _parse(**plan: Any) -> resources.Plan:
+def _parse(**plan: Any) -> resources.StatusPlan:
     return estimator_client.parse_plan({"plan": {**BARE, **plan}}, generation=1)
 
 
-def _env(plan: resources.Plan) -> dict[str, str]:
+def _env(plan: resources.StatusPlan) -> dict[str, str]:
     job = manifests.build_job(owner=manifests.Owner("tj", "uid"), namespace="ns", plan=plan,
                               template={"spec": {"containers": [{"name": "trainer"}]}})
     (container,) = job["spec"]["template"]["spec"]["containers"]
@@ -118,13 +118,13 @@ def test_the_setup_round_trips_through_status_in_camel_case() -> None:
         "checkpointFraction": 0.5, "gradientAccumulation": 2, "offloadOptimizer": False}
     assert status["memoryBytesByPart"]["optimizerStateBytes"] == 1050
     assert status["memoryBytesByPart"]["hostBytes"] == 0
-    assert resources.Plan.from_status(status) == plan
+    assert resources.StatusPlan.from_status(status) == plan
 
 
 def test_a_plan_stored_before_issue_19_reads_as_none() -> None:
     status = make_plan().to_status()
     assert not {"parallelism", "memoryStrategy", "memoryBytesByPart"} & set(status)
-    plan = resources.Plan.from_status(status)
+    plan = resources.StatusPlan.from_status(status)
     assert (plan.parallelism, plan.strategy, plan.memory_bytes_by_part) == (None, None, None)
 
 
@@ -236,7 +236,7 @@ def test_the_real_estimators_strategy_reaches_the_trainer() -> None:
     app = service.make_app(service.ServiceState(functools.partial(
         work.given_context, roofline_context())), service.ServiceSettings(bundle_poll_s=3600))
 
-    async def ask() -> resources.Plan:
+    async def ask() -> resources.StatusPlan:
         async with LocalServer(app) as srv:
             return await estimator_client.request_plan(srv.url, body, generation=1,
                                                        timeout_seconds=60, tenant="t")
@@ -249,7 +249,7 @@ def test_the_real_estimators_strategy_reaches_the_trainer() -> None:
     assert plan.memory_bytes_by_part["total_bytes"] == plan.memory_bytes_per_gpu
     status = plan.to_status()
     assert crd_schema.problems(status, crd_schema.status_plan_schema()) == []
-    assert resources.Plan.from_status(status) == plan
+    assert resources.StatusPlan.from_status(status) == plan
     env = _env(plan)
     assert env["GPUPLAN_GRADIENT_ACCUMULATION"] == str(plan.strategy.gradient_accumulation)
     assert env["GPUPLAN_MICRO_BATCH_SIZE"] == str(plan.parallelism.micro_batch)

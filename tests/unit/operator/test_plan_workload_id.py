@@ -19,7 +19,7 @@ from .test_plan_bundle_version import BARE
 WORKLOAD_ID = "0123456789abcdef" * 4
 
 
-def _parse(**top: Any) -> resources.Plan:
+def _parse(**top: Any) -> resources.StatusPlan:
     return estimator_client.parse_plan({"plan": BARE, **top}, generation=1)
 
 
@@ -28,7 +28,7 @@ def test_the_workload_id_round_trips_through_status_and_goes_with_the_outcome() 
     status = plan.to_status()
     assert status["workloadId"] == WORKLOAD_ID
     assert crd_schema.problems(status, crd_schema.status_plan_schema()) == []
-    restored = resources.Plan.from_status(status)
+    restored = resources.StatusPlan.from_status(status)
     assert restored == plan
     outcome = estimator_client.build_outcome(job_uid="u1", plan=restored, actual_seconds=90.0)
     assert outcome["workload_id"] == WORKLOAD_ID
@@ -42,7 +42,7 @@ def test_no_database_or_an_older_estimator_sends_none(top: dict[str, Any]) -> No
     assert "workload_id" not in estimator_client.build_outcome(
         job_uid="u1", plan=plan, actual_seconds=90.0)
     # Plans stored before issue #17's workloads read back without one.
-    assert resources.Plan.from_status(make_plan().to_status()).workload_id is None
+    assert resources.StatusPlan.from_status(make_plan().to_status()).workload_id is None
 
 
 @pytest.mark.parametrize("bad", ["abc", WORKLOAD_ID.upper(), 7, WORKLOAD_ID + "0"])

@@ -36,7 +36,7 @@ def test_other_conditions_are_kept() -> None:
 
 def test_plan_round_trips_through_status() -> None:
     plan = make_plan(gpu_count=16, gpus_per_node=8, nodes=2, generation=3)
-    assert resources.Plan.from_status(plan.to_status()) == plan
+    assert resources.StatusPlan.from_status(plan.to_status()) == plan
     assert plan.multi_node
 
 
@@ -44,9 +44,9 @@ def test_calibration_factor_round_trips_and_old_plans_were_uncalibrated() -> Non
     plan = dataclasses.replace(make_plan(), calibration_factor=1.25)
     status = plan.to_status()
     assert status["calibrationFactor"] == 1.25
-    assert resources.Plan.from_status(status) == plan
+    assert resources.StatusPlan.from_status(status) == plan
     del status["calibrationFactor"]  # stored by an operator that predates calibration
-    assert resources.Plan.from_status(status).calibration_factor == 1.0
+    assert resources.StatusPlan.from_status(status).calibration_factor == 1.0
 
 
 def test_drift_and_actual() -> None:

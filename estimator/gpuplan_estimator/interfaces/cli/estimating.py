@@ -240,7 +240,7 @@ class View:
     layers: bool = False
 
 
-def print_estimate(g: ModelGraph, results: Sequence[estimates.DeviceEstimate],
+def print_estimate(g: ModelGraph, results: Sequence[estimates.DeviceStepEstimate],
                    settings: TrainingSettings, predictor_source: str,
                    rec: ranking.Recommendation, view: View) -> None:
     """The table, the recommendation and its detail (every device's with `view.details`)."""

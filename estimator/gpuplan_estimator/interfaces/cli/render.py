@@ -14,7 +14,7 @@ from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.interfaces.cli.output import Column
 from gpuplan_estimator.latency import basis
 from gpuplan_estimator.planning import estimates, rollup
-from gpuplan_estimator.planning.estimates import DeviceEstimate, LayerEstimate
+from gpuplan_estimator.planning.estimates import DeviceStepEstimate, LayerTimeEstimate
 from gpuplan_estimator.planning.ranking import Recommendation
 from gpuplan_estimator.step import attention
 from gpuplan_estimator.step.decomposition import TrainingSettings
@@ -81,7 +81,7 @@ def header(graph: ModelGraph, settings: TrainingSettings, predictor_source: str)
     )
 
 
-def _cost_column(results: Sequence[DeviceEstimate]) -> tuple[str, str]:
+def _cost_column(results: Sequence[DeviceStepEstimate]) -> tuple[str, str]:
     """The cost column's header and which span it prices: the run, an epoch or 1,000 steps."""
     if results and results[0].total_seconds is not None:
         return "COST/RUN", "run"
@@ -90,7 +90,7 @@ def _cost_column(results: Sequence[DeviceEstimate]) -> tuple[str, str]:
     return "COST/1K STEPS", "1k"
 
 
-def _time_column(results: Sequence[DeviceEstimate]) -> str | None:
+def _time_column(results: Sequence[DeviceStepEstimate]) -> str | None:
     if results and results[0].total_seconds is not None:
         return "TIME/RUN"
     if results and results[0].epoch_seconds is not None:
@@ -98,7 +98,7 @@ def _time_column(results: Sequence[DeviceEstimate]) -> str | None:
     return None
 
 
-def estimate_columns(results: Sequence[DeviceEstimate], settings: TrainingSettings
+def estimate_columns(results: Sequence[DeviceStepEstimate], settings: TrainingSettings
                      ) -> list[Column]:
     """The columns of the estimate table for these results (wide ones marked)."""
     train = settings.mode == "train"
@@ -121,8 +121,8 @@ def estimate_columns(results: Sequence[DeviceEstimate], settings: TrainingSettin
     return columns
 
 
-def estimate_rows(results: Sequence[DeviceEstimate], settings: TrainingSettings,
-                  recommended: DeviceEstimate | None) -> list[list[str]]:
+def estimate_rows(results: Sequence[DeviceStepEstimate], settings: TrainingSettings,
+                  recommended: DeviceStepEstimate | None) -> list[list[str]]:
     """One row per device, in the order given (already ranked), matching `estimate_columns`."""
     _, span = _cost_column(results)
     time_header = _time_column(results)
@@ -171,7 +171,7 @@ def precision_lines(settings: TrainingSettings) -> list[str]:
                                           "; --precision tf32 for TF32 matmuls)")]
 
 
-def host_lines(results: Sequence[DeviceEstimate]) -> list[str]:
+def host_lines(results: Sequence[DeviceStepEstimate]) -> list[str]:
     """Which devices' steps are bound by the host issuing kernels, and by how much."""
     bound = [r for r in results if r.host_bound and r.step_time_ms > 0]
     if not bound:
@@ -200,7 +200,7 @@ def attention_lines(graph: ModelGraph, settings: TrainingSettings) -> list[str]:
             "(Hugging Face's default \"sdpa\")"]
 
 
-def basis_lines(results: Sequence[DeviceEstimate]) -> list[str]:
+def basis_lines(results: Sequence[DeviceStepEstimate]) -> list[str]:
     """One line per data basis present, naming its devices: what each figure rests on."""
     lines = []
     for name in basis.BASES:
@@ -210,7 +210,7 @@ def basis_lines(results: Sequence[DeviceEstimate]) -> list[str]:
     return ["basis:", *lines] if lines else []
 
 
-def device_detail(r: DeviceEstimate, *, mode: str = "train") -> str:
+def device_detail(r: DeviceStepEstimate, *, mode: str = "train") -> str:
     """One device's step split, epoch/total time, throughput, memory breakdown, predictors."""
     m = r.memory
     shares = ", ".join(f"{name} {share:.0%}" for name, share in sorted(r.predictor.items()))
@@ -238,12 +238,12 @@ def device_detail(r: DeviceEstimate, *, mode: str = "train") -> str:
     return "\n".join(lines)
 
 
-def top_layer_lines(r: DeviceEstimate, n: int = 5) -> list[str]:
+def top_layer_lines(r: DeviceStepEstimate, n: int = 5) -> list[str]:
     """The `n` most expensive layers of a device, one line each."""
     return ["  most expensive layers:", *("    " + layer_line(x) for x in r.top_layers(n))]
 
 
-def layer_line(layer: LayerEstimate) -> str:
+def layer_line(layer: LayerTimeEstimate) -> str:
     """One layer's name, op type, forward and backward ms and predictor, column-aligned."""
     return (f"{layer.name[:40]:<40} {layer.op_type:<20} fwd {layer.forward_ms:9.3f} ms  "
             f"bwd {layer.backward_ms:9.3f} ms  [{layer.predictor}]")
@@ -272,7 +272,7 @@ def rollup_lines(title: str, groups: Sequence[rollup.Group], limit: int = ROLLUP
     return lines
 
 
-def explain_lines(r: DeviceEstimate, *, layers: bool = False) -> list[str]:
+def explain_lines(r: DeviceStepEstimate, *, layers: bool = False) -> list[str]:
     """Where `r`'s step time goes: by op type, by block, and every layer when `layers`."""
     lines = [f"explain {r.device}:"]
     lines += rollup_lines("by op type", rollup.by_op_type(r.layers))

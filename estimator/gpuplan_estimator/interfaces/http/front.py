@@ -23,7 +23,7 @@ class Ask:
     body: bytes
     bundle: str
     """The service's bundle version (`predictor_source`); workers follow it."""
-    calibration: calibrating.Calibration
+    calibration: calibrating.CalibrationTable
     calibration_generation: int
     """Counts swaps of the calibration and of the scaling model (both key the cache)."""
     client: str

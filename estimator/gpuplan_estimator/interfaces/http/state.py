@@ -37,7 +37,7 @@ class ServiceState:
         self.loader = context_loader
         self.bundle_sync = bundle_sync
         self.context: planner.PlannerContext | None = None
-        self.calibration = calibrating.Calibration()
+        self.calibration = calibrating.CalibrationTable()
         self.calibration_generation = 0
         self.calibration_stale = False
         self.scaling: scaling.FittedScaling = scaling.ANALYTIC
@@ -70,7 +70,7 @@ class ServiceState:
         log.info("using predictor %s", new.predictor_source)
         return True
 
-    def set_calibration(self, fitted: calibrating.Calibration) -> None:
+    def set_calibration(self, fitted: calibrating.CalibrationTable) -> None:
         """Swap in a refitted calibration."""
         self.calibration = fitted
         self.calibration_generation += 1

@@ -200,7 +200,7 @@ def _context_for(source: str) -> planner.PlannerContext:
 
 
 def handle(endpoint: str, body: bytes, source: str,
-           calibration: calibrating.Calibration,
+           calibration: calibrating.CalibrationTable,
            scaling_fit: scaling.FittedScaling | None = None) -> Reply:
     """The pool's task: `answer` with this worker's context and the service's calibration and
     scaling fit (None: the context's own)."""

@@ -57,7 +57,7 @@ class WorkerPool:
             initargs=(self._loader, self._settings.memory_bytes), context=context)
 
     async def run(self, endpoint: str, body: bytes, source: str,
-                  calibration: calibrating.Calibration, timeout_s: float,
+                  calibration: calibrating.CalibrationTable, timeout_s: float,
                   scaling_fit: scaling.FittedScaling | None = None) -> work.Reply:
         """One request in a worker; WorkTimeout past `timeout_s`. Cancelling the awaiting
         task (the client went away) terminates the worker too."""

@@ -93,7 +93,7 @@ def test_bad_head_layouts_name_the_key() -> None:
         hf_blocks.build_decoder({"model_type": "llama"}, name="bad")
 
 
-def _priced(source: bytes) -> tuple[estimates.DeviceEstimate, ...]:
+def _priced(source: bytes) -> tuple[estimates.DeviceStepEstimate, ...]:
     predictor, _ = selection.select_predictor(None, None)
     catalog = devices.load_catalog()
     specs = [devices.resolve_device(d, catalog) for d in ("t4", "h100-sxm-80gb")]

@@ -167,7 +167,7 @@ def test_durations_read_like_the_crd_rule_and_print_for_people() -> None:
     assert shown == ["250 ms", "4.2 s", "42 s", "12m 30s", "3h 35m", "1d 01h", "-"]
 
 
-def _estimates(keys: list[str]) -> tuple[estimates.DeviceEstimate, ...]:
+def _estimates(keys: list[str]) -> tuple[estimates.DeviceStepEstimate, ...]:
     catalog = devices.load_catalog()
     from gpuplan_estimator import graph
 
@@ -197,7 +197,7 @@ def test_layers_roll_up_by_exported_block_names() -> None:
              "blocks.4.attn.qkv": "blocks.4",
              "layer_norm_3": rollup.OUTSIDE_BLOCKS, "Conv_123": rollup.OUTSIDE_BLOCKS}
     assert {n: rollup.block_of(n) for n in names} == names
-    layers = [estimates.LayerEstimate(n, op, "x", fwd, bwd, 0.0, 0.0, "p")
+    layers = [estimates.LayerTimeEstimate(n, op, "x", fwd, bwd, 0.0, 0.0, "p")
               for n, op, fwd, bwd in (("h.0.a", "MatMul", 1.0, 2.0), ("h.0.b", "Add", 0.5, 0.5),
                                       ("h.1.a", "MatMul", 1.0, 2.0), ("head", "MatMul", 1.0, 0.0))]
     by_block = rollup.by_block(layers)
@@ -209,7 +209,7 @@ def test_layers_roll_up_by_exported_block_names() -> None:
 
 def test_equal_blocks_are_listed_in_natural_order() -> None:
     """#35: twelve identical transformer layers read h.0, h.1, h.2, ..., h.10, h.11."""
-    layers = [estimates.LayerEstimate(f"/transformer/h.{i}/mlp/MatMul", "MatMul", "x", 1.0, 2.0,
+    layers = [estimates.LayerTimeEstimate(f"/transformer/h.{i}/mlp/MatMul", "MatMul", "x", 1.0, 2.0,
                                       0.0, 0.0, "p") for i in (11, 2, 10, 0, 1, 3)]
     assert [g.name for g in rollup.by_block(layers)] == [
         "transformer/h.0", "transformer/h.1", "transformer/h.2", "transformer/h.3",

@@ -72,7 +72,7 @@ def test_a_fitted_calibration_scales_every_candidate_and_is_reported() -> None:
 
 def test_no_outcomes_leaves_plans_exactly_as_the_model_made_them() -> None:
     ctx = roofline_context()
-    assert ctx.calibration == calibrating.Calibration()
+    assert ctx.calibration == calibrating.CalibrationTable()
     assert plan(dataclasses.replace(ctx, calibration=calibrating.fit([]))) == plan(ctx)
     # Outcomes of another mode only reach training plans through the shrunk global factor.
     inference_only = calibrating.fit([dataclasses.replace(o, mode="inference") for o in SLOW_L4])

@@ -58,7 +58,7 @@ def test_a_plan_stores_its_workload_and_the_outcome_links_it(tmp_path: Path) -> 
             assert again["workload_id"] == body["workload_id"]
             # The operator's side: status.plan keeps the id, the outcome carries it back.
             plan = estimator_client.parse_plan(body, generation=1)
-            restored = resources.Plan.from_status(plan.to_status())
+            restored = resources.StatusPlan.from_status(plan.to_status())
             outcome = estimator_client.build_outcome(job_uid="job-1", plan=restored,
                                                      actual_seconds=80.0)
             resp = await client.post("/v1/outcomes", json=outcome)

@@ -5,16 +5,16 @@ from __future__ import annotations
 import dataclasses
 
 from gpuplan_estimator.interfaces.http import responses
-from gpuplan_estimator.parallel.sharding import StrategyMemory
+from gpuplan_estimator.parallel.sharding import ShardedMemory
 from gpuplan_estimator.parallel.strategies import MemoryStrategy
 from gpuplan_estimator.step.memory import MemoryBreakdown
 
 
 def test_the_strategy_memory_model_has_every_part_the_planner_reports() -> None:
     breakdown = MemoryBreakdown(1, 2, 3, 4, 5, 6, per_gpu_batch=1, data_parallel=1)
-    parts = {f.name: 1 for f in dataclasses.fields(StrategyMemory)
+    parts = {f.name: 1 for f in dataclasses.fields(ShardedMemory)
              if f.name not in ("micro_batch", "strategy")}
-    reported = StrategyMemory(**parts, micro_batch=1, strategy=MemoryStrategy()).as_dict()
+    reported = ShardedMemory(**parts, micro_batch=1, strategy=MemoryStrategy()).as_dict()
     assert set(responses.StrategyMemory.model_fields) == set(reported)
     assert set(breakdown.as_dict()) <= set(reported)
 

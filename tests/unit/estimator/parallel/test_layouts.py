@@ -213,7 +213,7 @@ GPT2_SMALLISH = {"model_type": "gpt2", "n_embd": 256, "n_head": 8, "n_layer": 6,
 
 
 @pytest.fixture(scope="module")
-def gpt2() -> tuple[estimates.DeviceEstimate, graph.ModelGraph]:
+def gpt2() -> tuple[estimates.DeviceStepEstimate, graph.ModelGraph]:
     onnx_bytes = zoo.build_transformer(GPT2_SMALLISH, name="gpt2-test").SerializeToString()
     g = graph.load_at_batch(onnx_bytes, 4, {"sequence": 128})
     (e,) = estimates.estimate(g, [_device()], TrainingSettings(batch_size=4, precision="bf16"),
@@ -221,14 +221,14 @@ def gpt2() -> tuple[estimates.DeviceEstimate, graph.ModelGraph]:
     return e, g
 
 
-def test_dims_come_from_the_graph(gpt2: tuple[estimates.DeviceEstimate,
+def test_dims_come_from_the_graph(gpt2: tuple[estimates.DeviceStepEstimate,
                                               graph.ModelGraph]) -> None:
     _, g = gpt2
     dims = parallel_inputs.model_dims_from_graph(g, precision="bf16")
     assert dims == ModelDims(hidden=256, sequence=128, blocks=6, element_bytes=2, heads=8)
 
 
-def test_estimate_is_cut_into_regions(gpt2: tuple[estimates.DeviceEstimate,
+def test_estimate_is_cut_into_regions(gpt2: tuple[estimates.DeviceStepEstimate,
                                                   graph.ModelGraph]) -> None:
     e, _ = gpt2
     split = parallel_inputs.split_from_estimate(e)
@@ -243,7 +243,8 @@ def test_estimate_is_cut_into_regions(gpt2: tuple[estimates.DeviceEstimate,
                                     ParallelLayout(1, 4, 1, 1), ParallelLayout(1, 1, 4, 4),
                                     ParallelLayout(2, 2, 2, 2), ParallelLayout(1, 2, 3, 4)])
 def test_whole_step_components_sum_to_total(
-        gpt2: tuple[estimates.DeviceEstimate, graph.ModelGraph], layout: ParallelLayout) -> None:
+        gpt2: tuple[estimates.DeviceStepEstimate, graph.ModelGraph],
+        layout: ParallelLayout) -> None:
     e, g = gpt2
     split = parallel_inputs.split_from_estimate(e)
     dims = parallel_inputs.model_dims_from_graph(g, precision="bf16")
@@ -258,7 +259,7 @@ def test_whole_step_components_sum_to_total(
 
 
 def test_tp_is_faster_than_one_gpu_but_not_tp_times(
-        gpt2: tuple[estimates.DeviceEstimate, graph.ModelGraph]) -> None:
+        gpt2: tuple[estimates.DeviceStepEstimate, graph.ModelGraph]) -> None:
     e, g = gpt2
     split = parallel_inputs.split_from_estimate(e)
     dims = parallel_inputs.model_dims_from_graph(g, precision="bf16")
@@ -281,7 +282,7 @@ def test_published_comparison_configs_are_valid_layouts() -> None:
 
 
 def test_host_waits_keep_the_regions_whole_and_are_not_split_by_tp(
-        gpt2: tuple[estimates.DeviceEstimate, graph.ModelGraph]) -> None:
+        gpt2: tuple[estimates.DeviceStepEstimate, graph.ModelGraph]) -> None:
     """A step priced on two clocks holds the GPU's waits for the host beyond its kernels: they
     join the regions as replicated time (every TP rank's host issues all ops)."""
     from gpuplan_estimator.step import host

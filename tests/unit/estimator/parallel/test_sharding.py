@@ -67,7 +67,7 @@ def layout(batch: int = B, **kw: Any) -> ActivationLayout:
 
 
 def under(strategy: MemoryStrategy, *, s: TrainingSettings | None = None,
-          **kw: Any) -> sharding.StrategyMemory:
+          **kw: Any) -> sharding.ShardedMemory:
     s = s or settings()
     breakdown = memory.training_memory(toy_transformer(), s)
     args: dict[str, Any] = {"data_parallel": 1, "gpus_per_node": 8,
@@ -77,7 +77,7 @@ def under(strategy: MemoryStrategy, *, s: TrainingSettings | None = None,
     return sharding.memory_under(breakdown, strategy, settings=s, **args)
 
 
-def model_states(m: sharding.StrategyMemory) -> int:
+def model_states(m: sharding.ShardedMemory) -> int:
     return m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes
 
 
@@ -127,7 +127,7 @@ def test_fsdp_full_is_zero3_and_hybrid_shards_within_a_node() -> None:
     full = under(MemoryStrategy(fsdp="full"), data_parallel=16, gpus_per_node=8)
     zero3 = under(MemoryStrategy(zero_stage=3), data_parallel=16, gpus_per_node=8)
     hybrid = under(MemoryStrategy(fsdp="hybrid"), data_parallel=16, gpus_per_node=8)
-    assert full == sharding.StrategyMemory(**(vars(zero3) | {"strategy": full.strategy}))
+    assert full == sharding.ShardedMemory(**(vars(zero3) | {"strategy": full.strategy}))
     assert model_states(hybrid) == pytest.approx(16 * P / 8, abs=3)
     # Two blocks gathered at compute width (FSDP limit_all_gathers).
     assert full.gathered_parameters_bytes == 2 * FP32 * BLOCK_PARAMS

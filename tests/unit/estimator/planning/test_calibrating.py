@@ -89,7 +89,7 @@ def test_outcomes_excluding_model_and_device() -> None:
 
 
 def test_calibrate_without_outcomes_leaves_the_prediction_as_it_was() -> None:
-    out = calibrating.calibrate(calibrating.Calibration(), "t4", "train", 100.0, 90.0, 110.0)
+    out = calibrating.calibrate(calibrating.CalibrationTable(), "t4", "train", 100.0, 90.0, 110.0)
     assert (out.median_ms, out.p10_ms, out.p90_ms) == (100.0, 90.0, 110.0)
     assert out.correction == calibrating.IDENTITY
     assert out.correction.as_dict() == {"factor": 1.0, "outcomes": 0, "level": "none"}

@@ -104,12 +104,12 @@ def test_unknown_objective_is_an_error_naming_the_field() -> None:
 
 def test_cost_is_gpu_hours_times_price() -> None:
     out = placement.evaluate(FAST, POOLS[0], SHAPE, 2, NO_COMM)
-    assert isinstance(out, placement.Candidate)
+    assert isinstance(out, placement.PlacementCandidate)
     assert out.cost_usd == pytest.approx(out.estimated_seconds / 3600 * 2 * 4.0)
     assert out.per_gpu_batch == math.ceil(64 / 2)
     assert (out.gpus_per_node, out.nodes) == (2, 1)
     multi = placement.evaluate(FAST, POOLS[0], SHAPE, 16, NO_COMM)
-    assert isinstance(multi, placement.Candidate)
+    assert isinstance(multi, placement.PlacementCandidate)
     assert (multi.gpus_per_node, multi.nodes) == (8, 2)
 
 
@@ -127,7 +127,8 @@ def test_calibration_scales_the_all_reduce_too_and_is_carried_to_the_candidate()
     for n in (1, 8, 16):  # one GPU, one node, two nodes (all-reduce exposed past the overlap)
         raw = placement.evaluate(FAST, POOLS[0], SHAPE, n, ScalingModel(overlap=0.0))
         cal = placement.evaluate(scaled, POOLS[0], SHAPE, n, ScalingModel(overlap=0.0))
-        assert isinstance(raw, placement.Candidate) and isinstance(cal, placement.Candidate)
+        assert isinstance(raw, placement.PlacementCandidate)
+        assert isinstance(cal, placement.PlacementCandidate)
         assert raw.calibration == calibrating.IDENTITY and cal.calibration == correction
         assert cal.allreduce_ms == pytest.approx(raw.allreduce_ms * factor)
         assert cal.step_time_ms == pytest.approx(raw.step_time_ms * factor)

@@ -300,6 +300,30 @@ def probe_correction(actual_ms: FloatArray, predicted_ms: FloatArray, base_ms: F
                            float(log_base.min()), float(log_base.max()))
 
 
+@dataclass(frozen=True)
+class _TrainingFrame:
+    """The rows the trees learn from, after the filters `train_bundle` applies before fitting."""
+
+    rows: pd.DataFrame  # capped per kernel, each platform apart
+    probe_rows: pd.DataFrame
+    kinds: Mapping[str, str]  # device -> platform ("gpu" | "cpu")
+    kernelless_rows_dropped: int
+    backward_factors: dict[str, Any]
+
+
+@dataclass
+class _FittedKernels:
+    """What the per-(kernel, platform) loop of `train_bundle` produced."""
+
+    models: dict[str, LayerLatencyModel] = field(default_factory=dict)
+    transfer: dict[str, LayerLatencyModel] = field(default_factory=dict)
+    cpu_models: dict[str, LayerLatencyModel] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    sigmas: dict[str, intervals.SharedSigma] = field(default_factory=dict)  # leave-one-GPU-out
+    sub_wave: dict[str, Any] | None = None
+
+
 def train_bundle(
     frame: pd.DataFrame, settings: TrainSettings, *, resolve: DeviceResolver | None = None,
     now: Callable[[], datetime] | None = None, command: str = "", commit: str = "",
@@ -309,8 +333,20 @@ def train_bundle(
 
     Each (kernel, platform) fit is one step reported to `progress`.
     """
-    _check_frame(frame)
     resolve = resolve if resolve is not None else devices.resolve_device
+    training = _training_frame(frame, settings, resolve)
+    fitted = _fit_kernels(training, settings, resolve, validate, progress)
+    created = (now() if now is not None else datetime.now().astimezone()).isoformat()
+    manifest = _manifest(training, fitted, settings,
+                         {"created": created, "command": command, "commit": commit})
+    bundle = Bundle(models=fitted.models, manifest=manifest, transfer_models=fitted.transfer,
+                    cpu_models=fitted.cpu_models)
+    return with_probes(bundle, training.probe_rows, resolve)
+
+
+def _training_frame(frame: pd.DataFrame, settings: TrainSettings,
+                    resolve: DeviceResolver) -> _TrainingFrame:
+    _check_frame(frame)
     kinds = {d: resolve(d).platform for d in frame["device"].unique()}
     frame, kernelless = drop_kernelless_rows(frame, kinds)
     factors = backward_factors.fit(frame)  # from every row: the caps below are for the trees
@@ -320,16 +356,15 @@ def train_bundle(
     frame = pd.concat([subsample(rows, settings.max_rows_per_kernel, settings.seed)
                        for _, rows in frame.groupby(frame["device"].map(kinds), sort=True)],
                       ignore_index=True)
+    return _TrainingFrame(frame, probe_frame, kinds, kernelless, factors)
+
+
+def _fit_kernels(training: _TrainingFrame, settings: TrainSettings, resolve: DeviceResolver,
+                 validate: bool, progress: Progress) -> _FittedKernels:
+    frame = training.rows
     backends = sorted(frame["backend"].unique())
-    models: dict[str, LayerLatencyModel] = {}
-    transfer: dict[str, LayerLatencyModel] = {}
-    cpu_models: dict[str, LayerLatencyModel] = {}
-    metrics: dict[str, Any] = {}
-    skipped: dict[str, int] = {}
-    # shared log-sigma per GPU kernel, from leave-one-GPU-out
-    sigmas: dict[str, intervals.SharedSigma] = {}
-    sub_wave: dict[str, Any] | None = None
-    platform = frame["device"].map(kinds)
+    out = _FittedKernels()
+    platform = frame["device"].map(training.kinds)
     counts = (frame.assign(platform=platform).groupby(["kernel", "platform"]).size()
               .reset_index(name="rows"))
     groups = list(counts.itertuples(index=False, name=None))
@@ -337,10 +372,10 @@ def train_bundle(
                                                  label=lambda g: f"{g[0]} ({g[1]})"):
         kernel, kind = str(kernel_value), str(kind_value)
         if count < settings.min_rows_per_kernel or kernel not in features.KERNEL_DIMS:
-            skipped[kernel if kind == "gpu" else f"{kernel} (cpu)"] = int(count)
+            out.skipped[kernel if kind == "gpu" else f"{kernel} (cpu)"] = int(count)
             continue
-        data = kernel_data(frame[(frame["kernel"] == kernel) & (platform == kind)], kernel,
-                           resolve, backends, settings.transfer_kind)
+        rows = frame[(frame["kernel"] == kernel) & (platform == kind)]
+        data = kernel_data(rows, kernel, resolve, backends, settings.transfer_kind)
         own = settings if kind == "gpu" else dataclasses.replace(
             settings, kernel_params={}, model_params={**settings.model_params,
                                                       **settings.cpu_params})
@@ -348,52 +383,57 @@ def train_bundle(
             part = validate_kernel(kernel, data, own)
             sigma = part.pop(SHARED_LOG_SIGMA, None)
             if kind == "gpu" and sigma is not None:
-                sigmas[kernel] = sigma
-            _merge_metrics(metrics.setdefault(kernel, {}), part)
+                out.sigmas[kernel] = sigma
+            _merge_metrics(out.metrics.setdefault(kernel, {}), part)
         fitted = _model(own, kernel, quantiles=True).fit(data.x, data.y)
         if kind == "cpu":
-            cpu_models[kernel] = fitted
+            out.cpu_models[kernel] = fitted
             continue
-        models[kernel] = fitted
-        transfer[kernel] = _model(settings, kernel, quantiles=True, transfer=True).fit(
+        out.models[kernel] = fitted
+        out.transfer[kernel] = _model(settings, kernel, quantiles=True, transfer=True).fit(
             data.transfer_x, np.log(data.latency_ms / data.transfer_base_ms))
         if kernel == "gemm":
-            sub_wave = fit_sub_wave(frame[(frame["kernel"] == kernel) & (platform == kind)],
-                                    resolve, backends)
-    created = (now() if now is not None else datetime.now().astimezone()).isoformat()
+            out.sub_wave = fit_sub_wave(rows, resolve, backends)
+    return out
+
+
+def _manifest(training: _TrainingFrame, fitted: _FittedKernels, settings: TrainSettings,
+              provenance: dict[str, str]) -> dict[str, Any]:
+    frame, probe_frame, kinds = training.rows, training.probe_rows, training.kinds
+    platform = frame["device"].map(kinds)
+    learned = {"gpu": set(fitted.models), "cpu": set(fitted.cpu_models)}
+    kernels = {*fitted.models, *fitted.cpu_models}
     device_backends = (frame.groupby("device")["backend"].agg(lambda s: s.value_counts().index[0]))
     manifest = {
-        "created": created, "command": command, "commit": commit,
+        **provenance,
         "data_digest": data_digest(pd.concat([frame, probe_frame])), "rows": len(frame),
         # Only devices a fitted model learned from: a GPU whose few rows are all probe rows or
         # of kernels without a model (the H200 bench's batchnorm/pool/memcpy rows) is probed
         # or extrapolated, never "measured" (`basis.data_basis`, `Bundle.has_seen`).
         "devices": sorted(device_rows(frame.assign(platform=platform),
-                                      probe_frame.iloc[:0].assign(platform=""),
-                                      {"gpu": set(models), "cpu": set(cpu_models)})),
-        "backends": backends,
+                                      probe_frame.iloc[:0].assign(platform=""), learned)),
+        "backends": sorted(frame["backend"].unique()),
         "device_rows": device_rows(frame.assign(platform=platform), probe_frame.assign(
-            platform=probe_frame["device"].map(kinds)),
-            {"gpu": set(models), "cpu": set(cpu_models)}),
+            platform=probe_frame["device"].map(kinds)), learned),
         "device_backends": {str(k): str(v) for k, v in device_backends.items()},
         "default_backends": _default_backends(frame, platform),
-        "backward_factors": factors,
-        "skipped_kernels": skipped, "kernelless_rows_dropped": kernelless, "metrics": metrics,
-        "kernel_platforms": {k: [kind for kind, fitted in (("cpu", cpu_models), ("gpu", models))
-                                 if k in fitted] for k in sorted({*models, *cpu_models})},
+        "backward_factors": training.backward_factors,
+        "skipped_kernels": fitted.skipped,
+        "kernelless_rows_dropped": training.kernelless_rows_dropped, "metrics": fitted.metrics,
+        "kernel_platforms": {k: [kind for kind, models in (("cpu", fitted.cpu_models),
+                                                           ("gpu", fitted.models))
+                                 if k in models] for k in sorted(kernels)},
         "device_platforms": {str(d): kinds[d] for d in sorted(kinds)},
         "settings": {"seed": settings.seed, "max_rows_per_kernel": settings.max_rows_per_kernel,
                      "test_fraction": settings.test_fraction},
         "transfer_kind": settings.transfer_kind,
-        "feature_names": {k: list(features.feature_names(k)) for k in {*models, *cpu_models}},
+        "feature_names": {k: list(features.feature_names(k)) for k in kernels},
     }
-    if sigmas:
-        manifest[intervals.MANIFEST_KEY] = interval_sigma_table(sigmas)
-    if sub_wave is not None:
-        manifest[bundles.SUB_WAVE_KEY] = sub_wave
-    bundle = Bundle(models=models, manifest=manifest, transfer_models=transfer,
-                    cpu_models=cpu_models)
-    return with_probes(bundle, probe_frame, resolve)
+    if fitted.sigmas:
+        manifest[intervals.MANIFEST_KEY] = interval_sigma_table(fitted.sigmas)
+    if fitted.sub_wave is not None:
+        manifest[bundles.SUB_WAVE_KEY] = fitted.sub_wave
+    return manifest
 
 
 def device_rows(fitted: pd.DataFrame, probes: pd.DataFrame,

@@ -82,6 +82,27 @@ def register(subparsers: Any) -> None:
         "(or, with --backend torch, as PyTorch eager layers forward and forward+backward), "
         "store rows in the performance database. An interrupted run resumes.",
     )
+    _add_run_flags(bench)
+    _add_timing_flags(bench)
+    _add_batching_flags(bench)
+    probing.add_flags(bench)
+    progress.add_flag(bench)
+    output.add_output_argument(bench)
+    bench.set_defaults(func=run_bench_command)
+
+    imp = subparsers.add_parser(
+        "import", help="import measured GPU operator data (gpu-ops parquet/CSV) into the db",
+    )
+    imp.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                     help="parquet or CSV files, or directories of them")
+    imp.add_argument("--db", default=None, metavar="URL",
+                     help="database URL (default as for bench)")
+    output.add_output_argument(imp)
+    imp.set_defaults(func=run_import_command)
+
+
+def _add_run_flags(bench: argparse.ArgumentParser) -> None:
+    """What is measured, where it goes and whose code it is."""
     bench.add_argument("--device", default="cpu", metavar="DEVICE",
                        help="cpu, cuda or cuda:N (default: cpu)")
     bench.add_argument("--families", type=_families, default=None, metavar="KERNELS",
@@ -103,6 +124,19 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--sweep", action="append", default=None, metavar="PATH",
                        help="sweep spec file or directory (repeatable; default: the repo's "
                        "benchmark-jobs/sweeps)")
+    bench.add_argument("--export", type=Path, default=None, metavar="PARQUET",
+                       help="also write the run's rows to PARQUET plus a JSON sidecar")
+    bench.add_argument("--precisions", type=_precisions, default=None, metavar="LIST",
+                       help="measure every float32 item in these precisions, of fp32,tf32,bf16 "
+                       "(tf32 only for gemm and conv2d) (default: the dtype of each sweep spec)")
+    bench.add_argument("--commit", default=None, metavar="SHA",
+                       help=f"the commit measured, for a checkout without .git (default: "
+                       f"${provenance.COMMIT_ENV}, else git's HEAD when this is gpuplan's own "
+                       f"checkout, else unknown)")
+
+
+def _add_timing_flags(bench: argparse.ArgumentParser) -> None:
+    """How each row is timed."""
     bench.add_argument("--repeats", type=_positive_int, default=5, metavar="R",
                        help="independent timed repeats per row; the row keeps the median of their "
                        "means (default: 5)")
@@ -111,11 +145,10 @@ def register(subparsers: Any) -> None:
                        "(default: 1)")
     bench.add_argument("--threads", type=int, default=0, metavar="N",
                        help="intra-op threads (default 0: all cores)")
-    bench.add_argument("--export", type=Path, default=None, metavar="PARQUET",
-                       help="also write the run's rows to PARQUET plus a JSON sidecar")
-    bench.add_argument("--precisions", type=_precisions, default=None, metavar="LIST",
-                       help="measure every float32 item in these precisions, of fp32,tf32,bf16 "
-                       "(tf32 only for gemm and conv2d) (default: the dtype of each sweep spec)")
+
+
+def _add_batching_flags(bench: argparse.ArgumentParser) -> None:
+    """The batched torch protocol and the rule that ends a family early."""
     bench.add_argument("--batch-size", type=_positive_int, default=1, metavar="N",
                        help="with --backend torch: build and time N items of one family per "
                        "batch, many calls per timed launch, one sync per batch; families stop "
@@ -139,24 +172,6 @@ def register(subparsers: Any) -> None:
                        default=batched.BatchSettings().max_item_bytes / 2**30, metavar="GIB",
                        help="with --batch-size > 1: skip items moving more than this many GiB "
                        "(default: %(default)s)")
-    bench.add_argument("--commit", default=None, metavar="SHA",
-                       help=f"the commit measured, for a checkout without .git (default: "
-                       f"${provenance.COMMIT_ENV}, else git's HEAD when this is gpuplan's own "
-                       f"checkout, else unknown)")
-    probing.add_flags(bench)
-    progress.add_flag(bench)
-    output.add_output_argument(bench)
-    bench.set_defaults(func=run_bench_command)
-
-    imp = subparsers.add_parser(
-        "import", help="import measured GPU operator data (gpu-ops parquet/CSV) into the db",
-    )
-    imp.add_argument("paths", nargs="+", type=Path, metavar="PATH",
-                     help="parquet or CSV files, or directories of them")
-    imp.add_argument("--db", default=None, metavar="URL",
-                     help="database URL (default as for bench)")
-    output.add_output_argument(imp)
-    imp.set_defaults(func=run_import_command)
 
 
 def _positive_int(text: str) -> int:
@@ -204,22 +219,7 @@ def _command(argv: Sequence[str] | None) -> str:
 def run_bench_command(args: argparse.Namespace) -> int:
     """`gpuplan bench`: measure the plan into the db; 0 when done, 5 when the budget ran out,
     128 + N when signal N stopped it (the rows measured are stored either way)."""
-    settings = runner.BenchSettings(
-        device=args.device,
-        families=args.families,
-        samples=args.samples,
-        budget_minutes=args.budget_minutes,
-        seed=args.seed,
-        backend=args.backend,
-        sweep_paths=tuple(args.sweep) if args.sweep else runner.BenchSettings().sweep_paths,
-        timing=timing.TimingSettings(repeats=args.repeats, intra_op_threads=args.threads,
-                                     sessions=args.sessions),
-        command=getattr(args, "command_line", "") or _command(None),
-        commit=provenance.code_commit(args.commit),
-        precisions=args.precisions,
-        batch=_batch_settings(args),
-        stop_rule=_stop_rule(args),
-    )
+    settings = _bench_settings(args)
     # Installed before the database opens: a SIGTERM during start-up then also ends cleanly.
     with (StopOnSignals() as stop, PerfStore.open(args.db) as store,
           progress.for_args(args) as bars):
@@ -238,44 +238,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 **dataclasses.asdict(report), "rows_per_min": report.rows_per_min,
                 "db": store.url}), args.output)
         else:
-            print(
-                f"run {report.run_id} on {report.device} ({report.backend}, "
-                f"{report.intra_op_threads} threads): {report.status}, "
-                f"{report.rows_added} rows added in {report.elapsed_s:.0f} s "
-                f"({report.rows_per_min:.0f} rows/min), {report.rows_total}/{report.planned} "
-                f"measured{' (resumed)' if report.resumed else ''}; db {store.url}"
-            )
-            for fam in report.families:
-                print(f"  {fam.family}: {fam.rows} rows in {fam.seconds:.1f} s "
-                      f"({fam.rows_per_min:.0f} rows/min), held-out error "
-                      f"{_pct(fam.heldout_error_pct)}, {fam.ended}"
-                      f"{f', {fam.eager_rows} timed eagerly' if fam.eager_rows else ''}")
-            if report.skipped:
-                print(f"  {report.skipped} items skipped (over --max-item-gib or failed)")
+            _print_report(report, store.url)
         if args.export is not None:
-            run = next(r for r in store.runs(device=report.device) if r.id == report.run_id)
-            sidecar = {
-                "device": report.device,
-                "backend": report.backend,
-                "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                # The run record's commit (`provenance.code_commit`); null when none knew.
-                "commit": run.git_commit or None,
-                "command": settings.command,
-                "run_id": report.run_id,
-                "status": report.status,
-                "settings": run.settings_json,
-                "rows": report.rows_total,
-                "rows_per_min": round(report.rows_per_min, 1),
-                "families": [{**dataclasses.asdict(f), "rows_per_min": round(f.rows_per_min, 1)}
-                             for f in report.families],
-                "skipped": report.skipped,
-                # Timings from a busy host are inflated; keep the evidence with the data.
-                "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
-                host_probes.SIDECAR_KEY: probe,
-            }
-            n = runner.export_run(store, report.run_id, args.export, sidecar)
-            output.note(args.output, f"wrote {n} rows to {args.export} (commit "
-                        f"{run.git_commit or provenance.UNKNOWN_COMMIT})")
+            _export_run(store, report, settings, probe, args)
     if report.status == "done":  # a signal after the last row changes nothing
         return EXIT_DONE
     if stop.signum is not None:
@@ -283,6 +248,70 @@ def run_bench_command(args: argparse.Namespace) -> int:
               f"command again to resume", file=sys.stderr)
         return exit_code_for_signal(stop.signum)
     return EXIT_BUDGET_SPENT
+
+
+def _bench_settings(args: argparse.Namespace) -> runner.BenchSettings:
+    return runner.BenchSettings(
+        device=args.device,
+        families=args.families,
+        samples=args.samples,
+        budget_minutes=args.budget_minutes,
+        seed=args.seed,
+        backend=args.backend,
+        sweep_paths=tuple(args.sweep) if args.sweep else runner.BenchSettings().sweep_paths,
+        timing=timing.TimingSettings(repeats=args.repeats, intra_op_threads=args.threads,
+                                     sessions=args.sessions),
+        command=getattr(args, "command_line", "") or _command(None),
+        commit=provenance.code_commit(args.commit),
+        precisions=args.precisions,
+        batch=_batch_settings(args),
+        stop_rule=_stop_rule(args),
+    )
+
+
+def _print_report(report: runner.BenchReport, db_url: str) -> None:
+    print(
+        f"run {report.run_id} on {report.device} ({report.backend}, "
+        f"{report.intra_op_threads} threads): {report.status}, "
+        f"{report.rows_added} rows added in {report.elapsed_s:.0f} s "
+        f"({report.rows_per_min:.0f} rows/min), {report.rows_total}/{report.planned} "
+        f"measured{' (resumed)' if report.resumed else ''}; db {db_url}"
+    )
+    for fam in report.families:
+        print(f"  {fam.family}: {fam.rows} rows in {fam.seconds:.1f} s "
+              f"({fam.rows_per_min:.0f} rows/min), held-out error "
+              f"{_pct(fam.heldout_error_pct)}, {fam.ended}"
+              f"{f', {fam.eager_rows} timed eagerly' if fam.eager_rows else ''}")
+    if report.skipped:
+        print(f"  {report.skipped} items skipped (over --max-item-gib or failed)")
+
+
+def _export_run(store: PerfStore, report: runner.BenchReport, settings: runner.BenchSettings,
+                probe: dict[str, Any] | None, args: argparse.Namespace) -> None:
+    """`--export`: the run's rows as parquet, with a sidecar saying where they came from."""
+    run = next(r for r in store.runs(device=report.device) if r.id == report.run_id)
+    sidecar = {
+        "device": report.device,
+        "backend": report.backend,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        # The run record's commit (`provenance.code_commit`); null when none knew.
+        "commit": run.git_commit or None,
+        "command": settings.command,
+        "run_id": report.run_id,
+        "status": report.status,
+        "settings": run.settings_json,
+        "rows": report.rows_total,
+        "rows_per_min": round(report.rows_per_min, 1),
+        "families": [{**dataclasses.asdict(f), "rows_per_min": round(f.rows_per_min, 1)}
+                     for f in report.families],
+        "skipped": report.skipped,
+        # Timings from a busy host are inflated; keep the evidence with the data.
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        host_probes.SIDECAR_KEY: probe,
+    }
+    n = runner.export_run(store, report.run_id, args.export, sidecar)
+    output.note(args.output, f"wrote {n} rows to {args.export} (commit "
+                f"{run.git_commit or provenance.UNKNOWN_COMMIT})")
 
 
 def _log(line: str) -> None:

@@ -230,11 +230,8 @@ def device_columns(
 ) -> DeviceColumns:
     """Row-aligned device facts: ``specs[i]`` ran row i of `kernel` in ``dtypes[i]`` (with
     ``math[i]``, "" for none, as `broadcast_device` reads it)."""
-    maths = [""] * len(specs) if math is None else np.asarray(math).tolist()
-    peak = np.array([peak_gflops(s, d, m, kernel=kernel)
-                     for s, d, m in zip(specs, dtypes, maths, strict=True)])
     return DeviceColumns(
-        peak_gflops=peak,
+        peak_gflops=_peak_column(specs, dtypes, math, kernel),
         bw_gbps=np.array([s.mem_bandwidth_gbps for s in specs], dtype=np.float64),
         sm_count=np.array([s.sm_count for s in specs], dtype=np.float64),
         clock_mhz=np.array([s.boost_clock_mhz for s in specs], dtype=np.float64),
@@ -250,12 +247,9 @@ def broadcast_device(
     spec: DeviceSpec, dtypes: npt.NDArray[np.str_], backend_code: int, kernel: str = "",
     math: npt.NDArray[np.str_] | None = None,
 ) -> DeviceColumns:
-    """One device for all rows of `kernel`; peaks looked up once per distinct (dtype, math)."""
+    """One device for all rows of `kernel` (the peak column as `device_columns` builds it)."""
     n = len(dtypes)
-    pairs = list(zip(np.asarray(dtypes).tolist(),
-                     [""] * n if math is None else np.asarray(math).tolist(), strict=True))
-    looked = {p: peak_gflops(spec, *p, kernel=kernel) for p in set(pairs)}
-    peaks = np.array([looked[p] for p in pairs], dtype=np.float64)
+    peaks = _peak_column([spec] * n, dtypes, math, kernel)
 
     def full(v: float) -> FloatArray:
         return np.full(n, float(v))
@@ -267,6 +261,16 @@ def broadcast_device(
         cores_per_sm=full(spec.cores_per_sm), is_cpu=full(1.0 if spec.vendor == "cpu" else 0.0),
         backend_code=full(backend_code),
     )
+
+
+def _peak_column(specs: Sequence[DeviceSpec], dtypes: Sequence[str] | npt.NDArray[np.str_],
+                 math: npt.NDArray[np.str_] | None, kernel: str) -> FloatArray:
+    """`peak_gflops` per row, looked up once per distinct (device, dtype, math)."""
+    maths = [""] * len(specs) if math is None else np.asarray(math).tolist()
+    by_id = {id(spec): spec for spec in specs}  # a spec holds dicts, so it is keyed by identity
+    keys = list(zip(map(id, specs), np.asarray(dtypes).tolist(), maths, strict=True))
+    looked = {k: peak_gflops(by_id[k[0]], k[1], k[2], kernel=kernel) for k in set(keys)}
+    return np.array([looked[k] for k in keys], dtype=np.float64).reshape(len(keys))
 
 
 def peak_gflops(spec: DeviceSpec, dtype: str, math: str = "", *, kernel: str = "") -> float:

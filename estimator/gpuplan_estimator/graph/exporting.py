@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gpuplan_estimator.core import errors, extras
+from gpuplan_estimator.core import errors, extras, limits
 from gpuplan_estimator.graph import hf_blocks, hf_seq2seq, loading, zoo
 
 WRITTEN_MODEL_TYPES: tuple[str, ...] = (zoo.MODEL_TYPES + hf_blocks.MODEL_TYPES
@@ -205,12 +205,21 @@ def resolve_factory(spec: str, *, label: str = "--torch") -> Callable[[], Any]:
     return cast(Callable[[], Any], factory)
 
 
-def from_torch_factory(factory: Callable[[], Any], *, label: str = "--torch") -> bytes:
-    """Export the module `factory` builds.
+def from_torch_factory(factory: Callable[[], Any], *, label: str = "--torch",
+                       batch: int | None = None) -> bytes:
+    """Export the module `factory` builds, at `batch` when one is asked.
 
     The factory takes no arguments and returns ``(module, example_args)``: the example args
     fix the input shapes (on any device; they are moved to meta). The module is built under
-    ``torch.device("meta")``, so no weights are allocated.
+    ``torch.device("meta")``, so no weights are allocated. The example's batch is the leading
+    dim of its first tensor argument, shared by every tensor argument that starts with it.
+
+    At another `batch`, the example is resized and exported at that batch: the graph an ONNX
+    export at that batch would be. Where that fails, the batch is exported as the symbolic dim
+    ``batch``, which re-batches by binding it (a fixed-batch export keeps its batch in Reshape
+    targets that cannot always be told from other sizes: issue #35, a TransformerEncoderLayer
+    with 4 heads exported at batch 4). A module whose code fixes its batch is last exported as
+    the example gives it, and re-batched or refused as any fixed export.
     """
     torch = _require("torch", "torch")
     with torch.device("meta"):
@@ -220,19 +229,61 @@ def from_torch_factory(factory: Callable[[], Any], *, label: str = "--torch") ->
         raise errors.InvalidRequestError(
             label, f"the factory must return (nn.Module, example_args tuple), got "
             f"{type(built).__name__}")
-    module, args = built
-    meta_args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
-    return export_module(module.to("meta").eval(), meta_args, label=label)
+    module = built[0].to("meta").eval()
+    args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in built[1])
+    attempts: list[Callable[[], bytes]] = []
+    if batch is not None and batch != _example_batch(args):
+        attempts.append(lambda: export_module(module, _at_batch(args, batch), label=label))
+        attempts.append(lambda: export_module(module, args, label=label, dynamic_batch=True))
+    attempts.append(lambda: export_module(module, args, label=label))
+    failures: list[errors.InvalidModelError] = []
+    for attempt in attempts:
+        try:
+            return attempt()
+        except errors.InvalidModelError as exc:
+            failures.append(exc)
+    raise failures[0]
 
 
-def export_module(module: Any, args: tuple[Any, ...], *, label: str) -> bytes:
-    """Dynamo-export `module` at `args` on the meta device; structure-only ONNX bytes."""
+def _example_batch(args: tuple[Any, ...]) -> int | None:
     torch = _require("torch", "torch")
+    return next((int(a.shape[0]) for a in args if isinstance(a, torch.Tensor) and a.dim() > 0),
+                None)
+
+
+def _at_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
+    """Example args with the example's batch (`_example_batch`) set to `batch`."""
+    torch = _require("torch", "torch")
+    own = _example_batch(args)
+    return tuple(torch.empty((batch, *a.shape[1:]), dtype=a.dtype, device="meta")
+                 if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == own else a
+                 for a in args)
+
+
+def _batch_dims(args: tuple[Any, ...]) -> tuple[dict[int, Any] | None, ...]:
+    """torch.export's `dynamic_shapes`: the example's batch (`_example_batch`) as one shared
+    symbolic ``batch``."""
+    torch = _require("torch", "torch")
+    own = _example_batch(args)
+    batch = torch.export.Dim(BATCH_DIM, min=1, max=limits.MAX_BATCH_SIZE)
+    return tuple({0: batch} if isinstance(a, torch.Tensor) and a.dim() > 0
+                 and a.shape[0] == own else None for a in args)
+
+
+BATCH_DIM = "batch"
+
+
+def export_module(module: Any, args: tuple[Any, ...], *, label: str,
+                  dynamic_batch: bool = False) -> bytes:
+    """Dynamo-export `module` at `args` on the meta device; structure-only ONNX bytes. With
+    `dynamic_batch`, dim 0 of the tensor args is the symbolic dim ``batch``."""
+    torch = _require("torch", "torch")
+    dynamic = {"dynamic_shapes": _batch_dims(args)} if dynamic_batch else {}
     with tempfile.TemporaryDirectory(prefix="gpuplan-export-") as tmp:
         path = os.path.join(tmp, "model.onnx")
         try:
             with quiet_exporter():
-                program = torch.onnx.export(module, args, dynamo=True, optimize=False)
+                program = torch.onnx.export(module, args, dynamo=True, optimize=False, **dynamic)
                 program.save(path, include_initializers=False,
                              keep_initializers_as_inputs=True)
         except Exception as exc:

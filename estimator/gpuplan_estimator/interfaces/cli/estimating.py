@@ -131,7 +131,7 @@ def model_source(args: argparse.Namespace) -> str | bytes:
     if args.torch is not None:
         factory = exporting.resolve_factory(args.torch)
         _progress(f"building {args.torch} on the meta device and exporting it")
-        return exporting.from_torch_factory(factory)
+        return exporting.from_torch_factory(factory, batch=args.batch)
     config = hf_configs.hf_config_checked(args)
     sequence = dict(args.dim).get(batching.SEQUENCE_DIM)
     if exporting.needs_export(config):

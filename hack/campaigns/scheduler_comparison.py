@@ -51,15 +51,17 @@ class Variant:
     name: str
     scheduler_name: str
     with_extender: bool
-    scored_resources: tuple[str, ...]
+    most_allocated_on: tuple[str, ...]  # empty: kube-scheduler's default LeastAllocated
 
 
 VARIANTS = (
     Variant("MostAllocated", "cmp-most-allocated", False, w.DEFAULT_SCORED_RESOURCES),
     Variant("MostAllocated + gpuplan extender", "cmp-gpuplan", True, w.DEFAULT_SCORED_RESOURCES),
-    # Not the default profile, but what a GPU cluster's admin can configure without gpuplan.
+    # What a GPU cluster's admin can configure without gpuplan.
     Variant("MostAllocated on nvidia.com/gpu (tuned)", "cmp-most-allocated-gpu", False,
             (w.GPU_RESOURCE,)),
+    # What a cluster runs when nobody configured anything.
+    Variant("default profile (LeastAllocated)", "cmp-default", False, ()),
 )
 
 
@@ -68,6 +70,7 @@ class Settings:
     seed: int = 7
     pods: int = 60
     repeats: int = 3
+    cpu_only_share: float = 0.0
 
 
 class Schedulers:
@@ -90,8 +93,8 @@ class Schedulers:
             url = self.extender_url if variant.with_extender else None
             path = self.workdir / f"{variant.scheduler_name}.yaml"
             path.write_text(yaml.safe_dump(
-                w.most_allocated_config(kubeconfig, variant.scheduler_name, url,
-                                        variant.scored_resources)))
+                w.scheduler_profile_config(kubeconfig, variant.scheduler_name, url,
+                                           variant.most_allocated_on)))
             self._child(variant.scheduler_name, [
                 str(pathlib.Path(self.state["bin_dir"]) / "kube-scheduler"), f"--config={path}",
                 f"--authentication-kubeconfig={kubeconfig}",
@@ -250,7 +253,7 @@ def _all_ready(core: client.CoreV1Api, pool_id: str, count: int) -> bool:
 
 def campaign(state: dict[str, Any], settings: Settings, workdir: pathlib.Path
              ) -> dict[str, list[w.RunResult]]:
-    specs = w.workload(settings.seed, settings.pods)
+    specs = w.workload(settings.seed, settings.pods, settings.cpu_only_share)
     api = config.new_client_from_config(config_file=state["kubeconfig"])
     core = client.CoreV1Api(api)
     results: dict[str, list[w.RunResult]] = {v.name: [] for v in VARIANTS}
@@ -277,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=Settings.seed)
     parser.add_argument("--pods", type=int, default=Settings.pods)
     parser.add_argument("--repeats", type=int, default=Settings.repeats)
+    parser.add_argument("--cpu-only-share", type=float, default=Settings.cpu_only_share,
+                        help="share of the arrivals that are CPU-only pods (0 to below 1)")
     parser.add_argument("--state-dir", type=pathlib.Path,
                         default=pathlib.Path(tempfile.gettempdir()) / "gpuplan-schedcmp-testbed",
                         help="private testbed state dir (started and stopped here)")
@@ -286,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--pods must be in 1..500, got {args.pods}")
     if not 1 <= args.repeats <= 20:
         parser.error(f"--repeats must be in 1..20, got {args.repeats}")
-    settings = Settings(seed=args.seed, pods=args.pods, repeats=args.repeats)
+    if not 0.0 <= args.cpu_only_share < 1.0:
+        parser.error(f"--cpu-only-share must be in [0, 1), got {args.cpu_only_share}")
+    settings = Settings(seed=args.seed, pods=args.pods, repeats=args.repeats,
+                        cpu_only_share=args.cpu_only_share)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="gpuplan-schedcmp-"))
     with private_testbed(args.state_dir) as state:
         results = campaign(state, settings, workdir)
@@ -294,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     summaries = [w.summarize(name, runs) for name, runs in results.items()]
     print(f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, commit {_git_commit()}, "
           f"testbed {version}, seed {settings.seed}, {settings.pods} pods, "
-          f"{settings.repeats} repeats; logs in {workdir}")
+          f"CPU-only share {settings.cpu_only_share}, {settings.repeats} repeats; "
+          f"logs in {workdir}")
     print(w.table(summaries))
     if args.json:
         args.json.write_text(json.dumps({k: [dataclasses.asdict(r) for r in v]

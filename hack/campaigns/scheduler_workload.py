@@ -81,25 +81,42 @@ class PodSpec:
     lifetime_steps: int | None  # None: runs to the end of the campaign
 
 
-def workload(seed: int, pods: int, mix: Sequence[PodKind] = DEFAULT_MIX,
-             pools: Sequence[NodePool] = DEFAULT_POOLS) -> list[PodSpec]:
-    """The seeded arrival sequence; the same (seed, pods) gives the same list on every machine.
+CPU_ONLY = ""
+"""`PodSpec.product` of a pod that asks for no GPU (preprocessing, evaluation, a notebook)."""
+CPU_ONLY_CPU = (8, 96)
+CPU_ONLY_MEMORY_GIB = (32, 768)
+"""Ranges of a CPU-only pod's requests: it fits an H100 or A100 node, not an L4 one."""
 
-    CPU and memory per GPU are drawn up to the node's share per GPU (a data loader's appetite
-    varies), so every pod fits its type's node, and a 1/10 of the pods never finish."""
+
+def workload(seed: int, pods: int, cpu_only_share: float = 0.0,
+             mix: Sequence[PodKind] = DEFAULT_MIX,
+             pools: Sequence[NodePool] = DEFAULT_POOLS) -> list[PodSpec]:
+    """The seeded arrival sequence; the same arguments give the same list on every machine.
+
+    GPU pods draw CPU and memory per GPU up to the node's share per GPU (a data loader's
+    appetite varies), so every pod fits its type's node; `cpu_only_share` of the arrivals are
+    CPU-only pods that may land on any node of the pool. A 1/10 of the pods never finish."""
     if pods < 1:
         raise ValueError(f"--pods must be at least 1, got {pods}")
+    if not 0.0 <= cpu_only_share < 1.0:
+        raise ValueError(f"--cpu-only-share must be in [0, 1), got {cpu_only_share}")
+    kinds = [*mix, PodKind(CPU_ONLY, 0, sum(k.weight for k in mix) * cpu_only_share
+                           / (1.0 - cpu_only_share))]
     pool_of = {p.product: p for p in pools}
     rng = random.Random(seed)
-    kinds = rng.choices(list(mix), weights=[k.weight for k in mix], k=pods)
     specs = []
-    for i, kind in enumerate(kinds):
-        pool = pool_of[kind.product]
-        cpu = kind.gpus * rng.randint(2, pool.cpu // pool.gpus)
-        memory_gib = kind.gpus * rng.randint(8, pool.memory_gib // pool.gpus)
+    for i, kind in enumerate(rng.choices(kinds, weights=[k.weight for k in kinds], k=pods)):
+        if kind.product == CPU_ONLY:
+            cpu, memory_gib = rng.randint(*CPU_ONLY_CPU), rng.randint(*CPU_ONLY_MEMORY_GIB)
+            label = "cpu"
+        else:
+            pool = pool_of[kind.product]
+            cpu = kind.gpus * rng.randint(2, pool.cpu // pool.gpus)
+            memory_gib = kind.gpus * rng.randint(8, pool.memory_gib // pool.gpus)
+            label = f"{kind.product.split('-')[1].lower()}x{kind.gpus}"
         lifetime = rng.randint(3, 20) if rng.random() < 0.9 else None
-        specs.append(PodSpec(f"p{i:03d}-{kind.product.split('-')[1].lower()}x{kind.gpus}",
-                             kind.product, kind.gpus, cpu, memory_gib, lifetime))
+        specs.append(PodSpec(f"p{i:03d}-{label}", kind.product, kind.gpus, cpu, memory_gib,
+                             lifetime))
     return specs
 
 
@@ -118,38 +135,42 @@ def pool_nodes(pools: Sequence[NodePool], pool_id: str) -> list[dict[str, Any]]:
 
 
 def pod_manifest(spec: PodSpec, scheduler_name: str, pool_id: str) -> dict[str, Any]:
-    """The pod as the operator would create it: plan annotations and required node affinity."""
-    terms = [{"matchExpressions": [
-        {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [spec.product]},
-        {"key": POOL_LABEL, "operator": "In", "values": [pool_id]},
-    ]}]
-    requests = {"cpu": str(spec.cpu), "memory": f"{spec.memory_gib}Gi",
-                GPU_RESOURCE: str(spec.gpus)}
+    """The pod as the operator would create it: plan annotations and required node affinity on
+    the planned type (a CPU-only pod: neither, only the pool)."""
+    expressions = [{"key": POOL_LABEL, "operator": "In", "values": [pool_id]}]
+    requests = {"cpu": str(spec.cpu), "memory": f"{spec.memory_gib}Gi"}
+    resources: dict[str, Any] = {"requests": requests}
+    notes = {}
+    if spec.gpus:
+        expressions.insert(0, {"key": GPU_PRODUCT_LABEL, "operator": "In",
+                               "values": [spec.product]})
+        requests[GPU_RESOURCE] = str(spec.gpus)
+        resources["limits"] = {GPU_RESOURCE: str(spec.gpus)}
+        notes = {plan_keys.GPU_TYPE: spec.product, plan_keys.GPU_COUNT: str(spec.gpus)}
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": spec.name, "annotations": {
-            plan_keys.GPU_TYPE: spec.product, plan_keys.GPU_COUNT: str(spec.gpus)}},
+        "metadata": {"name": spec.name, "annotations": notes},
         "spec": {
             "schedulerName": scheduler_name, "restartPolicy": "Never",
-            "affinity": {"nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": expressions}]}}},
             "tolerations": [{"key": POOL_LABEL, "operator": "Equal", "value": pool_id,
                              "effect": "NoSchedule"}],
-            "containers": [{"name": "train", "image": "trainer:campaign",
-                            "resources": {"requests": requests,
-                                          "limits": {GPU_RESOURCE: str(spec.gpus)}}}],
+            "containers": [{"name": "train", "image": "trainer:campaign", "resources": resources}],
         },
     }
 
 
-def most_allocated_config(kubeconfig_path: str, scheduler_name: str, extender_url: str | None,
-                          scored_resources: Sequence[str]) -> dict[str, Any]:
-    """kube-scheduler with NodeResourcesFit scoring MostAllocated over `scored_resources` (weight
-    1 each), optionally plus the gpuplan extender (the testbed's extender section)."""
+def scheduler_profile_config(kubeconfig_path: str, scheduler_name: str, extender_url: str | None,
+                             most_allocated_on: Sequence[str]) -> dict[str, Any]:
+    """kube-scheduler with NodeResourcesFit scoring MostAllocated over `most_allocated_on`
+    (weight 1 each; empty: the default profile, LeastAllocated), optionally plus the gpuplan
+    extender (the testbed's extender section)."""
     config = scheduler_config(kubeconfig_path, scheduler_name=scheduler_name)
-    config["profiles"][0]["pluginConfig"] = [{"name": "NodeResourcesFit", "args": {
-        "scoringStrategy": {"type": "MostAllocated", "resources": [
-            {"name": r, "weight": 1} for r in scored_resources]}}}]
+    if most_allocated_on:
+        config["profiles"][0]["pluginConfig"] = [{"name": "NodeResourcesFit", "args": {
+            "scoringStrategy": {"type": "MostAllocated", "resources": [
+                {"name": r, "weight": 1} for r in most_allocated_on]}}}]
     if extender_url is not None:
         config["extenders"] = [extender_section(extender_url, ignorable=True)]
     return config
@@ -228,7 +249,8 @@ def summarize(variant: str, runs: Sequence[RunResult]) -> VariantSummary:
     binds = [o.bind_ms for r in runs for o in r.outcomes if o.bind_ms is not None]
     return VariantSummary(
         variant=variant, runs=len(runs), pods=len(runs[0].outcomes),
-        on_planned_type=_range(per_run(lambda o: o.node_product == o.product)),
+        on_planned_type=(f"{_range(per_run(lambda o: o.gpus and o.node_product == o.product))}"
+                         f" / {sum(1 for o in runs[0].outcomes if o.gpus)}"),
         bound_at_arrival=_range(per_run(lambda o: o.bound_at_arrival)),
         whole_node_jobs_bound_at_arrival=(
             f"{_range(per_run(lambda o: in_whole(o) and o.bound_at_arrival))}"
@@ -248,9 +270,9 @@ def in_whole(outcome: PodOutcome) -> bool:
 
 
 TABLE_HEADER = (
-    "| variant | runs | pods | on planned type | bound at arrival | 8-GPU NVLink jobs bound at "
-    "arrival | whole free NVLink nodes, mean (min) | partly used NVLink nodes, mean | pending at "
-    "end | bind p50 / p95 ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    "| variant | runs | pods | GPU pods on planned type | bound at arrival | 8-GPU NVLink jobs "
+    "bound at arrival | whole free NVLink nodes, mean (min) | partly used NVLink nodes, mean | "
+    "pending at end | bind p50 / p95 ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def table(summaries: Sequence[VariantSummary]) -> str:

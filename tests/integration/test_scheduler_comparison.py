@@ -28,7 +28,7 @@ TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 10
 POOL = (w.NodePool("h100", 2, w.H100_SXM, 8, 81559, cpu=208, memory_gib=2000),)
 EXPECTED_NODE = {  # variant → node index the 1-GPU job lands on
-    "cmp-most-allocated": 1, "cmp-gpuplan": 0, "cmp-most-allocated-gpu": 0}
+    "cmp-most-allocated": 1, "cmp-gpuplan": 0, "cmp-most-allocated-gpu": 0, "cmp-default": 0}
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,23 @@ def test_workload_is_seeded_and_every_pod_fits_its_type() -> None:
         assert spec.memory_gib <= pool.memory_gib
     assert any(s.product == w.H100_SXM and s.gpus == 8 for s in specs)
     assert any(s.lifetime_steps is None for s in specs)
+    assert not any(s.gpus == 0 for s in specs)
     with pytest.raises(ValueError, match="--pods"):
         w.workload(7, 0)
+    with pytest.raises(ValueError, match="--cpu-only-share"):
+        w.workload(7, 10, cpu_only_share=1.0)
+
+
+def test_cpu_only_share_adds_pods_without_gpus_or_plan() -> None:
+    specs = w.workload(7, 200, cpu_only_share=0.25)
+    cpu_only = [s for s in specs if s.gpus == 0]
+    assert 30 <= len(cpu_only) <= 70 and all(s.product == w.CPU_ONLY for s in cpu_only)
+    pod = w.pod_manifest(cpu_only[0], "sched-a", "cmp-x")
+    assert pod["metadata"]["annotations"] == {}
+    assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"]["requests"]
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [e["key"] for e in terms[0]["matchExpressions"]] == [w.POOL_LABEL]
 
 
 def test_pool_nodes_are_tainted_labelled_and_kwok_managed() -> None:
@@ -48,15 +63,16 @@ def test_pod_manifest_carries_the_plan_affinity_and_toleration() -> None:
         "cpu": "10", "memory": "40Gi", "nvidia.com/gpu": "2"}
 
 
-def test_most_allocated_config_with_and_without_the_extender() -> None:
-    plain = w.most_allocated_config("/k", "s", None, w.DEFAULT_SCORED_RESOURCES)
+def test_profile_config_with_and_without_the_extender() -> None:
+    assert "pluginConfig" not in w.scheduler_profile_config("/k", "s", None, ())["profiles"][0]
+    plain = w.scheduler_profile_config("/k", "s", None, w.DEFAULT_SCORED_RESOURCES)
     profile = plain["profiles"][0]
     assert profile["schedulerName"] == "s" and "extenders" not in plain
     strategy = profile["pluginConfig"][0]["args"]["scoringStrategy"]
     assert strategy == {"type": "MostAllocated", "resources": [
         {"name": "cpu", "weight": 1}, {"name": "memory", "weight": 1}]}
-    with_ext = w.most_allocated_config("/k", "s", "http://127.0.0.1:1/extender",
-                                       ("nvidia.com/gpu",))
+    with_ext = w.scheduler_profile_config("/k", "s", "http://127.0.0.1:1/extender",
+                                          ("nvidia.com/gpu",))
     assert with_ext["extenders"][0]["urlPrefix"] == "http://127.0.0.1:1/extender"
     assert with_ext["profiles"][0]["pluginConfig"] != profile["pluginConfig"]
 
@@ -80,9 +96,9 @@ def test_summary_ranges_over_repeats_and_the_table_row() -> None:
     run_b = w.RunResult("v", 1, (_outcome("x", 8, None, False, None),
                                   _outcome("y", 1, w.H100_SXM, True, 20.0)), (0, 0), (1, 1), 1)
     summary = w.summarize("v", [run_a, run_b])
-    assert summary.on_planned_type == "1–2" and summary.bound_at_arrival == "1–2"
+    assert summary.on_planned_type == "1–2 / 2" and summary.bound_at_arrival == "1–2"
     assert summary.whole_node_jobs_bound_at_arrival == "0–1 / 1"
     assert summary.whole_free_mean == 0.25 and summary.whole_free_min == 0
     assert summary.pending_at_end == "0–1"
     assert (summary.bind_ms_p50, summary.bind_ms_p95) == (20.0, 30.0)
-    assert w.table([summary]).splitlines()[-1].startswith("| v | 2 | 2 | 1–2 |")
+    assert w.table([summary]).splitlines()[-1].startswith("| v | 2 | 2 | 1–2 / 2 | 1–2 |")

@@ -183,8 +183,9 @@ def whole_free_nvlink_nodes(nodes: Sequence[NodeGpus]) -> int:
 
 
 def partly_used_nvlink_nodes(nodes: Sequence[NodeGpus]) -> int:
+    """NVLink nodes with some but not all GPUs in use: fragments."""
     return sum(1 for n in nodes if n.product in NVLINK_PRODUCTS
-               and 0 < n.used_gpus < n.allocatable_gpus)
+               and 0 < n.used_gpus < (n.allocatable_gpus or 0))
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,7 @@ def summarize(variant: str, runs: Sequence[RunResult]) -> VariantSummary:
     binds = [o.bind_ms for r in runs for o in r.outcomes if o.bind_ms is not None]
     return VariantSummary(
         variant=variant, runs=len(runs), pods=len(runs[0].outcomes),
-        on_planned_type=(f"{_range(per_run(lambda o: o.gpus and o.node_product == o.product))}"
+        on_planned_type=(f"{_range(per_run(lambda o: o.gpus > 0 and o.node_product == o.product))}"
                          f" / {sum(1 for o in runs[0].outcomes if o.gpus)}"),
         bound_at_arrival=_range(per_run(lambda o: o.bound_at_arrival)),
         whole_node_jobs_bound_at_arrival=(

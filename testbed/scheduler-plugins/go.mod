@@ -1,7 +1,7 @@
 // Wrapper module of the testbed's gang scheduler: kube-scheduler v1.34 with the scheduler-plugins
 // Coscheduling plugin (hack/testbed-build.sh --gangs). The replaces pin every Kubernetes module
-// to the testbed's own v1.34.4 (scheduler-plugins v0.34.7 asks for v1.34.7), so the build reuses
-// the control plane's compiled packages and the scheduler matches the apiserver's patch release.
+// to the testbed's own v1.34.4 (scheduler-plugins v0.34.7 asks for v1.34.7), so the gang
+// scheduler is the same Kubernetes release as the apiserver and the other schedulers.
 module example.invalid/gpuplan-testbed-scheduler-plugins
 
 go 1.24.0

@@ -66,7 +66,7 @@ VARIANTS = (
 
 
 @dataclass(frozen=True)
-class Settings:
+class ComparisonSettings:
     seed: int = 7
     pods: int = 60
     repeats: int = 3
@@ -251,7 +251,7 @@ def _all_ready(core: client.CoreV1Api, pool_id: str, count: int) -> bool:
     return len(ready) == count
 
 
-def campaign(state: dict[str, Any], settings: Settings, workdir: pathlib.Path
+def campaign(state: dict[str, Any], settings: ComparisonSettings, workdir: pathlib.Path
              ) -> dict[str, list[w.RunResult]]:
     specs = w.workload(settings.seed, settings.pods, settings.cpu_only_share)
     api = config.new_client_from_config(config_file=state["kubeconfig"])
@@ -277,10 +277,10 @@ def _git_commit() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="campaigns.scheduler_comparison", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=Settings.seed)
-    parser.add_argument("--pods", type=int, default=Settings.pods)
-    parser.add_argument("--repeats", type=int, default=Settings.repeats)
-    parser.add_argument("--cpu-only-share", type=float, default=Settings.cpu_only_share,
+    parser.add_argument("--seed", type=int, default=ComparisonSettings.seed)
+    parser.add_argument("--pods", type=int, default=ComparisonSettings.pods)
+    parser.add_argument("--repeats", type=int, default=ComparisonSettings.repeats)
+    parser.add_argument("--cpu-only-share", type=float, default=ComparisonSettings.cpu_only_share,
                         help="share of the arrivals that are CPU-only pods (0 to below 1)")
     parser.add_argument("--state-dir", type=pathlib.Path,
                         default=pathlib.Path(tempfile.gettempdir()) / "gpuplan-schedcmp-testbed",
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeats must be in 1..20, got {args.repeats}")
     if not 0.0 <= args.cpu_only_share < 1.0:
         parser.error(f"--cpu-only-share must be in [0, 1), got {args.cpu_only_share}")
-    settings = Settings(seed=args.seed, pods=args.pods, repeats=args.repeats,
+    settings = ComparisonSettings(seed=args.seed, pods=args.pods, repeats=args.repeats,
                         cpu_only_share=args.cpu_only_share)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="gpuplan-schedcmp-"))
     with private_testbed(args.state_dir) as state:

@@ -38,7 +38,11 @@ SCHEDULER_NAME = "gpuplan-test-coscheduler"
 COSCHEDULING = next(api for api in gangs.PODGROUP_APIS if api.scheduler == "coscheduling")
 PERMIT_WAIT_S = 3
 HELD_S = 3 * PERMIT_WAIT_S  # the gang must stay unbound this long while it cannot fit whole
-TIMEOUT_S = 60.0
+RETRY_AFTER_S = 5
+"""Coscheduling retries a rejected gang only on a Pod add or a PodGroup add/update (its
+EventsToRegister), not when another job's pod goes away; kube-scheduler then moves it back to
+the queue after this long in the unschedulable pool (default 5 min; its flush runs every 30 s)."""
+TIMEOUT_S = 90.0
 HTTP_TIMEOUT_S = 10
 POOL = (w.NodePool("h100", 2, w.H100_SXM, 8, 81559, cpu=208, memory_gib=2000),)
 
@@ -72,7 +76,8 @@ def coscheduler(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> I
     child = Child("coscheduler", [str(binary), f"--config={config}",
                                   f"--authentication-kubeconfig={kcfg}",
                                   f"--authorization-kubeconfig={kcfg}",
-                                  "--bind-address=127.0.0.1", f"--secure-port={port}"],
+                                  "--bind-address=127.0.0.1", f"--secure-port={port}",
+                                  f"--pod-max-in-unschedulable-pods-duration={RETRY_AFTER_S}s"],
                   dict(os.environ), workdir / "coscheduler.log")
     child.start()
     try:

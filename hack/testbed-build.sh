@@ -12,6 +12,7 @@ ETCD_VERSION=v3.6.4
 KWOK_VERSION=v0.7.0
 HELM_VERSION=v3.21.4
 KUEUE_VERSION=v0.17.0
+SCHEDULER_PLUGINS_VERSION=v0.34.7  # its wrapper module pins Kubernetes to v1.34.4
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cache=${GPUPLAN_TESTBED_CACHE:-$HOME/.cache/gpuplan/testbed}
@@ -90,7 +91,28 @@ build_kueue() {
   cp "$dir"/config/components/crd/bases/*.yaml "$bin/kueue-crds/"
 }
 
+build_gangs() {
+  # kube-scheduler with the scheduler-plugins Coscheduling plugin and the PodGroup CRD, for the
+  # gang test (`make test-gangs`, docs/schedulers.md). Only with --gangs: not in the default
+  # build, and only for the Kubernetes minor its wrapper module pins.
+  have coscheduler && [ -f "$bin/scheduler-plugins-crds/podgroups.yaml" ] && return 0
+  local module=$repo/testbed/scheduler-plugins dir
+  [ "$K8S_VERSION" = v1.34.4 ] || { log "the gang scheduler's wrapper module pins v1.34.4"; exit 1; }
+  log "building scheduler-plugins $SCHEDULER_PLUGINS_VERSION (Coscheduling)"
+  dir=$(cd "$module" && go mod download -json "sigs.k8s.io/scheduler-plugins@$SCHEDULER_PLUGINS_VERSION" \
+        | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  (cd "$module" && go build -ldflags "-s -w" -o "$bin/coscheduler" .)
+  mkdir -p "$bin/scheduler-plugins-crds"
+  cp "$dir/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" \
+     "$bin/scheduler-plugins-crds/podgroups.yaml"
+}
+
 start=$(date +%s)
+if [ "${1:-}" = "--gangs" ]; then
+  build_gangs
+  log "gang scheduler present in $bin ($(( $(date +%s) - start )) s)"
+  exit 0
+fi
 build_etcd
 build_k8s
 build_kwok

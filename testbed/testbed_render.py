@@ -184,3 +184,22 @@ def _node(name: str, gpu_labels: Mapping[str, str], resources: Mapping[str, str]
         # The apiserver keeps status sent on create; kwok's node-initialize merges into it.
         "status": {"capacity": dict(resources), "allocatable": dict(resources)},
     }
+
+
+COSCHEDULING = "Coscheduling"
+"""scheduler-plugins' gang plugin (the `coscheduler` binary of `hack/testbed-build.sh --gangs`)."""
+
+
+def coscheduling_scheduler_config(kubeconfig_path: str, scheduler_name: str, *,
+                                  permit_wait_s: int, backoff_s: int) -> dict[str, Any]:
+    """A profile with Coscheduling: a PodGroup's pods wait at Permit until `minMember` of them
+    are placed, and are all turned back after `permit_wait_s` otherwise (its queue sort keeps a
+    group's pods together, so it replaces the default one)."""
+    config = scheduler_config(kubeconfig_path, scheduler_name=scheduler_name)
+    config["profiles"][0]["plugins"] = {
+        "multiPoint": {"enabled": [{"name": COSCHEDULING}]},
+        "queueSort": {"enabled": [{"name": COSCHEDULING}], "disabled": [{"name": "*"}]},
+    }
+    config["profiles"][0]["pluginConfig"] = [{"name": COSCHEDULING, "args": {
+        "permitWaitingTimeSeconds": permit_wait_s, "podGroupBackoffSeconds": backoff_s}}]
+    return config

@@ -11,6 +11,7 @@ import yaml
 from testbed_commands import component_argvs
 from testbed_common import COMPONENTS, TESTBED_DIR, Layout, Ports, TestbedError
 from testbed_render import (
+    coscheduling_scheduler_config,
     gpuplan_scheduler_config,
     kubeconfig,
     node_manifests,
@@ -82,6 +83,18 @@ def test_gpuplan_scheduler_has_its_profile_and_an_ignorable_extender() -> None:
 def test_default_scheduler_config_has_no_profile_or_extender() -> None:
     config = scheduler_config("/s/kubeconfig", scheduler_name=None)
     assert "profiles" not in config and "extenders" not in config
+
+
+def test_coscheduling_profile_owns_the_queue_sort_and_sets_its_timeouts() -> None:
+    config = coscheduling_scheduler_config("/s/kubeconfig", "gangs", permit_wait_s=7,
+                                           backoff_s=1)
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "gangs" and "extenders" not in config
+    assert profile["plugins"]["queueSort"] == {"enabled": [{"name": "Coscheduling"}],
+                                               "disabled": [{"name": "*"}]}
+    assert profile["plugins"]["multiPoint"] == {"enabled": [{"name": "Coscheduling"}]}
+    assert profile["pluginConfig"] == [{"name": "Coscheduling", "args": {
+        "permitWaitingTimeSeconds": 7, "podGroupBackoffSeconds": 1}}]
 
 
 def test_kubeconfig_needs_absolute_paths() -> None:

@@ -164,9 +164,9 @@ chart: ## lint and render the Helm chart
 testbed-build: ## build Kubernetes/etcd/kwok/helm from Go modules into ~/.cache/gpuplan/testbed
 	bash hack/testbed-build.sh
 
-# The second Kubernetes version the chart supports: its own binaries and testbed state, the Helm
-# install test on it. `make test` runs on hack/testbed-build.sh's default version.
-COMPAT_K8S_VERSION ?= v1.37.2
+# The older Kubernetes minor the chart still supports: its own binaries and testbed state, the
+# Helm install test on it. `make test` runs on hack/testbed-build.sh's default (newest) version.
+COMPAT_K8S_VERSION ?= v1.34.4
 COMPAT_ENV = GPUPLAN_K8S_VERSION=$(COMPAT_K8S_VERSION) GPUPLAN_TESTBED_STATE=$(CURDIR)/.testbed-$(COMPAT_K8S_VERSION)
 testbed-compat: $(STAMP) ## build (if needed) Kubernetes $(COMPAT_K8S_VERSION) and run the Helm install test on it
 	GPUPLAN_K8S_VERSION=$(COMPAT_K8S_VERSION) bash hack/testbed-build.sh

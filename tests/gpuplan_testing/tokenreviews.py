@@ -3,8 +3,9 @@
 Unit tests of the estimator's write guard (issue #16) point its `tokenreview.TokenReviewer` at
 it; the integration tests use the real testbed API server instead. It answers like
 kube-apiserver: 201 with `status.authenticated` and `status.user.username` for a known token,
-`authenticated: false` with an `error` for any other, and `status.audiences` echoing what was
-asked when the token is for one of them.
+no `authenticated` (Go's omitempty drops the false), an empty `user` and an `error` for any
+other (the shape kube-apiserver v1.37.2 answers, `REFUSED_V1_37_2`), and `status.audiences`
+echoing what was asked when the token is for one of them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ OPERATOR = "system:serviceaccount:gpuplan:gpuplan-operator"
 TENANT = "system:serviceaccount:team-a:default"
 ESTIMATOR_TOKEN = "estimator-own-token"
 """What the estimator authenticates to the API server with (checked on every review)."""
+REFUSED_V1_37_2 = {
+    "kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
+    "spec": {"token": "<a TokenRequest token of probe:writer>", "audiences": ["gpuplan-estimator"]},
+    "status": {"user": {}, "error": "[invalid bearer token, token audiences "
+                                    "[\"https://kubernetes.default.svc.cluster.local\"] is invalid "
+                                    "for the target audiences [\"gpuplan-estimator\"]]"}}
+"""kube-apiserver v1.37.2's answer (201 Created) to a TokenReview for the estimator's audience of
+an ordinary ServiceAccount token, as recorded on the local testbed on 2026-11-28 (`kubectl create
+token writer`, then `kubectl create --raw /apis/authentication.k8s.io/v1/tokenreviews -f -`; token
+and managedFields elided): a refusal, not a failure to answer."""
 
 
 @dataclass
@@ -58,8 +69,7 @@ class FakeApiServer:
         has = self.token_audiences.get(token)
         granted = [a for a in wanted if has is not None and a in has] if wanted else []
         if username is None or (wanted and not granted) or (not wanted and has is not None):
-            return {"authenticated": False, "user": {},
-                    "error": "[invalid bearer token, token lookup failed]"}
+            return {"user": {}, "error": "[invalid bearer token, token lookup failed]"}
         return {"authenticated": True, "audiences": granted or ["https://kubernetes.default.svc"],
                 "user": {"username": username, "uid": "u", "groups": ["system:serviceaccounts"]}}
 

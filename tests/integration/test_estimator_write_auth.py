@@ -73,6 +73,15 @@ def post_outcome(url: str, uid: str, token: str | None) -> requests.Response:
     return requests.post(f"{url}/v1/outcomes", json=body, headers=headers, timeout=30)
 
 
+def assert_status(resp: requests.Response, expected: int, tmp_path: pathlib.Path) -> None:
+    """`resp` has status `expected`; else the estimator's log tail says why (a 503's cause, the
+    API server's answer or the timeout, is only in its log)."""
+    if resp.status_code != expected:
+        log = (tmp_path / "estimator.log").read_text(errors="replace").splitlines()[-20:]
+        raise AssertionError(f"{resp.status_code} != {expected}: {resp.text}\n"
+                             "estimator log:\n" + "\n".join(log))
+
+
 def test_only_the_allowed_service_account_moves_the_calibration(
         guarded_estimator: str, core_v1: Any, namespace: str) -> None:
     url = guarded_estimator
@@ -111,15 +120,13 @@ def audience_estimator(testbed: Any, namespace: str, tmp_path: pathlib.Path) -> 
 
 
 def test_a_token_for_the_api_server_is_refused_even_from_the_allowed_account(
-        audience_estimator: str, core_v1: Any, namespace: str) -> None:
+        audience_estimator: str, core_v1: Any, namespace: str, tmp_path: pathlib.Path) -> None:
     """The allowed account's ordinary token (what a pod's environment or mount holds) replays
     nowhere: only one minted for the estimator's audience writes."""
     url = audience_estimator
     ordinary = mint_token(core_v1, namespace, "writer")
-    resp = post_outcome(url, "replayed", ordinary)
-    assert resp.status_code == 401, resp.text
+    assert_status(post_outcome(url, "replayed", ordinary), 401, tmp_path)
     for_estimator = core_v1.create_namespaced_service_account_token(
         "writer", namespace, {"spec": {"audiences": ["gpuplan-estimator"],
                                        "expirationSeconds": 600}}).status.token
-    resp = post_outcome(url, "projected", str(for_estimator))
-    assert resp.status_code == 201, resp.text
+    assert_status(post_outcome(url, "projected", str(for_estimator)), 201, tmp_path)

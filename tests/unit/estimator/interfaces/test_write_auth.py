@@ -236,6 +236,37 @@ def test_a_review_for_other_audiences_than_asked_is_not_accepted() -> None:
     assert denied.value.status == 401
 
 
+def test_the_api_servers_refusal_is_a_401_and_only_a_failed_review_a_503() -> None:
+    """A TokenReview the API server answered, with `authenticated` left out and an `error`
+    (kube-apiserver v1.37.2's wrong-audience answer), is a refused caller: 401, never the 503
+    that only a review that could not be had gets."""
+    review = tokenreview.parse_review(tr.REFUSED_V1_37_2)
+    assert review == tokenreview.Review(False, "", (), tr.REFUSED_V1_37_2["status"]["error"])
+
+    class Recorded:
+        """Answers every review with one document, as `TokenReviewer.review` parses it."""
+
+        def __init__(self, document: Any) -> None:
+            self.document = document
+
+        async def review(self, token: str, audiences: Any) -> tokenreview.Review:
+            return tokenreview.parse_review(self.document)
+
+        async def close(self) -> None:
+            return None
+
+    settings = auth.WriteAuthSettings(mode="tokenreview", allowed_subjects=(tr.OPERATOR,),
+                                      audiences=("gpuplan-estimator",))
+    statuses = {}
+    for name, document in {"refused": tr.REFUSED_V1_37_2,
+                           "no status": {"kind": "Status", "code": 500}}.items():
+        with pytest.raises(auth.Denied) as denied:
+            asyncio.run(auth.WriteGuard(settings, Recorded(document)).check("Bearer t"))
+        statuses[name] = (denied.value.status, denied.value.reason)
+    assert statuses == {"refused": (401, "Unauthenticated"),
+                        "no status": (503, "AuthUnavailable")}
+
+
 def serve_args(*argv: str) -> Any:
     return main.build_parser(plugins=True).parse_args(["serve", *argv])
 

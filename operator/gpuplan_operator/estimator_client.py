@@ -390,7 +390,7 @@ def describe_rejections(details: Sequence[object]) -> str:
 
 
 def build_outcome(*, job_uid: str, plan: resources.StatusPlan,
-                  actual_seconds: float) -> dict[str, Any]:
+                  actual_seconds: float, namespace: str = "") -> dict[str, Any]:
     """The calibration sample of a finished job (`POST /v1/outcomes`).
 
     `estimated_seconds` is what the plan said, already calibrated; the factor goes with it so
@@ -398,14 +398,17 @@ def build_outcome(*, job_uid: str, plan: resources.StatusPlan,
     node shape and the plan's per-step figures it knows (`resources.ScalingInputs`) go too:
     they make a multi-GPU job a sample for the estimator's scaling fit (issue #19). The plan's
     `workload_id` links the outcome to the workload the estimator stored with the plan, which its
-    promotion gate re-estimates with each model bundle (issue #17).
+    promotion gate re-estimates with each model bundle (issue #17). `namespace` is the
+    TrainingJob's: the estimator bounds each namespace's weight in the calibration (issue #33);
+    "" (not known) leaves it out.
     """
     return {"job_uid": job_uid, "gpu_type": plan.gpu_type, "gpu_count": plan.gpu_count,
             "estimated_seconds": plan.estimated_seconds, "actual_seconds": actual_seconds,
             "calibration_factor": plan.calibration_factor,
             "gpus_per_node": plan.gpus_per_node, "nodes": plan.nodes,
             **plan.scaling_inputs.present(),
-            **({"workload_id": plan.workload_id} if plan.workload_id is not None else {})}
+            **({"workload_id": plan.workload_id} if plan.workload_id is not None else {}),
+            **({"namespace": namespace} if namespace else {})}
 
 
 MAX_TOKEN_BYTES = 64 * 1024

@@ -680,7 +680,7 @@ async def _feed_back(ctx: Context, tj: TrainingJobRef, plan: resources.StatusPla
     while len(ctx.reported) > REPORTED_UIDS_KEPT:
         ctx.reported.popitem(last=False)
     body = estimator_client.build_outcome(job_uid=tj.uid, plan=plan,
-                                          actual_seconds=actual_seconds)
+                                          actual_seconds=actual_seconds, namespace=tj.namespace)
     try:
         await estimator_client.report_outcome(
             ctx.settings.estimator_url, body,

@@ -87,6 +87,11 @@ def register(sub: Any) -> None:
                    "like 1m; default 30)")
     s.add_argument("--db", metavar="URL", help="performance database URL for job outcomes "
                    "(default: $GPUPLAN_DB_URL, else SQLite in the data dir)")
+    s.add_argument("--max-namespace-share", type=arguments.share,
+                   default=calibrating.CalibrationSettings.max_namespace_share, metavar="FRACTION",
+                   help="most of a GPU type's calibration weight one namespace's job outcomes "
+                   "may hold, so one tenant moves the others' factor by a bounded amount "
+                   "(docs/security.md; default 0.34)")
     s.add_argument("--workload-retention", type=arguments.duration_seconds,
                    default=WORKLOAD_RETENTION_S, metavar="DURATION",
                    help="keep a plan's stored workload this long unless a job outcome names it "
@@ -216,7 +221,8 @@ def perfdb_outcome_sink(db_url: str | None) -> storage.OutcomeSink:
             gpus_per_node=sc.gpus_per_node, nodes=sc.nodes, per_gpu_batch=sc.per_gpu_batch,
             steps=sc.steps, forward_ms=own(sc.forward_ms), backward_ms=own(sc.backward_ms),
             optimizer_ms=own(sc.optimizer_ms), gradient_bytes=sc.gradient_bytes,
-            intra_node_gbps=sc.intra_node_gbps, workload_id=req.workload_id)
+            intra_node_gbps=sc.intra_node_gbps, workload_id=req.workload_id,
+            namespace=req.namespace)
         return stored.id, stored.created
 
     return sink
@@ -233,10 +239,11 @@ def perfdb_outcome_history(db_url: str | None) -> storage.OutcomeHistory:
     def history() -> list[calibrating.Outcome]:
         frame = store().job_outcomes()
         return [calibrating.Outcome(str(device), "train", predicted_ms=float(estimated) * 1000.0,
-                                    measured_ms=float(actual) * 1000.0, model=str(digest))
-                for device, estimated, actual, digest in zip(
+                                    measured_ms=float(actual) * 1000.0, model=str(digest),
+                                    namespace=str(namespace))
+                for device, estimated, actual, digest, namespace in zip(
                     frame["device"], frame["estimated_seconds"], frame["actual_seconds"],
-                    frame["model_digest"], strict=True)]
+                    frame["model_digest"], frame["namespace"], strict=True)]
 
     return history
 
@@ -377,7 +384,7 @@ def run_serve(args: argparse.Namespace) -> int:
         worker_memory_bytes=int(args.worker_memory_gib * 2**30),
         queued_per_client=args.queued_per_client,
         body_bytes_per_client=args.body_bytes_per_client, body_bytes_total=args.body_bytes_total,
-        metrics_port=args.metrics_port,
+        metrics_port=args.metrics_port, max_namespace_share=args.max_namespace_share,
     )
     warn_if_ephemeral(args.ephemeral_data, args.db or os.environ.get(paths.DB_URL_ENV))
     problems = service.intake_settings(settings).problems()

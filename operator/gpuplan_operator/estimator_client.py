@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import re
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -26,6 +27,19 @@ LOG = logging.getLogger(__name__)
 CLIENT_HEADER = "X-Gpuplan-Client"
 """The estimator's per-client share key (`interfaces/http/admission.py`)."""
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+
+
+def server_check(ca_file: str) -> ssl.SSLContext | bool:
+    """How an https estimator's certificate is checked (aiohttp's `ssl=`): against the CA in
+    `ca_file` (`settings.estimator_ca_file`, read now: a rotated CA is picked up), else the
+    system's trust store (True). Never unchecked. An http URL ignores it."""
+    if not ca_file:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise errors.EstimatorUnavailableError(
+            f"cannot load the estimator's CA {ca_file}: {exc}") from exc
 
 
 def build_request(
@@ -318,6 +332,7 @@ def _rejected_error(status: int, body: Mapping[str, Any]) -> errors.EstimatorRej
 async def request_plan(
     base_url: str, body: Mapping[str, Any], *, generation: int, timeout_seconds: float,
     tenant: str, session: aiohttp.ClientSession | None = None, token_file: str = "",
+    ca_file: str = "",
 ) -> resources.StatusPlan:
     """POST the request: 200 → Plan, 4xx → EstimatorRejectedError, 5xx/timeout → Unavailable.
 
@@ -326,9 +341,11 @@ async def request_plan(
     believes that header only from a caller whose token (`token_file`, read now) it verified
     as an allowed writer (issue #33), so the operator sends it on plans too. A 504 whose
     envelope says `Timeout` is the model's own estimate running out of time (the estimator
-    killed it and answers retries from its cache): rejected, not unavailable.
+    killed it and answers retries from its cache): rejected, not unavailable. An https URL's
+    certificate is checked against `ca_file` (`server_check`).
     """
     url = base_url.rstrip("/") + PLANS_PATH
+    check = server_check(ca_file)
     timeout = aiohttp.ClientTimeout(total=timeout_seconds)
     own = session is None
     client = session or aiohttp.ClientSession()
@@ -338,7 +355,8 @@ async def request_plan(
     except errors.EstimatorUnavailableError as exc:  # plans are open: unverified, still fair
         LOG.warning("plan sent without the operator's token: %s", exc)
     try:
-        async with client.post(url, json=body, timeout=timeout, headers=headers) as resp:
+        async with client.post(url, json=body, timeout=timeout, headers=headers,
+                               ssl=check) as resp:
             raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
             status = resp.status
     except (TimeoutError, aiohttp.ClientError) as exc:
@@ -444,6 +462,7 @@ MAX_RETRY_AFTER_S = 30.0
 
 async def report_outcome(base_url: str, body: Mapping[str, Any], *, timeout_seconds: float,
                          deadline_seconds: float | None = None, token_file: str = "",
+                         ca_file: str = "",
                          sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                          clock: Callable[[], float] = time.monotonic) -> None:
     """POST a finished job's outcome; a failure is `EstimatorUnavailableError` naming why.
@@ -467,7 +486,8 @@ async def report_outcome(base_url: str, body: Mapping[str, Any], *, timeout_seco
         timeout = (timeout_seconds if deadline_seconds is None
                    else max(min(timeout_seconds, deadline - clock()), 0.001))
         try:
-            await _post_outcome(url, body, timeout_seconds=timeout, token_file=token_file)
+            await _post_outcome(url, body, timeout_seconds=timeout, token_file=token_file,
+                                ca_file=ca_file)
             return
         except _TransientOutcomeFailure as exc:
             wait = min(exc.retry_after_s if exc.retry_after_s is not None else delay,
@@ -489,11 +509,12 @@ class _TransientOutcomeFailure(errors.EstimatorUnavailableError):
 
 
 async def _post_outcome(url: str, body: Mapping[str, Any], *, timeout_seconds: float,
-                        token_file: str) -> None:
+                        token_file: str, ca_file: str) -> None:
     headers = bearer_headers(token_file)  # per attempt: projected tokens rotate
+    check = server_check(ca_file)
     try:
         async with aiohttp.ClientSession() as client, client.post(
-                url, json=body, headers=headers,
+                url, json=body, headers=headers, ssl=check,
                 timeout=aiohttp.ClientTimeout(total=timeout_seconds)) as resp:
             status = resp.status
             retry_after = resp.headers.get("Retry-After")
@@ -552,13 +573,14 @@ def parse_coverage(body: Mapping[str, Any]) -> dict[str, benchmarks.CoveredDevic
     return out
 
 
-async def fetch_coverage(base_url: str, *, timeout_seconds: float
+async def fetch_coverage(base_url: str, *, timeout_seconds: float, ca_file: str = ""
                          ) -> dict[str, benchmarks.CoveredDevice]:
     """GET the coverage: 200 → parsed, anything else or a timeout → EstimatorUnavailableError."""
     url = base_url.rstrip("/") + COVERAGE_PATH
+    check = server_check(ca_file)
     try:
         async with aiohttp.ClientSession() as client, client.get(
-                url, timeout=aiohttp.ClientTimeout(total=timeout_seconds)) as resp:
+                url, timeout=aiohttp.ClientTimeout(total=timeout_seconds), ssl=check) as resp:
             raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
             status = resp.status
     except (TimeoutError, aiohttp.ClientError) as exc:

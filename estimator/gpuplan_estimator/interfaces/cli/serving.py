@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import logging
 import os
+import ssl
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -140,6 +141,12 @@ def add_write_auth_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--write-auth-cache-ttl", type=arguments.duration_seconds, default=60.0,
                    metavar="DURATION", help="how long a verified token is trusted without "
                    "asking again (default 60; 0 asks every time)")
+    s.add_argument("--tls-cert", default=None, metavar="FILE",
+                   help="serve the API over HTTPS with this PEM certificate (chain); needs "
+                   "--tls-key; read at start, so a renewed certificate takes a restart "
+                   "(docs/security.md#tls). /metrics on --metrics-port stays plain HTTP")
+    s.add_argument("--tls-key", default=None, metavar="FILE",
+                   help="the PEM private key of --tls-cert")
 
 
 def _listed(text: str | None) -> tuple[str, ...]:
@@ -426,5 +433,24 @@ def run_serve(args: argparse.Namespace) -> int:
                            workload_pruner=perfdb_workload_pruner(args.db,
                                                                   args.workload_retention),
                            write_guard=guard)
-    web.run_app(app, host=settings.host, port=settings.port)
+    web.run_app(app, host=settings.host, port=settings.port,
+                ssl_context=server_tls(args.tls_cert, args.tls_key))
     return 0
+
+
+def server_tls(cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
+    """The API port's TLS context from `--tls-cert`/`--tls-key` (TLS 1.2 or later); None when
+    neither is given. One without the other, or files that do not load, stop the start naming
+    the flag."""
+    if cert_file is None and key_file is None:
+        return None
+    if cert_file is None or key_file is None:
+        raise GpuplanError("--tls-cert and --tls-key go together: give both or neither")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise GpuplanError(f"--tls-cert/--tls-key: cannot load {cert_file} with {key_file}: "
+                           f"{exc}") from exc
+    return context

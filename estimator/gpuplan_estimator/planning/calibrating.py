@@ -265,13 +265,17 @@ def summary(calibration: CalibrationTable) -> Mapping[str, float]:
     return out
 
 
-def single_gpu_compute_factor(rows: Iterable[Mapping[str, Any]]) -> Callable[[str], float]:
+def single_gpu_compute_factor(rows: Iterable[Mapping[str, Any]],
+                              settings: CalibrationSettings | None = None
+                              ) -> Callable[[str], float]:
     """Per device, the calibration factor of the single-GPU training outcomes among `rows`:
     they measure compute alone, so the scaling fit need not absorb a compute error (a device
-    without any inherits the global factor; no single-GPU outcome at all: 1)."""
+    without any inherits the global factor; no single-GPU outcome at all: 1). Rows weigh by
+    their `namespace` like the calibration's (`settings`, default `CalibrationSettings()`)."""
     single = [Outcome(str(r["device"]), "train",
                                   predicted_ms=float(r["estimated_seconds"]) * 1000.0,
-                                  measured_ms=float(r["actual_seconds"]) * 1000.0)
+                                  measured_ms=float(r["actual_seconds"]) * 1000.0,
+                                  namespace=str(r.get("namespace") or ""))
               for r in rows if int(r["gpu_count"]) == 1]
-    fitted = fit(single)
+    fitted = fit(single, settings)
     return lambda device: fitted.correction(device, "train").factor

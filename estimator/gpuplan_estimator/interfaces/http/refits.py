@@ -91,7 +91,7 @@ class Refits:
         return scaling.fit_from_outcomes(
             rows, min_samples=self.scaling_fit.min_samples,
             random_state=self.scaling_fit.random_state,
-            compute_factor=calibrating.single_gpu_compute_factor(rows))
+            compute_factor=calibrating.single_gpu_compute_factor(rows, self.calibration))
 
     async def refit_scaling(self) -> None:
         """Refit the scaling model from every stored outcome; on failure keep the one in use."""

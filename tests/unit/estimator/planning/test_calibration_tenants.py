@@ -3,12 +3,18 @@ flood of outcomes from one tenant moves everyone's factor by at most the stated 
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import math
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.interfaces.cli import arguments
+from gpuplan_estimator.interfaces.http import service
 from gpuplan_estimator.planning import calibrating
+from gpuplan_testing import contexts
 
 ROWS = [("t4", "train", 100, 120), ("t4", "train", 100, 131), ("t4", "train", 50, 52),
         ("a100", "train", 80, 70), ("a100", "inference", 10, 14), ("t4", "inference", 10, 9.5),
@@ -85,3 +91,29 @@ def test_bad_share_and_namespace_count_are_refused() -> None:
             max_namespace_share=0.0))
     with pytest.raises(InvalidRequestError, match="namespaces_in_group"):
         calibrating.tenant_factor_range([], 0)
+
+
+@pytest.mark.parametrize(("share", "bounded"), [(0.34, True), (1.0, False)])
+def test_the_service_fits_with_its_max_namespace_share(share: float, bounded: bool) -> None:
+    """`--max-namespace-share` (ServiceSettings) reaches the refit the service runs at start."""
+    flood = [_o("l4", 1.0, ns) for ns in ("team-a", "team-b") for _ in range(20)] + [
+        _o("l4", 3.0, "mallory") for _ in range(1000)]
+    state = service.ServiceState(contexts.roofline_context)
+
+    async def main() -> float:
+        app = service.make_app(state, service.ServiceSettings(
+            bundle_poll_s=3600, max_namespace_share=share), outcome_history=lambda: flood)
+        async with TestClient(TestServer(app)) as client:
+            models = await (await client.get("/v1/models")).json()
+            return float(models["calibration"]["factors"]["l4/train"])
+
+    factor = asyncio.run(main())
+    _low, high = calibrating.tenant_factor_range([0.0] * 40, 3)
+    assert (factor <= high) is bounded
+
+
+def test_the_serve_flag_takes_a_fraction() -> None:
+    assert arguments.share("0.5") == 0.5
+    for bad in ("0", "1.5", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            arguments.share(bad)

@@ -9,6 +9,8 @@ extender to Succeeded, and `helm test` plans through the installed estimator; `h
 with a CRD change and `helm uninstall` come last. Every test runs twice (#32): on a fresh install
 of this chart, and on a release installed from the previous chart version (from git history)
 and upgraded to this one as docs/install.md says (CRDs applied first, then `helm upgrade`).
+A third run installs with `estimator.tls.enabled` (the chart-made CA, issue #33): the operator
+and `helm test` then reach the estimator over https and check its certificate.
 The API server is the testbed's Kubernetes (`make test`: the newest, `make testbed-compat`: the
 older minor).
 

@@ -16,8 +16,12 @@ roofline predictor, so the figures measure admission and queueing, not the bundl
    client header, and forged outcome posts (no token, the tenant's token, the leaked ordinary
    token, a header naming the operator): p95 of the quiet tenants, statuses of the hostile
    requests, forged writes accepted, calibration factors before and after.
-3. Outcomes posted by the operator, then a restart of the service on the same database: the
-   calibration's outcome count before and after.
+3. Outcomes posted by the operator: `--outcomes` per quiet tenant at 1.2x the estimate, then
+   `--hostile-outcomes` of team-c's jobs at 3x (they really ran slow: the operator posts them,
+   with team-c's namespace). The GPU type's factor before and after the flood, against the
+   stated bound (`calibrating.tenant_factor_range`, docs/security.md#calibration).
+4. A restart of the service on the same database: the calibration's outcome count before and
+   after.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import math
 import pathlib
 import statistics
 import sys
@@ -41,6 +46,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuplan_estimator.interfaces.cli import serving
 from gpuplan_estimator.interfaces.http import service
+from gpuplan_estimator.planning import calibrating
 from gpuplan_testing import contexts, postgres_server
 from gpuplan_testing import operator_harness as h
 from gpuplan_testing import tokenreviews as tr
@@ -59,9 +65,15 @@ def plan_body(batch: int) -> dict[str, Any]:
             "objective": {"prefer": "cheapest", "max_gpus": 4}}
 
 
-def outcome(uid: str, actual_s: float = 340.0) -> dict[str, Any]:
-    return {"job_uid": uid, "gpu_type": "Tesla T4", "gpu_count": 1, "estimated_seconds": 100.0,
-            "actual_seconds": actual_s, "calibration_factor": 1.0}
+ESTIMATED_S = 100.0
+HONEST_RATIO = 1.2
+HOSTILE_RATIO = 3.0
+
+
+def outcome(uid: str, actual_s: float = 340.0, namespace: str = "") -> dict[str, Any]:
+    return {"job_uid": uid, "gpu_type": "Tesla T4", "gpu_count": 1,
+            "estimated_seconds": ESTIMATED_S, "actual_seconds": actual_s,
+            "calibration_factor": 1.0, **({"namespace": namespace} if namespace else {})}
 
 
 def headers(token: str | None, tenant: str | None) -> dict[str, str]:
@@ -157,6 +169,33 @@ async def hostile(session: aiohttp.ClientSession, url: str, bodies: int, body_by
     return Counter(results), forged
 
 
+async def post_outcomes(session: aiohttp.ClientSession, url: str, namespace: str, count: int,
+                        ratio: float) -> str:
+    """`count` outcomes of `namespace`'s jobs posted by the operator; the device key."""
+    device = ""
+    for i in range(count):
+        body = outcome(f"{namespace}-{i}", ESTIMATED_S * ratio, namespace)
+        async with session.post(f"{url}/v1/outcomes", json=body,
+                                headers=headers("operator-projected", namespace)) as resp:
+            assert resp.status in (200, 201), await resp.text()
+            device = str((await resp.json())["device"])
+    return device
+
+
+async def calibration_flood(session: aiohttp.ClientSession, url: str, args: argparse.Namespace
+                            ) -> tuple[float, float, tuple[float, float]]:
+    """The GPU type's factor from the quiet tenants' outcomes, after team-c's flood, and the
+    range the stated bound allows it."""
+    for tenant in ("team-a", "team-b"):
+        device = await post_outcomes(session, url, tenant, args.outcomes, HONEST_RATIO)
+    key = f"{device}/train"
+    honest = (await calibration(session, url))["factors"][key]
+    await post_outcomes(session, url, "team-c", args.hostile_outcomes, HOSTILE_RATIO)
+    flooded = (await calibration(session, url))["factors"][key]
+    bound = calibrating.tenant_factor_range([math.log(HONEST_RATIO)] * 2 * args.outcomes, 3)
+    return honest, flooded, bound
+
+
 async def campaign(db_url: str, args: argparse.Namespace) -> None:
     fake = tr.FakeApiServer(users=dict(TOKENS), token_audiences={
         "operator-projected": (AUDIENCE,), "tenant-token": (AUDIENCE,)})
@@ -168,11 +207,7 @@ async def campaign(db_url: str, args: argparse.Namespace) -> None:
                 quiet_load(session, url, args.plans),
                 hostile(session, url, args.bodies, args.body_mib * 2**20))
             after = await calibration(session, url)
-            kept = [outcome(f"legit-{i}", 120.0) for i in range(args.outcomes)]
-            for body in kept:
-                async with session.post(f"{url}/v1/outcomes", json=body,
-                                        headers=headers("operator-projected", None)) as resp:
-                    assert resp.status in (200, 201), await resp.text()
+            honest, flooded, (low, high) = await calibration_flood(session, url, args)
             stored = (await calibration(session, url))["outcomes"]
         async with estimator(db_url, api.url) as url:
             restarted = (await calibration(session, url))["outcomes"]
@@ -185,6 +220,11 @@ async def campaign(db_url: str, args: argparse.Namespace) -> None:
     print(f"forged outcome posts: {dict(forged)}; accepted {accepted}")
     print(f"calibration before {before['factors']} ({before['outcomes']} outcomes), after the "
           f"attack {after['factors']} ({after['outcomes']} outcomes)")
+    within = "within" if low <= flooded <= high else "BEYOND"
+    print(f"calibration moved by team-c's {args.hostile_outcomes} outcomes at "
+          f"{HOSTILE_RATIO}x: factor {honest:.4f} (team-a, team-b: {args.outcomes} each at "
+          f"{HONEST_RATIO}x) -> {flooded:.4f}, {within} the stated bound [{low:.4f}, {high:.4f}]"
+          f" (max namespace share {calibrating.CalibrationSettings.max_namespace_share})")
     print(f"operator outcomes stored {stored}, after a restart of the service {restarted}")
 
 
@@ -203,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", type=int, default=20, help="plans per quiet tenant")
     parser.add_argument("--bodies", type=int, default=8, help="large bodies per hostile kind")
     parser.add_argument("--body-mib", type=int, default=48, help="size of a large body")
-    parser.add_argument("--outcomes", type=int, default=5, help="operator outcomes to keep")
+    parser.add_argument("--outcomes", type=int, default=20,
+                        help="outcomes per quiet tenant (posted by the operator)")
+    parser.add_argument("--hostile-outcomes", type=int, default=1000,
+                        help="outcomes of the hostile tenant's slow jobs")
     parser.add_argument("--postgres", action="store_true",
                         help="PostgreSQL (tests/gpuplan_testing/postgres_server) for SQLite")
     args = parser.parse_args(argv)

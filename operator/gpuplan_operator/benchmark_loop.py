@@ -114,7 +114,8 @@ async def refresh(ctx: LoopContext) -> list[benchmarks.GpuTypeCoverage]:
     nodes = await ctx.kube.list_gpu_nodes()
     gpu_types = [pool.gpu_type for pool in gpu_pools.build_inventory(nodes, [])]
     coverage = await estimator_client.fetch_coverage(
-        s.estimator_url, timeout_seconds=s.estimator_timeout_seconds)
+        s.estimator_url, timeout_seconds=s.estimator_timeout_seconds,
+        ca_file=s.estimator_ca_file)
     running: set[str] = set()
     finished: list[benchmarks.FinishedJob] = []
     if s.benchmarks_enabled or s.retraining_enabled:

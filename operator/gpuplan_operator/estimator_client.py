@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import re
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -26,6 +27,19 @@ LOG = logging.getLogger(__name__)
 CLIENT_HEADER = "X-Gpuplan-Client"
 """The estimator's per-client share key (`interfaces/http/admission.py`)."""
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+
+
+def server_check(ca_file: str) -> ssl.SSLContext | bool:
+    """How an https estimator's certificate is checked (aiohttp's `ssl=`): against the CA in
+    `ca_file` (`settings.estimator_ca_file`, read now: a rotated CA is picked up), else the
+    system's trust store (True). Never unchecked. An http URL ignores it."""
+    if not ca_file:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise errors.EstimatorUnavailableError(
+            f"cannot load the estimator's CA {ca_file}: {exc}") from exc
 
 
 def build_request(
@@ -318,6 +332,7 @@ def _rejected_error(status: int, body: Mapping[str, Any]) -> errors.EstimatorRej
 async def request_plan(
     base_url: str, body: Mapping[str, Any], *, generation: int, timeout_seconds: float,
     tenant: str, session: aiohttp.ClientSession | None = None, token_file: str = "",
+    ca_file: str = "",
 ) -> resources.StatusPlan:
     """POST the request: 200 → Plan, 4xx → EstimatorRejectedError, 5xx/timeout → Unavailable.
 
@@ -326,9 +341,11 @@ async def request_plan(
     believes that header only from a caller whose token (`token_file`, read now) it verified
     as an allowed writer (issue #33), so the operator sends it on plans too. A 504 whose
     envelope says `Timeout` is the model's own estimate running out of time (the estimator
-    killed it and answers retries from its cache): rejected, not unavailable.
+    killed it and answers retries from its cache): rejected, not unavailable. An https URL's
+    certificate is checked against `ca_file` (`server_check`).
     """
     url = base_url.rstrip("/") + PLANS_PATH
+    check = server_check(ca_file)
     timeout = aiohttp.ClientTimeout(total=timeout_seconds)
     own = session is None
     client = session or aiohttp.ClientSession()
@@ -338,7 +355,8 @@ async def request_plan(
     except errors.EstimatorUnavailableError as exc:  # plans are open: unverified, still fair
         LOG.warning("plan sent without the operator's token: %s", exc)
     try:
-        async with client.post(url, json=body, timeout=timeout, headers=headers) as resp:
+        async with client.post(url, json=body, timeout=timeout, headers=headers,
+                               ssl=check) as resp:
             raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
             status = resp.status
     except (TimeoutError, aiohttp.ClientError) as exc:
@@ -390,7 +408,7 @@ def describe_rejections(details: Sequence[object]) -> str:
 
 
 def build_outcome(*, job_uid: str, plan: resources.StatusPlan,
-                  actual_seconds: float) -> dict[str, Any]:
+                  actual_seconds: float, namespace: str = "") -> dict[str, Any]:
     """The calibration sample of a finished job (`POST /v1/outcomes`).
 
     `estimated_seconds` is what the plan said, already calibrated; the factor goes with it so
@@ -398,14 +416,17 @@ def build_outcome(*, job_uid: str, plan: resources.StatusPlan,
     node shape and the plan's per-step figures it knows (`resources.ScalingInputs`) go too:
     they make a multi-GPU job a sample for the estimator's scaling fit (issue #19). The plan's
     `workload_id` links the outcome to the workload the estimator stored with the plan, which its
-    promotion gate re-estimates with each model bundle (issue #17).
+    promotion gate re-estimates with each model bundle (issue #17). `namespace` is the
+    TrainingJob's: the estimator bounds each namespace's weight in the calibration (issue #33);
+    "" (not known) leaves it out.
     """
     return {"job_uid": job_uid, "gpu_type": plan.gpu_type, "gpu_count": plan.gpu_count,
             "estimated_seconds": plan.estimated_seconds, "actual_seconds": actual_seconds,
             "calibration_factor": plan.calibration_factor,
             "gpus_per_node": plan.gpus_per_node, "nodes": plan.nodes,
             **plan.scaling_inputs.present(),
-            **({"workload_id": plan.workload_id} if plan.workload_id is not None else {})}
+            **({"workload_id": plan.workload_id} if plan.workload_id is not None else {}),
+            **({"namespace": namespace} if namespace else {})}
 
 
 MAX_TOKEN_BYTES = 64 * 1024
@@ -441,6 +462,7 @@ MAX_RETRY_AFTER_S = 30.0
 
 async def report_outcome(base_url: str, body: Mapping[str, Any], *, timeout_seconds: float,
                          deadline_seconds: float | None = None, token_file: str = "",
+                         ca_file: str = "",
                          sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                          clock: Callable[[], float] = time.monotonic) -> None:
     """POST a finished job's outcome; a failure is `EstimatorUnavailableError` naming why.
@@ -464,7 +486,8 @@ async def report_outcome(base_url: str, body: Mapping[str, Any], *, timeout_seco
         timeout = (timeout_seconds if deadline_seconds is None
                    else max(min(timeout_seconds, deadline - clock()), 0.001))
         try:
-            await _post_outcome(url, body, timeout_seconds=timeout, token_file=token_file)
+            await _post_outcome(url, body, timeout_seconds=timeout, token_file=token_file,
+                                ca_file=ca_file)
             return
         except _TransientOutcomeFailure as exc:
             wait = min(exc.retry_after_s if exc.retry_after_s is not None else delay,
@@ -486,11 +509,12 @@ class _TransientOutcomeFailure(errors.EstimatorUnavailableError):
 
 
 async def _post_outcome(url: str, body: Mapping[str, Any], *, timeout_seconds: float,
-                        token_file: str) -> None:
+                        token_file: str, ca_file: str) -> None:
     headers = bearer_headers(token_file)  # per attempt: projected tokens rotate
+    check = server_check(ca_file)
     try:
         async with aiohttp.ClientSession() as client, client.post(
-                url, json=body, headers=headers,
+                url, json=body, headers=headers, ssl=check,
                 timeout=aiohttp.ClientTimeout(total=timeout_seconds)) as resp:
             status = resp.status
             retry_after = resp.headers.get("Retry-After")
@@ -549,13 +573,14 @@ def parse_coverage(body: Mapping[str, Any]) -> dict[str, benchmarks.CoveredDevic
     return out
 
 
-async def fetch_coverage(base_url: str, *, timeout_seconds: float
+async def fetch_coverage(base_url: str, *, timeout_seconds: float, ca_file: str = ""
                          ) -> dict[str, benchmarks.CoveredDevice]:
     """GET the coverage: 200 → parsed, anything else or a timeout → EstimatorUnavailableError."""
     url = base_url.rstrip("/") + COVERAGE_PATH
+    check = server_check(ca_file)
     try:
         async with aiohttp.ClientSession() as client, client.get(
-                url, timeout=aiohttp.ClientTimeout(total=timeout_seconds)) as resp:
+                url, timeout=aiohttp.ClientTimeout(total=timeout_seconds), ssl=check) as resp:
             raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
             status = resp.status
     except (TimeoutError, aiohttp.ClientError) as exc:

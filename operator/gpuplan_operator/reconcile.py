@@ -284,7 +284,8 @@ async def _plan_holding_model(ctx: Context, tj: TrainingJobRef,
         plan = await estimator_client.request_plan(
             ctx.settings.estimator_url, body, generation=tj.generation,
             timeout_seconds=ctx.settings.estimator_timeout_seconds, tenant=tj.namespace,
-            token_file=ctx.settings.estimator_token_file)
+            token_file=ctx.settings.estimator_token_file,
+            ca_file=ctx.settings.estimator_ca_file)
     except errors.OperatorError as exc:
         ctx.metrics.count_request(exc.reason)
         if exc.reason == Reason.NO_FEASIBLE_PLAN and quota is None and not capped:
@@ -680,12 +681,13 @@ async def _feed_back(ctx: Context, tj: TrainingJobRef, plan: resources.StatusPla
     while len(ctx.reported) > REPORTED_UIDS_KEPT:
         ctx.reported.popitem(last=False)
     body = estimator_client.build_outcome(job_uid=tj.uid, plan=plan,
-                                          actual_seconds=actual_seconds)
+                                          actual_seconds=actual_seconds, namespace=tj.namespace)
     try:
         await estimator_client.report_outcome(
             ctx.settings.estimator_url, body,
             timeout_seconds=ctx.settings.estimator_timeout_seconds,
             deadline_seconds=ctx.settings.outcome_report_seconds,
-            token_file=ctx.settings.estimator_token_file)
+            token_file=ctx.settings.estimator_token_file,
+            ca_file=ctx.settings.estimator_ca_file)
     except errors.EstimatorUnavailableError as exc:
         tj.emit(warning=True, reason="OutcomeNotRecorded", message=str(exc))

@@ -52,20 +52,21 @@ def make_plan(*, gpu_type: str = "NVIDIA-A100-SXM4-80GB", gpu_count: int = 4,
 class LocalServer:
     """A real aiohttp server on 127.0.0.1 with a random port, for client tests."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, ssl_context: Any = None) -> None:
         from aiohttp import web
 
         self._runner = web.AppRunner(app)
+        self._ssl = ssl_context  # an ssl.SSLContext serves https
         self.url = ""
 
     async def __aenter__(self) -> LocalServer:
         from aiohttp import web
 
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._ssl)
         await site.start()
         port = self._runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if self._ssl is not None else 'http'}://127.0.0.1:{port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:

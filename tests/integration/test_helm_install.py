@@ -9,6 +9,8 @@ extender to Succeeded, and `helm test` plans through the installed estimator; `h
 with a CRD change and `helm uninstall` come last. Every test runs twice (#32): on a fresh install
 of this chart, and on a release installed from the previous chart version (from git history)
 and upgraded to this one as docs/install.md says (CRDs applied first, then `helm upgrade`).
+A third run installs with `estimator.tls.enabled` (the chart-made CA, issue #33): the operator
+and `helm test` then reach the estimator over https and check its certificate.
 The API server is the testbed's Kubernetes (`make test`: the newest, `make testbed-compat`: the
 older minor).
 
@@ -170,7 +172,7 @@ def install_previous_then_upgrade(rel: Release, testbed: Testbed, kubectl: Kubec
                 f"--timeout={READY_TIMEOUT_S}s")
 
 
-@pytest.fixture(scope="module", params=["fresh", "upgraded"])
+@pytest.fixture(scope="module", params=["fresh", "upgraded", "fresh-tls"])
 def release(request: pytest.FixtureRequest, testbed: Testbed, kubectl: Kubectl,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     if testbed.external:
@@ -183,6 +185,8 @@ def release(request: pytest.FixtureRequest, testbed: Testbed, kubectl: Kubectl,
     tj_ns = namespace_name(f"gpuplan-install-tj-{suffix}")
     scheduler_name = f"gpuplan-scheduler-{suffix}"
     values = values_for_testbed(tj_ns, scheduler_name)
+    if request.param == "fresh-tls":  # the chart-made CA: operator and helm test use https
+        values = ih.merge(values, {"estimator": {"tls": {"enabled": True}}})
     workdir = tmp_path_factory.mktemp("install")
     (workdir / "values.yaml").write_text(yaml.safe_dump(values))
     api = testbed.state["api_server"].removeprefix("https://")
@@ -198,9 +202,9 @@ def release(request: pytest.FixtureRequest, testbed: Testbed, kubectl: Kubectl,
     create_namespace(kubectl, tj_ns, {"gpuplan.io/scheduler": "enabled"})
     rel = Release(name=name, namespace=ns, tj_namespace=tj_ns, scheduler_name=scheduler_name,
                   values=values, workdir=workdir, cluster=cluster,
-                  revision=1 if request.param == "fresh" else 2)
+                  revision=1 if request.param.startswith("fresh") else 2)
     try:
-        if request.param == "fresh":
+        if request.param.startswith("fresh"):
             helm(testbed, "install", name, str(CHART), "-n", ns,
                  "-f", str(workdir / "values.yaml"))
         else:

@@ -4,11 +4,15 @@ Run by templates/tests/plan.yaml with the gpuplan image's Python; standard libra
 
 import json
 import os
+import ssl
 import sys
 import urllib.request
 
 URL = os.environ["GPUPLAN_ESTIMATOR_URL"] + "/v1/plans"
 TIMEOUT_S = float(os.environ["GPUPLAN_TEST_TIMEOUT_S"])
+# estimator.tls.enabled: the certificate must chain to the estimator Secret's ca.crt.
+CA_FILE = os.environ.get("GPUPLAN_ESTIMATOR_CA_FILE", "")
+CONTEXT = ssl.create_default_context(cafile=CA_FILE) if CA_FILE else None
 BODY = {
     "model_hf_config": {"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 2,
                         "vocab_size": 512, "n_positions": 64},
@@ -19,7 +23,7 @@ BODY = {
 request = urllib.request.Request(URL, data=json.dumps(BODY).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
 try:
-    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+    with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=CONTEXT) as response:
         plan = json.load(response)["plan"]
 except OSError as exc:  # URLError, HTTPError (with the estimator's answer) and timeouts
     detail = exc.read().decode(errors="replace")[:2000] if hasattr(exc, "read") else ""

@@ -78,7 +78,16 @@ topologySpreadConstraints:
 {{- end -}}
 
 {{- define "gpuplan.estimatorUrl" -}}
-http://{{ include "gpuplan.fullname" . }}-estimator.{{ .Release.Namespace }}.svc:{{ int .Values.estimator.port }}
+{{ ternary "https" "http" .Values.estimator.tls.enabled }}://{{ include "gpuplan.estimatorHost" . }}:{{ int .Values.estimator.port }}
+{{- end -}}
+
+{{- define "gpuplan.estimatorHost" -}}
+{{ include "gpuplan.fullname" . }}-estimator.{{ .Release.Namespace }}.svc
+{{- end -}}
+
+{{- /* The kubernetes.io/tls Secret (tls.crt, tls.key, ca.crt) the estimator serves HTTPS with. */ -}}
+{{- define "gpuplan.estimatorTlsSecret" -}}
+{{ .Values.estimator.tls.secretName | default (printf "%s-estimator-tls" (include "gpuplan.fullname" .)) }}
 {{- end -}}
 
 {{- /*

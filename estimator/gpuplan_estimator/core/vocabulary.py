@@ -24,6 +24,20 @@ WORKLOAD_ID_PATTERN = f"[0-9a-f]{{{WORKLOAD_ID_CHARS}}}"
 _WORKLOAD_ID = re.compile(WORKLOAD_ID_PATTERN)
 
 
+NAMESPACE_PATTERN = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+"""A Kubernetes namespace name (an RFC 1123 label, at most 63 characters; a regex, matched
+whole): whose job an outcome is, for the calibration's per-tenant weights (issue #33)."""
+_NAMESPACE = re.compile(NAMESPACE_PATTERN)
+
+
+def check_namespace(value: object) -> str:
+    """`value` when it is "" (not known) or a namespace name, else `InvalidRequestError`."""
+    if not isinstance(value, str) or (value and _NAMESPACE.fullmatch(value) is None):
+        raise InvalidRequestError(
+            "namespace", f"must be a Kubernetes namespace name (RFC 1123 label), got {value!r}")
+    return value
+
+
 def check_workload_id(value: object) -> str:
     """`value` when it is a workload id as issued, else `InvalidRequestError` on `workload_id`."""
     if not isinstance(value, str) or _WORKLOAD_ID.fullmatch(value) is None:

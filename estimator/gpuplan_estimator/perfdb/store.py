@@ -454,6 +454,7 @@ class PerfStore:
         gradient_bytes: int | None = None,
         intra_node_gbps: float | None = None,
         workload_id: str | None = None,
+        namespace: str = "",
     ) -> StoredOutcome:
         """Record one finished job's estimated and actual seconds, once per `job_uid`.
 
@@ -463,6 +464,8 @@ class PerfStore:
         intra-node GB/s of the plan; None is stored as NULL (older operators send none).
         `workload_id` names the plan's stored workload (`add_workload`, revision 0007), which
         the promotion gate re-estimates; it need not exist (yet): the gate joins on it.
+        `namespace` is the TrainingJob's (revision 0009), "" when not known: the calibration
+        bounds each namespace's weight (`planning.calibrating.namespace_weights`).
 
         A job uid already stored writes nothing and returns that row (``created=False``), so a
         retried or replayed report never counts twice in the calibration. `estimated_seconds`
@@ -490,6 +493,7 @@ class PerfStore:
         _check_scaling(scaling)
         if workload_id is not None:
             vocabulary.check_workload_id(workload_id)
+        vocabulary.check_namespace(namespace)
         row = {
             "job_uid": job_uid,
             "device": device,
@@ -500,6 +504,7 @@ class PerfStore:
             "created_at": self.clock(),
             **scaling,
             "workload_id": workload_id,
+            "namespace": namespace,
         }
         stmt = connections.insert_ignoring_duplicates(
             self.engine, JobOutcomeRecord, index_elements=["job_uid"]

@@ -141,6 +141,9 @@ class JobOutcomeRecord(Base):
     # Added in revision 0007: the plan's workload (`plan_workloads`), so the promotion gate can
     # re-estimate the job with another bundle; NULL from operators that predate it.
     workload_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    # Added in revision 0009: the TrainingJob's namespace, whose share of the calibration is
+    # bounded (issue #33); "" for rows that predate it.
+    namespace: Mapped[str] = mapped_column(String(63), default="", server_default="")
 
 
 BUNDLE_STATES = ("candidate", "active", "retired")

@@ -54,6 +54,11 @@ class Settings:
     the kubelet rotates projected tokens. Empty, or a missing file (outside a pod): no header,
     which only an estimator with `--write-auth none` accepts."""
 
+    estimator_ca_file: str = ""
+    """PEM CA bundle that an https `estimator_url`'s certificate must chain to (the chart mounts
+    the estimator's ca.crt when `estimator.tls.enabled`); read on each request. Empty: the
+    system's trust store."""
+
     scheduler_name: str = ""
     """schedulerName for launched pods (e.g. gpuplan-scheduler) that opted in
     (`scheduler_scope`); empty keeps the default one. A schedulerName the TrainingJob's

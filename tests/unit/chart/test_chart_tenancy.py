@@ -4,12 +4,13 @@ bounded operator concurrency."""
 from __future__ import annotations
 
 import pathlib
+import subprocess
 from typing import Any
 
 import pytest
 import yaml
 
-from gpuplan_testing.helm_render import render
+from gpuplan_testing.helm_render import CHART, helm, render
 
 from .test_notes import render as render_notes
 
@@ -91,3 +92,21 @@ def test_the_operator_gets_its_fetch_limits_and_kopfs_worker_limit() -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert (env["GPUPLAN_MODEL_FETCHES"], env["GPUPLAN_MODEL_FETCHES_PER_NAMESPACE"],
             env["GPUPLAN_WORKER_LIMIT"]) == ("2", "4", "64")
+
+
+def test_the_namespace_share_of_the_calibration_reaches_the_estimator() -> None:
+    args = estimator_container(objects())["args"]
+    assert args[args.index("--max-namespace-share") + 1] == "0.34"
+    args = estimator_container(objects("estimator.maxNamespaceShare=1"))["args"]
+    assert args[args.index("--max-namespace-share") + 1] == "1"
+
+
+@pytest.mark.parametrize(("share", "problem"), [
+    ("0", "exclusiveMinimum"), ("1.5", "maximum"), ("-0.1", "exclusiveMinimum"),
+    ('"0.5"', "want number")])
+def test_a_namespace_share_outside_0_to_1_is_refused(share: str, problem: str) -> None:
+    out = subprocess.run([helm(), "template", "t", str(CHART), "--set-json",
+                          f"estimator.maxNamespaceShare={share}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "maxNamespaceShare" in out.stderr and problem in out.stderr, out.stderr

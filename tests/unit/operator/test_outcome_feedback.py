@@ -133,3 +133,12 @@ def test_an_outcome_refused_while_the_database_is_busy_is_sent_again_and_stored_
     assert waits == [estimator_client.FIRST_OUTCOME_RETRY_DELAY_S]
     assert len(PerfStore.open(url).job_outcomes(job_uid="u1")) == 1
 
+
+
+def test_the_outcome_names_the_trainingjobs_namespace_for_the_calibration_share() -> None:
+    body = estimator_client.build_outcome(job_uid="u1", plan=PLAN, actual_seconds=130.0,
+                                          namespace="team-a")
+    assert body["namespace"] == "team-a"
+    assert wire.parse_outcome_request(body).namespace == "team-a"
+    assert "namespace" not in estimator_client.build_outcome(job_uid="u1", plan=PLAN,
+                                                             actual_seconds=130.0)

@@ -51,6 +51,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """A fraction in (0, 1] (argparse `type=`)."""
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text[:30]}")
+    return value
+
 def dim_binding(text: str) -> tuple[str, int]:
     """``NAME=VALUE`` binding of a symbolic dim to a positive integer."""
     name, sep, value = text.partition("=")

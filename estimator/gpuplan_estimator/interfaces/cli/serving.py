@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import logging
 import os
+import ssl
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -87,6 +88,11 @@ def register(sub: Any) -> None:
                    "like 1m; default 30)")
     s.add_argument("--db", metavar="URL", help="performance database URL for job outcomes "
                    "(default: $GPUPLAN_DB_URL, else SQLite in the data dir)")
+    s.add_argument("--max-namespace-share", type=arguments.share,
+                   default=calibrating.CalibrationSettings.max_namespace_share, metavar="FRACTION",
+                   help="most of a GPU type's calibration weight one namespace's job outcomes "
+                   "may hold, so one tenant moves the others' factor by a bounded amount "
+                   "(docs/security.md; default 0.34)")
     s.add_argument("--workload-retention", type=arguments.duration_seconds,
                    default=WORKLOAD_RETENTION_S, metavar="DURATION",
                    help="keep a plan's stored workload this long unless a job outcome names it "
@@ -135,6 +141,12 @@ def add_write_auth_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--write-auth-cache-ttl", type=arguments.duration_seconds, default=60.0,
                    metavar="DURATION", help="how long a verified token is trusted without "
                    "asking again (default 60; 0 asks every time)")
+    s.add_argument("--tls-cert", default=None, metavar="FILE",
+                   help="serve the API over HTTPS with this PEM certificate (chain); needs "
+                   "--tls-key; read at start, so a renewed certificate takes a restart "
+                   "(docs/security.md#tls). /metrics on --metrics-port stays plain HTTP")
+    s.add_argument("--tls-key", default=None, metavar="FILE",
+                   help="the PEM private key of --tls-cert")
 
 
 def _listed(text: str | None) -> tuple[str, ...]:
@@ -216,7 +228,8 @@ def perfdb_outcome_sink(db_url: str | None) -> storage.OutcomeSink:
             gpus_per_node=sc.gpus_per_node, nodes=sc.nodes, per_gpu_batch=sc.per_gpu_batch,
             steps=sc.steps, forward_ms=own(sc.forward_ms), backward_ms=own(sc.backward_ms),
             optimizer_ms=own(sc.optimizer_ms), gradient_bytes=sc.gradient_bytes,
-            intra_node_gbps=sc.intra_node_gbps, workload_id=req.workload_id)
+            intra_node_gbps=sc.intra_node_gbps, workload_id=req.workload_id,
+            namespace=req.namespace)
         return stored.id, stored.created
 
     return sink
@@ -233,10 +246,11 @@ def perfdb_outcome_history(db_url: str | None) -> storage.OutcomeHistory:
     def history() -> list[calibrating.Outcome]:
         frame = store().job_outcomes()
         return [calibrating.Outcome(str(device), "train", predicted_ms=float(estimated) * 1000.0,
-                                    measured_ms=float(actual) * 1000.0, model=str(digest))
-                for device, estimated, actual, digest in zip(
+                                    measured_ms=float(actual) * 1000.0, model=str(digest),
+                                    namespace=str(namespace))
+                for device, estimated, actual, digest, namespace in zip(
                     frame["device"], frame["estimated_seconds"], frame["actual_seconds"],
-                    frame["model_digest"], strict=True)]
+                    frame["model_digest"], frame["namespace"], strict=True)]
 
     return history
 
@@ -377,7 +391,7 @@ def run_serve(args: argparse.Namespace) -> int:
         worker_memory_bytes=int(args.worker_memory_gib * 2**30),
         queued_per_client=args.queued_per_client,
         body_bytes_per_client=args.body_bytes_per_client, body_bytes_total=args.body_bytes_total,
-        metrics_port=args.metrics_port,
+        metrics_port=args.metrics_port, max_namespace_share=args.max_namespace_share,
     )
     warn_if_ephemeral(args.ephemeral_data, args.db or os.environ.get(paths.DB_URL_ENV))
     problems = service.intake_settings(settings).problems()
@@ -419,5 +433,24 @@ def run_serve(args: argparse.Namespace) -> int:
                            workload_pruner=perfdb_workload_pruner(args.db,
                                                                   args.workload_retention),
                            write_guard=guard)
-    web.run_app(app, host=settings.host, port=settings.port)
+    web.run_app(app, host=settings.host, port=settings.port,
+                ssl_context=server_tls(args.tls_cert, args.tls_key))
     return 0
+
+
+def server_tls(cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
+    """The API port's TLS context from `--tls-cert`/`--tls-key` (TLS 1.2 or later); None when
+    neither is given. One without the other, or files that do not load, stop the start naming
+    the flag."""
+    if cert_file is None and key_file is None:
+        return None
+    if cert_file is None or key_file is None:
+        raise GpuplanError("--tls-cert and --tls-key go together: give both or neither")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise GpuplanError(f"--tls-cert/--tls-key: cannot load {cert_file} with {key_file}: "
+                           f"{exc}") from exc
+    return context

@@ -38,13 +38,15 @@ class Refits:
     def __init__(self, state: ServiceState, metrics: Metrics, io: IoThreads,
                  outcome_history: OutcomeHistory | None,
                  scaling_history: ScalingHistory | None,
-                 scaling_fit: ScalingFitSettings) -> None:
+                 scaling_fit: ScalingFitSettings,
+                 calibration: calibrating.CalibrationSettings) -> None:
         self.state = state
         self.metrics = metrics
         self.io = io
         self.outcome_history = outcome_history
         self.scaling_history = scaling_history
         self.scaling_fit = scaling_fit
+        self.calibration = calibration
         self._calibrating = asyncio.Lock()
         self._scaling = asyncio.Lock()
         # The background scaling refit, and whether outcomes arrived while it ran (one more then).
@@ -73,7 +75,8 @@ class Refits:
         if self.outcome_history is None:
             return
         history = self.outcome_history
-        fitted = await self._refit(self._calibrating, lambda: calibrating.fit(history()),
+        settings = self.calibration
+        fitted = await self._refit(self._calibrating, lambda: calibrating.fit(history(), settings),
                                    self.state.set_calibration, self._calibration_failed,
                                    "calibration")
         if fitted is not None:
@@ -88,7 +91,7 @@ class Refits:
         return scaling.fit_from_outcomes(
             rows, min_samples=self.scaling_fit.min_samples,
             random_state=self.scaling_fit.random_state,
-            compute_factor=calibrating.single_gpu_compute_factor(rows))
+            compute_factor=calibrating.single_gpu_compute_factor(rows, self.calibration))
 
     async def refit_scaling(self) -> None:
         """Refit the scaling model from every stored outcome; on failure keep the one in use."""

@@ -65,7 +65,7 @@ from gpuplan_estimator.interfaces.http.storage import (
 )
 from gpuplan_estimator.latency import selection
 from gpuplan_estimator.parallel import scaling
-from gpuplan_estimator.planning import planner
+from gpuplan_estimator.planning import calibrating, planner
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,8 @@ class ServiceSettings:
     """Serve /metrics on this port alone (and not on `port`); None: on `port`, beside the API."""
     workload_prune_interval_s: float = 3600.0
     """How often the bundle poll also prunes old plan workloads (`WorkloadPruner`)."""
+    max_namespace_share: float = calibrating.CalibrationSettings.max_namespace_share
+    """Most of a GPU type's calibration weight one namespace may hold (issue #33)."""
 
 
 def intake_settings(settings: ServiceSettings) -> intake.IntakeSettings:
@@ -299,7 +301,8 @@ def make_app(
     _watch_fits(metrics, state)
     io = IoThreads(settings.request_timeout_s)
     refits = Refits(state, metrics, io, outcome_history, scaling_history, ScalingFitSettings(
-        settings.scaling_min_samples, settings.scaling_random_state))
+        settings.scaling_min_samples, settings.scaling_random_state),
+        calibrating.CalibrationSettings(max_namespace_share=settings.max_namespace_share))
     routes = Routes(state, storage, io, refits, WorkloadKeeper(workload_sink, io), metrics,
                     settings.request_timeout_s, openapi.document(),
                     intake.Intake(intake_settings(settings)), guard)

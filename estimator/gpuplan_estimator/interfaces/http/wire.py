@@ -246,6 +246,11 @@ class OutcomeBody(_Body):
         None, pattern=f"^{vocabulary.WORKLOAD_ID_PATTERN}$",
         description="The plan response's workload_id: links the outcome to the plan's stored "
                     "workload, which the promotion gate re-estimates with each bundle.")
+    namespace: str = Field(
+        "", pattern=f"^({vocabulary.NAMESPACE_PATTERN})?$",
+        description="The TrainingJob's namespace, as the (authenticated) operator asserts it: "
+                    "each namespace's weight in a GPU type's calibration is bounded "
+                    "(docs/security.md). Absent: not known, one tenant with older rows.")
 
 
 @dataclass(frozen=True)
@@ -278,6 +283,8 @@ class OutcomeRequest:
     scaling: OutcomeScaling = OutcomeScaling()
     workload_id: str | None = None
     """The plan's stored workload (`planning.workloads`); None from older operators."""
+    namespace: str = ""
+    """The TrainingJob's namespace; "" from older operators."""
 
 
 def json_path(loc: Sequence[int | str]) -> str:
@@ -407,4 +414,4 @@ def parse_outcome_request(body: Any) -> OutcomeRequest:
             forward_ms=valid.forward_ms, backward_ms=valid.backward_ms,
             optimizer_ms=valid.optimizer_ms, gradient_bytes=valid.gradient_bytes,
             intra_node_gbps=valid.intra_node_gbps),
-        workload_id=valid.workload_id)
+        workload_id=valid.workload_id, namespace=valid.namespace)

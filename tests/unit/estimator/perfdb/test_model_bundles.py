@@ -39,7 +39,7 @@ def test_migration_0006_on_an_existing_database_keeps_its_rows(tmp_path: Path) -
     ])
     with PerfStore.open(url) as store:
         with store.engine.connect() as conn:
-            assert conn.execute(text("select version_num from alembic_version")).scalar() == "0008"
+            assert conn.execute(text("select version_num from alembic_version")).scalar() == "0009"
         assert store.job_outcomes()["job_uid"].tolist() == ["old"]
         assert len(store.model_versions()) == 1
         assert store.bundles() == []

@@ -35,7 +35,7 @@ def test_migration_0005_keeps_old_outcomes_and_adds_the_scaling_columns(tmp_path
         frame = store.job_outcomes()
         with store.engine.connect() as conn:
             version = conn.execute(text("select version_num from alembic_version")).scalar()
-    assert version == "0008"  # the head: later revisions keep these rows too
+    assert version == "0009"  # the head: later revisions keep these rows too
     assert frame["job_uid"].tolist() == ["old", "new"]
     old_row, new_row = frame.to_dict("records")
     assert (old_row["actual_seconds"], old_row["model_digest"]) == (12.0, "d")

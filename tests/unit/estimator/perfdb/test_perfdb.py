@@ -33,7 +33,7 @@ def test_store_contract_on_sqlite(store: PerfStore, name: str) -> None:
 def test_open_creates_dir_applies_migrations_and_wal(tmp_path: Path) -> None:
     db = tmp_path / "a" / "b" / "perf.db"
     with PerfStore.open(f"sqlite:///{db}") as store, store.engine.connect() as conn:
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0008"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0009"
         assert conn.execute(text("pragma journal_mode")).scalar() == "wal"
         assert conn.execute(text("pragma busy_timeout")).scalar() == 10_000
     assert db.exists()

@@ -116,7 +116,7 @@ def test_migration_0007_on_an_existing_database_keeps_its_rows(tmp_path: Path) -
     ])
     with PerfStore.open(url) as store:
         with store.engine.connect() as conn:
-            assert conn.execute(text("select version_num from alembic_version")).scalar() == "0008"
+            assert conn.execute(text("select version_num from alembic_version")).scalar() == "0009"
         frame = store.job_outcomes()
         assert frame["job_uid"].tolist() == ["old", "older"]
         assert frame["steps"].tolist()[0] == 500

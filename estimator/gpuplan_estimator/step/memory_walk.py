@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import overload
 
 from gpuplan_estimator.core.layers import DTYPE_BYTES, FLOAT_DTYPES, Layer, ModelGraph, OpFamily
 from gpuplan_estimator.step import attention, saved
@@ -407,12 +408,18 @@ class _SummedBytes(dict[str, int]):
         self.total -= self[key]
         super().__delitem__(key)
 
-    def pop(self, key: str, *default: int) -> int:  # type: ignore[override]
+    @overload  # type: ignore[override]  # dict's generic default is not needed here
+    def pop(self, key: str, /) -> int: ...
+
+    @overload
+    def pop(self, key: str, default: int | None, /) -> int | None: ...
+
+    def pop(self, key: str, *default: int | None) -> int | None:
         if key in self:
             self.total -= self[key]
         return super().pop(key, *default)
 
-    def setdefault(self, key: str, size_bytes: int) -> int:  # type: ignore[override]
+    def setdefault(self, key: str, size_bytes: int) -> int:
         if key not in self:
             self[key] = size_bytes
         return self[key]

@@ -4,8 +4,6 @@ the kernels a request prices are read, and the numbers are those of a bundle rea
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -95,14 +93,3 @@ def test_a_lazily_read_bundle_predicts_exactly_what_a_fully_read_one_does() -> N
     full_steps = estimates.estimate(g_model, gpus, SETTINGS,
                                     predictor=selection.bounded(learned.LearnedPredictor(full)))
     assert lazy_steps == full_steps  # every field: time split, intervals, memory, labels
-
-
-def test_the_cli_start_up_imports_neither_lightgbm_nor_scipy_optimize() -> None:
-    """LightGBM (with pandas and scipy.sparse behind it) is imported when a model is first
-    read, scipy.optimize by the fits that use it: neither by importing the CLI."""
-    probe = ("import sys; import gpuplan_estimator.interfaces.cli.main; "
-             "print(sorted(m for m in ('lightgbm', 'pandas', 'scipy.optimize') "
-             "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True, timeout=60)
-    assert out.stdout.strip() == "[]"

@@ -357,6 +357,15 @@ class LazyKernelModels(Mapping[str, LayerLatencyModel]):
             return frozenset(self._models)
 
 
+def read_every_model(bundle: Bundle) -> None:
+    """Parse every model of `bundle` now. A one-shot CLI reads only the kernels it prices; a
+    long-lived process (the service's workers) reads them all at start, before its memory cap
+    and its first request, so no request pays for a parse."""
+    for models in (bundle.models, bundle.transfer_models, bundle.cpu_models):
+        for kernel in models:
+            models[kernel]  # the lookup is the read
+
+
 def read_manifest(directory: Path) -> dict[str, Any]:
     """Parse and check ``manifest.json`` (schema and feature-schema versions, files)."""
     path = directory / MANIFEST

@@ -11,6 +11,7 @@ import pytest
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.core.workload import WorkItem
+from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.devices import local_cpu
 from gpuplan_estimator.graph import hf_blocks
 from gpuplan_estimator.latency import bundles, learned, selection
@@ -93,3 +94,16 @@ def test_a_lazily_read_bundle_predicts_exactly_what_a_fully_read_one_does() -> N
     full_steps = estimates.estimate(g_model, gpus, SETTINGS,
                                     predictor=selection.bounded(learned.LearnedPredictor(full)))
     assert lazy_steps == full_steps  # every field: time split, intervals, memory, labels
+
+
+def test_a_long_lived_process_reads_every_model_up_front() -> None:
+    """The service's workers read the whole bundle at start (`selection.read_every_model`), so
+    no request pays for a parse; the roofline has nothing to read."""
+    predictor, _ = selection.select_predictor(None, None)
+    bundle = predictor.bundle  # type: ignore[attr-defined]
+    assert _loaded(bundle)["models"] == frozenset()
+    selection.read_every_model(predictor)
+    assert _loaded(bundle) == {"models": frozenset(bundle.models),
+                               "transfer": frozenset(bundle.transfer_models),
+                               "cpu": frozenset(bundle.cpu_models)}
+    selection.read_every_model(RooflinePredictor())  # no bundle: nothing to do, no error

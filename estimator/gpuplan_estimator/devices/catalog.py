@@ -420,6 +420,11 @@ def parse_catalog(document: Any, origin: str = "catalog") -> Catalog:
         raise errors.CatalogError(f"{origin}: {exc}") from None
 
 
+SAFE_YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader where PyYAML was built with it: the same documents, read ~8x faster
+(0.12 s of every CLI start for gpus.yaml in Python, #34); the pure-Python one otherwise."""
+
+
 @functools.lru_cache(maxsize=16)
 def _load_file(path: str, mtime_ns: int) -> Catalog:
     # mtime_ns is part of the cache key so an edited file is re-read.
@@ -428,7 +433,7 @@ def _load_file(path: str, mtime_ns: int) -> Catalog:
         raise errors.CatalogError(f"{path}: {size} bytes exceeds the {MAX_CATALOG_BYTES} cap")
     try:
         with open(path, encoding="utf-8") as fh:
-            document = yaml.safe_load(fh)
+            document = yaml.load(fh, Loader=SAFE_YAML_LOADER)
     except yaml.YAMLError as exc:
         raise errors.CatalogError(f"{path}: not valid YAML: {exc}") from None
     return parse_catalog(document, origin=path)

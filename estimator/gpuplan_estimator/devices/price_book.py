@@ -9,22 +9,19 @@ that provider alone; a device it does not list becomes unpriced, with a price so
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gpuplan_estimator.core import errors, paths
 from gpuplan_estimator.devices.catalog import Catalog, with_prices
-from gpuplan_estimator.devices.prices import (
-    MAX_PRICE_USD_PER_HOUR,
-    MAX_PRICES_FILE_BYTES,
-    read_prices_file,
-)
+from gpuplan_estimator.devices.prices import MAX_PRICES_FILE_BYTES, read_prices_file
+
+if TYPE_CHECKING:  # the schema (pydantic) is imported when a book is read: not at CLI start
+    from gpuplan_estimator.devices.price_book_schema import PriceBookFile, ProviderEntry
 
 SHIPPED_BOOK_PATH = paths.PACKAGE_DATA_DIR / "prices.yaml"
 PROVIDERS_KEY = "providers"
@@ -32,37 +29,16 @@ PROVIDER_ENV = "GPUPLAN_PRICES_PROVIDER"
 """The provider the estimator service prices with (the chart's `pricesProvider`; unset: the
 catalog's indicative prices)."""
 
-_Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=500)]
-_Price = Annotated[float, Field(gt=0, le=MAX_PRICE_USD_PER_HOUR, allow_inf_nan=False)]
-
-
-class ProviderEntry(BaseModel):
-    """One provider's dated price list."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: _Text
-    source: _Text
-    as_of: datetime.date
-    prices: dict[_Text, _Price] = Field(min_length=1, max_length=256)
-
-
-class PriceBookFile(BaseModel):
-    """A price book: ``providers:`` by short name (``aws``, ``lambda``, ...)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    schema_version: Literal[1] = 1
-    providers: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_\-]{0,39}$")],
-                    ProviderEntry] = Field(min_length=1, max_length=64)
-
-
 def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc if p != "[key]")
 
 
 def parse_price_book(document: Any, origin: str) -> PriceBookFile:
     """A parsed YAML/JSON document → the book; `InvalidRequestError` names the field path."""
+    from pydantic import ValidationError
+
+    from gpuplan_estimator.devices.price_book_schema import PriceBookFile
+
     try:
         return PriceBookFile.model_validate(document)
     except ValidationError as exc:

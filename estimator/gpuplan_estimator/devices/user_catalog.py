@@ -20,33 +20,28 @@ import dataclasses
 import functools
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.devices import catalog as catalog_module
 from gpuplan_estimator.devices.catalog import (
-    PEAK_DTYPES,
     SHIPPED,
     Catalog,
     DeviceSpec,
     normalize_name,
 )
 
+if TYPE_CHECKING:  # the schema (pydantic) is imported when a user catalog is read (#34)
+    from pydantic import ValidationError
+
+    from gpuplan_estimator.devices.user_catalog_schema import UserCatalogFile, UserDevice
+
 MAX_USER_CATALOG_BYTES = 256 * 1024
 """A user catalog describes a handful of parts; 256 KiB is ten times the shipped catalog."""
-MAX_USER_DEVICES = 256
 CATALOG_ENV = "GPUPLAN_CATALOG_FILE"
 """Where the estimator service finds the chart's mounted catalog file (unset: none)."""
-
-_Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
-_Key = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.\-]{0,63}$")]
-_Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-_Count = Annotated[int, Field(gt=0, le=1_000_000)]
-PeakDtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8"]
-assert set(PeakDtype.__args__) == set(PEAK_DTYPES)  # type: ignore[attr-defined]  # one source
 
 _REQUIRED_NEW = (
     "name", "vendor", "architecture", "memory_gib", "mem_bandwidth_gbps", "sm_count",
@@ -60,48 +55,6 @@ _NOT_INHERITED: Mapping[str, Any] = {
 """A base's fields that describe its own part, not the spec: reset on a device built on it."""
 GPUS_PER_NODE_EXTRA = "gpus_per_node"
 """`DeviceSpec.extra` key of a user device's GPUs per node (the default pool shape)."""
-
-
-class UserDevice(BaseModel):
-    """One device of a user catalog; field names and units as in the shipped `gpus.yaml`."""
-
-    # Unknown fields are refused (a typo must not be ignored); new spec fields join here.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    key: _Key
-    base: _Key | None = None
-    name: _Name | None = None
-    vendor: Literal["nvidia", "amd"] | None = None
-    architecture: _Name | None = None
-    memory_gib: _Positive | None = None
-    mem_bandwidth_gbps: _Positive | None = None
-    sm_count: _Count | None = None
-    cores_per_sm: _Count | None = None
-    boost_clock_mhz: _Positive | None = None
-    base_clock_mhz: _Positive | None = None
-    l2_cache_mb: _Positive | None = None
-    peak_tflops: dict[PeakDtype, _Positive] | None = None
-    tdp_watts: _Positive | None = None
-    interconnect: _Name | None = None
-    interconnect_gbps: _Positive | None = None
-    gpus_per_node: _Count | None = None
-    price_per_hour_usd: _Positive | None = None
-    price_source: _Name | None = None
-    gfd_products: list[_Name] = Field(default_factory=list, max_length=32)
-    nvml_names: list[_Name] = Field(default_factory=list, max_length=32)
-    aliases: list[_Name] = Field(default_factory=list, max_length=32)
-    source: _Name | None = None
-    notes: str = Field(default="", max_length=2000)
-    extra: dict[_Name, _Positive] = Field(default_factory=dict, max_length=32)
-
-
-class UserCatalogFile(BaseModel):
-    """The file: ``schema_version: 1`` (optional) and ``devices:``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    schema_version: Literal[1] = 1
-    devices: list[UserDevice] = Field(min_length=1, max_length=MAX_USER_DEVICES)
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
@@ -120,6 +73,10 @@ def _validation_errors(origin: str, exc: ValidationError) -> errors.CatalogError
 
 def parse_user_catalog(document: Any, origin: str) -> UserCatalogFile:
     """A parsed YAML/JSON document → the validated file; `CatalogError` names each bad field."""
+    from pydantic import ValidationError
+
+    from gpuplan_estimator.devices.user_catalog_schema import UserCatalogFile
+
     try:
         return UserCatalogFile.model_validate(document)
     except ValidationError as exc:

@@ -232,8 +232,9 @@ def predictor_order(name: str) -> tuple[int, str]:
 PUBLISHED_RUNS_SECTION = (
     "## Published multi-GPU runs", "",
     "Throughput of published multi-GPU training runs (MosaicML LLM Foundry's MPT benchmarks, "
-    "A100-80GB and H100, 8 GPUs), predicted by each run's layout and compared with the "
-    "published tokens/s per GPU: [published-runs.md](published-runs.md), written by "
+    "A100-80GB and H100, 8 GPUs), each estimated by its named layout exactly as "
+    "`gpuplan estimate --gpus` estimates a user's (`planning.named_layouts`), and compared "
+    "with the published tokens/s per GPU: [published-runs.md](published-runs.md), written by "
     "`python -m gpuplan_estimator.evaluation.published_runs --write docs/published-runs.md`.",
     "")
 """The section pointing at the published-run comparison (`evaluation.published_runs`)."""

@@ -4,34 +4,30 @@
 
 Writes docs/published-runs.md (linked from docs/accuracy.md). The published numbers and their
 setup live in `data/published_runs.yaml` with the citation; they are used only to check, never
-to fit. Each run is priced as `gpuplan plan` prices a candidate: the single-GPU step of the
-model at the run's micro-batch (`planning.estimates.estimate` with the default predictor
-selection), then the run's layout and memory strategy by `parallel.setups.priced` with the
-default `ScalingModel`.
+to fit. Each run is priced as a user's named layout is: its layout (data parallel over every
+GPU, FSDP full sharding, the run's micro-batch and accumulation) is an estimate request's
+`layout`, answered by `planning.named_layouts.estimate_layout`, the one path `gpuplan estimate
+--gpus`, `POST /v1/estimate` and a plan's pinned layout share (default predictor selection,
+default `ScalingModel`, no calibration).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpuplan_estimator import devices, graph
+from gpuplan_estimator import devices
 from gpuplan_estimator.core import paths, provenance
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
-from gpuplan_estimator.cost.predictors import LatencyPredictor
-from gpuplan_estimator.graph import exporting
 from gpuplan_estimator.latency import selection
-from gpuplan_estimator.parallel import layouts, setups
-from gpuplan_estimator.parallel.scaling import ScalingModel
-from gpuplan_estimator.parallel.strategies import MemoryStrategy
-from gpuplan_estimator.planning import estimates, model_facts, parallel_inputs
-from gpuplan_estimator.step.decomposition import TrainingSettings
+from gpuplan_estimator.parallel import layouts, named, setups
+from gpuplan_estimator.planning import named_layouts, planner, requests
 
 DATA_FILE = paths.PACKAGE_DATA_DIR / "published_runs.yaml"
 GPUS_PER_NODE = 8  # every run here is one node of 8 GPUs
@@ -89,17 +85,27 @@ def load_runs(document: Mapping[str, Any]) -> tuple[str, tuple[PublishedRun, ...
 
 @dataclass(frozen=True)
 class Row:
-    """A published run with the setup gpuplan prices for its layout and strategy."""
+    """A published run with gpuplan's estimate of its named layout."""
 
     run: PublishedRun
-    setup: setups.Setup
-    data_basis: str
+    estimate: named_layouts.LayoutEstimate
+
+    @property
+    def setup(self) -> setups.Setup:
+        """What the layout is priced as: memory and the step's parts."""
+        return self.estimate.setup
+
+    @property
+    def data_basis(self) -> str:
+        """What the device's latency rests on (measured, probed, extrapolated, roofline)."""
+        return self.estimate.data_basis
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
-        """Predicted tokens per second per GPU: the global batch's tokens over the step."""
-        r = self.run
-        return r.global_batch * r.sequence / (self.setup.step_ms / 1000.0) / r.gpus
+        """Predicted tokens per second per GPU, as the layout estimate reports it."""
+        tokens = self.estimate.tokens_per_s_per_gpu
+        assert tokens is not None  # the request binds the sequence dim
+        return tokens
 
     @property
     def error_pct(self) -> float:
@@ -107,26 +113,34 @@ class Row:
         return 100.0 * (self.tokens_per_s_per_gpu / self.run.tokens_per_s_per_gpu - 1.0)
 
 
-def predict(run: PublishedRun, predictor: LatencyPredictor) -> Row:
-    """gpuplan's setup for the run: its single-GPU step at the micro-batch, then the layout
-    with FSDP full sharding and the run's accumulation, as the planner times a candidate."""
-    device = devices.load_catalog().resolve(run.device)
-    dims = {SEQUENCE_DIM: run.sequence}
-    model = exporting.hf_config_graph(run.config, batch=run.micro_batch, sequence=run.sequence,
-                                      label=run.model)
-    settings = TrainingSettings(batch_size=run.micro_batch, precision=PRECISION,
-                                optimizer=OPTIMIZER, attention=ATTENTION)
-    (single,) = estimates.estimate(graph.load_at_batch(model, run.micro_batch, dims), [device],
-                                   settings, predictor=predictor)
-    split = parallel_inputs.split_from_estimate(single)
-    facts = model_facts.model_facts(graph.load_at_batch(model, run.global_batch, dims),
-                                    replace(settings, batch_size=run.global_batch))
-    setup = setups.priced(
-        run.layout, MemoryStrategy(fsdp=STRATEGY_FSDP, gradient_accumulation=run.grad_accum),
-        run.micro_batch, GPUS_PER_NODE, device=device, facts=facts, split=split,
-        scaling=ScalingModel(), comm_factor=1.0,
-        step_at=lambda _micro: (split.forward_ms, split.backward_ms, split.optimizer_ms))
-    return Row(run, setup, single.data_basis)
+def layout_request(run: PublishedRun) -> requests.EstimateRequest:
+    """The run as a user would ask for it: its model's config, global batch and sequence, and
+    its layout by name (data parallel over every GPU, FSDP full sharding, its micro-batch and
+    accumulation)."""
+    training = requests.TrainingRequest(
+        batch_size=run.global_batch, dataset_size=run.global_batch, epochs=1,
+        optimizer=OPTIMIZER, precision=PRECISION, mode="train", attention=ATTENTION,
+        dims={SEQUENCE_DIM: run.sequence})
+    layout = named.LayoutRequest(
+        gpus=run.gpus, dp=run.gpus, tp=1, pp=1, gpus_per_node=GPUS_PER_NODE,
+        fsdp=STRATEGY_FSDP, micro_batch=run.micro_batch, gradient_accumulation=run.grad_accum)
+    return requests.EstimateRequest(model_onnx=b"", training=training, devices=(run.device,),
+                                    model_hf_config=run.config, layout=layout)
+
+
+def predict(run: PublishedRun, ctx: planner.PlannerContext) -> Row:
+    """gpuplan's estimate of the run's named layout on its GPU: exactly what `gpuplan estimate
+    --gpus 8 --fsdp full --micro-batch M --grad-accum A` answers for it."""
+    (estimate,) = named_layouts.estimate_layout(layout_request(run), ctx)
+    return Row(run, estimate)
+
+
+def context(bundle_dir: str | None) -> planner.PlannerContext:
+    """The shipped catalog and the predictor `gpuplan estimate` would select; no calibration
+    (a published run is compared with the model, not with this cluster's outcomes)."""
+    predictor, source = selection.select_predictor(bundle_dir)
+    return planner.PlannerContext(catalog=devices.load_catalog(), predictor=predictor,
+                                  predictor_source=source)
 
 
 def table(rows: Sequence[Row]) -> str:
@@ -159,9 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="write the page (docs/published-runs.md) instead of printing")
     args = parser.parse_args(argv)
     source, runs = load_runs(yaml.safe_load(DATA_FILE.read_text(encoding="utf-8")))
-    predictor, predictor_source = selection.select_predictor(args.bundle)
-    text = page(source, table([predict(r, predictor) for r in runs]),
-                predictor_source.rsplit(" ", 1)[-1].strip("()"))
+    ctx = context(args.bundle)
+    text = page(source, table([predict(r, ctx) for r in runs]),
+                ctx.predictor_source.rsplit(" ", 1)[-1].strip("()"))
     if args.write is None:
         print(text)
     else:
@@ -177,18 +191,19 @@ def page(source: str, comparison: str, predictor: str) -> str:
         "`estimator/gpuplan_estimator/data/published_runs.yaml`. They are used only to check: "
         "nothing is fitted to them.", "",
         comparison, "",
-        "How each run is priced: the model's single-GPU step at the run's micro-batch "
-        f"(bf16, fused attention, AdamW; the {predictor} latency models), then the run's "
-        "setup (data parallel over 8 GPUs, FSDP full sharding, its gradient accumulation) "
-        "sized and timed as `gpuplan plan` sizes and times a candidate "
-        "(`parallel.setups.priced`). Caveats:", "",
+        "How each run is priced: as a user's named layout is. The run (bf16, fused "
+        f"attention, AdamW; the {predictor} latency models) is an estimate request whose "
+        "layout is data parallel over 8 GPUs with FSDP full sharding, the run's micro-batch "
+        "and gradient accumulation, answered by `planning.named_layouts.estimate_layout`: "
+        "the path `gpuplan estimate --gpus 8 --fsdp full --micro-batch M --grad-accum A`, "
+        "`POST /v1/estimate` with a `layout` and a plan's pinned layout share. Caveats:", "",
         "- The publication gives no memory figure, so the memory column is not compared; "
         "every run did fit in 80 GB, so a prediction above that is over by at least the "
         "difference.",
         "- No shipped measurement covers A100-SXM4-80GB or H100 (`extrapolated`): these rows "
         "are the spec-sheet transfer of the latency models.", "",
         "Reproduce: `python -m gpuplan_estimator.evaluation.published_runs --write "
-        "docs/published-runs.md` (about 40 s on two CPU cores).", "",
+        "docs/published-runs.md` (about 15 s on two busy CPU cores).", "",
         f"Provenance: computed {datetime.now(UTC).isoformat(timespec='seconds')} at commit "
         f"`{provenance.git_commit(short=True) or 'unknown'}` by that command.", ""])
 

@@ -4,6 +4,11 @@ A bundle is a directory: ``manifest.json`` plus ``<kernel>.txt.gz`` (median) and
 ``<kernel>.p10.txt.gz`` / ``<kernel>.p90.txt.gz`` (quantiles), each LightGBM
 ``model_to_string`` gzip-compressed (bundles written before compression, plain ``.txt``, still
 load). No pickle: a bundle is inert data that any LightGBM of the same major version can read.
+
+Loading reads the manifest and checks every model file is there; each kernel's boosters are
+parsed on first use (`LazyKernelModels`), and LightGBM itself is imported then: one estimate
+needs a handful of the ~54 boosters, and parsing them all (and importing LightGBM, which pulls
+in pandas and scipy.sparse when installed) was most of `gpuplan estimate`'s start-up (#34).
 """
 
 from __future__ import annotations
@@ -18,18 +23,20 @@ import re
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import lightgbm as lgb
+from typing import TYPE_CHECKING, Any
 
 from gpuplan_estimator.core import errors, paths
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.devices import user_catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.latency.regressors import LayerLatencyModel, ProbeCorrection
+
+if TYPE_CHECKING:
+    import lightgbm as lgb
 
 BUNDLE_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -117,6 +124,8 @@ class Bundle:
 
 def save_bundle(bundle: Bundle, directory: Path) -> Path:
     """Write models and manifest; the manifest goes last so a partial write never loads."""
+    import lightgbm as lgb
+
     directory.mkdir(parents=True, exist_ok=True)
     stale = directory / MANIFEST
     if stale.exists():
@@ -282,24 +291,79 @@ def _write_models(
 
 def _read_models(
     directory: Path, manifest: Mapping[str, Any], key: str, *, transfer: bool
-) -> dict[str, LayerLatencyModel]:
-    models: dict[str, LayerLatencyModel] = {}
+) -> LazyKernelModels:
+    """The models the manifest's `key` lists, each parsed on first use; a bad kernel name or
+    a missing file is refused now, a file that does not parse when it is first read."""
+    files: dict[str, dict[str, Path]] = {}
     for kernel, parts in manifest.get(key, {}).items():
         if not _KERNEL_RE.match(kernel) or kernel not in features.KERNEL_DIMS:
             raise errors.BundleError(f"{directory / MANIFEST}: bad kernel name {kernel!r}")
-        boosters = {part: _read_booster(directory / name) for part, name in parts.items()}
-        params_key = "cpu_model_params" if key == "cpu_files" else "model_params"
-        params = manifest.get(params_key, {}).get(kernel, {})
-        model = LayerLatencyModel.from_boosters(boosters, params)
-        kind = str(manifest.get("transfer_kind", "roofline"))
+        files[kernel] = {part: directory / name for part, name in parts.items()}
+        for path in files[kernel].values():
+            if not path.is_file():
+                raise errors.BundleError(f"{path}: cannot read model: no such file")
+    params_key = "cpu_model_params" if key == "cpu_files" else "model_params"
+    kind = str(manifest.get("transfer_kind", "roofline"))
+
+    def read(kernel: str) -> LayerLatencyModel:
+        boosters = {part: _read_booster(path) for part, path in files[kernel].items()}
+        model = LayerLatencyModel.from_boosters(
+            boosters, manifest.get(params_key, {}).get(kernel, {}))
         expected = (len(features.transfer_feature_names(kernel, kind)) if transfer
                     else len(features.feature_names(kernel)))
         if model.n_features_in_ != expected:
             raise errors.BundleError(
                 f"{directory}: model {kernel!r} has {model.n_features_in_} features, "
                 f"feature schema {features.FEATURE_SCHEMA_VERSION} defines {expected}")
-        models[kernel] = model
-    return models
+        return model
+
+    return LazyKernelModels(tuple(files), read)
+
+
+class LazyKernelModels(Mapping[str, LayerLatencyModel]):
+    """A loaded bundle's models by kernel: the kernels are known from the manifest, each
+    model is read by `read` the first time it is looked up and kept. Membership (`in`),
+    iteration and `len` read nothing, so choosing a model costs no parse; a parse error
+    surfaces at that first lookup, naming the file as an eager load did."""
+
+    def __init__(self, kernels: tuple[str, ...],
+                 read: Callable[[str], LayerLatencyModel]) -> None:
+        self._kernels = kernels
+        self._read = read
+        self._models: dict[str, LayerLatencyModel] = {}
+        self._lock = threading.Lock()  # the service's worker threads may share a bundle
+
+    def __getitem__(self, kernel: str) -> LayerLatencyModel:
+        if kernel not in self._kernels:
+            raise KeyError(kernel)
+        with self._lock:
+            model = self._models.get(kernel)
+            if model is None:
+                model = self._models[kernel] = self._read(kernel)
+            return model
+
+    def __contains__(self, kernel: object) -> bool:
+        return kernel in self._kernels
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kernels)
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+    def loaded(self) -> frozenset[str]:
+        """The kernels whose models have been read so far."""
+        with self._lock:
+            return frozenset(self._models)
+
+
+def read_every_model(bundle: Bundle) -> None:
+    """Parse every model of `bundle` now. A one-shot CLI reads only the kernels it prices; a
+    long-lived process (the service's workers) reads them all at start, before its memory cap
+    and its first request, so no request pays for a parse."""
+    for models in (bundle.models, bundle.transfer_models, bundle.cpu_models):
+        for kernel in models:
+            models[kernel]  # the lookup is the read
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -386,6 +450,8 @@ def load_default(explicit: Path | None = None, data_dir: Path | None = None) -> 
 
 
 def _read_booster(path: Path) -> lgb.Booster:
+    import lightgbm as lgb
+
     try:
         return lgb.Booster(model_str=_read_model_text(path))
     except (OSError, EOFError) as exc:  # EOFError: a truncated .gz

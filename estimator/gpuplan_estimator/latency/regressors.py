@@ -11,13 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightgbm as lgb
 import numpy as np
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.cost.predictors import FloatArray
+
+if TYPE_CHECKING:  # imported where it fits: LightGBM's import costs the CLI ~0.5 s (#34)
+    import lightgbm as lgb
 
 QUANTILES: Mapping[str, float] = {"p10": 0.1, "p90": 0.9}
 
@@ -58,6 +60,8 @@ class LayerLatencyModel:
         self, X: FloatArray, y: FloatArray, sample_weight: FloatArray | None = None
     ) -> LayerLatencyModel:
         """Fit on features ``X`` (n × d) and targets ``y`` = log(latency / base)."""
+        import lightgbm as lgb
+
         X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
         if sample_weight is not None and (
                 len(sample_weight) != len(y) or not (np.asarray(sample_weight) > 0).all()):

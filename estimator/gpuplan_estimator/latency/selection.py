@@ -42,6 +42,16 @@ def select_predictor(bundle_dir: str | None, cpu_backend: str | None = None
             f"{source}, CPU as {name}")
 
 
+def read_every_model(predictor: LatencyPredictor) -> None:
+    """Parse every model of the predictor's bundle now (`bundles.read_every_model`); nothing
+    for the roofline."""
+    from gpuplan_estimator.latency import bundles
+
+    bundle = getattr(predictor, "bundle", None)  # SiblingBounded passes the inner one's through
+    if isinstance(bundle, bundles.Bundle):
+        bundles.read_every_model(bundle)
+
+
 def bounded(predictor: LatencyPredictor) -> LatencyPredictor:
     """`predictor` kept consistent with same-architecture dominance in the shipped catalog
     (`latency.monotone`): what every estimate and plan is priced with."""

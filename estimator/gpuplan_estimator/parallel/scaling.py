@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy.optimize import differential_evolution
 
 DEFAULT_INTER_NODE_GBPS = 25.0  # one 200 Gb/s NIC per node
 
@@ -90,6 +89,9 @@ def fit_scaling(
     samples: Sequence[ScalingSample], *, base: ScalingModel | None = None, random_state: int = 0
 ) -> ScalingModel:
     """Fit overlap, bandwidth efficiency and hop latency to measured step times (log error)."""
+    # Imported here: scipy.optimize costs every CLI start ~0.35 s, and only fits use it (#34).
+    from scipy.optimize import differential_evolution
+
     if len(samples) < 3:
         raise ValueError(f"samples: need at least 3 measured multi-GPU runs, got {len(samples)}")
     start = base or ScalingModel()
@@ -168,6 +170,8 @@ def fit_scaling_constants(
 ) -> ScalingModel:
     """Overlap, efficiency, hop latency (and inter-node GB/s when asked) by differential
     evolution on the squared log error of the step time; `base` gives what is not fitted."""
+    from scipy.optimize import differential_evolution  # only fits need it (see fit_scaling)
+
     if len(samples) < 2:
         raise ValueError(f"samples: need at least 2 measured multi-GPU runs, got {len(samples)}")
     a = _sample_arrays(samples)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import overload
 
 from gpuplan_estimator.core.layers import DTYPE_BYTES, FLOAT_DTYPES, Layer, ModelGraph, OpFamily
 from gpuplan_estimator.step import attention, saved
@@ -140,10 +141,10 @@ class _Walk:
                        if n not in produced and n not in self.params and t.shape]
         self.outputs = _graph_outputs(self.layers)
         self.size: dict[str, int] = {}  # storage -> bytes
-        self.live: dict[str, int] = {}  # activation storages (and casts, loss tensors)
-        self.weight_copies: dict[str, int] = {}
-        self.grads: dict[str, int] = {}  # parameter .grad
-        self.act_grads: dict[str, int] = {}
+        self.live = _SummedBytes()  # activation storages (and casts, loss tensors)
+        self.weight_copies = _SummedBytes()
+        self.grads = _SummedBytes()  # parameter .grad
+        self.act_grads = _SummedBytes()
         self.optimizer_bytes = 0
         self.best: PeakParts | None = None
         self._weights_bytes: int | None = None
@@ -169,10 +170,10 @@ class _Walk:
     def mark(self, phase: str) -> None:
         parts = PeakParts(
             phase=phase,
-            weights_bytes=self.weights_bytes() + sum(self.weight_copies.values()),
-            gradients_bytes=sum(self.grads.values()),
+            weights_bytes=self.weights_bytes() + self.weight_copies.total,
+            gradients_bytes=self.grads.total,
             optimizer_bytes=self.optimizer_bytes,
-            activations_bytes=sum(self.live.values()) + sum(self.act_grads.values()))
+            activations_bytes=self.live.total + self.act_grads.total)
         if self.best is None or parts.total_bytes > self.best.total_bytes:
             self.best = parts
 
@@ -377,7 +378,7 @@ class _Walk:
             del self.act_grads[key]
 
     def optimizer_step(self) -> None:
-        self.live = {n: self.size[n] for n in self.inputs}  # the caller's ids/images
+        self.live = _SummedBytes({n: self.size[n] for n in self.inputs})  # the ids/images
         self.weight_copies.clear()
         words = FOREACH_TEMPORARY_WORDS[self.s.optimizer]
         if self.s.optimizer_foreach:
@@ -387,6 +388,48 @@ class _Walk:
             largest = max(self.params.values(), default=0)
             self.optimizer_bytes += 2 * words * self.rounded(largest * FP32_BYTES)
         self.mark("optimizer")
+
+
+class _SummedBytes(dict[str, int]):
+    """Byte counts by tensor that keep their sum as they change: `mark` reads the live set's
+    total after every layer, and summing it afresh each time made the walk of a 70B graph
+    (thousands of layers, thousands live) take most of a second (#34). Integers, so the
+    running total is exactly the sum."""
+
+    def __init__(self, items: Mapping[str, int] | None = None) -> None:
+        super().__init__(items or {})
+        self.total = sum(self.values())
+
+    def __setitem__(self, key: str, size_bytes: int) -> None:
+        self.total += size_bytes - self.get(key, 0)
+        super().__setitem__(key, size_bytes)
+
+    def __delitem__(self, key: str) -> None:
+        self.total -= self[key]
+        super().__delitem__(key)
+
+    @overload  # type: ignore[override]  # dict's generic default is not needed here
+    def pop(self, key: str, /) -> int: ...
+
+    @overload
+    def pop(self, key: str, default: int | None, /) -> int | None: ...
+
+    def pop(self, key: str, *default: int | None) -> int | None:
+        if key in self:
+            self.total -= self[key]
+        return super().pop(key, *default)
+
+    def setdefault(self, key: str, size_bytes: int) -> int:
+        if key not in self:
+            self[key] = size_bytes
+        return self[key]
+
+    def clear(self) -> None:
+        super().clear()
+        self.total = 0
+
+    def update(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("_SummedBytes is changed one key at a time (its total would drift)")
 
 
 def _parameters(graph: ModelGraph) -> dict[str, int]:

@@ -16,7 +16,6 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import limits
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.interfaces.cli import arguments, output, plans, probing, render
-from gpuplan_estimator.interfaces.http import wire, work
 from gpuplan_estimator.parallel import named
 
 FLAGS = {"gpus": "--gpus", "dp": "--dp", "tp": "--tp", "pp": "--pp",
@@ -106,6 +105,8 @@ def request_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def _flagged(exc: InvalidRequestError) -> InvalidRequestError:
     """`exc` with each `layout.<field>` named by its flag."""
+    from gpuplan_estimator.interfaces.http import wire  # see `run`
+
     problems = exc.problems if isinstance(exc, wire.InvalidFieldsError) \
         else ((exc.field, exc.message),)
     named_problems = [(_flag(path), message) for path, message in problems]
@@ -124,6 +125,10 @@ def _flag(path: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """`gpuplan estimate` with a named layout: the per-rank table, or the document."""
+    # Imported here, not at start-up: the service's pydantic models cost every CLI call
+    # ~0.1 s, and only a named layout goes through them (#34).
+    from gpuplan_estimator.interfaces.http import wire, work
+
     body = request_body(args)
     prices = devices.read_prices_file(args.prices) if args.prices else None
     context = dataclasses.replace(plans.load_context(args.bundle, prices),

@@ -29,7 +29,6 @@ from gpuplan_estimator.interfaces.cli import (
     progress,
     render,
 )
-from gpuplan_estimator.interfaces.http import wire
 from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import planner
 
@@ -165,6 +164,9 @@ def in_flags(problem: tuple[str, str], pool_specs: Sequence[str]) -> tuple[str, 
 
 def parse_flags(body: Mapping[str, Any], pool_specs: Sequence[str]) -> Any:
     """`body` parsed as the service would, its errors naming the flags instead of wire paths."""
+    # Imported here: the service's pydantic models cost every CLI start ~0.1 s (#34).
+    from gpuplan_estimator.interfaces.http import wire
+
     try:
         return wire.parse_plan_request(body)
     except wire.InvalidFieldsError as exc:

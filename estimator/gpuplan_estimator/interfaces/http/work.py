@@ -21,6 +21,7 @@ from typing import Any
 from gpuplan_estimator.core.errors import GpuplanError, InvalidModelError, InvalidRequestError
 from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.http import layout_wire, responses, wire
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.parallel import named, scaling
 from gpuplan_estimator.planning import calibrating, named_layouts, planner, requests, workloads
 
@@ -179,6 +180,7 @@ def init_worker(loader: ContextLoader, memory_bytes: int) -> None:
     global _loader, _context
     _loader = loader
     _context = loader()
+    selection.read_every_model(_context.predictor)  # models are read lazily otherwise (#34)
     resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
 
 
@@ -196,6 +198,7 @@ def _context_for(source: str) -> planner.PlannerContext:
         raise RuntimeError("worker used before init_worker")
     if _context.predictor_source != source:
         _context = _loader()
+        selection.read_every_model(_context.predictor)
     return _context
 
 

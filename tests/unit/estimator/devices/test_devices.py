@@ -321,3 +321,16 @@ def test_catalog_survives_pickle_and_deepcopy(catalog: devices.Catalog) -> None:
 
     for clone in (pickle.loads(pickle.dumps(catalog)), copy.deepcopy(catalog)):
         assert clone == catalog and clone.resolve("NVIDIA-L4") == catalog.resolve("l4")
+
+
+def test_the_catalog_reads_the_same_with_libyaml_and_refuses_bad_yaml(tmp_path: Path) -> None:
+    """The shipped catalog is read with libyaml's safe loader where PyYAML has it (#34): the
+    same document as the pure-Python loader gives, and broken YAML is still named."""
+    from gpuplan_estimator.devices import catalog
+
+    text = catalog.DEFAULT_CATALOG_PATH.read_text(encoding="utf-8")
+    assert yaml.load(text, Loader=catalog.SAFE_YAML_LOADER) == yaml.safe_load(text)
+    bad = tmp_path / "gpus.yaml"
+    bad.write_text("devices: [unclosed\n", encoding="utf-8")
+    with pytest.raises(errors.CatalogError, match=r"gpus\.yaml: not valid YAML"):
+        devices.load_catalog(bad)

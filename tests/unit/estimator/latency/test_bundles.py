@@ -100,15 +100,22 @@ def test_broken_bundles_name_the_file(fitted: bundles.Bundle, tmp_path: Path) ->
     with pytest.raises(errors.BundleError, match="no manifest"):
         bundles.load_bundle(tmp_path)
     bundles.save_bundle(fitted, tmp_path)
+    # A model file is parsed when its kernel is first looked up; the error names the file.
     (tmp_path / "softmax.p90.txt.gz").write_text("garbage")
+    loaded = bundles.load_bundle(tmp_path)
+    assert "softmax" in loaded.models  # membership reads no file
     with pytest.raises(errors.BundleError, match=r"softmax\.p90\.txt\.gz: cannot read model"):
-        bundles.load_bundle(tmp_path)
+        loaded.models["softmax"]
     (tmp_path / "softmax.p90.txt.gz").write_bytes(gzip.compress(b"garbage"))
     with pytest.raises(errors.BundleError, match=r"softmax\.p90\.txt\.gz: not a LightGBM"):
-        bundles.load_bundle(tmp_path)
+        bundles.load_bundle(tmp_path).models.get("softmax")
     whole = (tmp_path / "softmax.p10.txt.gz").read_bytes()
     (tmp_path / "softmax.p10.txt.gz").write_bytes(whole[: len(whole) // 2])
     with pytest.raises(errors.BundleError, match=r"softmax\.p10\.txt\.gz: cannot read model"):
+        bundles.load_bundle(tmp_path).models["softmax"]
+    # A file the manifest names but the directory lacks is refused by the load itself.
+    (tmp_path / "softmax.transfer.txt.gz").unlink()
+    with pytest.raises(errors.BundleError, match=r"softmax\.transfer\.txt\.gz: cannot read model"):
         bundles.load_bundle(tmp_path)
 
 
@@ -141,7 +148,7 @@ def test_oversized_model_text_is_refused_after_bounded_gunzip(
     bundles.save_bundle(fitted, tmp_path)
     monkeypatch.setattr(bundles, "MAX_MODEL_FILE_BYTES", 1000)
     with pytest.raises(errors.BundleError, match=r"softmax.*\.txt\.gz: model text exceeds 1000"):
-        bundles.load_bundle(tmp_path)
+        bundles.load_bundle(tmp_path).models["softmax"]
 
 
 def test_find_bundle_prefers_explicit_then_newest_valid_then_shipped(

@@ -303,21 +303,32 @@ def _read_models(
             if not path.is_file():
                 raise errors.BundleError(f"{path}: cannot read model: no such file")
     params_key = "cpu_model_params" if key == "cpu_files" else "model_params"
-    kind = str(manifest.get("transfer_kind", "roofline"))
+    reader = _ModelReader(directory, files, dict(manifest.get(params_key, {})),
+                          str(manifest.get("transfer_kind", "roofline")), transfer)
+    return LazyKernelModels(tuple(files), reader)
 
-    def read(kernel: str) -> LayerLatencyModel:
-        boosters = {part: _read_booster(path) for part, path in files[kernel].items()}
-        model = LayerLatencyModel.from_boosters(
-            boosters, manifest.get(params_key, {}).get(kernel, {}))
-        expected = (len(features.transfer_feature_names(kernel, kind)) if transfer
-                    else len(features.feature_names(kernel)))
+
+@dataclass(frozen=True)
+class _ModelReader:
+    """Reads one kernel's model of a bundle directory; a plain object, so a lazy bundle
+    pickles (the service hands its bundle to worker processes)."""
+
+    directory: Path
+    files: Mapping[str, Mapping[str, Path]]
+    params: Mapping[str, Any]
+    transfer_kind: str
+    transfer: bool
+
+    def __call__(self, kernel: str) -> LayerLatencyModel:
+        boosters = {part: _read_booster(path) for part, path in self.files[kernel].items()}
+        model = LayerLatencyModel.from_boosters(boosters, self.params.get(kernel, {}))
+        expected = (len(features.transfer_feature_names(kernel, self.transfer_kind))
+                    if self.transfer else len(features.feature_names(kernel)))
         if model.n_features_in_ != expected:
             raise errors.BundleError(
-                f"{directory}: model {kernel!r} has {model.n_features_in_} features, "
+                f"{self.directory}: model {kernel!r} has {model.n_features_in_} features, "
                 f"feature schema {features.FEATURE_SCHEMA_VERSION} defines {expected}")
         return model
-
-    return LazyKernelModels(tuple(files), read)
 
 
 class LazyKernelModels(Mapping[str, LayerLatencyModel]):
@@ -350,6 +361,16 @@ class LazyKernelModels(Mapping[str, LayerLatencyModel]):
 
     def __len__(self) -> int:
         return len(self._kernels)
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:  # a lock does not pickle; the copy gets its own
+            return {"kernels": self._kernels, "read": self._read, "models": dict(self._models)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._kernels = state["kernels"]
+        self._read = state["read"]
+        self._models = state["models"]
+        self._lock = threading.Lock()
 
     def loaded(self) -> frozenset[str]:
         """The kernels whose models have been read so far."""

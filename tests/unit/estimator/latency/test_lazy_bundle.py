@@ -107,3 +107,16 @@ def test_a_long_lived_process_reads_every_model_up_front() -> None:
                                "transfer": frozenset(bundle.transfer_models),
                                "cpu": frozenset(bundle.cpu_models)}
     selection.read_every_model(RooflinePredictor())  # no bundle: nothing to do, no error
+
+
+def test_a_lazy_bundle_pickles_with_what_it_has_read() -> None:
+    """The service hands its bundle to worker processes; a closure or a lock would not pickle."""
+    import pickle
+
+    lazy = bundles.load_bundle(bundles.SHIPPED_BUNDLE, origin="shipped")
+    first = next(iter(lazy.models))
+    _ = lazy.models[first]
+    copy = pickle.loads(pickle.dumps(lazy))
+    assert copy.models.loaded() == frozenset({first})
+    assert set(copy.models) == set(lazy.models)
+    assert copy.manifest == lazy.manifest

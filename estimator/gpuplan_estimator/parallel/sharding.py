@@ -114,18 +114,9 @@ def memory_under(
     _check_counts(data_parallel=data_parallel, gpus_per_node=gpus_per_node,
                   tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
                   in_flight_micro_batches=in_flight_micro_batches)
-    if in_flight_micro_batches > pipeline_parallel:
-        raise InvalidRequestError("in_flight_micro_batches", f"1F1B keeps at most "
-                                  f"pipeline_parallel={pipeline_parallel} micro-batches in "
-                                  f"flight, got {in_flight_micro_batches}")
-    needs_layout = (strategy.checkpointing != "none" or tensor_parallel > 1
-                    or strategy.shards_parameters)
-    if needs_layout and layout is None:
-        raise InvalidRequestError("layout", "checkpointing, tensor parallelism and ZeRO-3/FSDP "
-                                  "need the activation layout by block")
-    if layout is not None and layout.per_gpu_batch != breakdown_at_micro_batch.per_gpu_batch:
-        raise InvalidRequestError("layout", f"built at batch {layout.per_gpu_batch}, the "
-                                  f"breakdown at {breakdown_at_micro_batch.per_gpu_batch}")
+    _check_inputs(breakdown_at_micro_batch, strategy, layout, tensor_parallel=tensor_parallel,
+                  pipeline_parallel=pipeline_parallel,
+                  in_flight_micro_batches=in_flight_micro_batches)
     m = breakdown_at_micro_batch
     if (strategy == NO_STRATEGY and tensor_parallel == 1 and pipeline_parallel == 1
             and not sequence_parallel):
@@ -173,6 +164,25 @@ def memory_under(
         micro_batch=m.per_gpu_batch,
         strategy=strategy,
     )
+
+
+def _check_inputs(breakdown: memory.MemoryBreakdown, strategy: MemoryStrategy,
+                  layout: ActivationLayout | None, *, tensor_parallel: int,
+                  pipeline_parallel: int, in_flight_micro_batches: int) -> None:
+    """What `memory_under` needs beyond valid counts: a 1F1B depth the pipeline allows, and
+    the activation layout, at the breakdown's batch, wherever blocks matter."""
+    if in_flight_micro_batches > pipeline_parallel:
+        raise InvalidRequestError("in_flight_micro_batches", f"1F1B keeps at most "
+                                  f"pipeline_parallel={pipeline_parallel} micro-batches in "
+                                  f"flight, got {in_flight_micro_batches}")
+    needs_layout = (strategy.checkpointing != "none" or tensor_parallel > 1
+                    or strategy.shards_parameters)
+    if needs_layout and layout is None:
+        raise InvalidRequestError("layout", "checkpointing, tensor parallelism and ZeRO-3/FSDP "
+                                  "need the activation layout by block")
+    if layout is not None and layout.per_gpu_batch != breakdown.per_gpu_batch:
+        raise InvalidRequestError("layout", f"built at batch {layout.per_gpu_batch}, the "
+                                  f"breakdown at {breakdown.per_gpu_batch}")
 
 
 def strategy_memory(

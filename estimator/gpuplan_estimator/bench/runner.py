@@ -267,12 +267,7 @@ def run_bench(
         plan = [sweep.PlanItem.from_json(x) for x in json.loads(found.plan_json)]
         done = _measured_keys(store, run_id)
     else:
-        plan = sweep.sample_plan(
-            specs, samples=settings.samples, seed=settings.seed, device_kind=tgt.kind,
-            families=settings.families,
-        )
-        if settings.precisions:
-            plan = precisions.expand(plan, settings.precisions)
+        plan = _new_plan(specs, settings, tgt.kind)
         run_id = _start_run(store, settings, tgt, backend, digest, plan, threads)
         done = set()
     store.upsert_device(
@@ -313,6 +308,14 @@ def run_bench(
         rows_total=len(plan) - remaining, elapsed_s=clock() - started, intra_op_threads=threads,
         families=outcome.families, skipped=outcome.skipped,
     )
+
+
+def _new_plan(specs: Sequence[sweep.SweepSpec], settings: BenchSettings,
+              device_kind: str) -> list[sweep.PlanItem]:
+    """The rows a fresh run measures: sampled from the specs, then one per asked precision."""
+    plan = sweep.sample_plan(specs, samples=settings.samples, seed=settings.seed,
+                             device_kind=device_kind, families=settings.families)
+    return precisions.expand(plan, settings.precisions) if settings.precisions else plan
 
 
 def _start_run(

@@ -477,12 +477,7 @@ class PerfStore:
         _check_text("job_uid", job_uid, required=True)
         _check_text("device", device, required=True)
         _check_text("model_digest", model_digest, required=False)
-        if isinstance(gpu_count, bool) or not isinstance(gpu_count, int):
-            raise errors.InvalidRequestError("gpu_count", f"must be an integer, got {gpu_count!r}")
-        if not 1 <= gpu_count <= MAX_GPU_COUNT:
-            raise errors.InvalidRequestError(
-                "gpu_count", f"must be in 1..{MAX_GPU_COUNT}, got {gpu_count}"
-            )
+        _check_gpu_count(gpu_count)
         _check_seconds("estimated_seconds", estimated_seconds)
         _check_seconds("actual_seconds", actual_seconds)
         scaling: dict[str, int | float | None] = {
@@ -853,6 +848,14 @@ def _check_text(name: str, value: object, *, required: bool) -> None:
         raise errors.InvalidRequestError(
             name, f"must be at most {MAX_KEY_CHARS} characters, got {len(value)}"
         )
+
+
+def _check_gpu_count(gpu_count: object) -> None:
+    if isinstance(gpu_count, bool) or not isinstance(gpu_count, int):
+        raise errors.InvalidRequestError("gpu_count", f"must be an integer, got {gpu_count!r}")
+    if not 1 <= gpu_count <= MAX_GPU_COUNT:
+        raise errors.InvalidRequestError(
+            "gpu_count", f"must be in 1..{MAX_GPU_COUNT}, got {gpu_count}")
 
 
 def _check_seconds(name: str, value: object) -> None:

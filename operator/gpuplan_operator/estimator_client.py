@@ -58,8 +58,8 @@ def build_request(
         dims.setdefault(SEQUENCE_DIM, t.sequence_length)
     training: dict[str, Any] = {
         "batch_size": t.batch_size, "dataset_size": t.dataset_size, "epochs": t.epochs,
-        "optimizer": t.optimizer, "precision": t.precision, "attention": t.attention,
-        "dims": dims,
+        "optimizer": t.optimizer, "optimizer_impl": t.optimizer_impl, "precision": t.precision,
+        "attention": t.attention, "dims": dims,
     }
     model: dict[str, Any] = (
         {"model_hf_config": json.loads(model_bytes)} if spec.model.hf_config

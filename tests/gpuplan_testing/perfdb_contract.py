@@ -197,7 +197,8 @@ def probe_row(device: str, cpu_model: str, eager_op_us: float, *, date: str = "2
     """A probe of a node type: `eager_op_us` varies, the other figures are fixed."""
     figures = {"eager_op_us": eager_op_us, "module_call_us": 9.0, "linear_us": 6.0,
                "autocast_linear_us": 15.0, "backward_node_us": 8.0,
-               "optimizer_foreach_us_per_tensor": 3.0, "launch_latency_us": 12.0}
+               "optimizer_foreach_us_per_tensor": 3.0, "optimizer_for_loop_us_per_tensor": 16.0,
+               "optimizer_fused_us_per_tensor": 1.0, "launch_latency_us": 12.0}
     return ProbeRow(device=device, cpu_model=cpu_model, probe_version=version,
                     figures_us=figures, provenance={"date": date, "commit": "abc123",
                                                     "torch": "2.11.0", "command": "probe"})

@@ -10,6 +10,24 @@ from gpuplan_estimator.core.precisions import PRECISION_TABLE
 
 MODES: tuple[str, ...] = ("train", "inference")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop")
+
+FOREACH_OPTIMIZER = "foreach"
+FUSED_OPTIMIZER = "fused"
+FOR_LOOP_OPTIMIZER = "for-loop"
+OPTIMIZER_IMPLS: tuple[str, ...] = (FOREACH_OPTIMIZER, FUSED_OPTIMIZER, FOR_LOOP_OPTIMIZER)
+"""How `torch.optim` runs the update: "foreach" (`_foreach_*` kernels over chunks of all
+tensors, PyTorch 2's default on CUDA), "fused" (`fused=True`: one kernel per chunk doing the
+whole update) or "for-loop" (`foreach=False`: every op launched per parameter tensor)."""
+FUSED_IMPL_OPTIMIZERS = frozenset({"sgd", "momentum", "adam", "adamw", "adagrad"})
+"""Optimizers `torch.optim` has a fused CUDA implementation of (RMSprop has none)."""
+
+
+def optimizer_impl_problem(optimizer: str, optimizer_impl: str) -> str | None:
+    """Why `optimizer` cannot run as `optimizer_impl`, or None when it can."""
+    if optimizer_impl == FUSED_OPTIMIZER and optimizer not in FUSED_IMPL_OPTIMIZERS:
+        return (f"torch.optim has no fused {optimizer} (fused exists for "
+                f"{', '.join(sorted(FUSED_IMPL_OPTIMIZERS))})")
+    return None
 PRECISIONS: tuple[str, ...] = tuple(PRECISION_TABLE)
 """fp32, tf32, fp16, bf16: what each means is `core.precisions`."""
 
@@ -37,6 +55,8 @@ OBJECTIVES: tuple[str, ...] = ("cheapest", "fastest", "balanced")
 DEFAULT_MODE = "train"
 DEFAULT_OPTIMIZER = "adamw"
 """AdamW: what transformer and most CNN recipes train with today (and the CRD's default)."""
+DEFAULT_OPTIMIZER_IMPL = FOREACH_OPTIMIZER
+"""What `torch.optim` picks on CUDA when the trainer names none."""
 DEFAULT_PRECISION = "fp32"
 DEFAULT_FRAMEWORK = PYTORCH_EAGER
 """One kernel per node, as the GPU rows were measured."""

@@ -59,8 +59,8 @@ def host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.Ho
     tensors = g.parameter_tensor_count
 
     def phase_us(name: str, phase: Phase) -> float:
-        costs = host.HostModel(probe, _unit(name)).item_host_us(items, settings.precision,
-                                                                tensors)
+        costs = host.HostModel(probe, _unit(name)).item_host_us(
+            items, settings.precision, tensors, optimizer_impl=settings.optimizer_impl)
         return float(sum(c for c, item in zip(costs, items, strict=True)
                          if item.phase is phase))
 

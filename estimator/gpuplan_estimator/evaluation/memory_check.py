@@ -174,7 +174,8 @@ def predict(case: MemoryCase) -> dict[str, int]:
         return {**states, "activations": kept,
                 "step_peak": sum(states.values()) + m.activations_bytes}
     walk_settings = dataclasses.replace(memory.walk_settings(settings, 1.0),
-                                        allocation_round_bytes=1, optimizer_foreach=False,
+                                        allocation_round_bytes=1,
+                                        optimizer_impl=options.FOR_LOOP_OPTIMIZER,
                                         cross_entropy_loss=False)
     walked = memory_walk.peak(g, walk_settings,
                               attention.fused_attention(g, settings.attention))

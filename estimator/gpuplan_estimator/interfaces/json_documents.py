@@ -146,6 +146,7 @@ def estimate_json(
             "mode": settings.mode,
             # Inference updates no weights: no optimizer to name.
             "optimizer": settings.optimizer if settings.mode == "train" else None,
+            "optimizer_impl": settings.optimizer_impl if settings.mode == "train" else None,
             "precision": settings.precision, "attention": settings.attention,
             "batch_size": settings.batch_size,
             "epochs": epochs, "dataset_size": dataset_size,

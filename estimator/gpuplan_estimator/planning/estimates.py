@@ -475,6 +475,7 @@ def _host_costs(graph: ModelGraph, plan: _Plan, settings: TrainingSettings,
         return None
     items = plan.step.items
     per_item = model.item_host_us(items, settings.precision, graph.parameter_tensor_count,
+                                  optimizer_impl=settings.optimizer_impl,
                                   training=settings.training)
     rows = np.bincount(plan.item_row, weights=per_item, minlength=len(plan.phase))
     return _HostCosts(rows.astype(np.float64), model)

@@ -69,9 +69,11 @@ class PlannerContext:
 
 
 def training_settings(t: requests.TrainingRequest, batch: int) -> TrainingSettings:
-    """The request's mode, optimizer, precision and attention at batch size `batch`."""
+    """The request's mode, optimizer (and its implementation), precision and attention at
+    batch size `batch`."""
     return TrainingSettings(mode=t.mode, optimizer=t.optimizer, precision=t.precision,
-                            attention=t.attention, batch_size=batch)
+                            attention=t.attention, optimizer_impl=t.optimizer_impl,
+                            batch_size=batch)
 
 
 def graph_at(model: bytes, t: requests.TrainingRequest, batch: int) -> ModelGraph:

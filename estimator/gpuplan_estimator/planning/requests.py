@@ -25,6 +25,7 @@ class TrainingRequest:
     mode: str = options.DEFAULT_MODE
     attention: str = options.DEFAULT_ATTENTION
     dims: Mapping[str, int] = field(default_factory=dict)
+    optimizer_impl: str = options.DEFAULT_OPTIMIZER_IMPL
 
     @property
     def steps_per_epoch(self) -> int:

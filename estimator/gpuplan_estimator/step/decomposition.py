@@ -76,6 +76,19 @@ OPTIMIZER_PASSES: Mapping[str, tuple[tuple[str, int, int, int], ...]] = MappingP
         ),
     }
 )
+# The fused implementations (`fused=True`, `_fused_*` ATen kernels) do a whole update in one
+# pass: every tensor read once and written once. (op, read, written, flops per element): sgd
+# reads p, g; momentum p, g, buf; adam/adamw p, g, exp_avg, exp_avg_sq; adagrad p, g,
+# state_sum. Flops as the foreach passes'. They take GradScaler's scale and unscale inside.
+FUSED_OPTIMIZER_PASS: Mapping[str, tuple[str, int, int, int]] = MappingProxyType(
+    {
+        "sgd": ("fused_sgd", 2, 1, 2),
+        "momentum": ("fused_sgd", 3, 2, 4),
+        "adam": ("fused_adam", 4, 3, 13),
+        "adamw": ("fused_adamw", 4, 3, 14),
+        "adagrad": ("fused_adagrad", 3, 2, 7),
+    }
+)
 # Mixed precision (torch.amp): fp16 (not bf16) unscales the gradients with GradScaler (one
 # read+write pass over them). The weights' casts to the half dtype are forward work
 # (`autocast.cast_items`), as autocast runs them.
@@ -104,6 +117,9 @@ class TrainingSettings:
     attention: str = options.DEFAULT_ATTENTION
     """"eager" (the attention core's ops one by one, its score matrix stored) or "fused"
     (one SDPA/FlashAttention kernel; see `step.attention`)."""
+    optimizer_impl: str = options.DEFAULT_OPTIMIZER_IMPL
+    """How the optimizer's update runs (`options.OPTIMIZER_IMPLS`): its kernels and its host
+    cost per parameter tensor."""
 
     def validate(self) -> tuple[str, ...]:
         """Every problem as "field: message"; empty when valid."""
@@ -132,11 +148,19 @@ class TrainingSettings:
             errors.append(f"attention: fused attention is priced for "
                           f"{' and '.join(sorted(options.FUSED_ATTENTION_FRAMEWORKS))}, not "
                           f"{self.framework}")
+        errors.extend(self._optimizer_impl_errors())
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
             errors.append(f"batch_size: must be an integer, got {self.batch_size!r}")
         elif self.batch_size <= 0:
             errors.append(f"batch_size: must be positive, got {self.batch_size}")
         return tuple(errors)
+
+    def _optimizer_impl_errors(self) -> list[str]:
+        if self.optimizer_impl not in options.OPTIMIZER_IMPLS:
+            return [f"optimizer_impl: must be one of {', '.join(options.OPTIMIZER_IMPLS)}, "
+                    f"got {self.optimizer_impl!r}"]
+        problem = options.optimizer_impl_problem(self.optimizer, self.optimizer_impl)
+        return [f"optimizer_impl: {problem}"] if problem else []
 
     def check(self) -> None:
         """Raise `InvalidRequestError` naming the first bad field (all are in the message)."""
@@ -360,9 +384,7 @@ def optimizer_items(parameter_count: int, settings: TrainingSettings) -> tuple[W
     """Elementwise passes of one optimizer step over `parameter_count` fp32 master weights."""
     if parameter_count <= 0:
         return ()
-    passes = list(OPTIMIZER_PASSES[settings.optimizer])
-    if precisions.precision(settings.precision).grad_scaler:
-        passes.insert(0, UNSCALE_PASS)
+    passes = _optimizer_passes(settings)
     rows = math.ceil(parameter_count / OPTIMIZER_CHUNK_ELEMENTS)
     items = []
     for op, reads, writes, flops_per_element in passes:
@@ -384,6 +406,18 @@ def optimizer_items(parameter_count: int, settings: TrainingSettings) -> tuple[W
             )
         )
     return tuple(items)
+
+
+def _optimizer_passes(settings: TrainingSettings) -> list[tuple[str, int, int, int]]:
+    """The elementwise passes of the update as `settings.optimizer_impl` runs it (a for-loop
+    runs the foreach passes' arithmetic one tensor at a time: the same bytes, more launches,
+    which the host model prices per tensor)."""
+    if settings.optimizer_impl == options.FUSED_OPTIMIZER:
+        return [FUSED_OPTIMIZER_PASS[settings.optimizer]]
+    passes = list(OPTIMIZER_PASSES[settings.optimizer])
+    if precisions.precision(settings.precision).grad_scaler:
+        passes.insert(0, UNSCALE_PASS)
+    return passes
 
 
 def _default_kernel_dims() -> KernelDimsFn:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import numpy.typing as npt
 
-from gpuplan_estimator.core import precisions
+from gpuplan_estimator.core import options, precisions
 from gpuplan_estimator.core.workload import Phase, WorkItem
 
 FloatArray = npt.NDArray[np.float64]
@@ -34,6 +34,9 @@ MANIFEST_KEY = "host_model"
 """Where a model bundle's manifest holds its host model (`model_to_json`)."""
 Z90 = 1.2815515655446004
 """The standard normal's 90th percentile: P10-P90 is +-Z90 sigma of a log-normal error."""
+FOLDED_OPS = frozenset({"Constant"})
+"""Graph ops an exporter writes for values it computed while tracing (folded shape arithmetic,
+literals): eager PyTorch issues nothing for them."""
 PROBE_VERSION = 1
 """The version of `bench.host_probe`'s figures `HostProbe` reads (the probe module runs on a
 bare node with torch only, so it keeps its own copy; a test checks the two agree)."""
@@ -56,6 +59,10 @@ class HostProbe:
     """The autograd engine's cost per node."""
     optimizer_foreach_us_per_tensor: float
     """AdamW's foreach step per parameter tensor."""
+    optimizer_for_loop_us_per_tensor: float
+    """AdamW's for-loop step (`foreach=False`) per parameter tensor."""
+    optimizer_fused_us_per_tensor: float
+    """AdamW's fused step (`fused=True`) per parameter tensor."""
     launch_latency_us: float
     """Issue to completion of one tiny kernel, its synchronize included."""
     source: str = ""
@@ -69,6 +76,13 @@ class HostProbe:
         if missing:
             raise ValueError(f"host probe figures lack {missing}")
         return cls(**{n: float(figures[n]) for n in names}, source=source)
+
+    def optimizer_us_per_tensor(self, optimizer_impl: str) -> float:
+        """The optimizer step's host cost per parameter tensor as `optimizer_impl` runs it."""
+        by_impl = {options.FOREACH_OPTIMIZER: self.optimizer_foreach_us_per_tensor,
+                   options.FUSED_OPTIMIZER: self.optimizer_fused_us_per_tensor,
+                   options.FOR_LOOP_OPTIMIZER: self.optimizer_for_loop_us_per_tensor}
+        return by_impl[optimizer_impl]
 
     @property
     def autocast_extra_us(self) -> float:
@@ -92,7 +106,8 @@ class HostCoefficients:
     autocast_backward: float
     """Multiplier on `backward_kernel` under autocast (the casts' own backward nodes)."""
     optimizer_tensor: float
-    """Per parameter tensor, in `optimizer_foreach_us_per_tensor` (step plus zero_grad)."""
+    """Per parameter tensor, in the probe's figure for the step's optimizer implementation
+    (`HostProbe.optimizer_us_per_tensor`; fitted on foreach steps), step plus zero_grad."""
     no_grad_forward: float = 1.0
     """Multiplier on forward costs without autograd (inference under `no_grad`: no graph to
     record)."""
@@ -108,9 +123,12 @@ class HostModel:
     coefficients: HostCoefficients
 
     def item_host_us(self, items: Sequence[WorkItem], precision: str,
-                     parameter_tensors: int, *, training: bool = True) -> FloatArray:
+                     parameter_tensors: int, *, optimizer_impl: str,
+                     training: bool = True) -> FloatArray:
         """Issue cost of each item of a step, in microseconds (optimizer items share the
-        per-tensor cost; a forward without autograd costs `no_grad_forward` times less)."""
+        per-tensor cost of `optimizer_impl`; a forward without autograd costs
+        `no_grad_forward` times less; a folded constant costs nothing: the exporter computed
+        it, eager PyTorch never issues it)."""
         autocast = precisions.precision(precision).autocast
         p, c = self.probe, self.coefficients
         out = np.zeros(len(items))
@@ -122,7 +140,7 @@ class HostModel:
                 out[i] = c.backward_kernel * p.backward_node_us * (
                     c.autocast_backward if autocast else 1.0) * item.count
                 continue
-            if item.role == "fused":  # folded into another kernel: no op of its own
+            if item.role == "fused" or item.op in FOLDED_OPS:  # no op of its own
                 continue
             if item.kernel == "none":
                 out[i] = c.forward_view * p.eager_op_us
@@ -133,7 +151,8 @@ class HostModel:
         if not training:
             out *= c.no_grad_forward
         if optimizer_rows:
-            total = c.optimizer_tensor * p.optimizer_foreach_us_per_tensor * parameter_tensors
+            total = (c.optimizer_tensor * p.optimizer_us_per_tensor(optimizer_impl)
+                     * parameter_tensors)
             out[optimizer_rows] = total / len(optimizer_rows)
         return out
 

@@ -145,7 +145,7 @@ def walk_settings(settings: TrainingSettings, batch_scale: float) -> memory_walk
         half_bytes=settings.activation_bytes if settings.mixed_precision else 0,
         optimizer=settings.optimizer,
         optimizer_state_words=OPTIMIZER_STATE_WORDS[settings.optimizer],
-        batch_scale=batch_scale)
+        batch_scale=batch_scale, optimizer_impl=settings.optimizer_impl)
 
 
 def framework_overhead_bytes(allocated_peak_bytes: int) -> int:

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import overload
 
+from gpuplan_estimator.core import options
 from gpuplan_estimator.core.layers import DTYPE_BYTES, FLOAT_DTYPES, Layer, ModelGraph, OpFamily
 from gpuplan_estimator.step import attention, saved
 
@@ -99,9 +100,10 @@ class WalkSettings:
     """Per-GPU batch / the batch the graph was built at: activation sizes scale with it."""
     allocation_round_bytes: int = ALLOCATION_ROUND_BYTES
     """The allocator's block: CUDA's 512 bytes; 1 to count requested bytes (a CPU profile)."""
-    optimizer_foreach: bool = True
-    """PyTorch's default on CUDA: one temporary over all parameters; False: the per-tensor
-    path, whose temporaries are two of the largest parameter tensor (sqrt, then the divide)."""
+    optimizer_impl: str = options.DEFAULT_OPTIMIZER_IMPL
+    """foreach (PyTorch's default on CUDA): one temporary over all parameters; for-loop: the
+    per-tensor path, whose temporaries are two of the largest parameter tensor (sqrt, then
+    the divide); fused: none (the update runs in registers)."""
     cross_entropy_loss: bool = True
     """Training loss: cross entropy over the float outputs (its log-probabilities are kept);
     False for a loss that keeps nothing (a mean of the outputs)."""
@@ -381,10 +383,10 @@ class _Walk:
         self.live = _SummedBytes({n: self.size[n] for n in self.inputs})  # the ids/images
         self.weight_copies.clear()
         words = FOREACH_TEMPORARY_WORDS[self.s.optimizer]
-        if self.s.optimizer_foreach:
+        if self.s.optimizer_impl == options.FOREACH_OPTIMIZER:
             self.optimizer_bytes += sum(self.rounded(n * FP32_BYTES) * words
                                         for n in self.params.values())
-        else:
+        elif self.s.optimizer_impl == options.FOR_LOOP_OPTIMIZER:
             largest = max(self.params.values(), default=0)
             self.optimizer_bytes += 2 * words * self.rounded(largest * FP32_BYTES)
         self.mark("optimizer")

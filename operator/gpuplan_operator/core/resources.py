@@ -65,8 +65,8 @@ class ModelRef:
 
 @dataclasses.dataclass(frozen=True)
 class Training:
-    """`spec.training`: batch, dataset, epochs, optimizer, precision, attention and symbolic
-    dims."""
+    """`spec.training`: batch, dataset, epochs, optimizer (and how it runs), precision,
+    attention and symbolic dims."""
 
     batch_size: int
     dataset_size: int
@@ -76,6 +76,7 @@ class Training:
     attention: str
     sequence_length: int | None
     dims: Mapping[str, int]
+    optimizer_impl: str
 
 
 @dataclasses.dataclass(frozen=True)

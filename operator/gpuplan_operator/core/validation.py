@@ -11,6 +11,7 @@ from gpuplan_estimator.core.durations import parse_duration_seconds
 from gpuplan_operator.core import errors, resources
 
 OPTIMIZERS = frozenset(options.OPTIMIZERS)
+OPTIMIZER_IMPLS = frozenset(options.OPTIMIZER_IMPLS)
 PRECISIONS = frozenset(options.PRECISIONS)
 ATTENTIONS = frozenset(options.ATTENTIONS)
 PREFERENCES = frozenset(options.OBJECTIVES)
@@ -56,6 +57,7 @@ def parse_spec(spec: Mapping[str, Any]) -> resources.TrainingJobSpec:
             batch_size=int(training["batchSize"]), dataset_size=int(training["datasetSize"]),
             epochs=int(training["epochs"]),
             optimizer=training.get("optimizer", options.DEFAULT_OPTIMIZER),
+            optimizer_impl=training.get("optimizerImpl", options.DEFAULT_OPTIMIZER_IMPL),
             precision=training.get("precision", options.DEFAULT_PRECISION),
             attention=training.get("attention", options.DEFAULT_ATTENTION),
             sequence_length=training.get("sequenceLength"),
@@ -144,6 +146,12 @@ def _check_training(training: object, out: list[str]) -> None:
     _check_int(training, "epochs", path, 1, 100_000, out, required=True)
     _check_int(training, "sequenceLength", path, 1, 1 << 20, out, required=False)
     _check_enum(training, "optimizer", path, OPTIMIZERS, out)
+    _check_enum(training, "optimizerImpl", path, OPTIMIZER_IMPLS, out)
+    impl_problem = options.optimizer_impl_problem(
+        str(training.get("optimizer", options.DEFAULT_OPTIMIZER)),
+        str(training.get("optimizerImpl", options.DEFAULT_OPTIMIZER_IMPL)))
+    if impl_problem is not None:
+        out.append(f"{path}.optimizerImpl: {impl_problem}")
     _check_enum(training, "precision", path, PRECISIONS, out)
     _check_enum(training, "attention", path, ATTENTIONS, out)
     dims = training.get("dims", {})

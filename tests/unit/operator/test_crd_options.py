@@ -24,6 +24,7 @@ def spec_properties() -> dict[str, Any]:
 
 @pytest.mark.parametrize(("section", "field", "choices", "default"), [
     ("training", "optimizer", options.OPTIMIZERS, options.DEFAULT_OPTIMIZER),
+    ("training", "optimizerImpl", options.OPTIMIZER_IMPLS, options.DEFAULT_OPTIMIZER_IMPL),
     ("training", "precision", options.PRECISIONS, options.DEFAULT_PRECISION),
     ("training", "attention", options.ATTENTIONS, options.DEFAULT_ATTENTION),
     ("objective", "prefer", options.OBJECTIVES, options.DEFAULT_OBJECTIVE),
@@ -43,6 +44,7 @@ def test_crd_gpu_cap_is_the_options_cap() -> None:
 
 def test_operator_validation_uses_the_options() -> None:
     assert frozenset(options.OPTIMIZERS) == validation.OPTIMIZERS
+    assert frozenset(options.OPTIMIZER_IMPLS) == validation.OPTIMIZER_IMPLS
     assert frozenset(options.PRECISIONS) == validation.PRECISIONS
     assert frozenset(options.ATTENTIONS) == validation.ATTENTIONS
     assert frozenset(options.OBJECTIVES) == validation.PREFERENCES

@@ -138,8 +138,9 @@ def test_request_body_follows_the_contract() -> None:
     body = estimator_client.build_request(spec, b"\x01\x02", pools)
     assert base64.b64decode(body["model_onnx_b64"]) == b"\x01\x02"
     assert body["training"] == {"batch_size": 256, "dataset_size": 1_281_167, "epochs": 1,
-                                "optimizer": "adamw", "precision": "fp32",
-                                "attention": "eager", "dims": {"heads": 12, "sequence": 128}}
+                                "optimizer": "adamw", "optimizer_impl": "foreach",
+                                "precision": "fp32", "attention": "eager",
+                                "dims": {"heads": 12, "sequence": 128}}
     assert body["objective"] == {"prefer": "cheapest", "max_gpus": 8, "deadline_seconds": 14400}
     assert body["inventory"] == [{"gpu_type": "NVIDIA-L4", "gpus_per_node": 4, "nodes": 8,
                                   "free_gpus": 30}]
@@ -150,6 +151,20 @@ def test_the_attention_the_job_runs_is_sent() -> None:
     spec = validation.parse_spec(SpecBuilder().set("training.attention", "fused").obj())
     body = estimator_client.build_request(spec, b"\x01", [])
     assert body["training"]["attention"] == "fused"
+
+
+def test_the_optimizer_implementation_the_job_runs_is_sent() -> None:
+    spec = validation.parse_spec(SpecBuilder().set("training.optimizerImpl", "fused").obj())
+    body = estimator_client.build_request(spec, b"\x01", [])
+    assert body["training"]["optimizer_impl"] == "fused"
+
+
+def test_a_fused_rmsprop_is_refused_naming_the_field() -> None:
+    spec = SpecBuilder().set("training.optimizer", "rmsprop").set(
+        "training.optimizerImpl", "fused").obj()
+    problems = validation.validate_spec(spec)
+    assert any(p.startswith("spec.training.optimizerImpl: torch.optim has no fused rmsprop")
+               for p in problems), problems
 
 
 def test_a_hf_config_model_is_sent_as_its_json() -> None:

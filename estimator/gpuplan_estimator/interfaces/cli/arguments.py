@@ -7,7 +7,8 @@ import math
 from collections.abc import Callable
 
 from gpuplan_estimator import devices
-from gpuplan_estimator.core import durations, limits
+from gpuplan_estimator.core import durations, limits, options
+from gpuplan_estimator.core.errors import InvalidRequestError
 
 MAX_COUNT = 10**12
 """Largest count any flag takes (the CRD's dataset-size bound); beyond it, a batch or a dim
@@ -107,6 +108,22 @@ PRICES_HELP = ("PROVIDER of the shipped price book (aws, lambda: published on-de
                "dated; a plan then compares within that provider), or a YAML/JSON file: a "
                "one-provider book ('providers:', see docs/catalog.md) or a 'prices:' mapping "
                "of GPU type to USD per GPU hour overriding the catalog's indicative prices")
+
+
+def add_optimizer_impl(parser: argparse.ArgumentParser) -> None:
+    """`--optimizer-impl`: how torch.optim runs the update (`options.OPTIMIZER_IMPLS`)."""
+    parser.add_argument("--optimizer-impl", choices=options.OPTIMIZER_IMPLS,
+                        default=options.DEFAULT_OPTIMIZER_IMPL,
+                        help=f"how torch.optim runs the update (default "
+                        f"{options.DEFAULT_OPTIMIZER_IMPL}, PyTorch's on CUDA): fused "
+                        "(fused=True), or for-loop (foreach=False, one launch per tensor)")
+
+
+def check_optimizer_impl(args: argparse.Namespace) -> None:
+    """Refuse `--optimizer-impl` for an `--optimizer` torch.optim cannot run that way."""
+    problem = options.optimizer_impl_problem(args.optimizer, args.optimizer_impl)
+    if problem is not None:
+        raise InvalidRequestError("--optimizer-impl", problem)
 
 
 def add_prices_flag(parser: argparse.ArgumentParser) -> None:

@@ -70,6 +70,7 @@ def _register_estimate(sub: Any) -> None:
     p.add_argument("--optimizer", choices=options.OPTIMIZERS, default=options.DEFAULT_OPTIMIZER,
                    help=f"optimizer whose update step and state are priced (training only; "
                    f"default {options.DEFAULT_OPTIMIZER})")
+    arguments.add_optimizer_impl(p)
     p.add_argument("--precision", choices=options.PRECISIONS, default=options.DEFAULT_PRECISION,
                    help=f"compute precision (default {options.DEFAULT_PRECISION})")
     p.add_argument("--framework", choices=options.FRAMEWORKS,
@@ -176,6 +177,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     plots.check(args.plot)
     if args.epochs is not None and args.dataset_size is None:  # before any model is built
         raise InvalidRequestError("--epochs", "needs --dataset-size N too (samples per epoch)")
+    arguments.check_optimizer_impl(args)
     specs = resolve_devices(args.device, arguments.catalog(args.prices, args.catalog))
     if not args.device:  # the whole catalog: leave out GPUs without this precision's math
         specs = [d for d in specs if devices.supports_precision(d, args.precision)]
@@ -185,7 +187,8 @@ def run_estimate(args: argparse.Namespace) -> int:
         g, batch = _load(source, args)
         settings = TrainingSettings(batch_size=batch, mode=args.mode,
                                     optimizer=args.optimizer, precision=args.precision,
-                                    framework=args.framework, attention=args.attention)
+                                    framework=args.framework, attention=args.attention,
+                                    optimizer_impl=args.optimizer_impl)
         try:
             predictor, predictor_source = selection.select_predictor(args.bundle,
                                                                      args.cpu_backend)

@@ -97,8 +97,8 @@ def request_body(args: argparse.Namespace) -> dict[str, Any]:
     if args.batch is None:
         raise InvalidRequestError("--batch", "a named layout needs the global batch")
     training = {"batch_size": args.batch, "epochs": 1, "optimizer": args.optimizer,
-                "precision": args.precision, "attention": args.attention, "mode": args.mode,
-                "dims": dict(args.dim)}
+                "optimizer_impl": args.optimizer_impl, "precision": args.precision,
+                "attention": args.attention, "mode": args.mode, "dims": dict(args.dim)}
     return {**model, "training": training, "devices": list(args.device),
             "layout": layout_json(args)}
 
@@ -120,7 +120,8 @@ def _flagged(exc: InvalidRequestError) -> InvalidRequestError:
 def _flag(path: str) -> str:
     if path.startswith(named.FIELD_PREFIX):
         return FLAGS.get(path[len(named.FIELD_PREFIX):], path)
-    return {"training.batch_size": "--batch"}.get(path, path)
+    return {"training.batch_size": "--batch",
+            "training.optimizer_impl": "--optimizer-impl"}.get(path, path)
 
 
 def run(args: argparse.Namespace) -> int:

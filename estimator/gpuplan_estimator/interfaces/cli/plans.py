@@ -79,6 +79,7 @@ def register(sub: Any) -> None:
                    metavar="NAME=V", help="bind a symbolic dim, e.g. sequence=1024 (repeatable)")
     p.add_argument("--optimizer", default=options.DEFAULT_OPTIMIZER, choices=options.OPTIMIZERS,
                    help=f"optimizer (default {options.DEFAULT_OPTIMIZER})")
+    arguments.add_optimizer_impl(p)
     p.add_argument("--precision", default=options.DEFAULT_PRECISION, choices=options.PRECISIONS,
                    help=f"compute precision (default {options.DEFAULT_PRECISION})")
     p.add_argument("--attention", default=options.DEFAULT_ATTENTION, choices=options.ATTENTIONS,
@@ -142,6 +143,7 @@ def pools(specs: Sequence[str], catalog: devices.Catalog) -> list[dict[str, Any]
 WIRE_FLAGS = {
     "training.batch_size": "--batch", "training.dataset_size": "--dataset-size",
     "training.epochs": "--epochs", "training.optimizer": "--optimizer",
+    "training.optimizer_impl": "--optimizer-impl",
     "training.precision": "--precision", "training.attention": "--attention",
     "training.dims": "--dim", "objective.prefer": "--prefer", "objective.max_gpus": "--max-gpus",
     "objective.deadline_seconds": "--deadline", "objective.budget_usd": "--budget",
@@ -196,6 +198,7 @@ def request_body(args: argparse.Namespace, catalog: devices.Catalog) -> dict[str
         **model_json(args),
         "training": {"batch_size": args.batch, "dataset_size": args.dataset_size,
                      "epochs": args.epochs, "optimizer": args.optimizer,
+                     "optimizer_impl": args.optimizer_impl,
                      "precision": args.precision, "attention": args.attention,
                      "dims": dict(args.dim)},
         "objective": {"prefer": args.prefer, "max_gpus": args.max_gpus,

@@ -71,7 +71,8 @@ def flops(value: float) -> str:
 def header(graph: ModelGraph, settings: TrainingSettings, predictor_source: str) -> str:
     """Two lines naming the model (layers, parameters, dims), the settings and predictor."""
     bindings = ", ".join(f"{k}={v}" for k, v in sorted(graph.dim_bindings.items()))
-    optimizer = f", optimizer {settings.optimizer}" if settings.mode == "train" else ""
+    optimizer = (f", optimizer {settings.optimizer} ({settings.optimizer_impl})"
+                 if settings.mode == "train" else "")
     return (
         f"model {graph.name}: {len(graph.layers)} layers, "
         f"{graph.parameter_count / 1e6:.1f} M parameters"

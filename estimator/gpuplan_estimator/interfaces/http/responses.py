@@ -205,6 +205,8 @@ class EstimateSettings(_Response):
 
     mode: str
     optimizer: str | None = Field(description="null for inference (no weights updated).")
+    optimizer_impl: str | None = Field(
+        description="How the update ran (foreach, fused or for-loop); null for inference.")
     precision: str
     attention: str = Field(description="How the attention core was priced: eager (op by op, "
                            "scores in memory) or fused (one SDPA/FlashAttention kernel).")

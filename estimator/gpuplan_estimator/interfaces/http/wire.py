@@ -102,6 +102,8 @@ Mode = Annotated[str, AfterValidator(_one_of(options.MODES)),
                  Field(json_schema_extra={"enum": list(options.MODES)})]
 Optimizer = Annotated[str, AfterValidator(_one_of(options.OPTIMIZERS)),
                       Field(json_schema_extra={"enum": list(options.OPTIMIZERS)})]
+OptimizerImpl = Annotated[str, AfterValidator(_one_of(options.OPTIMIZER_IMPLS)),
+                          Field(json_schema_extra={"enum": list(options.OPTIMIZER_IMPLS)})]
 Precision = Annotated[str, AfterValidator(_one_of(options.PRECISIONS)),
                       Field(json_schema_extra={"enum": list(options.PRECISIONS)})]
 Attention = Annotated[str, AfterValidator(_one_of(options.ATTENTIONS)),
@@ -139,6 +141,11 @@ class TrainingBody(_Body):
         description="Samples per epoch; absent or null: one batch.")
     epochs: int = Field(1, ge=1, le=limits.MAX_EPOCHS)
     optimizer: Optimizer = options.DEFAULT_OPTIMIZER
+    optimizer_impl: OptimizerImpl = Field(
+        options.DEFAULT_OPTIMIZER_IMPL,
+        description="How torch.optim runs the update: foreach (PyTorch's default on CUDA), "
+                    "fused (fused=True: one kernel per chunk; not for rmsprop) or for-loop "
+                    "(foreach=False: ops launched per parameter tensor).")
     precision: Precision = options.DEFAULT_PRECISION
     mode: Mode = options.DEFAULT_MODE
     attention: Attention = Field(
@@ -334,11 +341,14 @@ def _training(body: TrainingBody, problems: list[tuple[str, str]]) -> TrainingRe
     too_big = limits.sample_elements_error(body.batch_size, dims)
     if too_big is not None:
         problems.append(("training.dims", too_big))
+    impl_problem = options.optimizer_impl_problem(body.optimizer, body.optimizer_impl)
+    if impl_problem is not None:
+        problems.append(("training.optimizer_impl", impl_problem))
     return TrainingRequest(
         batch_size=body.batch_size,
         dataset_size=body.dataset_size if body.dataset_size is not None else body.batch_size,
-        epochs=body.epochs, optimizer=body.optimizer, precision=body.precision,
-        mode=body.mode, attention=body.attention, dims=dims)
+        epochs=body.epochs, optimizer=body.optimizer, optimizer_impl=body.optimizer_impl,
+        precision=body.precision, mode=body.mode, attention=body.attention, dims=dims)
 
 
 def _hf_config(body: _ModelBody) -> dict[str, Any] | None:

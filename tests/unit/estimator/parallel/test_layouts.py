@@ -290,7 +290,9 @@ def test_host_waits_keep_the_regions_whole_and_are_not_split_by_tp(
     _, g = gpt2
     probe = host.HostProbe(eager_op_us=50.0, module_call_us=60.0, autocast_linear_us=80.0,
                            linear_us=60.0, backward_node_us=50.0,
-                           optimizer_foreach_us_per_tensor=20.0, launch_latency_us=10.0)
+                           optimizer_foreach_us_per_tensor=20.0,
+                           optimizer_for_loop_us_per_tensor=100.0,
+                           optimizer_fused_us_per_tensor=6.0, launch_latency_us=10.0)
     coefficients = host.HostCoefficients(forward_kernel=2.0, forward_view=1.0, autocast_cast=1.0,
                                          backward_kernel=2.0, autocast_backward=1.0,
                                          optimizer_tensor=1.0)

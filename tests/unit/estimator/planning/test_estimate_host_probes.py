@@ -32,6 +32,7 @@ from gpuplan_testing.perfdb_contract import probe_row
 TRAIN = TrainingSettings(batch_size=4)
 FIGURES = {"eager_op_us": 10.0, "module_call_us": 30.0, "autocast_linear_us": 40.0,
            "linear_us": 15.0, "backward_node_us": 8.0, "optimizer_foreach_us_per_tensor": 2.0,
+           "optimizer_for_loop_us_per_tensor": 11.0, "optimizer_fused_us_per_tensor": 0.5,
            "launch_latency_us": 5.0}
 DEFAULT = host.HostProbe.from_figures(FIGURES, "the bundle's default")
 SLOW = host.HostProbe.from_figures({k: 4.0 * v for k, v in FIGURES.items()}, "stored t4 probe")

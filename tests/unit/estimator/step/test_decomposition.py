@@ -53,6 +53,8 @@ def by_layer(items: Sequence[WorkItem], name: str) -> list[WorkItem]:
         ({"batch_size": 0}, "batch_size"),
         ({"batch_size": -3}, "batch_size"),
         ({"batch_size": 2.5}, "batch_size"),
+        ({"optimizer_impl": "apex"}, "optimizer_impl"),
+        ({"optimizer": "rmsprop", "optimizer_impl": "fused"}, "optimizer_impl"),
     ],
 )
 def test_validate_names_the_bad_field(kw: dict[str, Any], field: str) -> None:
@@ -182,6 +184,31 @@ def test_mixed_precision_optimizer_has_no_cast_and_fp16_unscales() -> None:
     fp16 = optimizer_items(1000, settings(precision="fp16"))
     assert [i.op for i in bf16] == [i.op for i in fp32]  # weight casts are forward work
     assert [i.op for i in fp16] == ["unscale"] + [i.op for i in bf16]
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "bytes_per_param"),
+    [("sgd", 12), ("momentum", 20), ("adam", 28), ("adamw", 28), ("adagrad", 20)],
+)
+def test_a_fused_optimizer_reads_and_writes_each_tensor_once(optimizer: str,
+                                                            bytes_per_param: int) -> None:
+    foreach = optimizer_items(1_000_000, settings(optimizer=optimizer))
+    fused = optimizer_items(1_000_000, settings(optimizer=optimizer, optimizer_impl="fused"))
+    assert len(fused) == 1 and fused[0].bytes_moved == bytes_per_param * 1_000_000
+    assert fused[0].bytes_moved <= sum(i.bytes_moved for i in foreach)
+    assert fused[0].flops == sum(i.flops for i in foreach)  # the same arithmetic, one pass
+
+
+def test_a_fused_optimizer_unscales_fp16_gradients_inside_its_kernel() -> None:
+    fused = optimizer_items(1000, settings(precision="fp16", optimizer_impl="fused"))
+    assert [i.op for i in fused] == ["fused_adamw"]
+
+
+def test_a_for_loop_optimizer_does_the_foreach_arithmetic() -> None:
+    # Its extra cost is one launch per tensor and pass: the host model's, not the kernels'.
+    foreach = optimizer_items(1000, settings())
+    loop = optimizer_items(1000, settings(optimizer_impl="for-loop"))
+    assert [(i.op, i.bytes_moved) for i in loop] == [(i.op, i.bytes_moved) for i in foreach]
 
 
 def test_precision_sets_compute_dtype_and_bytes() -> None:

@@ -13,7 +13,9 @@ from gpuplan_estimator.step import host
 
 PROBE = host.HostProbe(eager_op_us=10.0, module_call_us=30.0, autocast_linear_us=40.0,
                        linear_us=15.0, backward_node_us=8.0,
-                       optimizer_foreach_us_per_tensor=2.0, launch_latency_us=5.0,
+                       optimizer_foreach_us_per_tensor=2.0,
+                       optimizer_for_loop_us_per_tensor=11.0,
+                       optimizer_fused_us_per_tensor=0.5, launch_latency_us=5.0,
                        source="test")
 UNIT = host.HostCoefficients(forward_kernel=1.0, forward_view=0.5, autocast_cast=1.0,
                              backward_kernel=1.0, autocast_backward=2.0, optimizer_tensor=1.0,
@@ -69,11 +71,31 @@ def test_item_costs_follow_kind_precision_and_count() -> None:
              item(Phase.FORWARD, kernel="gemm", op="MatMul"),
              item(Phase.FORWARD, kernel="none", role="fused"),
              item(Phase.BACKWARD, count=3), item(Phase.OPTIMIZER), item(Phase.OPTIMIZER)]
-    fp32 = model.item_host_us(items, "fp32", parameter_tensors=10)
+    fp32 = model.item_host_us(items, "fp32", parameter_tensors=10, optimizer_impl="foreach")
     np.testing.assert_allclose(fp32, [10.0, 5.0, 10.0, 0.0, 24.0, 10.0, 10.0])
-    bf16 = model.item_host_us(items, "bf16", parameter_tensors=10)
+    bf16 = model.item_host_us(items, "bf16", parameter_tensors=10, optimizer_impl="foreach")
     # the MatMul pays autocast's casts (40 - 15 us); backward doubles under autocast
     np.testing.assert_allclose(bf16, [10.0, 5.0, 35.0, 0.0, 48.0, 10.0, 10.0])
+
+
+@pytest.mark.parametrize(("impl", "per_tensor_us"), [
+    ("foreach", 2.0), ("fused", 0.5), ("for-loop", 11.0)])
+def test_optimizer_host_cost_is_the_probes_figure_for_its_implementation(
+        impl: str, per_tensor_us: float) -> None:
+    model = host.HostModel(PROBE, UNIT)
+    items = [item(Phase.FORWARD), item(Phase.OPTIMIZER), item(Phase.OPTIMIZER)]
+    costs = model.item_host_us(items, "fp32", parameter_tensors=10, optimizer_impl=impl)
+    assert costs[1:].sum() == pytest.approx(10 * per_tensor_us)
+
+
+def test_a_folded_constant_costs_the_host_nothing() -> None:
+    # An exporter writes a Constant for a value it computed while tracing; eager PyTorch
+    # issues nothing for it, unlike a real view (Reshape), which is one dispatch.
+    model = host.HostModel(PROBE, UNIT)
+    items = [item(Phase.FORWARD, kernel="none", op="Constant", role="shape_only"),
+             item(Phase.FORWARD, kernel="none", op="Reshape", role="shape_only")]
+    costs = model.item_host_us(items, "fp32", parameter_tensors=0, optimizer_impl="foreach")
+    np.testing.assert_allclose(costs, [0.0, 5.0])
 
 
 def test_json_round_trip_and_errors() -> None:

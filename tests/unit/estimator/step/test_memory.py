@@ -70,6 +70,14 @@ def test_small_batch_peaks_in_the_optimizer_step(optimizer: str, state_words: in
             m.activations_bytes) == (W, W, W * (state_words + temporary_words), X)
 
 
+def test_a_fused_update_needs_no_temporary_and_a_for_loop_only_per_tensor_ones() -> None:
+    fused = memory.training_memory(mlp(), settings(optimizer_impl="fused"))
+    loop = memory.training_memory(mlp(), settings(optimizer_impl="for-loop"))
+    assert fused.optimizer_state_bytes == 2 * W  # exp_avg and exp_avg_sq only
+    # the for-loop's sqrt and divide temporaries are of the largest tensor, 784 x 256
+    assert loop.optimizer_state_bytes == 2 * W + 2 * r(784 * 256 * 4)
+
+
 def test_backward_frees_saved_tensors_and_allocates_gradients() -> None:
     big = 4096
     m = memory.training_memory(mlp(big), settings(batch_size=big, optimizer="sgd"))

@@ -90,6 +90,8 @@ def test_examples_apply_server_side(example: pathlib.Path, tjs: h.TrainingJobs, 
     ({"objective": {"maxGpus": 0}}, "spec.objective.maxGpus"),
     ({"model": {"onnx": {"url": "file:///etc/passwd"}}}, "http:// or https://"),
     ({"training": {"optimizer": "lbfgs"}}, "spec.training.optimizer"),
+    ({"training": {"optimizer": "rmsprop", "optimizerImpl": "fused"}},
+     "optimizerImpl fused is not available for rmsprop"),
 ])
 def test_crd_rejects_bad_specs(patch: dict[str, Any], message: str, tjs: h.TrainingJobs) -> None:
     from kubernetes.client.exceptions import ApiException

@@ -8,7 +8,8 @@ convention `graph.load_model` reads. torch and transformers are optional (`gpupl
 without them the error says what to install (exit 4, as every missing package). GPT-2, BERT
 and OPT configs need neither (`graph.zoo` writes those graphs directly), nor do the Llama,
 Mistral, Qwen2, Gemma, Mixtral and Qwen2-MoE families (`graph.hf_blocks` writes their block
-once per layer, in well under a second where the full export takes a minute).
+once per layer, in well under a second where the full export takes a minute), nor T5
+(`graph.hf_seq2seq`) and Whisper (`graph.hf_whisper`).
 
 `check_hf_request` refuses, before anything is built, what cannot succeed: an architecture
 known not to export, a text model without a sequence length, a size whose attention scores
@@ -33,10 +34,10 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gpuplan_estimator.core import errors, extras, limits
-from gpuplan_estimator.graph import hf_blocks, hf_seq2seq, loading, zoo
+from gpuplan_estimator.graph import hf_blocks, hf_seq2seq, hf_whisper, loading, zoo
 
 WRITTEN_MODEL_TYPES: tuple[str, ...] = (zoo.MODEL_TYPES + hf_blocks.MODEL_TYPES
-                                         + hf_seq2seq.MODEL_TYPES)
+                                         + hf_seq2seq.MODEL_TYPES + hf_whisper.MODEL_TYPES)
 """The HF `model_type`s written from the config without torch (docs/models.md lists them; a
 test checks the list against this)."""
 
@@ -45,8 +46,6 @@ UNSUPPORTED_MODEL_TYPES: Mapping[str, str] = {
                            "expert dispatch)",
     "deepseek_v2": "multi-head latent attention is not modelled",
     "deepseek_v3": "multi-head latent attention is not modelled",
-    "whisper": "WhisperForConditionalGeneration fails in torch.export (transformers 5.24, torch "
-               "2.15) and its encoder-decoder block is not written here yet",
 }
 """Architectures refused at once, by name, with the reason (rather than a minute of export
 that fails)."""
@@ -81,8 +80,12 @@ def needs_export(config: Mapping[str, Any]) -> bool:
 
 
 def needs_sequence(config: Mapping[str, Any]) -> bool:
-    """Whether the model reads token ids (a sequence length to bind) rather than pixels at
-    the config's image_size or audio features at its max_source_positions."""
+    """Whether the model reads token ids (a sequence length to bind) rather than only pixels
+    at the config's image_size or audio features at its max_source_positions. An audio
+    encoder-decoder (Whisper, Speech2Text) reads both: its decoder's tokens are the sequence."""
+    if config.get("model_type") in hf_whisper.MODEL_TYPES or (
+            "num_mel_bins" in config and config.get("is_encoder_decoder")):
+        return True
     return not any(key in config for key in ("image_size", "num_mel_bins", "vision_config"))
 
 
@@ -102,6 +105,9 @@ def check_hf_request(config: Mapping[str, Any], *, batch: int | None, sequence: 
                                          f"{UNSUPPORTED_MODEL_TYPES[kind]}")
     if needs_export(config) and batch is None:
         raise errors.InvalidRequestError("batch", f"{label}: needed to export {kind}")
+    if kind in hf_whisper.MODEL_TYPES:
+        hf_whisper.check_request(config, batch=batch, sequence=sequence, label=label)
+        return
     if not needs_sequence(config):
         return
     if sequence is None:
@@ -120,9 +126,9 @@ def check_hf_request(config: Mapping[str, Any], *, batch: int | None, sequence: 
 def hf_config_graph(config: Mapping[str, Any], *, batch: int, sequence: int | None,
                     label: str, name: str | None = None) -> bytes:
     """The ONNX graph of a Hugging Face config: `zoo` writes GPT-2, BERT and OPT, `hf_blocks`
-    the Llama-shaped and mixture-of-experts decoders, `hf_seq2seq` T5, directly (symbolic
-    batch and sequence, no torch); any other architecture is exported by `from_hf_config` at
-    `batch` and `sequence`. `check_hf_request` runs first."""
+    the Llama-shaped and mixture-of-experts decoders, `hf_seq2seq` T5, `hf_whisper` Whisper,
+    directly (symbolic batch and sequence, no torch); any other architecture is exported by
+    `from_hf_config` at `batch` and `sequence`. `check_hf_request` runs first."""
     check_hf_request(config, batch=batch, sequence=sequence, label=label)
     kind = config.get("model_type")
     if kind in zoo.MODEL_TYPES:
@@ -131,6 +137,8 @@ def hf_config_graph(config: Mapping[str, Any], *, batch: int, sequence: int | No
         return hf_blocks.build_decoder(config, name=name or label).SerializeToString()
     if kind in hf_seq2seq.MODEL_TYPES:
         return hf_seq2seq.build_t5(config, name=name or label).SerializeToString()
+    if kind in hf_whisper.MODEL_TYPES:
+        return hf_whisper.build_whisper(config, name=name or label).SerializeToString()
     return from_hf_config(config, batch=batch, sequence=sequence, label=label)
 
 
@@ -141,7 +149,8 @@ def from_hf_config(config: Mapping[str, Any], *, batch: int, sequence: int | Non
     The class is the config's first `architectures` entry (else the base model of its
     `model_type`); the input is the model's `main_input_name`: token ids [batch, sequence],
     pixels [batch, channels, image_size, image_size] or audio features [batch, mel bins,
-    2·max_source_positions]. Encoder-decoders get decoder ids of the same length.
+    2·max_source_positions]. Encoder-decoders get decoder ids of `sequence` tokens (of the
+    same length as text input ids).
     """
     torch = _require("torch", "torch")
     transformers = _require("transformers", "torch")
@@ -175,13 +184,18 @@ def _hf_inputs(torch: Any, model: Any, config: Any, batch: int, sequence: int | 
         side = int(getattr(config, "image_size", 224))
         return (torch.zeros((batch, int(getattr(config, "num_channels", 3)), side, side),
                             device="meta"),)
+    audio = None
     if name == "input_features":
         frames = 2 * int(getattr(config, "max_source_positions", 1500))
-        return (torch.zeros((batch, int(config.num_mel_bins), frames), device="meta"),)
+        audio = torch.zeros((batch, int(config.num_mel_bins), frames), device="meta")
+        if not getattr(config, "is_encoder_decoder", False):
+            return (audio,)
     if sequence is None:
         raise errors.InvalidRequestError("dim_bindings.sequence",
                                          f"{label}: give the sequence length (--dim sequence=N)")
     ids = torch.zeros((batch, sequence), dtype=torch.long, device="meta")
+    if audio is not None:  # speech encoder-decoders (Whisper): audio in, decoder ids
+        return (audio, None, ids)  # input_features, attention_mask, decoder_input_ids
     if getattr(config, "is_encoder_decoder", False):
         return (ids, None, ids)  # input_ids, attention_mask, decoder_input_ids
     return (ids,)

@@ -121,15 +121,16 @@ def parameter_count(shape: DecoderShape) -> int:
 
 
 class BlockWriter:
-    """Writes one decoder's nodes: a `zoo` builder plus the shapes every block shares."""
+    """Writes one decoder's nodes: a `zoo` builder plus the shapes every block shares, those
+    of the token ids `ids` [batch, sequence]."""
 
-    def __init__(self, shape: DecoderShape) -> None:
+    def __init__(self, shape: DecoderShape, ids: str = "input_ids") -> None:
         self.s = shape
         self.b = zoo.ZooGraphBuilder()
         b = self.b
-        self.bs = b.op("Shape", ["input_ids"], "shape.batch_seq")
-        self.seq1 = b.op("Shape", ["input_ids"], "shape.seq1", start=1, end=2)
-        self.batch1 = b.op("Shape", ["input_ids"], "shape.batch1", start=0, end=1)
+        self.bs = b.op("Shape", [ids], "shape.batch_seq")
+        self.seq1 = b.op("Shape", [ids], "shape.seq1", start=1, end=2)
+        self.batch1 = b.op("Shape", [ids], "shape.batch1", start=0, end=1)
         self.tokens = b.op("ReduceProd", [self.bs], "shape.tokens", keepdims=1)
         self.zero = b.scalar("c.zero", 0.0)
 

@@ -19,6 +19,7 @@ from gpuplan_estimator import devices
 from gpuplan_estimator.core import limits, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.progress import Step
+from gpuplan_estimator.graph import exporting
 from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import (
     arguments,
@@ -65,8 +66,9 @@ def register(sub: Any) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="ONNX file (may be gzip/xz/zstd-compressed)")
     p.add_argument("--hf-config", default=None, metavar="CONFIG_JSON",
-                   help="instead of an ONNX file: a Hugging Face config.json (GPT-2, BERT and "
-                   "OPT without torch; needs --dim sequence=N)")
+                   help="instead of an ONNX file: a Hugging Face config.json (model_type "
+                   f"{', '.join(exporting.WRITTEN_MODEL_TYPES)} without torch; needs --dim "
+                   "sequence=N, Whisper's being the decoder's length)")
     p.add_argument("--batch", type=arguments.count_up_to(limits.MAX_BATCH_SIZE), required=True,
                    metavar="N",
                    help="global batch size, split evenly over the GPUs of a candidate")

@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from gpuplan_estimator.core import limits, options, vocabulary
 from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.graph import exporting
 from gpuplan_estimator.interfaces.http import layout_wire
 from gpuplan_estimator.interfaces.http.layout_wire import LayoutBody
 from gpuplan_estimator.planning.placement import Objective
@@ -166,7 +167,8 @@ class _ModelBody(_Body):
                                         "Exactly one of this and model_hf_config.")
     model_hf_config: HfConfigBody | None = Field(
         None, description="A Hugging Face config.json object, built into its graph by the "
-                          "estimator (GPT-2, BERT and OPT without torch).")
+                          "estimator (model_type "
+                          f"{', '.join(exporting.WRITTEN_MODEL_TYPES)} without torch).")
     training: TrainingBody
 
 

@@ -9,13 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuplan_estimator import devices, graph
+from gpuplan_estimator import graph
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.graph import exporting, hf_blocks, hf_seq2seq, zoo
-from gpuplan_estimator.latency import selection
-from gpuplan_estimator.planning import estimates
-from gpuplan_estimator.step.decomposition import TrainingSettings
+from gpuplan_testing import export_parity
 
 CONFIGS = Path(zoo.__file__).parent.parent / "data" / "model_configs"
 TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -93,17 +91,6 @@ def test_bad_head_layouts_name_the_key() -> None:
         hf_blocks.build_decoder({"model_type": "llama"}, name="bad")
 
 
-def _priced(source: bytes) -> tuple[estimates.DeviceStepEstimate, ...]:
-    predictor, _ = selection.select_predictor(None, None)
-    catalog = devices.load_catalog()
-    specs = [devices.resolve_device(d, catalog) for d in ("t4", "h100-sxm-80gb")]
-    settings = TrainingSettings(batch_size=2, mode="train", optimizer="adamw",
-                                precision="fp32", framework="pytorch-eager", attention="eager")
-    g = graph.load_at_batch(source, 2, {"sequence": 16})
-    return estimates.estimate(g, specs, settings, predictor=predictor, epochs=None,
-                              dataset_size=None, host_probes=None)
-
-
 def test_the_shortcut_prices_like_the_full_export() -> None:
     """The block written from the config against transformers' LlamaForCausalLM built on the
     meta device and exported by torch.onnx (dynamo): the same kernels, layer for layer (op,
@@ -119,20 +106,8 @@ def test_the_shortcut_prices_like_the_full_export() -> None:
     pytest.importorskip("transformers")
     full = exporting.from_hf_config(TINY_LLAMA, batch=2, sequence=16, label="tiny")
     written = hf_blocks.build_decoder(TINY_LLAMA, name="tiny").SerializeToString()
-
-    def kernels(source: bytes) -> list[tuple[object, ...]]:
-        g = graph.load_model(source, batch=2, dim_bindings={"sequence": 16})
-        return [(ly.op_type, ly.family, ly.flops, ly.bytes_read, ly.bytes_written,
-                 ly.parameter_count) for ly in g.layers if ly.family is not OpFamily.SHAPE_ONLY]
-
-    assert kernels(written) == kernels(full)
-    for a, b in zip(_priced(full), _priced(written), strict=True):
-        assert b.gpu_busy_ms == pytest.approx(a.gpu_busy_ms, rel=1e-12)
-        assert b.backward_ms == pytest.approx(a.backward_ms, rel=1e-12)
-        assert b.optimizer_ms == pytest.approx(a.optimizer_ms, rel=1e-12)
-        for part in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes"):
-            assert getattr(b.memory, part) == getattr(a.memory, part)
-        assert b.memory.total_bytes == pytest.approx(a.memory.total_bytes, rel=1e-4)
+    assert export_parity.kernels(written, 2, 16) == export_parity.kernels(full, 2, 16)
+    export_parity.assert_priced_alike(full, written, 2, 16)
 
 
 def test_registry_lists_the_written_families() -> None:

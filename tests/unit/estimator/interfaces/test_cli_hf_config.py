@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuplan_estimator.graph import exporting, hf_blocks, hf_seq2seq, zoo
+from gpuplan_estimator.graph import exporting, hf_blocks, hf_seq2seq, hf_whisper, zoo
 from gpuplan_estimator.interfaces.cli import main
 
 CONFIGS = Path(zoo.__file__).parent.parent / "data" / "model_configs"
@@ -43,6 +43,40 @@ def test_shipped_configs_estimate_without_torch(name: str, capsys: pytest.Captur
         hf_seq2seq.parameter_count(hf_seq2seq.seq2seq_shape(config)) if name == "t5_base"
         else hf_blocks.parameter_count(hf_blocks.decoder_shape(config)))
     assert "building" not in err  # no export's progress line
+
+
+@pytest.mark.parametrize("mode", ["train", "inference"])
+def test_whisper_estimates_from_its_config(mode: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Written from the config (no export); the sequence is the decoder's, its tokens the
+    throughput's; training prices backward and AdamW state, inference neither."""
+    code, out, err = run(["estimate", "--hf-config", str(CONFIGS / "whisper_base.json"),
+                          "--mode", mode, "--batch", "4", "--dim", "sequence=448", "--device",
+                          "h100-sxm-80gb", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["model"]["parameters"] == hf_whisper.parameter_count(
+        hf_whisper.whisper_shape(zoo.load_hf_config(CONFIGS / "whisper_base.json")))
+    assert doc["model"]["dim_bindings"] == {"batch": 4, "sequence": 448}
+    est = doc["devices"][0]
+    throughput = est["throughput"]
+    assert throughput["tokens_per_s"] == pytest.approx(448 * throughput["samples_per_s"])
+    optimizer_state = est["memory"]["optimizer_state_bytes"]
+    if mode == "train":
+        assert est["backward_ms"] > est["forward_ms"] > 0
+        assert optimizer_state == 2 * est["memory"]["parameters_bytes"]  # AdamW's two moments
+    else:
+        assert est["backward_ms"] == 0 and optimizer_state == 0
+    assert "building" not in err
+
+
+def test_whisper_names_the_decoder_length_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    config = str(CONFIGS / "whisper_large.json")
+    for extra, needle in (([], "give the decoder's length in tokens (--dim sequence=N, at most "
+                                "448)"),
+                          (["--dim", "sequence=1024"], "position table has 448 rows")):
+        code, out, err = run(["estimate", "--hf-config", config, "--batch", "8", *extra], capsys)
+        assert code == 2 and out == ""
+        assert err.startswith("gpuplan: error: --dim sequence: ") and needle in err
 
 
 def test_a_missing_sequence_is_named_before_anything_is_built(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import io
 import json
 import pathlib
 from collections.abc import Awaitable, Callable
@@ -147,6 +149,33 @@ def test_a_hf_config_instead_of_onnx_is_planned_and_estimated() -> None:
         assert "model_hf_config" in (await resp.json())["error"]["message"]
 
     run(check)
+
+
+def test_a_whisper_config_is_estimated_over_http_as_on_the_command_line() -> None:
+    """An encoder-decoder (#34) through the service's hf-config path: the same graph as
+    `gpuplan estimate --hf-config whisper_tiny.json` builds."""
+    from gpuplan_estimator.interfaces.cli import main
+
+    path = examples.GPT2_CONFIG.parent / "whisper_tiny.json"
+    whisper = json.loads(path.read_text())
+    served: dict[str, Any] = {}
+
+    async def check(client: TestClient) -> None:
+        body = {"model_hf_config": whisper, "devices": ["t4"],
+                "training": {"batch_size": 2, "dims": {"sequence": 64}}}
+        resp = await client.post("/v1/estimate", json=body)
+        assert resp.status == 200, await resp.text()
+        served.update(await resp.json())
+
+    run(check)
+    cli = io.StringIO()
+    with contextlib.redirect_stdout(cli):
+        assert main.main(["estimate", "--hf-config", str(path), "--batch", "2", "--dim",
+                          "sequence=64", "--device", "t4", "-o", "json"]) == 0
+    local = json.loads(cli.getvalue())
+    assert served["model"]["parameters"] == local["model"]["parameters"] > 37_000_000
+    assert served["model"]["flops_per_step"] == local["model"]["flops_per_step"]
+    assert served["devices"][0]["step_time_ms"] > 0
 
 
 def test_a_flood_of_bad_fields_is_answered_briefly_with_per_field_details() -> None:

@@ -30,8 +30,8 @@ import yaml
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import paths, provenance
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
-from gpuplan_estimator.latency import selection
 from gpuplan_estimator.evaluation import pages
+from gpuplan_estimator.latency import selection
 from gpuplan_estimator.parallel import named, setups
 from gpuplan_estimator.planning import named_layouts, planner, requests
 

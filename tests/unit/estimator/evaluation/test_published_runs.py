@@ -100,6 +100,7 @@ def test_a_model_parallel_run_is_priced_by_its_degrees_schedule_and_checkpointin
     assert (layout.dp, layout.tp, layout.pp, layout.virtual_stages) == (32, 8, 4, 3)
     assert row.setup.strategy.checkpointing == "full"
     assert row.setup.parts_ms["recompute"] > 0 and row.setup.parts_ms["pp_bubble"] > 0
+    assert run.tflops_per_gpu is not None
     assert row.tflops_per_gpu / run.tflops_per_gpu == pytest.approx(
         row.tokens_per_s_per_gpu / run.tokens_per_s_per_gpu)
     text = published_runs.table([row])

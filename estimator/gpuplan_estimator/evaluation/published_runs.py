@@ -96,27 +96,42 @@ class PublishedRun:
 
     @property
     def megatron_flops_per_step(self) -> float:
-        """Narayanan et al. 2021 eq. (3): 96·B·s·l·h²·(1 + s/6h + V/16lh), the FLOPs of a step
-        with the forward recomputed (their Table 1's numerator)."""
-        b, s, lyr, h = self.global_batch, self.sequence, self.layers, self.hidden
-        v = self.setup.vocab_size
-        return 96.0 * b * s * lyr * h * h * (1 + s / (6 * h) + v / (16 * lyr * h))
+        """Megatron's eq. (3) for this run's model and global batch (`megatron_flops`)."""
+        return megatron_flops(batch=self.global_batch, sequence=self.sequence,
+                              layers=self.layers, hidden=self.hidden,
+                              vocab=self.setup.vocab_size)
+
+
+def megatron_flops(*, batch: int, sequence: int, layers: int, hidden: int, vocab: int) -> float:
+    """Narayanan et al. 2021 eq. (3): 96·B·s·l·h²·(1 + s/6h + V/16lh), the FLOPs of a step
+    with the forward recomputed (their Table 1's numerator)."""
+    b, s, lyr, h, v = batch, sequence, layers, hidden, vocab
+    return 96.0 * b * s * lyr * h * h * (1 + s / (6 * h) + v / (16 * lyr * h))
+
+
+def _published_tokens_per_s_per_gpu(setup: SourceSetup, shape: Mapping[str, Any],
+                                    r: Mapping[str, Any]) -> float:
+    """As published, or from Megatron's teraFLOP/s: a step of eq. (3) / (rate x GPUs)."""
+    if "tflops_per_gpu" not in r:
+        return float(r["tokens_per_s_per_gpu"])
+    flops = megatron_flops(batch=r["global_batch"], sequence=r["sequence"],
+                           layers=shape["n_layers"], hidden=shape["d_model"],
+                           vocab=setup.vocab_size)
+    step_s = flops / (r["tflops_per_gpu"] * FLOPS_PER_TFLOP * r["gpus"])
+    return r["global_batch"] * r["sequence"] / step_s / r["gpus"]
 
 
 def _run(source: str, setup: SourceSetup, shape: Mapping[str, Any],
          r: Mapping[str, Any]) -> PublishedRun:
-    """A data-file row; Megatron's teraFLOP/s become tokens/s/GPU through eq. (3)."""
+    """A data-file row (tp, pp and virtual_stages are 1 where the row gives none: the file's
+    convention for data-parallel runs)."""
     run = PublishedRun(
         source=source, model=r["model"], setup=setup, hidden=shape["d_model"],
         heads=shape["n_heads"], layers=shape["n_layers"], device=r["gpu"], gpus=r["gpus"],
         tp=r.get("tp", 1), pp=r.get("pp", 1), virtual_stages=r.get("virtual_stages", 1),
         sequence=r["sequence"], micro_batch=r["micro_batch"], global_batch=r["global_batch"],
-        tokens_per_s_per_gpu=float(r.get("tokens_per_s_per_gpu", 0.0)),
+        tokens_per_s_per_gpu=_published_tokens_per_s_per_gpu(setup, shape, r),
         mfu_pct=r.get("mfu_pct"), tflops_per_gpu=r.get("tflops_per_gpu"))
-    if run.tflops_per_gpu is not None:
-        step_s = run.megatron_flops_per_step / (run.tflops_per_gpu * FLOPS_PER_TFLOP * run.gpus)
-        tokens = run.global_batch * run.sequence / step_s / run.gpus
-        run = PublishedRun(**{**run.__dict__, "tokens_per_s_per_gpu": tokens})
     # the file's layout must be the one its global batch implies
     assert run.dp * run.tp * run.pp == run.gpus, run
     assert run.dp * run.micro_batch * run.grad_accum == run.global_batch, run

@@ -229,19 +229,57 @@ def predictor_order(name: str) -> tuple[int, str]:
     return order.get(name, 9), name
 
 
-PUBLISHED_RUNS_SECTION = (
-    "## Published multi-GPU runs", "",
-    "Throughput of published multi-GPU training runs (MosaicML LLM Foundry's MPT benchmarks, "
-    "A100-80GB and H100, 8 GPUs), each estimated by its named layout exactly as "
-    "`gpuplan estimate --gpus` estimates a user's (`planning.named_layouts`), and compared "
-    "with the published tokens/s per GPU: [published-runs.md](published-runs.md), written by "
-    "`python -m gpuplan_estimator.evaluation.published_runs --write docs/published-runs.md`.",
-    "")
-"""The section pointing at the published-run comparison (`evaluation.published_runs`)."""
+PUBLISHED_RUNS_HEADING = "## Published multi-GPU runs"
+PUBLISHED_RUNS_INTRO = (
+    "Throughput of published multi-GPU training runs (MosaicML LLM Foundry's MPT benchmarks "
+    "on 8 A100-80GB or H100; Megatron-LM's Table 1, Narayanan et al. 2021, on 32 to 1536 "
+    "A100-80GB), each estimated by its named layout exactly as `gpuplan estimate --gpus` "
+    "estimates a user's (`planning.named_layouts`), against the published tokens/s per GPU "
+    "(and Megatron's TFLOP/s per GPU). Sources, setup and caveats: "
+    "[published-runs.md](published-runs.md); both are written by `python -m "
+    "gpuplan_estimator.evaluation.published_runs --write docs/published-runs.md "
+    "--accuracy-page docs/accuracy.md`, which `gpuplan eval` does not run (the table is kept "
+    "when it rewrites this page).")
+PUBLISHED_TABLE_PENDING = "(not computed yet: run the command above)"
+
+
+def published_runs_section(table: str | None) -> tuple[str, ...]:
+    """The section with the published-run comparison (`evaluation.published_runs`)."""
+    return (PUBLISHED_RUNS_HEADING, "", PUBLISHED_RUNS_INTRO, "",
+            table or PUBLISHED_TABLE_PENDING, "")
+
+
+def _published_span(page: str) -> tuple[int, int] | None:
+    """Where the published-runs section starts and the next section starts, in `page`."""
+    start = page.find(PUBLISHED_RUNS_HEADING + "\n")
+    if start < 0:
+        return None
+    end = page.find("\n## ", start + len(PUBLISHED_RUNS_HEADING))
+    return start, (len(page) if end < 0 else end + 1)
+
+
+def published_table_of(page: str) -> str | None:
+    """The comparison table `page`'s published-runs section carries, if any: what a rewrite
+    of the page keeps."""
+    span = _published_span(page)
+    if span is None:
+        return None
+    body = page[span[0]:span[1]].split("\n\n", 2)
+    table = body[2].strip() if len(body) == 3 else ""
+    return None if table in ("", PUBLISHED_TABLE_PENDING) else table
+
+
+def with_published_table(page: str, table: str) -> str:
+    """`page` with its published-runs section carrying `table`."""
+    span = _published_span(page)
+    if span is None:
+        raise ValueError(f"no {PUBLISHED_RUNS_HEADING!r} section in the page")
+    return page[:span[0]] + "\n".join(published_runs_section(table)) + "\n" + page[span[1]:]
 
 
 def to_markdown(rep: Report, *, roots: Mapping[str, str], json_name: str = "accuracy.json",
-                residuals_png: str = RESIDUALS_PNG, coverage_png: str = COVERAGE_PNG) -> str:
+                residuals_png: str = RESIDUALS_PNG, coverage_png: str = COVERAGE_PNG,
+                published_table: str | None = None) -> str:
     """The accuracy page: headline, pictures, what was measured, noise, how to reproduce,
     provenance, then the detailed tables and method notes."""
     names = gpu_names([*rep.gpu, *rep.logo])
@@ -260,7 +298,7 @@ def to_markdown(rep: Report, *, roots: Mapping[str, str], json_name: str = "accu
         "## What was measured", "", *_measured(rep, roots), "",
         *_noise(rep),
         *_reproduce(rep, roots, json_name),
-        *PUBLISHED_RUNS_SECTION,
+        *published_runs_section(published_table),
         "## Details", "",
         "### GPU, by mode", "",
         _table(report.summarise(rep.gpu), gpu_preds, names) if rep.gpu else "(not run)", "",

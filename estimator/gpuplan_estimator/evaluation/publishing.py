@@ -21,8 +21,11 @@ def write(rep: Report, out_dir: Path, *, roots: Mapping[str, str]) -> tuple[Path
     plots.plot_residuals(rep, residuals)
     plots.plot_coverage(rep, coverage)
     js.write_text(json.dumps(report.to_json(rep), indent=1) + "\n", encoding="utf-8")
+    # the published-run table comes from its own command (evaluation.published_runs): kept
+    kept = pages.published_table_of(md.read_text(encoding="utf-8")) if md.exists() else None
     md.write_text(pages.to_markdown(rep, roots=roots, json_name=js.name,
-                                    residuals_png=residuals.name, coverage_png=coverage.name),
+                                    residuals_png=residuals.name, coverage_png=coverage.name,
+                                    published_table=kept),
                   encoding="utf-8")
     return md, js, residuals, coverage
 

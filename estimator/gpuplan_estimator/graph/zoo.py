@@ -101,8 +101,10 @@ class ZooGraphBuilder:
 
     def activation(self, x: str, name: str, kind: str) -> str:
         """The config's activation function by its Hugging Face name."""
-        if kind in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        if kind in ("gelu_new", "gelu_fast"):  # Python-level activations: eager kernels each
             return self.gelu_tanh(x, name)
+        if kind == "gelu_pytorch_tanh":  # F.gelu(approximate="tanh"): one kernel, as hf_blocks
+            return self.op("Gelu", [x], name, approximate="tanh")
         if kind == "gelu":
             return self.op("Gelu", [x], name)
         if kind == "relu":

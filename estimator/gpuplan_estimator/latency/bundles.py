@@ -33,7 +33,11 @@ from gpuplan_estimator.core import errors, paths
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.devices import user_catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.latency.regressors import LayerLatencyModel, ProbeCorrection
+from gpuplan_estimator.latency.regressors import (
+    LayerLatencyModel,
+    ProbeCorrection,
+    lightgbm_module,
+)
 
 if TYPE_CHECKING:
     import lightgbm as lgb
@@ -124,7 +128,7 @@ class Bundle:
 
 def save_bundle(bundle: Bundle, directory: Path) -> Path:
     """Write models and manifest; the manifest goes last so a partial write never loads."""
-    import lightgbm as lgb
+    lgb = lightgbm_module()
 
     directory.mkdir(parents=True, exist_ok=True)
     stale = directory / MANIFEST
@@ -471,7 +475,7 @@ def load_default(explicit: Path | None = None, data_dir: Path | None = None) -> 
 
 
 def _read_booster(path: Path) -> lgb.Booster:
-    import lightgbm as lgb
+    lgb = lightgbm_module()
 
     try:
         return lgb.Booster(model_str=_read_model_text(path))

@@ -9,8 +9,11 @@ back to the roofline (named in `LatencyPrediction.predictor`) for kernels withou
 from __future__ import annotations
 
 import math
+import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +25,26 @@ if TYPE_CHECKING:  # imported where it fits: LightGBM's import costs the CLI ~0.
     import lightgbm as lgb
 
 QUANTILES: Mapping[str, float] = {"p10": 0.1, "p90": 0.9}
+_IMPORT_LOCK = threading.Lock()
+
+
+def lightgbm_module() -> ModuleType:
+    """LightGBM, imported without its pandas support when pandas is not loaded yet.
+
+    `lightgbm.compat` imports pandas (and pyarrow behind it) only to accept DataFrames; this
+    project hands LightGBM float64 numpy arrays only (`fit`, `predict`, bundle reads), and
+    that import was ~0.5 s of the CPU time of `gpuplan estimate` (#34). A process that has
+    pandas loaded already (training, eval) imports LightGBM as usual."""
+    with _IMPORT_LOCK:
+        if "lightgbm" in sys.modules or "pandas" in sys.modules:
+            import lightgbm
+            return lightgbm
+        sys.modules["pandas"] = None  # type: ignore[assignment]  # `import pandas` fails
+        try:
+            import lightgbm
+        finally:
+            del sys.modules["pandas"]  # pandas imports normally afterwards
+        return lightgbm
 
 
 class LayerLatencyModel:
@@ -60,8 +83,7 @@ class LayerLatencyModel:
         self, X: FloatArray, y: FloatArray, sample_weight: FloatArray | None = None
     ) -> LayerLatencyModel:
         """Fit on features ``X`` (n × d) and targets ``y`` = log(latency / base)."""
-        import lightgbm as lgb
-
+        lgb = lightgbm_module()
         X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
         if sample_weight is not None and (
                 len(sample_weight) != len(y) or not (np.asarray(sample_weight) > 0).all()):

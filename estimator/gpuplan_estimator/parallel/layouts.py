@@ -32,6 +32,8 @@ from gpuplan_estimator.parallel.scaling import ScalingModel
 TP_ALLREDUCES_PER_BLOCK = 4
 """Megatron's f/g operators: after the attention and MLP row-parallel GEMMs in forward, before
 the two column-parallel GEMMs in backward (Shoeybi et al. 2019, Fig. 4)."""
+TP_FORWARD_ALLREDUCES_PER_BLOCK = 2
+"""Of those, the forward's: what recomputing a checkpointed block's forward runs again."""
 TP_ALLREDUCES_FIRST_STAGE = 1
 """The vocab-parallel embedding's output all-reduce (forward)."""
 TP_ALLREDUCES_LAST_STAGE = 1
@@ -186,7 +188,8 @@ class ParallelStep:
     layout: ParallelLayout
     micro_batch_size: int
     compute_ms: float  # m x the slowest stage's forward+backward per micro-batch
-    tp_comm_ms: float  # m x the slowest stage's TP all-reduces
+    recompute_ms: float  # m x the slowest stage's recomputed forward (activation checkpointing)
+    tp_comm_ms: float  # m x the slowest stage's TP all-reduces (the recomputed forward's too)
     pp_bubble_ms: float  # pipeline fill and drain
     pp_p2p_ms: float  # m x the slowest stage's sends to its neighbours
     dp_allreduce_ms: float  # the part of the gradient all-reduce backward does not hide
@@ -379,14 +382,16 @@ class _Stage:
     compute_ms: float
     tp_comm_ms: float
     p2p_ms: float
+    recompute_ms: float = 0.0  # the checkpointed forward run again inside backward
 
     @property
     def total_ms(self) -> float:
-        return self.compute_ms + self.tp_comm_ms + self.p2p_ms
+        return self.compute_ms + self.recompute_ms + self.tp_comm_ms + self.p2p_ms
 
 
 def _stages(layout: ParallelLayout, split: SingleGpuSplit, dims: ModelDims, device: DeviceSpec,
-            scaling: ScalingModel, gpus_per_node: int, order: str) -> list[_Stage]:
+            scaling: ScalingModel, gpus_per_node: int, order: str,
+            recompute_fraction: float) -> list[_Stage]:
     message = activation_bytes(split.batch, dims)
     allreduce = tp_allreduce_ms(message, layout.tp, gpus_per_node=gpus_per_node, device=device,
                                 scaling=scaling)
@@ -396,11 +401,12 @@ def _stages(layout: ParallelLayout, split: SingleGpuSplit, dims: ModelDims, devi
                     crosses_nodes=boundary_crosses_nodes(layout, b, gpus_per_node, order))
              for b in range(layout.pp - 1)]
     per_block = split.blocks.per_gpu_ms(layout.tp) / dims.blocks
+    forward_share = split.forward_ms / split.compute_ms if split.compute_ms > 0 else 0.0
     last = layout.pp - 1
     stages = []
     for i, n in enumerate(stage_blocks(dims.blocks, layout.pp)):
         compute = n * per_block
-        reduces = n * TP_ALLREDUCES_PER_BLOCK
+        reduces: float = n * TP_ALLREDUCES_PER_BLOCK
         if i == 0:
             compute += split.pre.per_gpu_ms(layout.tp)
             reduces += TP_ALLREDUCES_FIRST_STAGE
@@ -411,18 +417,26 @@ def _stages(layout: ParallelLayout, split: SingleGpuSplit, dims: ModelDims, devi
         p2p = (sends[i] if i < last else 0.0) + (sends[i - 1] if i > 0 else 0.0)
         # Interleaved: each micro-batch crosses every rank's boundaries once per chunk (§2.2.2).
         p2p *= layout.virtual_stages
-        stages.append(_Stage(compute, reduces * allreduce if layout.tp > 1 else 0.0, p2p))
+        # Checkpointing recomputes the stage's forward in every micro-batch's backward, with the
+        # blocks' forward all-reduces: stage work, so in the pipeline's fill and drain too.
+        recompute = recompute_fraction * compute * forward_share
+        reduces += recompute_fraction * n * TP_FORWARD_ALLREDUCES_PER_BLOCK
+        stages.append(_Stage(compute, reduces * allreduce if layout.tp > 1 else 0.0, p2p,
+                             recompute))
     return stages
 
 
 def step_time(layout: ParallelLayout, single_gpu_split: SingleGpuSplit, model_dims: ModelDims,
               device: DeviceSpec, scaling: ScalingModel, *, gpus_per_node: int,
-              rank_order: str = DEFAULT_RANK_ORDER) -> ParallelStep:
+              rank_order: str = DEFAULT_RANK_ORDER,
+              recompute_fraction: float = 0.0) -> ParallelStep:
     """One training step of `layout` on `device` GPUs, each component in ms.
 
     `single_gpu_split` is the whole model's step on one GPU at the micro-batch size
     (global batch / (dp x micro-batches)); the global batch is taken to be
-    dp x its batch x micro-batches. `InvalidRequestError` lists every problem of the layout.
+    dp x its batch x micro-batches. `recompute_fraction` of each stage's forward is run again
+    in its backward (activation checkpointing: 1 full, a fraction per-block), inside the
+    pipeline. `InvalidRequestError` lists every problem of the layout.
     """
     split = single_gpu_split
     global_batch = layout.dp * split.batch * layout.micro_batches
@@ -434,7 +448,8 @@ def step_time(layout: ParallelLayout, single_gpu_split: SingleGpuSplit, model_di
     if problems:
         raise InvalidRequestError("layout", f"{layout.describe()} cannot run: "
                                   f"{'; '.join(problems)}", details=problems)
-    stages = _stages(layout, split, model_dims, device, scaling, gpus_per_node, rank_order)
+    stages = _stages(layout, split, model_dims, device, scaling, gpus_per_node, rank_order,
+                     recompute_fraction)
     stage_ms = tuple(s.total_ms for s in stages)
     m = layout.micro_batches
     slowest = stages[max(range(len(stages)), key=lambda i: stage_ms[i])]
@@ -450,7 +465,8 @@ def step_time(layout: ParallelLayout, single_gpu_split: SingleGpuSplit, model_di
     optimizer = split.optimizer_ms / (layout.tp * layout.pp)
     return ParallelStep(
         layout=layout, micro_batch_size=split.batch,
-        compute_ms=m * slowest.compute_ms, tp_comm_ms=m * slowest.tp_comm_ms,
+        compute_ms=m * slowest.compute_ms, recompute_ms=m * slowest.recompute_ms,
+        tp_comm_ms=m * slowest.tp_comm_ms,
         pp_bubble_ms=pipeline - m * slowest.total_ms, pp_p2p_ms=m * slowest.p2p_ms,
         dp_allreduce_ms=exposed, optimizer_ms=optimizer, total_ms=pipeline + exposed + optimizer,
         bubble_fraction=bubble_fraction(layout.pp, m, layout.virtual_stages), stage_ms=stage_ms,

@@ -167,12 +167,13 @@ def timed(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, mem: Sha
                                   optimizer_ms=optimizer)
     step = layouts.step_time(layout, moved, facts.dims, device,
                                  _scaled_comm(scaling, comm_factor),
-                                 gpus_per_node=gpus_per_node)
+                                 gpus_per_node=gpus_per_node,
+                                 recompute_fraction=strategy.checkpointed_fraction)
     forward_share = forward / (forward + backward) if forward + backward > 0 else 0.0
-    recompute = strategy.checkpointed_fraction * step.compute_ms * forward_share
     optimizer_ms = step.optimizer_ms / (layout.dp if strategy.shards_optimizer_state else 1)
-    total = step.total_ms - step.optimizer_ms + optimizer_ms + recompute
-    parts = {"compute": step.compute_ms, "recompute": recompute, "tp_comm": step.tp_comm_ms,
+    total = step.total_ms - step.optimizer_ms + optimizer_ms
+    parts = {"compute": step.compute_ms, "recompute": step.recompute_ms,
+             "tp_comm": step.tp_comm_ms,
              "pp_bubble": step.pp_bubble_ms, "pp_p2p": step.pp_p2p_ms,
              "dp_comm": step.dp_allreduce_ms, "optimizer": optimizer_ms}
     # Megatron's TP collectives are all-reduces; the DP gradients an all-reduce, or under

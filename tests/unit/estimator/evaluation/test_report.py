@@ -88,6 +88,25 @@ def test_page_has_no_path_of_the_machine_that_measured() -> None:
     assert "estimator/gpuplan_estimator/data" in text
 
 
+def test_the_published_run_table_is_put_in_and_kept_when_the_page_is_rewritten() -> None:
+    """`published_runs --accuracy-page` puts its table into the section; `gpuplan eval`
+    rewriting the page (publishing.write) carries the table it finds over."""
+    fresh = pages.to_markdown(_report(), roots={})
+    assert pages.PUBLISHED_TABLE_PENDING in fresh and pages.published_table_of(fresh) is None
+    table = "| source | model |\n|---|---|\n| megatron-sc21 | gpt-1.7b |\n\n- all: 11.5 %"
+    page = pages.with_published_table(fresh, table)
+    assert pages.published_table_of(page) == table
+    assert page.index(pages.PUBLISHED_RUNS_HEADING) < page.index(table) < page.index(
+        "## Details")
+    assert page.replace(table, pages.PUBLISHED_TABLE_PENDING) == fresh  # nothing else moved
+    rewritten = pages.to_markdown(_report(), roots={}, published_table=pages.published_table_of(
+        page))
+    assert rewritten == page
+    assert pages.with_published_table(page, "| new |").count(pages.PUBLISHED_RUNS_HEADING) == 1
+    with pytest.raises(ValueError, match="Published multi-GPU runs"):
+        pages.with_published_table("# a page without the section\n", table)
+
+
 def test_residual_points_and_coverage_bars() -> None:
     rep = _report()
     points = plots.residual_points(rep.gpu, pages.LEARNED)

@@ -71,6 +71,21 @@ def test_gpt2_structure_op_for_op() -> None:
     assert head.parameter_count == 0 and head.parameter_inputs == ("transformer.wte.weight",)
 
 
+@pytest.mark.parametrize(("activation", "kernels"), [
+    ("gelu_pytorch_tanh", {"Gelu": 1}), ("gelu", {"Gelu": 1}),
+    ("gelu_new", {"Pow": 1, "Tanh": 1, "Mul": 4, "Add": 2})])
+def test_the_mlp_activation_has_the_kernels_pytorch_runs(
+        activation: str, kernels: dict[str, int]) -> None:
+    """gelu_pytorch_tanh is F.gelu(approximate="tanh"), one kernel (as hf_blocks builds it for
+    Gemma); gelu_new is NewGELUActivation's Python expression, eight eager kernels."""
+    cfg = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 32,
+           "vocab_size": 100, "activation_function": activation, "layer_norm_epsilon": 1e-5}
+    data = zoo.build_transformer(cfg, name=activation).SerializeToString()
+    g = graph.load_model(data, batch=1, dim_bindings={"sequence": 32})
+    act = Counter(ly.op_type for ly in g.layers if ".mlp.act" in ly.name)
+    assert act == Counter({op: n * 2 for op, n in kernels.items()})  # per layer, 2 layers
+
+
 def test_gpt2_large_parses_fast() -> None:
     data = zoo.build_transformer(config("gpt2_large"), name="gpt2_large").SerializeToString()
     start = time.perf_counter()

@@ -152,6 +152,27 @@ def test_pipeline_step_by_hand() -> None:
     assert step.optimizer_ms == pytest.approx(8.0 / 4)
 
 
+def test_recomputation_is_stage_work_inside_the_pipeline() -> None:
+    """Full checkpointing runs each stage's forward (1/3 of its 60 ms) again in every
+    micro-batch's backward: 80 ms a stage, so fill and drain take 3 x 80 ms, not 3 x 60 ms;
+    under TP the recomputed forward repeats its 2 all-reduces per block."""
+    layout = ParallelLayout(dp=1, tp=1, pp=4, micro_batches=4)
+    plain, full = (layouts.step_time(layout, _split(gradient_bytes=0), DIMS, _device(), EXACT,
+                                     gpus_per_node=8, recompute_fraction=f) for f in (0.0, 1.0))
+    assert plain.recompute_ms == 0.0
+    assert full.compute_ms == plain.compute_ms == pytest.approx(4 * 60.0)
+    assert full.recompute_ms == pytest.approx(4 * 20.0)
+    assert full.pp_bubble_ms - plain.pp_bubble_ms == pytest.approx(3 * 20.0)
+    assert full.total_ms - plain.total_ms == pytest.approx((4 + 3) * 20.0)
+    device = dataclasses.replace(_device(), interconnect_gbps=100.0)
+    tp = ParallelLayout(dp=1, tp=4, pp=1, micro_batches=1)
+    half = layouts.step_time(tp, _split(batch=2), DIMS, device, EXACT, gpus_per_node=8,
+                             recompute_fraction=0.5)
+    one = 1.5 * layouts.activation_bytes(2, DIMS) / 1e11 * 1e3
+    assert half.tp_comm_ms == pytest.approx((4 * 24 + 2 + 0.5 * 2 * 24) * one)
+    assert half.recompute_ms == pytest.approx(0.5 * (240.0 * 0.75 / 4 + 240.0 * 0.25) / 3)
+
+
 def test_dp_allreduces_the_shard_of_each_tp_pp_group() -> None:
     layout = ParallelLayout(dp=2, tp=2, pp=2, micro_batches=1)
     assert layouts.dp_shard_gradient_bytes(8 * 10**9, layout) == 2 * 10**9

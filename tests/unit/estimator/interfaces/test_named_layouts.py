@@ -69,16 +69,24 @@ def test_a_plans_choice_estimated_by_name_has_the_same_step_and_memory(
         assert rank["step_ms"]["exposed_comm"]["all-to-all"] > 0
 
 
-def test_the_per_rank_answer_adds_up_and_reports_throughput_in_the_fields_units() -> None:
-    layout = {"gpus": 8, "dp": 2, "tp": 2, "pp": 2, "micro_batch": 4,
-              "checkpointing": "full", "zero_stage": 1}
-    doc = work.estimate(wire.parse_estimate_request(estimate_body(layout)), roofline_context())
+def one_rank(body: dict[str, Any]) -> dict[str, Any]:
+    """The one device's per-rank answer, checked against the response model and for parts
+    that add up to the step."""
+    doc = work.estimate(wire.parse_estimate_request(body), roofline_context())
     layout_wire.LayoutEstimateResponse.model_validate(doc)
     [rank] = doc["layout_estimates"]
     step = rank["step_ms"]
     parts = [step["compute"], *step["exposed_comm"].values(), step["pipeline_bubble"],
              step["host"]]
     assert math.isclose(sum(parts), rank["step_time_ms"], rel_tol=1e-12)
+    return rank
+
+
+def test_the_per_rank_answer_adds_up_and_reports_throughput_in_the_fields_units() -> None:
+    layout = {"gpus": 8, "dp": 2, "tp": 2, "pp": 2, "micro_batch": 4,
+              "checkpointing": "full", "zero_stage": 1}
+    rank = one_rank(estimate_body(layout))
+    step = rank["step_ms"]
     assert step["pipeline_bubble"] > 0 and step["exposed_comm"]["p2p"] > 0
     assert step["exposed_comm"]["all-reduce"] > 0  # Megatron's TP all-reduces
     assert rank["layout"]["micro_batches"] == 64 // (2 * 4)
@@ -236,15 +244,7 @@ def test_a_pinned_layout_the_pools_cannot_run_is_refused_with_the_reason() -> No
 
 
 def moe_rank(layout: dict[str, Any]) -> dict[str, Any]:
-    doc = work.estimate(wire.parse_estimate_request(
-        estimate_body(layout, device="h100-sxm", model=MIXTRAL_TINY)), roofline_context())
-    layout_wire.LayoutEstimateResponse.model_validate(doc)
-    [rank] = doc["layout_estimates"]
-    step = rank["step_ms"]
-    parts = [step["compute"], *step["exposed_comm"].values(), step["pipeline_bubble"],
-             step["host"]]
-    assert math.isclose(sum(parts), rank["step_time_ms"], rel_tol=1e-12)
-    return rank
+    return one_rank(estimate_body(layout, device="h100-sxm", model=MIXTRAL_TINY))
 
 
 def test_expert_parallelism_splits_the_experts_and_adds_all_to_alls_that_cross_nodes() -> None:

@@ -54,10 +54,13 @@ def test_a_dense_model_has_no_experts() -> None:
 
 def test_the_all_to_all_is_free_alone_and_slower_across_nodes() -> None:
     scaling = ScalingModel()
-    kw = {"intra_node_gbps": 300.0, "scaling": scaling}
-    assert experts.alltoall_ms(1 << 20, ep=1, members_per_node=8, **kw) == 0.0
-    inside = experts.alltoall_ms(1 << 26, ep=4, members_per_node=4, **kw)
-    across = experts.alltoall_ms(1 << 26, ep=8, members_per_node=4, **kw)
+
+    def alltoall(message_bytes: int, ep: int, per_node: int) -> float:
+        return experts.alltoall_ms(message_bytes, ep=ep, members_per_node=per_node,
+                                   intra_node_gbps=300.0, scaling=scaling)
+
+    assert alltoall(1 << 20, 1, 8) == 0.0
+    inside, across = alltoall(1 << 26, 4, 4), alltoall(1 << 26, 8, 4)
     # (ep-1)/ep of the buffer leaves the rank, at the node's link or the network's.
     sent = (1 << 26) * 3 / 4 / (scaling.bandwidth_efficiency * 300e9) * 1e3
     assert inside == pytest.approx(sent + 3 * scaling.hop_latency_us * 1e-3)

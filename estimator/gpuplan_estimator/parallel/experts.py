@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 from gpuplan_estimator.core.layers import Layer, ModelGraph, OpFamily
-from gpuplan_estimator.parallel.scaling import ScalingModel
+from gpuplan_estimator.parallel.scaling import UNKNOWN_INTRA_NODE_GBPS, ScalingModel
 
 ALLTOALLS_PER_MOE_LAYER = 4
 """Dispatch and combine in forward, their gradients in backward."""
@@ -118,7 +118,7 @@ def alltoall_ms(message_bytes: int, *, ep: int, members_per_node: int, intra_nod
     the pace, as for the all-reduce); one hop latency per peer."""
     if ep <= 1 or message_bytes <= 0:
         return 0.0
-    link_gbps = intra_node_gbps if intra_node_gbps > 0 else 16.0  # PCIe 3 x16, as allreduce_ms
+    link_gbps = intra_node_gbps if intra_node_gbps > 0 else UNKNOWN_INTRA_NODE_GBPS
     if ep > members_per_node:
         link_gbps = min(link_gbps, scaling.inter_node_gbps)
     sent = message_bytes * (ep - 1) / ep

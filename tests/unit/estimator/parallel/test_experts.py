@@ -8,10 +8,11 @@ import dataclasses
 import pytest
 
 from gpuplan_estimator import devices, graph
+from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.graph import exporting, hf_blocks
-from gpuplan_estimator.parallel import experts, setups, sharding, strategy_time
-from gpuplan_estimator.parallel.layouts import ParallelLayout
+from gpuplan_estimator.parallel import experts, layouts, setups, sharding, strategy_time
+from gpuplan_estimator.parallel.layouts import ModelDims, ParallelLayout, RegionTime, SingleGpuSplit
 from gpuplan_estimator.parallel.scaling import ScalingModel
 from gpuplan_estimator.parallel.strategies import NO_STRATEGY, MemoryStrategy
 from gpuplan_estimator.planning import model_facts
@@ -148,3 +149,35 @@ def test_expert_gradients_reduce_over_the_ranks_holding_the_same_experts() -> No
     assert whole.payload_bytes == 2000
     # Unsharded, a rank updates its dense parameters and 1/4 of the experts.
     assert ep4.optimizer_ms == pytest.approx(plain.optimizer_ms * (0.2 + 0.8 / 4))
+
+
+def test_ep_beside_tp_and_pp_adds_each_stages_all_to_alls_and_shrinks_the_dp_reduce() -> None:
+    """`layouts.step_time` with tp=2 and pp=2 (a graph whose widths the planner reads): the
+    all-to-alls join each stage's micro-batch time; the experts' gradients leave the dp ring."""
+    dims = ModelDims(hidden=1024, sequence=2048, blocks=8, element_bytes=2, heads=16)
+    moe = experts.ExpertDims(experts=8, moe_layers=8, expert_parameter_count=800,
+                             parameter_count=1000, routed_per_token=2.0, hidden=1024,
+                             tokens_per_sample=2048)
+    split = SingleGpuSplit(batch=2, forward_ms=40.0, backward_ms=80.0, optimizer_ms=8.0,
+                           gradient_bytes=10**9, pre=RegionTime(0.0, 0.0),
+                           blocks=RegionTime(90.0, 30.0), post=RegionTime(0.0, 0.0))
+    scaling, device = ScalingModel(), _device()
+
+    def step(ep: int) -> layouts.ParallelStep:
+        return layouts.step_time(ParallelLayout(8, 2, 2, 4, ep=ep), split, dims, device,
+                                 scaling, gpus_per_node=8, experts=moe)
+
+    one, four = step(1), step(4)
+    assert one.ep_alltoall_ms == 0.0
+    # EP groups of 4 at stride tp=2 span 8 GPUs: one node. Each stage has 4 MoE layers.
+    single = experts.alltoall_ms(2 * 2048 * 2 * 1024 * 2, ep=4, members_per_node=4,
+                                 intra_node_gbps=device.interconnect_gbps, scaling=scaling)
+    assert four.ep_alltoall_ms == pytest.approx(4 * 4 * experts.ALLTOALLS_PER_MOE_LAYER * single)
+    assert four.compute_ms == one.compute_ms
+    assert four.dp_allreduce_full_ms < one.dp_allreduce_full_ms
+    assert four.total_ms == pytest.approx(
+        four.compute_ms + four.tp_comm_ms + four.pp_bubble_ms + four.pp_p2p_ms
+        + four.ep_alltoall_ms + four.dp_allreduce_ms + four.optimizer_ms)
+    with pytest.raises(InvalidRequestError, match=r"layout\.ep: 4 needs a mixture-of-experts"):
+        layouts.step_time(ParallelLayout(8, 2, 2, 4, ep=4), split, dims, device, scaling,
+                          gpus_per_node=8)

@@ -141,16 +141,56 @@ def memory_under(
     if (strategy == NO_STRATEGY and tensor_parallel == 1 and pipeline_parallel == 1
             and not sequence_parallel):  # the walked peak (with EP, its experts' states 1/ep)
         return _plain(m, experts)
-    model_split = tensor_parallel * pipeline_parallel
     shard = strategies.shard_group_size(strategy, data_parallel=data_parallel,
                                         gpus_per_node=gpus_per_node,
                                         tensor_parallel=tensor_parallel)
+    states = _model_states(m, strategy, settings, shard=shard,
+                           model_split=tensor_parallel * pipeline_parallel, experts=experts)
+    gathered = 0
+    if strategy.shards_parameters and layout is not None and shard > 1:
+        unit = layout.gather_unit_parameter_count * settings.activation_bytes
+        gathered = GATHERED_UNITS * math.ceil(unit / tensor_parallel)
+    activations, recompute = _activation_bytes(
+        m.saved_activations_bytes, layout, strategy, tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel, in_flight=in_flight_micro_batches,
+        sequence_parallel=sequence_parallel)
+    parts = {"parameters_bytes": states.parameters_bytes,
+             "gradients_bytes": states.gradients_bytes,
+             "optimizer_state_bytes": states.optimizer_state_bytes,
+             "activations_bytes": activations, "workspace_bytes": m.workspace_bytes,
+             "gathered_parameters_bytes": gathered,
+             "dispatch_buffers_bytes": experts.dispatch_buffers_bytes}
+    return ShardedMemory(
+        **parts,
+        expert_states_bytes=states.expert_states_bytes,
+        # the allocator's reserve follows this setup's own allocated bytes
+        framework_overhead_bytes=memory.framework_overhead_bytes(sum(parts.values())),
+        recompute_bytes=recompute,
+        host_bytes=states.host_bytes,
+        micro_batch=m.per_gpu_batch,
+        strategy=strategy,
+    )
+
+
+@dataclass(frozen=True)
+class _ModelStates:
+    """One rank's model states, by part, in bytes."""
+
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    host_bytes: int
+    expert_states_bytes: int  # of the first three
+
+
+def _model_states(m: memory.MemoryBreakdown, strategy: MemoryStrategy,
+                  settings: TrainingSettings, *, shard: int, model_split: int,
+                  experts: ExpertShare) -> _ModelStates:
+    """Weights, gradients and optimizer state split over tp x pp, each part then sharded
+    over the `shard` ranks of ZeRO/FSDP when the strategy shards it."""
     state_shard = shard if strategy.shards_optimizer_state else 1
     grad_shard = shard if strategy.shards_gradients else 1
     param_shard = shard if strategy.shards_parameters else 1
-
-    def split(n: int, group: int) -> int:
-        return math.ceil(n / model_split / group)
 
     def rank(n: int, group: int) -> tuple[int, int]:
         return _rank_bytes(n, group, model_split=model_split, experts=experts)
@@ -163,33 +203,14 @@ def memory_under(
     if strategy.offload_optimizer:
         # ZeRO-Offload: state and master weights on the CPU; with fp32 the CPU updates its
         # own copy of the weights and sends them back, so the host holds them too.
-        host = split(state, state_shard) + split(master or working, state_shard)
+        host = rank(state, state_shard)[0] + rank(master or working, state_shard)[0]
         state, master = 0, 0
-    gathered = 0
-    if strategy.shards_parameters and layout is not None and param_shard > 1:
-        unit = layout.gather_unit_parameter_count * settings.activation_bytes
-        gathered = GATHERED_UNITS * math.ceil(unit / tensor_parallel)
-    activations, recompute = _activation_bytes(
-        m.saved_activations_bytes, layout, strategy, tensor_parallel=tensor_parallel,
-        pipeline_parallel=pipeline_parallel, in_flight=in_flight_micro_batches,
-        sequence_parallel=sequence_parallel)
-    states = (rank(working, param_shard), rank(master, state_shard), rank(working, grad_shard),
-              rank(state, state_shard))
-    parts = {"parameters_bytes": states[0][0] + states[1][0], "gradients_bytes": states[2][0],
-             "optimizer_state_bytes": states[3][0],
-             "activations_bytes": activations, "workspace_bytes": m.workspace_bytes,
-             "gathered_parameters_bytes": gathered,
-             "dispatch_buffers_bytes": experts.dispatch_buffers_bytes}
-    return ShardedMemory(
-        **parts,
-        expert_states_bytes=sum(expert for _, expert in states),
-        # the allocator's reserve follows this setup's own allocated bytes
-        framework_overhead_bytes=memory.framework_overhead_bytes(sum(parts.values())),
-        recompute_bytes=recompute,
-        host_bytes=host,
-        micro_batch=m.per_gpu_batch,
-        strategy=strategy,
-    )
+    weights, masters = rank(working, param_shard), rank(master, state_shard)
+    grads, states = rank(working, grad_shard), rank(state, state_shard)
+    return _ModelStates(
+        parameters_bytes=weights[0] + masters[0], gradients_bytes=grads[0],
+        optimizer_state_bytes=states[0], host_bytes=host,
+        expert_states_bytes=weights[1] + masters[1] + grads[1] + states[1])
 
 
 def _check_inputs(breakdown: memory.MemoryBreakdown, strategy: MemoryStrategy,

@@ -213,11 +213,16 @@ def _parallelism(raw: Any, *, gpu_count: int) -> resources.PlannedParallelism | 
     if raw is None:
         return None
     obj = _object(raw, "parallelism")
-    par = resources.PlannedParallelism(**{key: _int_at_least(obj, "parallelism", key) for key in
-                                   ("dp", "tp", "pp", "micro_batches", "micro_batch")})
+    # An estimator before expert parallelism sends no ep: every rank holds every expert.
+    par = resources.PlannedParallelism(
+        **{key: _int_at_least(obj, "parallelism", key) for key in
+           ("dp", "tp", "pp", "micro_batches", "micro_batch")},
+        ep=_int_at_least(obj, "parallelism", "ep") if "ep" in obj else 1)
     if par.dp * par.tp * par.pp != gpu_count:
         raise ValueError(f"'parallelism' dp={par.dp} x tp={par.tp} x pp={par.pp}: must make "
                          f"gpu_count {gpu_count}")
+    if par.dp % par.ep:
+        raise ValueError(f"'parallelism' ep={par.ep}: must divide dp={par.dp}")
     return par
 
 

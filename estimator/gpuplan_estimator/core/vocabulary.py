@@ -60,9 +60,11 @@ MEMORY_PARTS: tuple[str, ...] = (
 """The parts of one GPU's step memory, in drawing order (what the model owns first): the fields
 of `step.memory.MemoryBreakdown`, an estimate's `memory` (JSON and HTTP), the memory plot."""
 SHARDED_MEMORY_PARTS: tuple[str, ...] = (
-    *MEMORY_PARTS, "gathered_parameters_bytes", "recompute_bytes", "host_bytes")
+    *MEMORY_PARTS, "gathered_parameters_bytes", "recompute_bytes", "host_bytes",
+    "expert_states_bytes", "dispatch_buffers_bytes")
 """The parts under a memory strategy (`parallel.sharding.StrategyMemory`, a plan candidate's
 `memory`, a TrainingJob's `status.plan.memoryBytesByPart`); `host_bytes` is offloaded to host
-memory, so it is not in the total."""
+memory, so it is not in the total; `expert_states_bytes` (a mixture of experts' weights,
+gradients and optimizer state on the rank) is part of the first three."""
 MEMORY_TOTAL = "total_bytes"
 """The key of the parts' sum (what the fit compares with the card's usable memory)."""

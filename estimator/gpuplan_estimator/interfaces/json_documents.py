@@ -97,7 +97,8 @@ def _setup_json(c: placement.PlacementCandidate) -> dict[str, Any]:
         return {}
     return {
         "parallelism": {"dp": c.layout.dp, "tp": c.layout.tp, "pp": c.layout.pp,
-                        "micro_batches": c.layout.micro_batches, "micro_batch": c.micro_batch},
+                        "micro_batches": c.layout.micro_batches, "micro_batch": c.micro_batch,
+                        "ep": c.layout.ep},
         "strategy": {"label": c.strategy.label, "zero_stage": c.strategy.zero_stage,
                      "fsdp": c.strategy.fsdp, "checkpointing": c.strategy.checkpointing,
                      "checkpoint_fraction": c.strategy.checkpoint_fraction,

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.parallel import experts as moe
+from gpuplan_estimator.parallel.experts import ExpertDims
 from gpuplan_estimator.parallel.scaling import ScalingModel
 
 TP_ALLREDUCES_PER_BLOCK = 4
@@ -59,6 +61,8 @@ class ParallelLayout:
     micro_batches: int
     virtual_stages: int = 1
     """Model chunks per pipeline rank: 1 is 1F1B, more is Megatron's interleaved schedule."""
+    ep: int = 1
+    """Expert-parallel ranks, taken from the dp group (`parallel.experts`); 1 for dense models."""
 
     @property
     def gpu_count(self) -> int:
@@ -73,9 +77,11 @@ class ParallelLayout:
         return global_batch // per
 
     def describe(self) -> str:
-        """E.g. "dp=2 tp=4 pp=1 m=8"."""
+        """E.g. "dp=2 tp=4 pp=1 m=8" ("ep=4" after dp when the experts are split)."""
         chunks = f" v={self.virtual_stages}" if self.virtual_stages != 1 else ""
-        return f"dp={self.dp} tp={self.tp} pp={self.pp} m={self.micro_batches}{chunks}"
+        experts = f" ep={self.ep}" if self.ep != 1 else ""
+        return (f"dp={self.dp}{experts} tp={self.tp} pp={self.pp} m={self.micro_batches}"
+                f"{chunks}")
 
 
 @dataclass(frozen=True)
@@ -199,6 +205,7 @@ class ParallelStep:
     stage_ms: tuple[float, ...]  # per micro-batch, first stage first
     dp_allreduce_full_ms: float  # before overlap
     link: str  # the node's interconnect, e.g. "nvlink3"
+    ep_alltoall_ms: float  # m x the slowest stage's expert all-to-alls (0 without EP)
 
 
 # --- layouts -------------------------------------------------------------------------------
@@ -214,7 +221,8 @@ def layout_problems(layout: ParallelLayout, *, gpu_count: int, gpus_per_node: in
                     global_batch: int, dims: ModelDims | None = None) -> tuple[str, ...]:
     """Every reason `layout` cannot run, as "field: message"; empty when it can."""
     degrees = {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp,
-               "micro_batches": layout.micro_batches, "virtual_stages": layout.virtual_stages}
+               "micro_batches": layout.micro_batches, "virtual_stages": layout.virtual_stages,
+               "ep": layout.ep}
     bad = [f"layout.{k}: must be a positive integer, got {v!r}" for k, v in degrees.items()
            if isinstance(v, bool) or not isinstance(v, int) or v < 1]
     if bad:
@@ -227,6 +235,9 @@ def layout_problems(layout: ParallelLayout, *, gpu_count: int, gpus_per_node: in
                    f"{gpus_per_node} (TP's per-layer all-reduces need the node's link)")
     if global_batch % (layout.dp * layout.micro_batches):
         out.append(f"layout.micro_batches: {_uneven(global_batch, layout)}")
+    if layout.dp % layout.ep:
+        out.append(f"layout.ep: {layout.ep} does not divide dp={layout.dp}: expert-parallel "
+                   "ranks are taken from the data-parallel group")
     out += _interleave_problems(layout)
     if dims is not None:
         out += _dims_problems(layout, dims)
@@ -351,10 +362,12 @@ def rank_of(layout: ParallelLayout, *, tp_rank: int, dp_rank: int, pp_rank: int,
                               f"got {order!r}")
 
 
-def dp_members_per_node(layout: ParallelLayout, gpus_per_node: int, order: str) -> int:
-    """How many members of one DP group share a node (what decides whether it crosses nodes)."""
+def dp_members_per_node(layout: ParallelLayout, gpus_per_node: int, order: str,
+                        dp_ranks: range | None = None) -> int:
+    """How many members of one DP group (or of the group of `dp_ranks` in it: an EP group,
+    an expert-data-parallel group) share a node (what decides whether it crosses nodes)."""
     ranks = [rank_of(layout, tp_rank=0, dp_rank=d, pp_rank=0, order=order)
-             for d in range(layout.dp)]
+             for d in (dp_ranks if dp_ranks is not None else range(layout.dp))]
     per_node: dict[int, int] = {}
     for r in ranks:
         per_node[r // gpus_per_node] = per_node.get(r // gpus_per_node, 0) + 1
@@ -382,16 +395,38 @@ class _Stage:
     compute_ms: float
     tp_comm_ms: float
     p2p_ms: float
-    recompute_ms: float = 0.0  # the checkpointed forward run again inside backward
+    alltoall_ms: float
+    recompute_ms: float  # the checkpointed forward run again inside backward
 
     @property
     def total_ms(self) -> float:
-        return self.compute_ms + self.recompute_ms + self.tp_comm_ms + self.p2p_ms
+        return (self.compute_ms + self.recompute_ms + self.tp_comm_ms + self.p2p_ms
+                + self.alltoall_ms)
+
+
+def ep_groups(layout: ParallelLayout) -> tuple[range, range]:
+    """The dp ranks of one EP group (consecutive: Megatron-core's "tp-cp-ep-dp-pp") and of one
+    expert-data-parallel group (those holding the same experts, ep apart)."""
+    return range(layout.ep), range(0, layout.dp, layout.ep)
+
+
+def alltoall_per_micro_batch_ms(layout: ParallelLayout, experts: ExpertDims | None,
+                                micro_batch: int, *, element_bytes: int, device: DeviceSpec,
+                                scaling: ScalingModel, gpus_per_node: int, order: str) -> float:
+    """The expert all-to-alls of every MoE layer for one micro-batch; 0 without EP."""
+    if experts is None or layout.ep == 1:
+        return 0.0
+    message = experts.dispatch_bytes(micro_batch, element_bytes)
+    one = moe.alltoall_ms(message, ep=layout.ep, intra_node_gbps=device.interconnect_gbps,
+                          members_per_node=dp_members_per_node(
+                              layout, gpus_per_node, order, ep_groups(layout)[0]),
+                          scaling=scaling)
+    return moe.ALLTOALLS_PER_MOE_LAYER * one * experts.moe_layers
 
 
 def _stages(layout: ParallelLayout, split: SingleGpuSplit, dims: ModelDims, device: DeviceSpec,
             scaling: ScalingModel, gpus_per_node: int, order: str,
-            recompute_fraction: float) -> list[_Stage]:
+            recompute_fraction: float, experts: ExpertDims | None) -> list[_Stage]:
     message = activation_bytes(split.batch, dims)
     allreduce = tp_allreduce_ms(message, layout.tp, gpus_per_node=gpus_per_node, device=device,
                                 scaling=scaling)
@@ -402,6 +437,10 @@ def _stages(layout: ParallelLayout, split: SingleGpuSplit, dims: ModelDims, devi
              for b in range(layout.pp - 1)]
     per_block = split.blocks.per_gpu_ms(layout.tp) / dims.blocks
     forward_share = split.forward_ms / split.compute_ms if split.compute_ms > 0 else 0.0
+    # Averaged over the blocks: a stage runs its share of the MoE layers.
+    alltoall = alltoall_per_micro_batch_ms(
+        layout, experts, split.batch, element_bytes=dims.element_bytes, device=device,
+        scaling=scaling, gpus_per_node=gpus_per_node, order=order) / dims.blocks
     last = layout.pp - 1
     stages = []
     for i, n in enumerate(stage_blocks(dims.blocks, layout.pp)):
@@ -418,18 +457,21 @@ def _stages(layout: ParallelLayout, split: SingleGpuSplit, dims: ModelDims, devi
         # Interleaved: each micro-batch crosses every rank's boundaries once per chunk (§2.2.2).
         p2p *= layout.virtual_stages
         # Checkpointing recomputes the stage's forward in every micro-batch's backward, with the
-        # blocks' forward all-reduces: stage work, so in the pipeline's fill and drain too.
+        # blocks' forward all-reduces and (MoE) the forward's two of the four all-to-alls:
+        # stage work, so in the pipeline's fill and drain too.
         recompute = recompute_fraction * compute * forward_share
         reduces += recompute_fraction * n * TP_FORWARD_ALLREDUCES_PER_BLOCK
-        stages.append(_Stage(compute, reduces * allreduce if layout.tp > 1 else 0.0, p2p,
-                             recompute))
+        stages.append(_Stage(compute_ms=compute,
+                             tp_comm_ms=reduces * allreduce if layout.tp > 1 else 0.0,
+                             p2p_ms=p2p, alltoall_ms=n * alltoall * (1 + recompute_fraction / 2),
+                             recompute_ms=recompute))
     return stages
 
 
 def step_time(layout: ParallelLayout, single_gpu_split: SingleGpuSplit, model_dims: ModelDims,
               device: DeviceSpec, scaling: ScalingModel, *, gpus_per_node: int,
-              rank_order: str = DEFAULT_RANK_ORDER,
-              recompute_fraction: float = 0.0) -> ParallelStep:
+              rank_order: str = DEFAULT_RANK_ORDER, recompute_fraction: float = 0.0,
+              experts: ExpertDims | None = None) -> ParallelStep:
     """One training step of `layout` on `device` GPUs, each component in ms.
 
     `single_gpu_split` is the whole model's step on one GPU at the micro-batch size
@@ -445,24 +487,24 @@ def step_time(layout: ParallelLayout, single_gpu_split: SingleGpuSplit, model_di
                                  global_batch=global_batch, dims=model_dims))
     if rank_order not in RANK_ORDERS:
         problems = (*problems, f"rank_order: must be one of {', '.join(RANK_ORDERS)}")
+    problems = (*problems, *(f"layout.{f}: {m}" for f, m in moe.ep_problems(layout.ep, experts)))
     if problems:
         raise InvalidRequestError("layout", f"{layout.describe()} cannot run: "
                                   f"{'; '.join(problems)}", details=problems)
     stages = _stages(layout, split, model_dims, device, scaling, gpus_per_node, rank_order,
-                     recompute_fraction)
+                     recompute_fraction, experts)
     stage_ms = tuple(s.total_ms for s in stages)
     m = layout.micro_batches
     slowest = stages[max(range(len(stages)), key=lambda i: stage_ms[i])]
     pipeline = pipeline_ms(stage_ms, m, layout.virtual_stages)
-    full = scaling.allreduce_ms(
-        gradient_bytes=dp_shard_gradient_bytes(split.gradient_bytes, layout),
-        gpu_count=layout.dp, gpus_per_node=dp_members_per_node(layout, gpus_per_node, rank_order),
-        intra_node_gbps=device.interconnect_gbps)
+    full = _gradient_allreduce_ms(layout, split.gradient_bytes, experts, device=device,
+                                  scaling=scaling, gpus_per_node=gpus_per_node,
+                                  order=rank_order)
     # Gradients are reduced once per step, after the last micro-batch: only its backward on
     # the slowest stage can hide the all-reduce.
     exposed = scaling.step_time_ms(compute_ms=0.0, optimizer_ms=0.0, allreduce_ms=full,
                                    backward_ms=slowest.compute_ms * split.backward_fraction)
-    optimizer = split.optimizer_ms / (layout.tp * layout.pp)
+    optimizer = split.optimizer_ms / (layout.tp * layout.pp)  # EP's share: `setups.timed`
     return ParallelStep(
         layout=layout, micro_batch_size=split.batch,
         compute_ms=m * slowest.compute_ms, recompute_ms=m * slowest.recompute_ms,
@@ -471,4 +513,23 @@ def step_time(layout: ParallelLayout, single_gpu_split: SingleGpuSplit, model_di
         dp_allreduce_ms=exposed, optimizer_ms=optimizer, total_ms=pipeline + exposed + optimizer,
         bubble_fraction=bubble_fraction(layout.pp, m, layout.virtual_stages), stage_ms=stage_ms,
         dp_allreduce_full_ms=full, link=device.interconnect,
+        ep_alltoall_ms=m * slowest.alltoall_ms,
     )
+
+
+def _gradient_allreduce_ms(layout: ParallelLayout, gradient_bytes: int,
+                           experts: ExpertDims | None, *, device: DeviceSpec,
+                           scaling: ScalingModel, gpus_per_node: int, order: str) -> float:
+    """The data-parallel all-reduce of one GPU's gradient shard; under EP the dense part over
+    dp and the experts' (1/ep of them on this rank) over the dp/ep ranks that hold the same."""
+    def over(payload: int, ranks: range) -> float:
+        return scaling.allreduce_ms(
+            gradient_bytes=payload, gpu_count=len(ranks), intra_node_gbps=device.interconnect_gbps,
+            gpus_per_node=dp_members_per_node(layout, gpus_per_node, order, ranks))
+
+    shard = dp_shard_gradient_bytes(gradient_bytes, layout)
+    if experts is None or layout.ep == 1:
+        return over(shard, range(layout.dp))
+    expert = round(shard * experts.expert_fraction)
+    return (over(shard - expert, range(layout.dp))
+            + over(math.ceil(expert / layout.ep), ep_groups(layout)[1]))

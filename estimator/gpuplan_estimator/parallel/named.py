@@ -11,7 +11,11 @@ the step, and micro_batch x dp x micro_batches is the global batch.
 What the model does not price is refused, never approximated: selective recomputation
 (Korthikanti et al. 2022 §5) and ZeRO-2/3 or FSDP beside tensor/pipeline parallelism (the
 planner pairs those with ZeRO-1 at most; their extra parameter gathers are not in
-`layouts.step_time`).
+`layouts.step_time`), and ZeRO-3/FSDP beside expert parallelism (their expert parameter gathers
+over the expert-data-parallel group are not modelled).
+
+Expert parallelism (`ep`, `parallel.experts`) takes its ranks from the data-parallel group: it
+needs a mixture-of-experts model and must divide dp and the experts per layer.
 
 Every problem is a (field, message) pair whose field is `FIELD_PREFIX` + a `LayoutRequest`
 field name; the edges map it to their own names (a CLI flag, a JSON path, a spec field).
@@ -23,7 +27,9 @@ from dataclasses import dataclass
 
 from gpuplan_estimator.core import limits
 from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.parallel import experts as moe
 from gpuplan_estimator.parallel import layouts
+from gpuplan_estimator.parallel.experts import ExpertDims
 from gpuplan_estimator.parallel.layouts import ModelDims, ParallelLayout
 from gpuplan_estimator.parallel.strategies import FSDP_MODES, MemoryStrategy
 
@@ -52,6 +58,7 @@ class LayoutRequest:
     gradient_accumulation: int | None = None  # None: global batch / (dp x micro_batch), or 1
     pp_schedule: str = "1f1b"  # one of PP_SCHEDULES
     virtual_stages: int = 1  # model chunks per pipeline rank; > 1 only when interleaved
+    ep: int = 1  # expert-parallel ranks, out of dp; > 1 only for a mixture of experts
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,7 @@ def _field(name: str) -> str:
 def _static_problems(req: LayoutRequest) -> list[tuple[str, str]]:
     """Ranges, choices and the combinations that need no model."""
     out: list[tuple[str, str]] = []
-    caps = {"gpus": MAX_GPUS, "dp": MAX_GPUS, "tp": MAX_GPUS, "pp": MAX_GPUS,
+    caps = {"gpus": MAX_GPUS, "dp": MAX_GPUS, "tp": MAX_GPUS, "pp": MAX_GPUS, "ep": MAX_GPUS,
             "gpus_per_node": limits.MAX_GPUS_PER_NODE, "virtual_stages": MAX_GPUS,
             "micro_batch": limits.MAX_BATCH_SIZE, "gradient_accumulation": limits.MAX_BATCH_SIZE}
     for name, cap in caps.items():
@@ -100,6 +107,11 @@ def _static_problems(req: LayoutRequest) -> list[tuple[str, str]]:
                     "per-block"))
     out += _schedule_problems(req)
     out += _model_parallel_sharding_problems(req)
+    if req.ep > 1 and (req.fsdp != "none" or req.zero_stage == 3):
+        field_name = "fsdp" if req.fsdp != "none" else "zero_stage"
+        out.append((_field(field_name), f"{field_name} {getattr(req, field_name)} is not priced "
+                    f"beside expert parallelism (ep={req.ep}): its expert parameter gathers "
+                    "are not modelled; use zero 1 or 2"))
     return out
 
 
@@ -150,10 +162,12 @@ def _batching(req: LayoutRequest, global_batch: int) -> tuple[int, int] | tuple[
 
 
 def resolve(req: LayoutRequest, *, global_batch: int, dims: ModelDims | None,
-            training: bool) -> ResolvedLayout:
+            training: bool, experts: ExpertDims | None) -> ResolvedLayout:
     """The planner's types for `req`; `InvalidRequestError` with every problem in `details`
     ("layout.<field>: message") and the first one's field as its own."""
     problems = _static_problems(req)
+    if not problems:
+        problems += [(_field(f), m) for f, m in moe.ep_problems(req.ep, experts)]
     if not training:
         problems.append((_field("gpus"), "a named layout prices a training step; the mode is "
                          "inference"))
@@ -167,7 +181,7 @@ def resolve(req: LayoutRequest, *, global_batch: int, dims: ModelDims | None,
     if model_parallel and dims is None:
         raise _error([(_field("tp" if req.tp > 1 else "pp"), "the model shows no transformer "
                        "blocks with a bound sequence dim: only data parallelism is priced")])
-    layout = ParallelLayout(req.dp, req.tp, req.pp, steps, req.virtual_stages)
+    layout = ParallelLayout(req.dp, req.tp, req.pp, steps, req.virtual_stages, req.ep)
     gpus_per_node = min(req.gpus, req.gpus_per_node)
     for problem in layouts.layout_problems(layout, gpu_count=req.gpus,
                                            gpus_per_node=gpus_per_node,
@@ -188,7 +202,7 @@ def resolve(req: LayoutRequest, *, global_batch: int, dims: ModelDims | None,
 _LAYOUT_FIELDS = {"layout.tp": _field("tp"), "layout.pp": _field("pp"),
                   "layout.dp": _field("dp"), "layout": _field("gpus"),
                   "layout.micro_batches": _field("gradient_accumulation"),
-                  "layout.virtual_stages": _field("virtual_stages")}
+                  "layout.virtual_stages": _field("virtual_stages"), "layout.ep": _field("ep")}
 """`layouts.layout_problems`' paths as this request's fields."""
 
 

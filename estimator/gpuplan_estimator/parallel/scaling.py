@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 DEFAULT_INTER_NODE_GBPS = 25.0  # one 200 Gb/s NIC per node
+UNKNOWN_INTRA_NODE_GBPS = 16.0
+"""A node's link when the catalog gives none: PCIe 3 x16."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class ScalingModel:
         """Ring all-reduce time of the gradients over `gpu_count` GPUs in ms (0 for one)."""
         if gpu_count <= 1 or gradient_bytes <= 0:
             return 0.0
-        link_gbps = intra_node_gbps if intra_node_gbps > 0 else 16.0  # PCIe 3 x16 when unknown
+        link_gbps = intra_node_gbps if intra_node_gbps > 0 else UNKNOWN_INTRA_NODE_GBPS
         if gpu_count > gpus_per_node:
             link_gbps = min(link_gbps, self.inter_node_gbps)
         bytes_per_s = self.bandwidth_efficiency * link_gbps * 1e9
@@ -132,7 +134,7 @@ def _sample_arrays(samples: Sequence[ScalingSample]) -> dict[str, np.ndarray]:
     return {
         "n": np.array([s.gpu_count for s in samples], dtype=float),
         "per_node": np.array([s.gpus_per_node for s in samples], dtype=float),
-        "intra": np.array([s.intra_node_gbps if s.intra_node_gbps > 0 else 16.0
+        "intra": np.array([s.intra_node_gbps if s.intra_node_gbps > 0 else UNKNOWN_INTRA_NODE_GBPS
                            for s in samples], dtype=float),
         "grad": np.array([s.gradient_bytes for s in samples], dtype=float),
         "compute": np.array([s.compute_ms for s in samples], dtype=float),

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.parallel import layouts, strategies, strategy_time
+from gpuplan_estimator.parallel import experts, layouts, strategies, strategy_time
+from gpuplan_estimator.parallel.experts import ExpertDims
 from gpuplan_estimator.parallel.layouts import ModelDims, ParallelLayout, SingleGpuSplit
 from gpuplan_estimator.parallel.scaling import ScalingModel
 from gpuplan_estimator.parallel.sharding import ShardedMemory
@@ -36,9 +37,9 @@ SIMPLER_WINS_WITHIN = 0.02
 """A later setup (more sharding, accumulation, model parallelism) replaces an earlier one only
 when its step is more than 2 % faster: within the model's error, the simpler one to run wins."""
 
-EXPOSED_COMM_KINDS = (*strategy_time.COLLECTIVE_KINDS, "p2p")
-"""The collectives a step's exposed communication is split by: the strategies' and the
-pipeline's point-to-point sends."""
+EXPOSED_COMM_KINDS = (*strategy_time.COLLECTIVE_KINDS, "p2p", "all-to-all")
+"""The collectives a step's exposed communication is split by: the strategies', the
+pipeline's point-to-point sends and expert parallelism's token all-to-alls."""
 
 MemoryFn = Callable[[int, MemoryStrategy, ParallelLayout, int], ShardedMemory]
 """(micro-batch, strategy, layout, GPUs per node) → per-GPU memory; built from the graph by
@@ -55,6 +56,7 @@ class ModelFacts:
     parameter_count: int
     dims: ModelDims | None  # None: no transformer blocks found, data parallelism only
     memory: MemoryFn
+    experts: ExpertDims | None  # None: a dense model, no expert parallelism
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,8 @@ def search(*, n: int, gpus_per_node: int, global_batch: int, device: DeviceSpec,
         for strategy in choices:
             micro = global_batch // (layout.dp * layout.micro_batches
                                      * strategy.gradient_accumulation)
-            full = ParallelLayout(layout.dp, layout.tp, layout.pp,
-                                  layout.micro_batches * strategy.gradient_accumulation)
+            full = replace(layout, micro_batches=layout.micro_batches
+                           * strategy.gradient_accumulation)
             mem = facts.memory(micro, strategy, full, gpus_per_node)
             if leanest is None or mem.total_bytes < leanest[0].total_bytes:
                 leanest = (mem, full)
@@ -122,8 +124,9 @@ def _layouts(n: int, gpus_per_node: int, global_batch: int, facts: ModelFacts,
     """Plain data parallelism first, then tensor/pipeline layouts when the model allows."""
     if global_batch % n == 0:
         per_gpu = global_batch // n
-        yield ParallelLayout(dp=n, tp=1, pp=1, micro_batches=1), _dp_strategies(
-            facts.settings, per_gpu, n, gpus_per_node)
+        yield from _with_experts(ParallelLayout(dp=n, tp=1, pp=1, micro_batches=1),
+                                 _dp_strategies(facts.settings, per_gpu, n, gpus_per_node),
+                                 facts)
     if facts.dims is None or split is None or n == 1 or not facts.settings.training:
         return
     for layout in layouts.layouts(n, gpus_per_node, global_batch,
@@ -132,7 +135,21 @@ def _layouts(n: int, gpus_per_node: int, global_batch: int, facts: ModelFacts,
             continue  # data parallelism, above
         wanted = {layout.pp * f for f in PIPELINE_MICRO_BATCH_FACTORS} if layout.pp > 1 else {1}
         if layout.micro_batches in wanted:
-            yield layout, MODEL_PARALLEL_STRATEGIES
+            yield from _with_experts(layout, MODEL_PARALLEL_STRATEGIES, facts)
+
+
+def _with_experts(layout: ParallelLayout, choices: tuple[MemoryStrategy, ...],
+                  facts: ModelFacts
+                  ) -> Iterable[tuple[ParallelLayout, tuple[MemoryStrategy, ...]]]:
+    """`layout`, then, training a mixture of experts, each expert-parallel degree that divides
+    E and dp, with the strategies EP is priced beside (ZeRO-3/FSDP's expert parameter
+    gathers are not modelled, `parallel.named`)."""
+    yield layout, choices
+    if facts.experts is None or not facts.settings.training:
+        return
+    unsharded = tuple(s for s in choices if not s.shards_parameters)
+    for ep in experts.expert_degrees(facts.experts.experts, layout.dp):
+        yield replace(layout, ep=ep), unsharded
 
 
 @functools.lru_cache(maxsize=4096)
@@ -168,14 +185,19 @@ def timed(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, mem: Sha
     step = layouts.step_time(layout, moved, facts.dims, device,
                                  _scaled_comm(scaling, comm_factor),
                                  gpus_per_node=gpus_per_node,
-                                 recompute_fraction=strategy.checkpointed_fraction)
+                                 recompute_fraction=strategy.checkpointed_fraction,
+                                 experts=facts.experts)
     forward_share = forward / (forward + backward) if forward + backward > 0 else 0.0
     optimizer_ms = step.optimizer_ms / (layout.dp if strategy.shards_optimizer_state else 1)
+    if layout.ep > 1 and facts.experts is not None and not strategy.shards_optimizer_state:
+        # Unsharded, a rank updates its 1/ep of the experts (sharded: 1/dp of them either way).
+        optimizer_ms *= facts.experts.local_parameter_fraction(layout.ep)
     total = step.total_ms - step.optimizer_ms + optimizer_ms
     parts = {"compute": step.compute_ms, "recompute": step.recompute_ms,
              "tp_comm": step.tp_comm_ms,
              "pp_bubble": step.pp_bubble_ms, "pp_p2p": step.pp_p2p_ms,
-             "dp_comm": step.dp_allreduce_ms, "optimizer": optimizer_ms}
+             "dp_comm": step.dp_allreduce_ms, "ep_comm": step.ep_alltoall_ms,
+             "optimizer": optimizer_ms}
     # Megatron's TP collectives are all-reduces; the DP gradients an all-reduce, or under
     # ZeRO-1 its two halves (reduce-scatter of gradients, all-gather of parameters, §7.2).
     dp_kinds = ({"reduce-scatter": 0.5, "all-gather": 0.5} if strategy.shards_optimizer_state
@@ -183,6 +205,7 @@ def timed(layout: ParallelLayout, strategy: MemoryStrategy, micro: int, mem: Sha
     exposed = {kind: 0.0 for kind in EXPOSED_COMM_KINDS}
     exposed["all-reduce"] += step.tp_comm_ms
     exposed["p2p"] += step.pp_p2p_ms
+    exposed["all-to-all"] += step.ep_alltoall_ms
     for kind, share in dp_kinds.items():
         exposed[kind] += share * step.dp_allreduce_ms
     return Setup(layout, strategy, micro, mem, total,
@@ -206,19 +229,28 @@ def _data_parallel(layout: ParallelLayout, strategy: MemoryStrategy, micro: int,
     t = strategy_time.time_overheads(
         strategy_time.StepSplit(forward, backward, optimizer), strategy,
         settings=facts.settings, parameter_count=facts.parameter_count,
-        data_parallel=layout.dp, gpus_per_node=min(gpus_per_node, layout.dp))
+        data_parallel=layout.dp, gpus_per_node=min(gpus_per_node, layout.dp),
+        expert_parallel=layout.ep,
+        expert_fraction=facts.experts.expert_fraction if facts.experts else 0.0)
     comm = comm_factor * sum(collective_ms(c, scaling, gpus_per_node=gpus_per_node,
                                            intra_node_gbps=device.interconnect_gbps)
                              for c in t.collectives)
     # What backward (and, with parameter gathers, forward) computes while communicating.
     hidden_behind = t.backward_ms + (t.forward_ms if strategy.shards_parameters else 0.0)
     exposed = max(0.0, comm - scaling.overlap * hidden_behind)
+    # The experts' all-to-alls sit between the layers' compute: none of them is hidden.
+    alltoall = t.micro_steps * layouts.alltoall_per_micro_batch_ms(
+        layout, facts.experts, micro, element_bytes=facts.settings.activation_bytes,
+        device=device, scaling=_scaled_comm(scaling, comm_factor), gpus_per_node=gpus_per_node,
+        order=layouts.DEFAULT_RANK_ORDER)
     parts = {"compute": t.forward_ms + t.backward_ms, "recompute": t.recompute_ms,
-             "dp_comm": exposed, "optimizer": t.optimizer_ms + t.host_optimizer_ms,
-             "offload_copies": t.pcie_ms}
-    return Setup(layout, strategy, micro, mem, t.compute_ms + exposed, t.backward_ms, parts,
-                 _exposed_by_kind(t.collectives, exposed, scaling, gpus_per_node=gpus_per_node,
-                                  intra_node_gbps=device.interconnect_gbps))
+             "dp_comm": exposed, "ep_comm": alltoall,
+             "optimizer": t.optimizer_ms + t.host_optimizer_ms, "offload_copies": t.pcie_ms}
+    by_kind = _exposed_by_kind(t.collectives, exposed, scaling, gpus_per_node=gpus_per_node,
+                               intra_node_gbps=device.interconnect_gbps)
+    by_kind["all-to-all"] += alltoall
+    return Setup(layout, strategy, micro, mem, t.compute_ms + exposed + alltoall,
+                 t.backward_ms, parts, by_kind)
 
 
 def _exposed_by_kind(collectives: Iterable[strategy_time.Collective], exposed_ms: float,
@@ -238,7 +270,8 @@ def collective_ms(c: strategy_time.Collective, scaling: ScalingModel, *, gpus_pe
     """Time of a strategy's collective, `count` times: a ring all-reduce as `scaling` prices
     it; a reduce-scatter or an all-gather moves half of that (one of its two phases)."""
     ring = scaling.allreduce_ms(gradient_bytes=c.payload_bytes, gpu_count=c.group_size,
-                                gpus_per_node=gpus_per_node, intra_node_gbps=intra_node_gbps)
+                                gpus_per_node=max(1, gpus_per_node // c.stride),
+                                intra_node_gbps=intra_node_gbps)
     return c.count * (ring if c.kind == "all-reduce" else ring / 2.0)
 
 

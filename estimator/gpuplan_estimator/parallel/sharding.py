@@ -54,6 +54,18 @@ MASTER_WEIGHT_BYTES = 4  # fp32 master copy kept by torch.amp-style mixed precis
 
 
 @dataclass(frozen=True)
+class ExpertShare:
+    """Where a mixture of experts' states sit on a rank (`parallel.experts`)."""
+
+    ep: int  # expert-parallel ranks (1: every rank holds every expert)
+    fraction: float  # the experts' share of the model's parameters (0: dense)
+    dispatch_buffers_bytes: int  # the all-to-all's buffers; 0 without EP
+
+
+NO_EXPERTS = ExpertShare(ep=1, fraction=0.0, dispatch_buffers_bytes=0)
+
+
+@dataclass(frozen=True)
 class ShardedMemory:
     """Bytes one GPU needs for a training step under a strategy, by part (as MemoryBreakdown)."""
 
@@ -70,6 +82,11 @@ class ShardedMemory:
     """Checkpointing: one block's activations rebuilt during backward (part of activations)."""
     host_bytes: int
     """Offload: optimizer state and master weights held in host memory (not in the total)."""
+    expert_states_bytes: int
+    """Mixture of experts: the experts' weights, gradients and optimizer state on this rank
+    (part of the first three parts; 1/ep of the model's under expert parallelism)."""
+    dispatch_buffers_bytes: int
+    """Expert parallelism: the all-to-all's send and receive buffers of one MoE layer."""
     micro_batch: int
     strategy: MemoryStrategy
 
@@ -78,7 +95,8 @@ class ShardedMemory:
         """GPU bytes: every part but host memory."""
         return (self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes
                 + self.activations_bytes + self.workspace_bytes
-                + self.framework_overhead_bytes + self.gathered_parameters_bytes)
+                + self.framework_overhead_bytes + self.gathered_parameters_bytes
+                + self.dispatch_buffers_bytes)
 
     def fits(self, device: DeviceSpec) -> bool:
         """Whether the GPU total fits in what the device gives a process."""
@@ -102,8 +120,10 @@ def memory_under(
     in_flight_micro_batches: int = 1,
     sequence_parallel: bool = False,
     layout: ActivationLayout | None = None,
+    experts: ExpertShare = NO_EXPERTS,
 ) -> ShardedMemory:
-    """Per-GPU bytes of a step under `strategy` and tp x pp model parallelism.
+    """Per-GPU bytes of a step under `strategy`, tp x pp model parallelism and `experts.ep`
+    expert parallelism.
 
     `breakdown_at_micro_batch` is `memory.training_memory` at the micro-batch (per-GPU batch /
     gradient accumulation) for the whole model; `settings` the precision it was built with.
@@ -119,18 +139,61 @@ def memory_under(
                   in_flight_micro_batches=in_flight_micro_batches)
     m = breakdown_at_micro_batch
     if (strategy == NO_STRATEGY and tensor_parallel == 1 and pipeline_parallel == 1
-            and not sequence_parallel):
-        return _plain(m)
-    model_split = tensor_parallel * pipeline_parallel
+            and not sequence_parallel):  # the walked peak (with EP, its experts' states 1/ep)
+        return _plain(m, experts)
     shard = strategies.shard_group_size(strategy, data_parallel=data_parallel,
                                         gpus_per_node=gpus_per_node,
                                         tensor_parallel=tensor_parallel)
+    states = _model_states(m, strategy, settings, shard=shard,
+                           model_split=tensor_parallel * pipeline_parallel, experts=experts)
+    gathered = 0
+    if strategy.shards_parameters and layout is not None and shard > 1:
+        unit = layout.gather_unit_parameter_count * settings.activation_bytes
+        gathered = GATHERED_UNITS * math.ceil(unit / tensor_parallel)
+    activations, recompute = _activation_bytes(
+        m.saved_activations_bytes, layout, strategy, tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel, in_flight=in_flight_micro_batches,
+        sequence_parallel=sequence_parallel)
+    parts = {"parameters_bytes": states.parameters_bytes,
+             "gradients_bytes": states.gradients_bytes,
+             "optimizer_state_bytes": states.optimizer_state_bytes,
+             "activations_bytes": activations, "workspace_bytes": m.workspace_bytes,
+             "gathered_parameters_bytes": gathered,
+             "dispatch_buffers_bytes": experts.dispatch_buffers_bytes}
+    return ShardedMemory(
+        **parts,
+        expert_states_bytes=states.expert_states_bytes,
+        # the allocator's reserve follows this setup's own allocated bytes
+        framework_overhead_bytes=memory.framework_overhead_bytes(sum(parts.values())),
+        recompute_bytes=recompute,
+        host_bytes=states.host_bytes,
+        micro_batch=m.per_gpu_batch,
+        strategy=strategy,
+    )
+
+
+@dataclass(frozen=True)
+class _ModelStates:
+    """One rank's model states, by part, in bytes."""
+
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    host_bytes: int
+    expert_states_bytes: int  # of the first three
+
+
+def _model_states(m: memory.MemoryBreakdown, strategy: MemoryStrategy,
+                  settings: TrainingSettings, *, shard: int, model_split: int,
+                  experts: ExpertShare) -> _ModelStates:
+    """Weights, gradients and optimizer state split over tp x pp, each part then sharded
+    over the `shard` ranks of ZeRO/FSDP when the strategy shards it."""
     state_shard = shard if strategy.shards_optimizer_state else 1
     grad_shard = shard if strategy.shards_gradients else 1
     param_shard = shard if strategy.shards_parameters else 1
 
-    def split(n: int, group: int) -> int:
-        return math.ceil(n / model_split / group)
+    def rank(n: int, group: int) -> tuple[int, int]:
+        return _rank_bytes(n, group, model_split=model_split, experts=experts)
 
     p = m.parameter_count
     master = _master_weight_bytes(m, settings)
@@ -140,30 +203,14 @@ def memory_under(
     if strategy.offload_optimizer:
         # ZeRO-Offload: state and master weights on the CPU; with fp32 the CPU updates its
         # own copy of the weights and sends them back, so the host holds them too.
-        host = split(state, state_shard) + split(master or working, state_shard)
+        host = rank(state, state_shard)[0] + rank(master or working, state_shard)[0]
         state, master = 0, 0
-    gathered = 0
-    if strategy.shards_parameters and layout is not None and param_shard > 1:
-        unit = layout.gather_unit_parameter_count * settings.activation_bytes
-        gathered = GATHERED_UNITS * math.ceil(unit / tensor_parallel)
-    activations, recompute = _activation_bytes(
-        m.saved_activations_bytes, layout, strategy, tensor_parallel=tensor_parallel,
-        pipeline_parallel=pipeline_parallel, in_flight=in_flight_micro_batches,
-        sequence_parallel=sequence_parallel)
-    parts = {"parameters_bytes": split(working, param_shard) + split(master, state_shard),
-             "gradients_bytes": split(working, grad_shard),
-             "optimizer_state_bytes": split(state, state_shard),
-             "activations_bytes": activations, "workspace_bytes": m.workspace_bytes,
-             "gathered_parameters_bytes": gathered}
-    return ShardedMemory(
-        **parts,
-        # the allocator's reserve follows this setup's own allocated bytes
-        framework_overhead_bytes=memory.framework_overhead_bytes(sum(parts.values())),
-        recompute_bytes=recompute,
-        host_bytes=host,
-        micro_batch=m.per_gpu_batch,
-        strategy=strategy,
-    )
+    weights, masters = rank(working, param_shard), rank(master, state_shard)
+    grads, states = rank(working, grad_shard), rank(state, state_shard)
+    return _ModelStates(
+        parameters_bytes=weights[0] + masters[0], gradients_bytes=grads[0],
+        optimizer_state_bytes=states[0], host_bytes=host,
+        expert_states_bytes=weights[1] + masters[1] + grads[1] + states[1])
 
 
 def _check_inputs(breakdown: memory.MemoryBreakdown, strategy: MemoryStrategy,
@@ -220,13 +267,30 @@ def strategy_memory(
         sequence_parallel=sequence_parallel, layout=layout)
 
 
-def _plain(m: memory.MemoryBreakdown) -> ShardedMemory:
-    """Plain data parallelism: the walked peak, part by part."""
+def _rank_bytes(n: int, group: int, *, model_split: int, experts: ExpertShare
+                ) -> tuple[int, int]:
+    """(bytes on a rank, of which the experts') of model state `n` split over tp x pp, then
+    over `group` data-parallel ranks (1: unsharded). Under EP an unsharded expert state is 1/ep
+    on a rank; a ZeRO-sharded one is spread over dp = ep x dp/ep ranks with or without EP."""
+    expert = n * experts.fraction
+    if experts.ep == 1:
+        return math.ceil(n / model_split / group), math.ceil(expert / model_split / group)
+    per_rank = model_split * group
+    expert_local = math.ceil(expert / (per_rank if group > 1 else model_split * experts.ep))
+    return math.ceil((n - expert) / per_rank) + expert_local, expert_local
+
+
+def _plain(m: memory.MemoryBreakdown, experts: ExpertShare) -> ShardedMemory:
+    """Plain data parallelism: the walked peak, part by part (the experts' states 1/ep)."""
+    params, grads, state = (_rank_bytes(n, 1, model_split=1, experts=experts) for n in (
+        m.parameters_bytes, m.gradients_bytes, m.optimizer_state_bytes))
     return ShardedMemory(
-        parameters_bytes=m.parameters_bytes, gradients_bytes=m.gradients_bytes,
-        optimizer_state_bytes=m.optimizer_state_bytes, activations_bytes=m.activations_bytes,
+        parameters_bytes=params[0], gradients_bytes=grads[0], optimizer_state_bytes=state[0],
+        activations_bytes=m.activations_bytes,
         workspace_bytes=m.workspace_bytes, framework_overhead_bytes=m.framework_overhead_bytes,
         gathered_parameters_bytes=0, recompute_bytes=0, host_bytes=0,
+        expert_states_bytes=params[1] + grads[1] + state[1],
+        dispatch_buffers_bytes=experts.dispatch_buffers_bytes,
         micro_batch=m.per_gpu_batch, strategy=NO_STRATEGY)
 
 

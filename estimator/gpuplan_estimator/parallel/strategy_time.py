@@ -24,7 +24,7 @@ with its interconnect model (`parallel.scaling`), from the `Collective`s returne
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.parallel import strategies
@@ -68,7 +68,8 @@ class Collective:
     payload_bytes: int
     group_size: int
     count: int
-    what: str  # "gradients" or "parameters"
+    what: str  # "gradients" or "parameters" ("expert ..." under expert parallelism)
+    stride: int = 1  # ranks between members: the expert-data-parallel group's is ep
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,15 @@ def time_overheads(
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
     host: HostLink = DEFAULT_HOST,
+    expert_parallel: int = 1,
+    expert_fraction: float = 0.0,
 ) -> StrategyTime:
     """Compute time and collectives of one optimizer step of `strategy`.
 
     `split` is one micro-step at the micro-batch; `parameter_count` the whole model's, of
-    which each GPU holds 1/(tp·pp). Collectives are over the data-parallel group only.
+    which each GPU holds 1/(tp·pp). Collectives are over the data-parallel group only; under
+    `expert_parallel` ranks the experts' (`expert_fraction` of the parameters) over the
+    dp/ep ranks holding the same experts (`parallel.experts`).
     """
     strategy.check()
     settings.check()
@@ -129,6 +134,8 @@ def time_overheads(
     width = settings.activation_bytes
     grad_width = width if settings.mixed_precision else FP32_BYTES
     pcie_bytes, host_ms, gpu_optimizer_ms = 0, 0.0, split.optimizer_ms / shard
+    if expert_parallel > 1 and shard == 1:  # sharded, the experts' state is 1/dp either way
+        gpu_optimizer_ms *= 1.0 - expert_fraction + expert_fraction / expert_parallel
     if strategy.offload_optimizer:
         shard_params = math.ceil(local / shard)
         pcie_bytes = shard_params * (grad_width + width)
@@ -143,10 +150,30 @@ def time_overheads(
         host_optimizer_ms=host_ms,
         pcie_bytes=pcie_bytes,
         pcie_ms=pcie_bytes / (host.pcie_gbps * 1e9) * 1e3,
-        collectives=collectives(strategy, gradient_bytes=local * grad_width,
-                                parameter_bytes=local * width, data_parallel=data_parallel,
-                                shard=shard),
+        collectives=_expert_split_collectives(
+            strategy, gradient_bytes=local * grad_width, parameter_bytes=local * width,
+            data_parallel=data_parallel, shard=shard, ep=expert_parallel,
+            expert_fraction=expert_fraction),
     )
+
+
+def _expert_split_collectives(strategy: MemoryStrategy, *, gradient_bytes: int,
+                              parameter_bytes: int, data_parallel: int, shard: int, ep: int,
+                              expert_fraction: float) -> tuple[Collective, ...]:
+    """`collectives` of the whole shard, or under EP of its dense part over dp and of the
+    rank's experts (1/ep of theirs) over the dp/ep expert-data-parallel ranks."""
+    if ep == 1:
+        return collectives(strategy, gradient_bytes=gradient_bytes,
+                           parameter_bytes=parameter_bytes, data_parallel=data_parallel,
+                           shard=shard)
+    dense = collectives(strategy, gradient_bytes=round(gradient_bytes * (1 - expert_fraction)),
+                        parameter_bytes=round(parameter_bytes * (1 - expert_fraction)),
+                        data_parallel=data_parallel, shard=shard)
+    expert = collectives(strategy,
+                         gradient_bytes=math.ceil(gradient_bytes * expert_fraction / ep),
+                         parameter_bytes=math.ceil(parameter_bytes * expert_fraction / ep),
+                         data_parallel=data_parallel // ep, shard=max(1, shard // ep))
+    return dense + tuple(replace(c, what=f"expert {c.what}", stride=ep) for c in expert)
 
 
 def collectives(strategy: MemoryStrategy, *, gradient_bytes: int, parameter_bytes: int,

@@ -119,7 +119,7 @@ def estimate_layout(req: requests.EstimateRequest, ctx: planner.PlannerContext
     g = planner.graph_at(req.model_onnx, t, t.batch_size)
     facts = model_facts.model_facts(g, settings)
     resolved = named.resolve(named_layout, global_batch=t.batch_size, dims=facts.dims,
-                             training=settings.training)
+                             training=settings.training, experts=facts.experts)
     profiles = planner.profiles_at(req.model_onnx, t, named_layout.gpus, specs, ctx)
     flops = estimates.model_flops_per_step(g, settings)
     return tuple(_priced(resolved, profiles[s.key], s, facts, ctx, flops=flops,

@@ -262,7 +262,8 @@ def _pinned(profile: StepProfile, pool: GpuPool, shape: TrainingShape, gpu_count
     try:
         resolved = named.resolve(replace(pinned, gpus_per_node=pool.gpus_per_node),
                                  global_batch=shape.global_batch, dims=facts.dims,
-                                 training=facts.settings.training)
+                                 training=facts.settings.training,
+                                 experts=facts.experts)
     except InvalidRequestError as exc:
         return Rejection(pool.gpu_type, gpu_count, f"pinned layout: {exc.message}")
     setup = pinned_setup(profile, resolved, device, facts, scaling)

@@ -254,7 +254,8 @@ def setup_env(plan: resources.StatusPlan) -> list[dict[str, str]]:
         env.update(GPUPLAN_DATA_PARALLEL=str(par.dp), GPUPLAN_TENSOR_PARALLEL=str(par.tp),
                    GPUPLAN_PIPELINE_PARALLEL=str(par.pp),
                    GPUPLAN_MICRO_BATCHES=str(par.micro_batches),
-                   GPUPLAN_MICRO_BATCH_SIZE=str(par.micro_batch))
+                   GPUPLAN_MICRO_BATCH_SIZE=str(par.micro_batch),
+                   GPUPLAN_EXPERT_PARALLEL=str(par.ep))
     if plan.strategy is not None:
         strategy = plan.strategy
         env.update(GPUPLAN_GRADIENT_ACCUMULATION=str(strategy.gradient_accumulation),

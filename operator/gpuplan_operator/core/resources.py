@@ -168,17 +168,21 @@ class PlannedParallelism:
     gradient accumulation together (global batch = dp x micro_batches x micro_batch)."""
     micro_batch: int
     """Samples per micro-batch on one data-parallel rank."""
+    ep: int
+    """Expert-parallel ranks of a mixture of experts, out of dp (1: none)."""
 
     def to_status(self) -> dict[str, int]:
         """As `status.plan.parallelism` (camelCase)."""
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp,
-                "microBatches": self.micro_batches, "microBatch": self.micro_batch}
+                "microBatches": self.micro_batches, "microBatch": self.micro_batch,
+                "ep": self.ep}
 
     @classmethod
     def from_status(cls, data: Mapping[str, Any]) -> PlannedParallelism:
-        """Inverse of `to_status`."""
+        """Inverse of `to_status`; a status written before expert parallelism has no ep (1)."""
         return cls(dp=int(data["dp"]), tp=int(data["tp"]), pp=int(data["pp"]),
-                   micro_batches=int(data["microBatches"]), micro_batch=int(data["microBatch"]))
+                   micro_batches=int(data["microBatches"]), micro_batch=int(data["microBatch"]),
+                   ep=int(data.get("ep", 1)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +228,7 @@ class PlannedMemoryStrategy:
 NO_STRATEGY_LABEL = "none"
 """The estimator's label of plain data parallelism (`parallel.strategies.MemoryStrategy.label`)."""
 MAX_MEMORY_PARTS = 32
-"""Bound on `status.plan.memoryBytesByPart` entries (the estimator sends ten); the client
+"""Bound on `status.plan.memoryBytesByPart` entries (the estimator sends twelve); the client
 refuses more, the CRD's maxProperties says the same."""
 MEMORY_PART_PATTERN = r"[a-z]+(_[a-z]+)*"
 """Estimator memory part names: snake case of letters, so the camelCase key maps back."""

@@ -235,10 +235,10 @@ LAYOUT_FIELDS = {"gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", "fsdp": "fs
                  "zeroStage": "zero_stage", "checkpointing": "checkpointing",
                  "checkpointFraction": "checkpoint_fraction", "microBatch": "micro_batch",
                  "gradientAccumulation": "gradient_accumulation", "ppSchedule": "pp_schedule",
-                 "virtualStages": "virtual_stages"}
+                 "virtualStages": "virtual_stages", "ep": "ep"}
 """`spec.layout`'s keys, by the estimator's `layout` field each becomes."""
 LAYOUT_COUNTS = ("gpus", "dp", "tp", "pp", "microBatch", "gradientAccumulation",
-                 "virtualStages")
+                 "virtualStages", "ep")
 LAYOUT_CHOICES = {"fsdp": frozenset({"none", "full", "hybrid"}),
                   "checkpointing": frozenset({"none", "selective", "full", "per-block"}),
                   "ppSchedule": frozenset({"1f1b", "interleaved"})}

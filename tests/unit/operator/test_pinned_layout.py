@@ -18,6 +18,7 @@ from gpuplan_estimator.planning import planner
 from gpuplan_operator import estimator_client
 from gpuplan_operator.core import errors, gpu_pools, validation
 from gpuplan_testing.contexts import roofline_context
+from gpuplan_testing.moe_configs import MIXTRAL_TINY
 from gpuplan_testing.operator_builders import SpecBuilder
 
 TINY = {"model_type": "gpt2", "n_embd": 256, "n_layer": 8, "n_head": 8, "n_positions": 256,
@@ -34,26 +35,37 @@ def spec_with(layout: dict[str, Any]) -> dict[str, Any]:
             .set("layout", layout).obj())
 
 
-def request_for(layout: dict[str, Any]) -> dict[str, Any]:
+def request_for(layout: dict[str, Any], model: dict[str, Any] = TINY) -> dict[str, Any]:
     spec = validation.parse_spec(spec_with(layout))
-    return estimator_client.build_request(spec, json.dumps(TINY).encode(), POOLS)
+    return estimator_client.build_request(spec, json.dumps(model).encode(), POOLS)
 
 
-def test_the_pinned_layout_is_planned_with_its_estimates_numbers() -> None:
-    body = request_for({"gpus": 8, "dp": 4, "tp": 2, "zeroStage": 1, "microBatch": 8,
-                        "checkpointing": "full"})
-    assert body["layout"] == {"gpus": 8, "dp": 4, "tp": 2, "zero_stage": 1, "micro_batch": 8,
-                              "checkpointing": "full"}
+@pytest.mark.parametrize(("model", "layout", "expected", "chosen_as"), [
+    (TINY, {"gpus": 8, "dp": 4, "tp": 2, "zeroStage": 1, "microBatch": 8,
+            "checkpointing": "full"},
+     {"gpus": 8, "dp": 4, "tp": 2, "zero_stage": 1, "micro_batch": 8, "checkpointing": "full"},
+     ({"tp": 2, "ep": 1}, "zero-1 + checkpoint full")),
+    # A mixture of experts split over 4 of the 8 data-parallel ranks (expert parallelism).
+    (MIXTRAL_TINY, {"gpus": 8, "dp": 8, "ep": 4, "zeroStage": 1, "microBatch": 4},
+     {"gpus": 8, "dp": 8, "ep": 4, "zero_stage": 1, "micro_batch": 4},
+     ({"tp": 1, "ep": 4}, "zero-1 + accumulate x2")),
+])
+def test_the_pinned_layout_is_planned_with_its_estimates_numbers(
+        model: dict[str, Any], layout: dict[str, Any], expected: dict[str, Any],
+        chosen_as: tuple[dict[str, int], str]) -> None:
+    body = request_for(layout, model)
+    assert body["layout"] == expected
     ctx = roofline_context()
     chosen = json_documents.plan_request_json(wire.parse_plan_request(body), ctx)["plan"]
-    assert (chosen["parallelism"]["tp"], chosen["strategy"]["label"]) == (
-        2, "zero-1 + checkpoint full")
+    assert ({k: chosen["parallelism"][k] for k in ("tp", "ep")},
+            chosen["strategy"]["label"]) == chosen_as
     estimate = {key: body[key] for key in ("model_hf_config", "training")}
     estimate["layout"] = {**body["layout"], "gpus_per_node": 4}
     estimate["devices"] = ["a100-sxm4-40gb"]
     [rank] = work.estimate(wire.parse_estimate_request(estimate), ctx)["layout_estimates"]
     assert round(rank["step_time_ms"], 4) == chosen["step_time_ms"]
     assert rank["memory_per_rank"] == chosen["memory"]
+    assert rank["layout"]["ep"] == chosen["parallelism"]["ep"]
 
 
 def test_a_layout_no_pool_can_run_is_refused_with_the_reason() -> None:
@@ -72,6 +84,7 @@ def test_a_layout_no_pool_can_run_is_refused_with_the_reason() -> None:
     ({"gpus": 2, "dp": 2, "fsdp": "zero"}, "spec.layout.fsdp: must be one of"),
     ({"gpus": 2, "dp": 2, "micro": 4}, "spec.layout.micro: unknown field"),
     ({"gpus": 2, "dp": 2, "checkpointFraction": 2}, "spec.layout.checkpointFraction: must be"),
+    ({"gpus": 2, "dp": 2, "ep": 0}, "spec.layout.ep: must be"),
 ])
 def test_a_malformed_layout_is_named_by_its_spec_field(layout: dict[str, Any], problem: str
                                                        ) -> None:

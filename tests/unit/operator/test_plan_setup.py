@@ -32,7 +32,8 @@ SETUP: dict[str, Any] = {
 BARE: dict[str, Any] = {"gpu_type": "NVIDIA-A100-SXM4-80GB", "gpu_count": 4, "gpus_per_node": 4,
                         "nodes": 1, "estimated_seconds": 3600.0, "step_time_ms": 120.5,
                         "memory_bytes_per_gpu": 6740}
-PARALLELISM = resources.PlannedParallelism(dp=2, tp=2, pp=1, micro_batches=2, micro_batch=8)
+PARALLELISM = resources.PlannedParallelism(dp=2, tp=2, pp=1, micro_batches=2, micro_batch=8,
+                                           ep=1)
 STRATEGY = resources.PlannedMemoryStrategy(
     label="zero-2 + accumulate x2 + checkpoint 50% of blocks", zero_stage=2, fsdp="none",
     checkpointing="per-block", checkpoint_fraction=0.5, gradient_accumulation=2,
@@ -112,7 +113,7 @@ def test_the_setup_round_trips_through_status_in_camel_case() -> None:
     plan = _parse(**SETUP)
     status = plan.to_status()
     assert status["parallelism"] == {"dp": 2, "tp": 2, "pp": 1, "microBatches": 2,
-                                     "microBatch": 8}
+                                     "microBatch": 8, "ep": 1}
     assert status["memoryStrategy"] == {
         "label": STRATEGY.label, "zeroStage": 2, "fsdp": "none", "checkpointing": "per-block",
         "checkpointFraction": 0.5, "gradientAccumulation": 2, "offloadOptimizer": False}
@@ -183,7 +184,8 @@ def test_the_trainer_gets_the_setup_as_env() -> None:
         "GPUPLAN_ESTIMATED_SECONDS": "3600",
         "GPUPLAN_DATA_PARALLEL": "2", "GPUPLAN_TENSOR_PARALLEL": "2",
         "GPUPLAN_PIPELINE_PARALLEL": "1", "GPUPLAN_MICRO_BATCHES": "2",
-        "GPUPLAN_MICRO_BATCH_SIZE": "8", "GPUPLAN_GRADIENT_ACCUMULATION": "2",
+        "GPUPLAN_MICRO_BATCH_SIZE": "8", "GPUPLAN_EXPERT_PARALLEL": "1",
+        "GPUPLAN_GRADIENT_ACCUMULATION": "2",
         "GPUPLAN_ZERO_STAGE": "2", "GPUPLAN_FSDP": "none",
         "GPUPLAN_ACTIVATION_CHECKPOINTING": "per-block", "GPUPLAN_CHECKPOINT_FRACTION": "0.5",
         "GPUPLAN_OFFLOAD_OPTIMIZER": "false", "GPUPLAN_MEMORY_STRATEGY": STRATEGY.label}

@@ -22,7 +22,7 @@ FLAGS = {"gpus": "--gpus", "dp": "--dp", "tp": "--tp", "pp": "--pp",
          "gpus_per_node": "--gpus-per-node", "fsdp": "--fsdp", "zero_stage": "--zero",
          "checkpointing": "--checkpointing", "checkpoint_fraction": "--checkpointing",
          "micro_batch": "--micro-batch", "gradient_accumulation": "--grad-accum",
-         "pp_schedule": "--pp-schedule", "virtual_stages": "--pp-schedule"}
+         "pp_schedule": "--pp-schedule", "virtual_stages": "--pp-schedule", "ep": "--ep"}
 """Each `layout.<field>` of the request, by the flag that sets it."""
 DEFAULT_GPUS_PER_NODE = 8
 """An HGX/DGX node; --gpus-per-node for others."""
@@ -38,6 +38,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="data-parallel replicas (default: GPUs / (tp x pp))")
     g.add_argument("--tp", type=count, default=1, metavar="T", help="tensor-parallel size")
     g.add_argument("--pp", type=count, default=1, metavar="P", help="pipeline stages")
+    g.add_argument("--ep", type=count, default=1, metavar="E",
+                   help="expert-parallel ranks of a mixture of experts, out of the dp "
+                   "replicas (must divide dp and the experts per layer)")
     g.add_argument("--gpus-per-node", type=arguments.count_up_to(limits.MAX_GPUS_PER_NODE),
                    default=DEFAULT_GPUS_PER_NODE, metavar="G",
                    help=f"GPUs per node (default {DEFAULT_GPUS_PER_NODE})")
@@ -77,7 +80,7 @@ def layout_json(args: argparse.Namespace) -> dict[str, Any]:
             "checkpoint_fraction": _number("--checkpointing", fraction, float),
             "micro_batch": args.micro_batch, "gradient_accumulation": args.grad_accum,
             "pp_schedule": schedule,
-            "virtual_stages": _number("--pp-schedule", chunks, int) or 1}
+            "virtual_stages": _number("--pp-schedule", chunks, int) or 1, "ep": args.ep}
 
 
 def _number(flag: str, text: str, kind: type[float] | type[int]) -> Any:
@@ -152,7 +155,8 @@ def rank_lines(e: Mapping[str, Any]) -> Sequence[str]:
     tokens = e["throughput"]["tokens_per_s_per_gpu"]
     mfu = f"{e['mfu']:.1%}" if e["mfu"] is not None else "n/a"
     return [
-        f"{e['device']}: dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} on {lay['gpus']} GPUs, "
+        f"{e['device']}: dp={lay['dp']} tp={lay['tp']} pp={lay['pp']}"
+        f"{' ep=' + str(lay['ep']) if lay['ep'] != 1 else ''} on {lay['gpus']} GPUs, "
         f"micro-batch {lay['micro_batch']} x {lay['micro_batches']}, {lay['strategy']}",
         f"  step {e['step_time_ms']:.2f} ms = compute {step['compute']:.2f} + exposed comm "
         f"[{comm or 'none'}] + bubble {step['pipeline_bubble']:.2f} + host {step['host']:.2f}",
@@ -161,7 +165,9 @@ def rank_lines(e: Mapping[str, Any]) -> Sequence[str]:
         f": params {render.gib(mem['parameters_bytes'])}, grads "
         f"{render.gib(mem['gradients_bytes'])}, optimizer "
         f"{render.gib(mem['optimizer_state_bytes'])}, activations "
-        f"{render.gib(mem['activations_bytes'])}",
+        f"{render.gib(mem['activations_bytes'])}"
+        + (f"; experts' states {render.gib(mem['expert_states_bytes'])}, all-to-all buffers "
+           f"{render.gib(mem['dispatch_buffers_bytes'])}" if mem["expert_states_bytes"] else ""),
         f"  {tokens:,.0f} tokens/s per GPU, MFU {mfu}" if tokens is not None
         else f"  {e['throughput']['samples_per_s_per_gpu']:,.1f} samples/s per GPU, MFU {mfu}",
     ]

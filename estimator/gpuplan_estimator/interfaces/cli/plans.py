@@ -292,7 +292,7 @@ def setup_lines(c: Mapping[str, Any]) -> list[str]:
                       for name, ms in c["step_ms"].items() if ms > 0)
     memory = c["memory"]
     shown = ("parameters", "gradients", "optimizer_state", "activations",
-             "gathered_parameters", "workspace", "framework_overhead")
+             "gathered_parameters", "dispatch_buffers", "workspace", "framework_overhead")
     memory_parts = ", ".join(f"{name.replace('_', ' ')} {render.gib(memory[f'{name}_bytes'])}"
                              for name in shown if memory.get(f"{name}_bytes"))
     host = (f"; {render.gib(memory['host_bytes'])} of optimizer state in host memory"
@@ -305,11 +305,19 @@ def setup_lines(c: Mapping[str, Any]) -> list[str]:
 
 
 def layout_text(par: Mapping[str, Any]) -> str:
-    """``dp=2 tp=4 pp=1``, with the micro-batching when there is any."""
-    text = f"dp={par['dp']} tp={par['tp']} pp={par['pp']}"
+    """``dp=2 tp=4 pp=1`` (``ep=4`` after dp when the experts are split), with the
+    micro-batching when there is any."""
+    text = f"dp={par['dp']}{_ep(par, ' ep=')} tp={par['tp']} pp={par['pp']}"
     if par["micro_batches"] > 1:
         text += f", {par['micro_batches']} micro-batches of {par['micro_batch']}"
     return text
+
+
+def _ep(par: Mapping[str, Any], label: str) -> str:
+    """`label` and the expert-parallel degree, or nothing when there is none (a plan from
+    before expert parallelism has no ep)."""
+    ep = par.get("ep", 1)
+    return f"{label}{ep}" if ep != 1 else ""
 
 
 CANDIDATE_COLUMNS = [
@@ -330,7 +338,7 @@ def candidate_row(c: Mapping[str, Any], chosen: Mapping[str, Any]) -> list[str]:
     lo, hi = c["interval_seconds"]
     cal = c.get("calibration", {})
     par = c.get("parallelism")
-    layout = (f"{par['dp']}x{par['tp']}x{par['pp']}"
+    layout = (f"{par['dp']}x{par['tp']}x{par['pp']}" + _ep(par, " ep=")
               + (f" m={par['micro_batches']}" if par["micro_batches"] > 1 else "")
               if par else f"{c['gpu_count']}x1x1")
     return [

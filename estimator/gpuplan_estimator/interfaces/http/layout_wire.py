@@ -19,7 +19,8 @@ LAYOUT_SCHEMA_VERSION = 1
 
 
 class LayoutBody(BaseModel):
-    """A named parallel layout: dp x tp x pp must be `gpus`; ZeRO and FSDP are exclusive."""
+    """A named parallel layout: dp x tp x pp must be `gpus`; ZeRO and FSDP are exclusive; ep
+    ranks come out of dp."""
 
     model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
     gpus: int = Field(ge=1, le=named.MAX_GPUS)
@@ -44,6 +45,9 @@ class LayoutBody(BaseModel):
     pp_schedule: Literal["1f1b", "interleaved"] = "1f1b"
     virtual_stages: int = Field(1, ge=1, le=named.MAX_GPUS,
                                 description="Model chunks per pipeline rank (interleaved).")
+    ep: int = Field(1, ge=1, le=named.MAX_GPUS,
+                    description="Expert-parallel ranks (mixture of experts): taken from dp, "
+                                "must divide dp and the experts per layer.")
 
 
 class _Answer(BaseModel):
@@ -60,6 +64,7 @@ class RankLayout(_Answer):
     micro_batch: int
     micro_batches: int
     virtual_stages: int
+    ep: int
     gpus_per_node: int
     strategy: str = Field(description="ZeRO/FSDP, accumulation and checkpointing, e.g. zero-1.")
 
@@ -70,7 +75,7 @@ class RankStep(_Answer):
     compute: float = Field(description="Forward, backward, recomputation, optimizer.")
     exposed_comm: dict[str, float] = Field(
         description="Communication compute does not hide, by collective: all-reduce, "
-                    "reduce-scatter, all-gather, p2p.")
+                    "reduce-scatter, all-gather, p2p, all-to-all (expert parallelism).")
     pipeline_bubble: float
     host: float = Field(description="Host work in the critical path (offload copies).")
 
@@ -114,7 +119,7 @@ def _rank_json(e: LayoutEstimate) -> dict[str, Any]:
         "device": e.device,
         "layout": {"gpus": layout.gpu_count, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp,
                    "micro_batch": e.resolved.micro_batch, "micro_batches": layout.micro_batches,
-                   "virtual_stages": layout.virtual_stages,
+                   "virtual_stages": layout.virtual_stages, "ep": layout.ep,
                    "gpus_per_node": e.resolved.gpus_per_node, "strategy": strategy.label},
         "step_time_ms": e.step_time_ms,
         "step_ms": {"compute": e.compute_ms,

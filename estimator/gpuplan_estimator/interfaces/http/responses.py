@@ -101,7 +101,7 @@ class Candidate(_Response):
     memory: StrategyMemory | None = None
     step_ms: dict[str, float] | None = Field(
         None, description="The step by part: compute, recompute, tp_comm, pp_bubble, pp_p2p, "
-        "dp_comm, optimizer, offload_copies (absent parts are 0).")
+        "dp_comm, ep_comm, optimizer, offload_copies (absent parts are 0).")
 
 
 class Parallelism(_Response):
@@ -113,6 +113,7 @@ class Parallelism(_Response):
     micro_batches: int = Field(description="Per step, pipeline micro-batches and gradient "
                                "accumulation together.")
     micro_batch: int = Field(description="Samples per micro-batch.")
+    ep: int = Field(1, description="Expert-parallel ranks out of dp (mixture of experts).")
 
 
 class Strategy(_Response):
@@ -139,6 +140,11 @@ class StrategyMemory(_Response):
     gathered_parameters_bytes: int
     recompute_bytes: int
     host_bytes: int = Field(description="Offloaded to host memory; not in total_bytes.")
+    expert_states_bytes: int = Field(
+        0, description="Mixture of experts: the experts' weights, gradients and optimizer "
+        "state on the rank (part of the first three; 1/ep of them under expert parallelism).")
+    dispatch_buffers_bytes: int = Field(
+        0, description="Expert parallelism: the all-to-all's send and receive buffers.")
     total_bytes: int
 
 

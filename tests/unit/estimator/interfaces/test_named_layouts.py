@@ -18,6 +18,7 @@ from gpuplan_estimator.interfaces.cli import main, plans
 from gpuplan_estimator.interfaces.http import layout_wire, service, wire, work
 from gpuplan_estimator.planning import named_layouts, planner
 from gpuplan_testing.contexts import roofline_context
+from gpuplan_testing.moe_configs import MIXTRAL_TINY, MIXTRAL_WIDE
 
 # A small GPT-2 shape: 8 blocks of width 256, so a plan and an estimate take seconds.
 TINY = {"model_type": "gpt2", "n_embd": 256, "n_layer": 8, "n_head": 8, "n_positions": 256,
@@ -26,8 +27,9 @@ TRAINING = {"batch_size": 64, "dataset_size": 6400, "epochs": 1, "optimizer": "a
             "precision": "fp16", "dims": {"sequence": 256}}
 
 
-def estimate_body(layout: dict[str, Any], device: str = "a100-sxm4-40gb") -> dict[str, Any]:
-    return {"model_hf_config": TINY, "training": TRAINING, "devices": [device],
+def estimate_body(layout: dict[str, Any], device: str = "a100-sxm4-40gb",
+                  model: dict[str, Any] = TINY) -> dict[str, Any]:
+    return {"model_hf_config": model, "training": TRAINING, "devices": [device],
             "layout": layout}
 
 
@@ -37,19 +39,25 @@ def by_name(doc: dict[str, Any]) -> dict[str, Any]:
     return {"gpus": doc["gpu_count"], "dp": par["dp"], "tp": par["tp"], "pp": par["pp"],
             "gpus_per_node": doc["gpus_per_node"], "fsdp": st["fsdp"],
             "zero_stage": st["zero_stage"], "checkpointing": st["checkpointing"],
-            "micro_batch": par["micro_batch"], "gradient_accumulation": par["micro_batches"]}
+            "micro_batch": par["micro_batch"], "gradient_accumulation": par["micro_batches"],
+            "ep": par["ep"]}
 
 
-@pytest.mark.parametrize("device", ["t4", "a100-sxm4-40gb"])
-def test_a_plans_choice_estimated_by_name_has_the_same_step_and_memory(device: str) -> None:
+@pytest.mark.parametrize(("device", "model"), [
+    ("t4", TINY), ("a100-sxm4-40gb", TINY),
+    # A mixture of experts whose fp16 experts crowd a T4: the plan splits them (ep > 1).
+    ("t4", MIXTRAL_WIDE)])
+def test_a_plans_choice_estimated_by_name_has_the_same_step_and_memory(
+        device: str, model: dict[str, Any]) -> None:
     ctx = roofline_context()
-    body = {"model_hf_config": TINY, "training": TRAINING,
+    body = {"model_hf_config": model, "training": TRAINING,
             "objective": {"prefer": "fastest", "max_gpus": 8},
             "inventory": [{"gpu_type": device, "gpus_per_node": 4, "nodes": 2}]}
     chosen = json_documents.plan_request_json(wire.parse_plan_request(body), ctx)["plan"]
     assert chosen["gpu_count"] == 8
-    doc = work.estimate(wire.parse_estimate_request(estimate_body(by_name(chosen), device)),
-                        ctx)
+    assert (chosen["parallelism"]["ep"] > 1) == (model is MIXTRAL_WIDE)
+    doc = work.estimate(wire.parse_estimate_request(estimate_body(by_name(chosen), device,
+                                                                  model)), ctx)
     [rank] = doc["layout_estimates"]
     # The plan's JSON rounds to 4 decimals; every part agrees to the last of them.
     assert round(rank["step_time_ms"], 4) == chosen["step_time_ms"]
@@ -57,18 +65,28 @@ def test_a_plans_choice_estimated_by_name_has_the_same_step_and_memory(device: s
     assert rank["memory_per_rank"] == chosen["memory"]
     if device == "a100-sxm4-40gb":  # the fastest way there is tensor parallel: both paths
         assert chosen["parallelism"]["tp"] == 2
+    if model is MIXTRAL_WIDE:
+        assert rank["step_ms"]["exposed_comm"]["all-to-all"] > 0
 
 
-def test_the_per_rank_answer_adds_up_and_reports_throughput_in_the_fields_units() -> None:
-    layout = {"gpus": 8, "dp": 2, "tp": 2, "pp": 2, "micro_batch": 4,
-              "checkpointing": "full", "zero_stage": 1}
-    doc = work.estimate(wire.parse_estimate_request(estimate_body(layout)), roofline_context())
+def one_rank(body: dict[str, Any]) -> dict[str, Any]:
+    """The one device's per-rank answer, checked against the response model and for parts
+    that add up to the step."""
+    doc = work.estimate(wire.parse_estimate_request(body), roofline_context())
     layout_wire.LayoutEstimateResponse.model_validate(doc)
     [rank] = doc["layout_estimates"]
     step = rank["step_ms"]
     parts = [step["compute"], *step["exposed_comm"].values(), step["pipeline_bubble"],
              step["host"]]
     assert math.isclose(sum(parts), rank["step_time_ms"], rel_tol=1e-12)
+    return rank
+
+
+def test_the_per_rank_answer_adds_up_and_reports_throughput_in_the_fields_units() -> None:
+    layout = {"gpus": 8, "dp": 2, "tp": 2, "pp": 2, "micro_batch": 4,
+              "checkpointing": "full", "zero_stage": 1}
+    rank = one_rank(estimate_body(layout))
+    step = rank["step_ms"]
     assert step["pipeline_bubble"] > 0 and step["exposed_comm"]["p2p"] > 0
     assert step["exposed_comm"]["all-reduce"] > 0  # Megatron's TP all-reduces
     assert rank["layout"]["micro_batches"] == 64 // (2 * 4)
@@ -120,21 +138,27 @@ def test_the_request_model_names_the_json_path() -> None:
     assert {p for p, _ in info.value.problems} == {"layout.zero_stage", "layout.pp_schedule"}
 
 
-def test_the_cli_prints_what_the_service_answers(tmp_path: Path,
+@pytest.mark.parametrize(("model", "flags", "layout"), [
+    (TINY, ["--tp", "2", "--pp", "2", "--micro-batch", "4", "--pp-schedule", "interleaved:2"],
+     {"gpus": 8, "dp": 2, "tp": 2, "pp": 2, "micro_batch": 4, "pp_schedule": "interleaved",
+      "virtual_stages": 2}),
+    (MIXTRAL_TINY, ["--ep", "4", "--zero", "1", "--micro-batch", "4"],
+     {"gpus": 8, "dp": 8, "ep": 4, "zero_stage": 1, "micro_batch": 4}),
+])
+def test_the_cli_prints_what_the_service_answers(tmp_path: Path, model: dict[str, Any],
+                                                 flags: list[str], layout: dict[str, Any],
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    config = tmp_path / "tiny.json"
-    config.write_text(json.dumps(TINY))
+    config = tmp_path / "model.json"
+    config.write_text(json.dumps(model))
     argv = ["estimate", "--hf-config", str(config), "--batch", "64", "--dim", "sequence=256",
             "--precision", "fp16", "--optimizer", "adamw", "--device", "a100-sxm4-40gb",
-            "--gpus", "8", "--tp", "2", "--pp", "2", "--micro-batch", "4",
-            "--pp-schedule", "interleaved:2", "-o", "json"]
+            "--gpus", "8", *flags, "-o", "json"]
     assert main.main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
-    layout = {"gpus": 8, "dp": 2, "tp": 2, "pp": 2, "micro_batch": 4,
-              "pp_schedule": "interleaved", "virtual_stages": 2}
-    served = work.estimate(wire.parse_estimate_request(estimate_body(layout)),
+    served = work.estimate(wire.parse_estimate_request(estimate_body(layout, model=model)),
                            plans.load_context(None))  # the CLI's predictor: the same bundle
     assert printed["layout_estimates"] == served["layout_estimates"]
+    assert printed["layout_estimates"][0]["layout"]["ep"] == layout.get("ep", 1)
 
 
 @pytest.mark.parametrize(("flags", "named"), [
@@ -143,6 +167,7 @@ def test_the_cli_prints_what_the_service_answers(tmp_path: Path,
     (["--gpus", "8", "--micro-batch", "3"], "--micro-batch"),
     (["--gpus", "8", "--pp", "2", "--pp-schedule", "interleaved"], "--pp-schedule"),
     (["--gpus", "8", "--checkpointing", "per-block:x"], "--checkpointing"),
+    (["--gpus", "8", "--ep", "2"], "--ep"),  # the tiny GPT-2 is dense
 ])
 def test_the_cli_names_the_flag_of_a_bad_layout(tmp_path: Path, flags: list[str], named: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -154,16 +179,20 @@ def test_the_cli_names_the_flag_of_a_bad_layout(tmp_path: Path, flags: list[str]
     assert capsys.readouterr().err.strip().startswith(f"gpuplan: error: {named}: ")
 
 
-def test_the_service_answers_a_layout_with_the_handlers_numbers() -> None:
-    layout = {"gpus": 8, "dp": 4, "tp": 2, "zero_stage": 1}
-    expected = work.estimate(wire.parse_estimate_request(estimate_body(layout)),
+@pytest.mark.parametrize(("model", "layout"), [
+    (TINY, {"gpus": 8, "dp": 4, "tp": 2, "zero_stage": 1}),
+    (MIXTRAL_TINY, {"gpus": 8, "dp": 8, "ep": 8, "zero_stage": 2}),
+])
+def test_the_service_answers_a_layout_with_the_handlers_numbers(model: dict[str, Any],
+                                                                layout: dict[str, Any]) -> None:
+    expected = work.estimate(wire.parse_estimate_request(estimate_body(layout, model=model)),
                              roofline_context())
 
     async def main_() -> None:
         app = service.make_app(service.ServiceState(roofline_context),
                                service.ServiceSettings(bundle_poll_s=3600))
         async with TestClient(TestServer(app)) as client:
-            resp = await client.post("/v1/estimate", json=estimate_body(layout))
+            resp = await client.post("/v1/estimate", json=estimate_body(layout, model=model))
             assert resp.status == 200, await resp.text()
             body = await resp.json()
             layout_wire.LayoutEstimateResponse.model_validate(body)
@@ -212,3 +241,51 @@ def test_a_pinned_layout_the_pools_cannot_run_is_refused_with_the_reason() -> No
     assert gpu_type == "a100-sxm4-40gb"
     assert why.startswith("x8: pinned layout: layout.tp: 8 GPUs cannot form TP groups inside "
                           "nodes of 4")
+
+
+def moe_rank(layout: dict[str, Any]) -> dict[str, Any]:
+    return one_rank(estimate_body(layout, device="h100-sxm", model=MIXTRAL_TINY))
+
+
+def test_expert_parallelism_splits_the_experts_and_adds_all_to_alls_that_cross_nodes() -> None:
+    # 16 GPUs on nodes of 4: EP groups of 2 and 4 stay inside a node, 8 and 16 cross them.
+    ranks = {ep: moe_rank({"gpus": 16, "dp": 16, "ep": ep, "gpus_per_node": 4})
+             for ep in (1, 2, 4, 8)}
+    alltoall = {ep: r["step_ms"]["exposed_comm"]["all-to-all"] for ep, r in ranks.items()}
+    experts = {ep: r["memory_per_rank"]["expert_states_bytes"] for ep, r in ranks.items()}
+    assert alltoall[1] == 0 and ranks[1]["memory_per_rank"]["dispatch_buffers_bytes"] == 0
+    assert 0 < alltoall[2] < alltoall[4] < alltoall[8]
+    # (ep-1)/ep of the tokens leave a rank: 7/8 is 7/6 of 3/4, but over the network, not
+    # the node's NVLink.
+    assert alltoall[8] > 3 * (7 / 6) * alltoall[4]
+    for ep in (2, 4, 8):
+        assert experts[ep] == pytest.approx(experts[1] / ep, rel=1e-6)
+        assert ranks[ep]["memory_per_rank"]["dispatch_buffers_bytes"] > 0
+        assert ranks[ep]["layout"]["ep"] == ep
+        # The dense work is the same on every rank: only the communication moves.
+        assert ranks[ep]["step_parts_ms"]["compute"] == ranks[1]["step_parts_ms"]["compute"]
+    assert ranks[8]["memory_per_rank"]["total_bytes"] < ranks[1]["memory_per_rank"][
+        "total_bytes"]
+
+
+@pytest.mark.parametrize(("model", "layout", "fields"), [
+    (TINY, {"gpus": 8, "dp": 8, "ep": 2}, ["layout.ep"]),  # dense: no experts
+    (MIXTRAL_TINY, {"gpus": 4, "dp": 4, "ep": 8}, ["layout.ep"]),  # 8 !| dp=4
+    (MIXTRAL_TINY, {"gpus": 16, "dp": 16, "ep": 16}, ["layout.ep"]),  # 16 !| 8 experts
+    (MIXTRAL_TINY, {"gpus": 8, "dp": 8, "ep": 2, "fsdp": "full"}, ["layout.fsdp"]),
+    (MIXTRAL_TINY, {"gpus": 8, "dp": 8, "ep": 2, "zero_stage": 3}, ["layout.zero_stage"]),
+])
+def test_an_expert_layout_that_cannot_run_is_refused_on_its_field(
+        model: dict[str, Any], layout: dict[str, Any], fields: list[str]) -> None:
+    req = wire.parse_estimate_request(estimate_body(layout, model=model))
+    with pytest.raises(wire.InvalidFieldsError) as info:
+        work.estimate(req, roofline_context())
+    assert [path for path, _ in info.value.problems] == fields
+    assert "ep" in str(info.value) or "expert" in str(info.value)
+
+
+def test_the_request_model_bounds_ep() -> None:
+    with pytest.raises(wire.InvalidFieldsError) as info:
+        wire.parse_estimate_request(estimate_body({"gpus": 8, "dp": 8, "ep": 0},
+                                                  model=MIXTRAL_TINY))
+    assert [p for p, _ in info.value.problems] == ["layout.ep"]

@@ -8,7 +8,7 @@ import onnx
 import pytest
 import yaml
 
-from gpuplan_estimator.interfaces.cli import main
+from gpuplan_estimator.interfaces.cli import main, plans
 
 RESNET50 = pathlib.Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx"
 
@@ -102,3 +102,12 @@ def test_a_fused_plan_of_a_model_without_attention_says_it_is_priced_eager(
     assert line.startswith("attention: NOT FUSED:") and "no attention core" in line
     assert main.main([*argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["attention"]["fused_cores"] == 0
+
+
+def test_a_candidates_layout_names_its_expert_parallelism_only_when_there_is_some() -> None:
+    split = {"dp": 8, "tp": 1, "pp": 1, "micro_batches": 2, "micro_batch": 4, "ep": 4}
+    assert plans.layout_text(split) == "dp=8 ep=4 tp=1 pp=1, 2 micro-batches of 4"
+    # A plan from an estimator before expert parallelism has no ep: as it was.
+    older = {k: v for k, v in split.items() if k != "ep"}
+    assert plans.layout_text(older) == "dp=8 tp=1 pp=1, 2 micro-batches of 4"
+    assert plans.layout_text({**split, "ep": 1}) == plans.layout_text(older)

@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 
 from gpuplan_estimator.core.errors import InvalidRequestError
-from gpuplan_estimator.core.layers import ModelGraph, OpFamily
+from gpuplan_estimator.core.layers import Layer, ModelGraph, OpFamily
 from gpuplan_estimator.core.precisions import PRECISION_TABLE
 from gpuplan_estimator.parallel.layouts import ModelDims, RegionTime, SingleGpuSplit
 from gpuplan_estimator.planning import rollup
@@ -102,12 +102,26 @@ def model_dims_from_graph(graph: ModelGraph, *, precision: str) -> ModelDims:
     blocks = [n for n in dict.fromkeys(names) if n != rollup.OUTSIDE_BLOCKS]
     inside = [layer for layer, n in zip(graph.layers, names, strict=True)
               if n != rollup.OUTSIDE_BLOCKS]
-    norms = [layer for layer in inside if layer.family is OpFamily.NORMALIZATION]
-    if not blocks or not norms:
-        raise InvalidRequestError("model", "no transformer blocks with a normalization layer "
-                                  "found: the hidden size cannot be read from the graph")
+    hidden = _hidden_width(inside)
+    if not blocks or hidden is None:
+        raise InvalidRequestError("model", "no transformer blocks with a normalization or "
+                                  "linear layer found: the hidden size cannot be read from "
+                                  "the graph")
     softmax = [layer for layer in inside
                if layer.family is OpFamily.SOFTMAX and len(layer.outputs[0].shape) == 4]
-    return ModelDims(hidden=norms[0].inputs[0].shape[-1], sequence=sequence, blocks=len(blocks),
+    return ModelDims(hidden=hidden, sequence=sequence, blocks=len(blocks),
                      element_bytes=ELEMENT_BYTES[precision],
                      heads=softmax[0].outputs[0].shape[1] if softmax else None)
+
+
+def _hidden_width(block_layers: Sequence[Layer]) -> int | None:
+    """The residual stream's width: what a block's first normalization reads, or, where the
+    norm is spelled out op by op (RMSNorm as Pow, ReduceMean, ... in Llama-shaped graphs),
+    what its first linear layer reads ([batch, sequence, hidden] @ [hidden, out])."""
+    for layer in block_layers:
+        if layer.family is OpFamily.NORMALIZATION:
+            return layer.inputs[0].shape[-1]
+    for layer in block_layers:
+        if layer.family is OpFamily.MATMUL and len(layer.inputs[0].shape) == 3:
+            return layer.inputs[0].shape[-1]
+    return None

@@ -8,8 +8,9 @@ import pytest
 
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.cost.roofline import RooflinePredictor
-from gpuplan_estimator.graph import zoo
+from gpuplan_estimator.graph import hf_blocks, zoo
 from gpuplan_estimator.parallel import layouts
 from gpuplan_estimator.parallel.layouts import (
     ModelDims,
@@ -247,6 +248,26 @@ def test_dims_come_from_the_graph(gpt2: tuple[estimates.DeviceStepEstimate,
     _, g = gpt2
     dims = parallel_inputs.model_dims_from_graph(g, precision="bf16")
     assert dims == ModelDims(hidden=256, sequence=128, blocks=6, element_bytes=2, heads=8)
+
+
+LLAMA_SMALLISH = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8,
+                  "num_key_value_heads": 4, "num_hidden_layers": 3, "intermediate_size": 688,
+                  "vocab_size": 1000}
+
+
+def test_dims_of_a_llama_graph_whose_rmsnorm_is_spelled_out() -> None:
+    # hf_blocks writes RMSNorm as Pow, ReduceMean, ... (as the exporters do): no norm layer to
+    # read the width from, so it is the first projection's input.
+    onnx_bytes = hf_blocks.build_decoder(LLAMA_SMALLISH, name="llama-test").SerializeToString()
+    g = graph.load_at_batch(onnx_bytes, 2, {"sequence": 64})
+    assert not any(layer.family is OpFamily.NORMALIZATION for layer in g.layers)
+    dims = parallel_inputs.model_dims_from_graph(g, precision="bf16")
+    assert dims == ModelDims(hidden=256, sequence=64, blocks=3, element_bytes=2, heads=8)
+    (e,) = estimates.estimate(g, [_device()], TrainingSettings(batch_size=2, precision="bf16"),
+                              predictor=RooflinePredictor())
+    step = layouts.step_time(ParallelLayout(2, 2, 1, 1), parallel_inputs.split_from_estimate(e),
+                             dims, _device(), ScalingModel(), gpus_per_node=8)
+    assert step.tp_comm_ms > 0 and step.total_ms > 0
 
 
 def test_estimate_is_cut_into_regions(gpt2: tuple[estimates.DeviceStepEstimate,

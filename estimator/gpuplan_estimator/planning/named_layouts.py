@@ -120,7 +120,8 @@ def estimate_layout(req: requests.EstimateRequest, ctx: planner.PlannerContext
     facts = model_facts.model_facts(g, settings)
     resolved = named.resolve(named_layout, global_batch=t.batch_size, dims=facts.dims,
                              training=settings.training, experts=facts.experts)
-    profiles = planner.profiles_at(req.model_onnx, t, named_layout.gpus, specs, ctx)
+    profiles = planner.profiles_at(req.model_onnx, t, named_layout.gpus, specs, ctx,
+                                   loaded={t.batch_size: g})
     flops = estimates.model_flops_per_step(g, settings)
     return tuple(_priced(resolved, profiles[s.key], s, facts, ctx, flops=flops,
                          tokens_per_sample=g.dim_bindings.get(SEQUENCE_DIM))

@@ -7,6 +7,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from gpuplan_estimator import devices, graph
@@ -94,10 +95,11 @@ def graph_at(model: bytes, t: requests.TrainingRequest, batch: int) -> ModelGrap
 
 
 def _estimates_at(model: bytes, t: requests.TrainingRequest, batch: int,
-                  specs: Sequence[devices.DeviceSpec], ctx: PlannerContext
+                  specs: Sequence[devices.DeviceSpec], ctx: PlannerContext,
+                  loaded: Mapping[int, ModelGraph]
                   ) -> tuple[int, Sequence[estimates.DeviceStepEstimate]]:
-    """Estimates at `batch` (`graph_at`)."""
-    g = graph_at(model, t, batch)
+    """Estimates at `batch` (`graph_at`, or the caller's graph at that batch in `loaded`)."""
+    g = loaded[batch] if batch in loaded else graph_at(model, t, batch)
     return batch, estimates.estimate(g, specs, training_settings(t, batch),
                                      predictor=ctx.predictor, host_probes=ctx.host_probes)
 
@@ -122,7 +124,8 @@ def _calibrated(e: estimates.DeviceStepEstimate, cal: calibrating.CalibrationTab
 
 
 def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec],
-                  ctx: PlannerContext) -> dict[str, placement.StepProfile]:
+                  ctx: PlannerContext, loaded: Mapping[int, ModelGraph] = MappingProxyType({})
+                  ) -> dict[str, placement.StepProfile]:
     """Estimate at the global batch, the smallest per-GPU batch and batch 1; interpolate between.
 
     A model exported with a fixed batch is re-batched to each, or refused (`graph_at`).
@@ -131,19 +134,21 @@ def step_profiles(req: requests.PlanRequest, specs: Sequence[devices.DeviceSpec]
     Each profile also carries its device and the step cut into the regions tensor and pipeline
     parallelism see (from the smaller batch's estimate; None for a model without blocks).
     """
-    return profiles_at(req.model_onnx, req.training, req.objective.max_gpus, specs, ctx)
+    return profiles_at(req.model_onnx, req.training, req.objective.max_gpus, specs, ctx, loaded)
 
 
 def profiles_at(model: bytes, t: requests.TrainingRequest, max_gpus: int,
-                specs: Sequence[devices.DeviceSpec], ctx: PlannerContext
+                specs: Sequence[devices.DeviceSpec], ctx: PlannerContext,
+                loaded: Mapping[int, ModelGraph] = MappingProxyType({})
                 ) -> dict[str, placement.StepProfile]:
     """`step_profiles` of `model` for plans of up to `max_gpus` GPUs (the smallest per-GPU
-    batch is the global batch over them)."""
+    batch is the global batch over them). `loaded` holds graphs of `model` the caller has
+    already bound, by batch (a 7B graph takes a second or more to load)."""
     mode = calibrating.mode_of(t.mode)
     # Micro-batches (accumulation, pipelines) reach below the smallest per-GPU batch: a point
     # at batch 1 anchors them.
     wanted = sorted({t.batch_size, math.ceil(t.batch_size / max_gpus), 1})
-    by_batch = dict(_estimates_at(model, t, b, specs, ctx) for b in wanted)
+    by_batch = dict(_estimates_at(model, t, b, specs, ctx, loaded) for b in wanted)
     batches = sorted(by_batch)
     profiles = {}
     for i, spec in enumerate(specs):
@@ -255,7 +260,8 @@ def plan_request(req: requests.PlanRequest, ctx: PlannerContext) -> PlannedReque
     graph_at_batch = graph_at(req.model_onnx, req.training, req.training.batch_size)
     facts = model_facts.model_facts(graph_at_batch,
                                     training_settings(req.training, req.training.batch_size))
-    result = placement.plan(step_profiles(req, specs, ctx), pools, shape, req.objective,
+    profiles = step_profiles(req, specs, ctx, {req.training.batch_size: graph_at_batch})
+    result = placement.plan(profiles, pools, shape, req.objective,
                             ctx.scaling, facts, req.layout)
     if result.chosen is None:
         raise NoFeasiblePlanError("no GPU type and count satisfies the request",

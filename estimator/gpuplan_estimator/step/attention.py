@@ -21,6 +21,7 @@ tile by tile in on-chip memory. Against the same core run op by op (`options.EAG
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -54,9 +55,10 @@ class FusedAttention:
         default_factory=lambda: MappingProxyType({}))
     """Per Q·Kᵀ and ·V layer: (queries, keys), the shape of the scores its GEMMs never store."""
 
-    @property
+    @functools.cached_property
     def members(self) -> frozenset[str]:
-        """Every layer of a fused core: their eager saved tensors give way to `kept`."""
+        """Every layer of a fused core: their eager saved tensors give way to `kept` (cached:
+        read once per layer of the step, and a 70B graph has tens of thousands)."""
         return self.folded | self.recomputed | frozenset(self.kept)
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import re
 import ssl
 import time
@@ -29,17 +30,29 @@ CLIENT_HEADER = "X-Gpuplan-Client"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
+_CA_CONTEXTS: dict[str, tuple[tuple[int, int, int], ssl.SSLContext]] = {}
+"""Per CA file: the (mtime_ns, size, inode) it was read at and the context built from it."""
+
+
 def server_check(ca_file: str) -> ssl.SSLContext | bool:
     """How an https estimator's certificate is checked (aiohttp's `ssl=`): against the CA in
-    `ca_file` (`settings.estimator_ca_file`, read now: a rotated CA is picked up), else the
-    system's trust store (True). Never unchecked. An http URL ignores it."""
+    `ca_file` (`settings.estimator_ca_file`), else the system's trust store (True). Never
+    unchecked. An http URL ignores it. The file is read again only when its (mtime, size,
+    inode) changed, so a rotated CA is picked up without building a context per request."""
     if not ca_file:
         return True
     try:
-        return ssl.create_default_context(cafile=ca_file)
+        st = os.stat(ca_file)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        cached = _CA_CONTEXTS.get(ca_file)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        context = ssl.create_default_context(cafile=ca_file)
     except (OSError, ssl.SSLError) as exc:
         raise errors.EstimatorUnavailableError(
             f"cannot load the estimator's CA {ca_file}: {exc}") from exc
+    _CA_CONTEXTS[ca_file] = (stamp, context)
+    return context
 
 
 def build_request(

@@ -19,7 +19,7 @@ from gpuplan_estimator.core import errors, paths
 from gpuplan_estimator.core.errors import GpuplanError, InvalidRequestError
 from gpuplan_estimator.devices.prices import PRICES_ENV
 from gpuplan_estimator.interfaces.cli import arguments, plans
-from gpuplan_estimator.interfaces.http import auth, service, storage, tokenreview, wire
+from gpuplan_estimator.interfaces.http import auth, service, storage, tls, tokenreview, wire
 from gpuplan_estimator.interfaces.http.state import BundleSync
 from gpuplan_estimator.planning import calibrating, planner
 
@@ -143,8 +143,9 @@ def add_write_auth_flags(s: argparse.ArgumentParser) -> None:
                    "asking again (default 60; 0 asks every time)")
     s.add_argument("--tls-cert", default=None, metavar="FILE",
                    help="serve the API over HTTPS with this PEM certificate (chain); needs "
-                   "--tls-key; read at start, so a renewed certificate takes a restart "
-                   "(docs/security.md#tls). /metrics on --metrics-port stays plain HTTP")
+                   "--tls-key; a renewed certificate (files changed in place) is served from "
+                   "the next connection on, no restart (docs/security.md#tls). /metrics on "
+                   "--metrics-port stays plain HTTP")
     s.add_argument("--tls-key", default=None, metavar="FILE",
                    help="the PEM private key of --tls-cert")
 
@@ -441,16 +442,13 @@ def run_serve(args: argparse.Namespace) -> int:
 def server_tls(cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
     """The API port's TLS context from `--tls-cert`/`--tls-key` (TLS 1.2 or later); None when
     neither is given. One without the other, or files that do not load, stop the start naming
-    the flag."""
+    the flag. A renewed pair is served from the next handshake on (`http.tls`)."""
     if cert_file is None and key_file is None:
         return None
     if cert_file is None or key_file is None:
         raise GpuplanError("--tls-cert and --tls-key go together: give both or neither")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        context.load_cert_chain(cert_file, key_file)
+        return tls.ReloadingCertificate(cert_file, key_file).context
     except (OSError, ssl.SSLError) as exc:
         raise GpuplanError(f"--tls-cert/--tls-key: cannot load {cert_file} with {key_file}: "
                            f"{exc}") from exc
-    return context

@@ -12,7 +12,7 @@ import os
 import re
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -367,8 +367,10 @@ async def request_plan(
         headers.update(bearer_headers(token_file))
     except errors.EstimatorUnavailableError as exc:  # plans are open: unverified, still fair
         LOG.warning("plan sent without the operator's token: %s", exc)
+    size, chunks = encoded_body(body)
+    headers.update({"Content-Type": "application/json", "Content-Length": str(size)})
     try:
-        async with client.post(url, json=body, timeout=timeout, headers=headers,
+        async with client.post(url, data=chunks, timeout=timeout, headers=headers,
                                ssl=check) as resp:
             raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
             status = resp.status
@@ -391,6 +393,35 @@ async def request_plan(
     if status != 200:
         raise errors.EstimatorProtocolError(f"estimator answered unexpected status {status}")
     return parse_plan(decoded, generation=generation)
+
+
+MODEL_FIELD = "model_onnx_b64"
+BODY_CHUNK_CHARS = 1024 * 1024
+"""A plan body goes out in pieces of at most this many characters of its base64 model."""
+
+
+def encoded_body(body: Mapping[str, Any]) -> tuple[int, AsyncIterator[bytes]]:
+    """`body`'s JSON length in bytes and its bytes in pieces, the model's base64 encoded a piece
+    at a time (issue #33's memory bound: `json=` would hold the serialised string and its
+    encoding besides the body, and the socket's buffer a fourth copy, for each plan in
+    flight). The length goes in Content-Length, so the estimator admits or refuses the body
+    before it is sent. Base64 needs no JSON escaping, so the pieces are the JSON text."""
+    model = body.get(MODEL_FIELD)
+    rest = {k: v for k, v in body.items() if k != MODEL_FIELD}
+    if not isinstance(model, str):
+        whole = json.dumps(body).encode()
+        return len(whole), _pieces(whole, "", b"")
+    opening = json.dumps(rest)[:-1].encode() + (b", " if rest else b"") + \
+        json.dumps(MODEL_FIELD).encode() + b': "'
+    closing = b'"}'
+    return len(opening) + len(model) + len(closing), _pieces(opening, model, closing)
+
+
+async def _pieces(opening: bytes, model: str, closing: bytes) -> AsyncIterator[bytes]:
+    yield opening
+    for start in range(0, len(model), BODY_CHUNK_CHARS):
+        yield model[start:start + BODY_CHUNK_CHARS].encode("ascii")
+    yield closing
 
 
 def _estimate_timed_out(status: int, raw: bytes) -> bool:

@@ -177,7 +177,7 @@ class PlanWatch:
 
     def _seen(self, obj: dict[str, Any]) -> None:
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
-        if key not in self.planned and plan_latency.planned(obj):
+        if key not in self.planned and plan_latency.is_planned(obj):
             self.planned[key] = time.monotonic()
         if chaos.classify(obj) == "succeeded":
             self.succeeded.add(key)

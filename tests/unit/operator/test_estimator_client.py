@@ -14,7 +14,8 @@ from gpuplan_operator import estimator_client
 from gpuplan_operator.core import errors, gpu_pools, resources, validation
 from gpuplan_testing.operator_builders import LocalServer, SpecBuilder
 
-PLAN = {"plan": {"gpu_type": "NVIDIA-L4", "device": "l4", "gpu_count": 8, "gpus_per_node": 4,
+PLAN: dict[str, Any] = {
+        "plan": {"gpu_type": "NVIDIA-L4", "device": "l4", "gpu_count": 8, "gpus_per_node": 4,
                  "nodes": 2, "estimated_seconds": 7200.0, "step_time_ms": 250.0,
                  "memory_bytes_per_gpu": 20_000_000_000, "cost_usd": 9.5, "predictor": "roofline"},
         "candidates": [{"gpu_type": "NVIDIA-L4", "gpu_count": 4, "estimated_seconds": 14000.0}],

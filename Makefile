@@ -7,7 +7,7 @@ PYTHON := $(BIN)/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo dist dist-check docs test unit integration loop-e2e lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans sched-compare test-gangs abuse eval models plans-report memory-check parallel-check testbed testbed-build testbed-compat testbed-up testbed-down testbed-status chart kind-e2e clean gpu-wheels gpu-predict bench-rehearsal
+.PHONY: help install demo dist dist-check docs test unit integration loop-e2e lint verify crds openapi chart fuzz corpus chaos bench bench-extender bench-plans sched-compare test-gangs abuse abuse-full eval models plans-report memory-check parallel-check testbed testbed-build testbed-compat testbed-up testbed-down testbed-status chart kind-e2e clean gpu-wheels gpu-predict bench-rehearsal
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -108,6 +108,12 @@ bench-plans: $(STAMP) ## apply->planned p50/p95 of 50 concurrent TrainingJobs on
 abuse: $(STAMP) ## hostile-client reproducers against a real `gpuplan serve` (64 MB of empty pools, 150k-node graphs beside small ones), then the three-tenant campaign (#33)
 	PYTHONPATH=tests:hack $(PYTHON) -m campaigns.hostile_clients
 	PYTHONPATH=tests:hack $(PYTHON) -m campaigns.tenants
+
+ABUSE_FULL_ARGS ?= --hostile-jobs 1000 --honest-jobs 10
+
+abuse-full: $(STAMP) ## issue #33's three-tenant campaign on a private testbed (real operator + estimator; SQLite, then PostgreSQL); ABUSE_FULL_ARGS to resize
+	PYTHONPATH=tests:testbed:hack $(PYTHON) -m campaigns.tenants_testbed $(ABUSE_FULL_ARGS)
+	PYTHONPATH=tests:testbed:hack $(PYTHON) -m campaigns.tenants_testbed $(ABUSE_FULL_ARGS) --postgres
 
 sched-compare: $(STAMP) ## extender vs MostAllocated/default kube-scheduler profiles on a private testbed, seeded workload -> docs/scheduler-comparison.md (~4 min)
 	PYTHONPATH=tests:testbed:hack $(PYTHON) -m campaigns.scheduler_comparison --pods 60 --repeats 3

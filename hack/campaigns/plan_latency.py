@@ -77,7 +77,7 @@ def _estimator_samples(url: str) -> dict[str, float]:
     return out
 
 
-def _planned(obj: dict[str, Any]) -> bool:
+def is_planned(obj: dict[str, Any]) -> bool:
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c.get("type") == "Estimated" and c.get("status") == "True":
             return True
@@ -99,7 +99,7 @@ def measure(api: client.ApiClient, namespace: str, jobs: int, distinct: bool,
                                   h.P, timeout_seconds=5, _request_timeout=10):
                 obj = event["object"]
                 name = obj["metadata"]["name"]
-                if name not in planned and _planned(obj):
+                if name not in planned and is_planned(obj):
                     planned[name] = time.monotonic()
                 if stop.is_set():
                     break

@@ -8,10 +8,11 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import re
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -29,17 +30,29 @@ CLIENT_HEADER = "X-Gpuplan-Client"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
+_CA_CONTEXTS: dict[str, tuple[tuple[int, int, int], ssl.SSLContext]] = {}
+"""Per CA file: the (mtime_ns, size, inode) it was read at and the context built from it."""
+
+
 def server_check(ca_file: str) -> ssl.SSLContext | bool:
     """How an https estimator's certificate is checked (aiohttp's `ssl=`): against the CA in
-    `ca_file` (`settings.estimator_ca_file`, read now: a rotated CA is picked up), else the
-    system's trust store (True). Never unchecked. An http URL ignores it."""
+    `ca_file` (`settings.estimator_ca_file`), else the system's trust store (True). Never
+    unchecked. An http URL ignores it. The file is read again only when its (mtime, size,
+    inode) changed, so a rotated CA is picked up without building a context per request."""
     if not ca_file:
         return True
     try:
-        return ssl.create_default_context(cafile=ca_file)
+        st = os.stat(ca_file)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        cached = _CA_CONTEXTS.get(ca_file)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        context = ssl.create_default_context(cafile=ca_file)
     except (OSError, ssl.SSLError) as exc:
         raise errors.EstimatorUnavailableError(
             f"cannot load the estimator's CA {ca_file}: {exc}") from exc
+    _CA_CONTEXTS[ca_file] = (stamp, context)
+    return context
 
 
 def build_request(
@@ -359,8 +372,10 @@ async def request_plan(
         headers.update(bearer_headers(token_file))
     except errors.EstimatorUnavailableError as exc:  # plans are open: unverified, still fair
         LOG.warning("plan sent without the operator's token: %s", exc)
+    size, chunks = encoded_body(body)
+    headers.update({"Content-Type": "application/json", "Content-Length": str(size)})
     try:
-        async with client.post(url, json=body, timeout=timeout, headers=headers,
+        async with client.post(url, data=chunks, timeout=timeout, headers=headers,
                                ssl=check) as resp:
             raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
             status = resp.status
@@ -383,6 +398,35 @@ async def request_plan(
     if status != 200:
         raise errors.EstimatorProtocolError(f"estimator answered unexpected status {status}")
     return parse_plan(decoded, generation=generation)
+
+
+MODEL_FIELD = "model_onnx_b64"
+BODY_CHUNK_CHARS = 1024 * 1024
+"""A plan body goes out in pieces of at most this many characters of its base64 model."""
+
+
+def encoded_body(body: Mapping[str, Any]) -> tuple[int, AsyncIterator[bytes]]:
+    """`body`'s JSON length in bytes and its bytes in pieces, the model's base64 encoded a piece
+    at a time (issue #33's memory bound: `json=` would hold the serialised string and its
+    encoding besides the body, and the socket's buffer a fourth copy, for each plan in
+    flight). The length goes in Content-Length, so the estimator admits or refuses the body
+    before it is sent. Base64 needs no JSON escaping, so the pieces are the JSON text."""
+    model = body.get(MODEL_FIELD)
+    rest = {k: v for k, v in body.items() if k != MODEL_FIELD}
+    if not isinstance(model, str):
+        whole = json.dumps(body).encode()
+        return len(whole), _pieces(whole, "", b"")
+    opening = json.dumps(rest)[:-1].encode() + (b", " if rest else b"") + \
+        json.dumps(MODEL_FIELD).encode() + b': "'
+    closing = b'"}'
+    return len(opening) + len(model) + len(closing), _pieces(opening, model, closing)
+
+
+async def _pieces(opening: bytes, model: str, closing: bytes) -> AsyncIterator[bytes]:
+    yield opening
+    for start in range(0, len(model), BODY_CHUNK_CHARS):
+        yield model[start:start + BODY_CHUNK_CHARS].encode("ascii")
+    yield closing
 
 
 def _estimate_timed_out(status: int, raw: bytes) -> bool:

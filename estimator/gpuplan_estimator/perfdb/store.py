@@ -518,10 +518,14 @@ class PerfStore:
         return stored
 
     def job_outcomes(
-        self, *, device: str | None = None, job_uid: str | None = None
+        self, *, device: str | None = None, job_uid: str | None = None,
+        after_id: int | None = None,
     ) -> pd.DataFrame:
-        """Finished jobs, oldest first; `drift_ratio` is actual / the model's own estimate."""
+        """Finished jobs, oldest first; `drift_ratio` is actual / the model's own estimate.
+        `after_id`: only rows whose id is larger (those added since a read)."""
         stmt: Select[Any] = select(JobOutcomeRecord.__table__).order_by(JobOutcomeRecord.id)
+        if after_id is not None:
+            stmt = stmt.where(JobOutcomeRecord.id > after_id)
         if device is not None:
             stmt = stmt.where(JobOutcomeRecord.device == device)
         if job_uid is not None:
@@ -531,6 +535,16 @@ class PerfStore:
             return pd.DataFrame(columns=[c.name for c in JobOutcomeRecord.__table__.columns])
         frame["drift_ratio"] = frame["actual_seconds"] / frame["estimated_seconds"]
         return frame
+
+    def job_outcome_count(self) -> int:
+        """How many job outcomes are stored (one indexed count, no rows read)."""
+        stmt = select(func.count()).select_from(JobOutcomeRecord)
+
+        def _do() -> int:
+            with self.engine.connect() as conn:
+                return int(conn.execute(stmt).scalar_one())
+
+        return int(self._retry(_do))
 
     # -- plan workloads (revision 0007) -----------------------------------------------------
 

@@ -56,7 +56,7 @@ class Settings:
 
     estimator_ca_file: str = ""
     """PEM CA bundle that an https `estimator_url`'s certificate must chain to (the chart mounts
-    the estimator's ca.crt when `estimator.tls.enabled`); read on each request. Empty: the
+    the estimator's ca.crt when `estimator.tls.enabled`); read again when it changes. Empty: the
     system's trust store."""
 
     scheduler_name: str = ""

@@ -14,7 +14,8 @@ from gpuplan_operator import estimator_client
 from gpuplan_operator.core import errors, gpu_pools, resources, validation
 from gpuplan_testing.operator_builders import LocalServer, SpecBuilder
 
-PLAN = {"plan": {"gpu_type": "NVIDIA-L4", "device": "l4", "gpu_count": 8, "gpus_per_node": 4,
+PLAN: dict[str, Any] = {
+        "plan": {"gpu_type": "NVIDIA-L4", "device": "l4", "gpu_count": 8, "gpus_per_node": 4,
                  "nodes": 2, "estimated_seconds": 7200.0, "step_time_ms": 250.0,
                  "memory_bytes_per_gpu": 20_000_000_000, "cost_usd": 9.5, "predictor": "roofline"},
         "candidates": [{"gpu_type": "NVIDIA-L4", "gpu_count": 4, "estimated_seconds": 14000.0}],
@@ -306,3 +307,35 @@ def test_the_real_estimators_rejections_are_described_per_gpu_type_and_field() -
     assert invalid.reason == "InvalidRequest"
     assert estimator_client.describe_rejections(invalid.details) == (
         "training.batch_size: Input should be a valid integer")
+
+
+def test_a_plan_body_goes_out_in_pieces_with_its_length_first() -> None:
+    """The model's base64 is written a piece at a time (no serialised copy of the body) and
+    Content-Length is exact, so the estimator can refuse an oversized body before reading it
+    (issue #33); what arrives is the JSON of the body."""
+    model = base64.b64encode(bytes(range(256)) * 20_000).decode()  # 5 MB: several pieces
+    body = {"model_onnx_b64": model, "training": {"batch_size": 8, "note": "é"}}
+    seen: list[Any] = []
+
+    async def plans(request: web.Request) -> web.Response:
+        seen.append((request.content_length, request.headers.get("Transfer-Encoding"),
+                     await request.json()))
+        return web.json_response(PLAN)
+
+    app = web.Application(client_max_size=16 * 2**20)
+    app.router.add_post("/v1/plans", plans)
+
+    async def run() -> None:
+        async with LocalServer(app) as srv:
+            await estimator_client.request_plan(srv.url, body, generation=1,
+                                                timeout_seconds=10, tenant="team-a")
+
+    asyncio.run(run())
+    size, pieces = estimator_client.encoded_body(body)
+
+    async def count() -> int:
+        return len([p async for p in pieces])
+
+    assert asyncio.run(count()) >= len(model) // estimator_client.BODY_CHUNK_CHARS + 2
+    assert seen == [(size, None, body)]
+    assert size == len(json.dumps(body).encode())

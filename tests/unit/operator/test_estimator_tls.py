@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import pathlib
+import ssl
 
 import pytest
 
@@ -83,3 +84,95 @@ def test_the_estimators_tls_flags_go_together_and_name_themselves(tmp_path: path
         serving.server_tls(str(files.cert), None)
     with pytest.raises(GpuplanError, match="--tls-cert/--tls-key: cannot load"):
         serving.server_tls(str(files.ca), str(files.key))  # the key is not the CA's
+
+
+def _served_certificate(url: str, ca_file: pathlib.Path) -> bytes:
+    """The DER certificate a new connection to `url` is served, checked against `ca_file`."""
+    import socket
+    import ssl
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    context = ssl.create_default_context(cafile=str(ca_file))
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname=parts.hostname) as conn:
+        der = conn.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def _der(pem_file: pathlib.Path) -> bytes:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    return x509.load_pem_x509_certificate(pem_file.read_bytes()).public_bytes(
+        serialization.Encoding.DER)
+
+
+def test_a_certificate_renewed_in_place_is_served_without_a_restart(tmp_path: pathlib.Path
+                                                                   ) -> None:
+    """cert-manager rewrites tls.crt and tls.key; the next connection gets the new pair (a new
+    CA here, so the old CA no longer verifies it), the one before got the old."""
+    first = make_server_files(tmp_path / "first")
+    live = tmp_path / "live"
+    live.mkdir()
+    for name in ("tls.crt", "tls.key"):
+        (live / name).write_bytes((first.cert.parent / name).read_bytes())
+    renewed = make_server_files(tmp_path / "renewed", ca_name="renewed CA")
+    context = planner.PlannerContext(catalog=devices.load_catalog(),
+                                     predictor=roofline.RooflinePredictor(),
+                                     predictor_source="roofline")
+    app = service.make_app(service.ServiceState(functools.partial(work.given_context, context)),
+                           service.ServiceSettings(bundle_poll_s=3600))
+    tls = serving.server_tls(str(live / "tls.crt"), str(live / "tls.key"))
+
+    async def main() -> tuple[bytes, bytes]:
+        async with LocalServer(app, ssl_context=tls) as srv:
+            before = await asyncio.to_thread(_served_certificate, srv.url, first.ca)
+            for name in ("tls.crt", "tls.key"):  # as a Secret volume: a new file, renamed in
+                (live / f".{name}").write_bytes((renewed.cert.parent / name).read_bytes())
+                (live / f".{name}").replace(live / name)
+            after = await asyncio.to_thread(_served_certificate, srv.url, renewed.ca)
+            return before, after
+
+    before, after = asyncio.run(main())
+    assert before == _der(first.cert)
+    assert after == _der(renewed.cert)
+
+
+def test_a_half_rotated_pair_keeps_the_loaded_certificate(tmp_path: pathlib.Path) -> None:
+    """A new certificate beside the old key does not load: the previous pair stays in use, and
+    once the key arrives the new pair is served."""
+    from gpuplan_estimator.interfaces.http import tls
+
+    first = make_server_files(tmp_path / "first")
+    renewed = make_server_files(tmp_path / "renewed")
+    live = tmp_path / "live"
+    live.mkdir()
+    cert, key = live / "tls.crt", live / "tls.key"
+    cert.write_bytes(first.cert.read_bytes())
+    key.write_bytes(first.key.read_bytes())
+    reloading = tls.ReloadingCertificate(str(cert), str(key))
+    loaded = reloading.current()
+    cert.write_bytes(renewed.cert.read_bytes())
+    assert reloading.current() is loaded and reloading.reloads == 0
+    key.write_bytes(renewed.key.read_bytes())
+    assert reloading.current() is not loaded and reloading.reloads == 1
+    assert reloading.current() is reloading.current(), "unchanged files: no reload"
+
+
+def test_the_operator_rebuilds_its_ca_context_only_when_the_ca_file_changes(
+        tmp_path: pathlib.Path) -> None:
+    one = make_server_files(tmp_path / "one")
+    two = make_server_files(tmp_path / "two", ca_name="a renewed CA with a longer name")
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(one.ca.read_bytes())
+    first = estimator_client.server_check(str(ca))
+    assert estimator_client.server_check(str(ca)) is first, "read once while unchanged"
+    ca.write_bytes(two.ca.read_bytes())
+    rebuilt = estimator_client.server_check(str(ca))
+    assert rebuilt is not first
+    assert isinstance(rebuilt, ssl.SSLContext)
+    [ca_cert] = rebuilt.get_ca_certs()
+    assert "a renewed CA with a longer name" in str(ca_cert["subject"])
+    assert estimator_client.server_check("") is True

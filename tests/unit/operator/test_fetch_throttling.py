@@ -45,8 +45,60 @@ def test_a_namespace_past_its_share_is_refused_while_others_still_queue() -> Non
         assert slots.outstanding("quiet") == 1 and order == ["hostile"]
         release.set()
         await asyncio.gather(first, second, quiet)
-        assert order == ["hostile", "hostile", "quiet"]
+        # The freed slot goes to the namespace served longest ago, not to the earlier waiter.
+        assert order == ["hostile", "quiet", "hostile"]
         assert slots.outstanding("hostile") == 0
+
+    asyncio.run(go())
+
+
+def test_a_tenant_with_its_share_queued_does_not_keep_others_behind_all_of_it() -> None:
+    async def go() -> None:
+        slots = throttling.NamespaceSlots(throttling.SlotLimits(concurrent=2, per_namespace=6))
+        done: list[str] = []
+        gate = asyncio.Event()
+
+        async def plan(namespace: str) -> None:
+            async with slots.take(namespace):
+                await gate.wait()
+                done.append(namespace)
+
+        hostile = [asyncio.create_task(plan("hostile")) for _ in range(6)]
+        await asyncio.sleep(0)
+        honest = [asyncio.create_task(plan(ns)) for ns in ("a", "b")]
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(*hostile, *honest)
+        # Two hostile plans held both slots; both honest ones run next, ahead of the four
+        # hostile plans that were queued before them.
+        assert done[:2] == ["hostile", "hostile"]
+        assert sorted(done[2:4]) == ["a", "b"]
+
+    asyncio.run(go())
+
+
+def test_a_waiter_cancelled_in_the_queue_gives_its_turn_away() -> None:
+    async def go() -> None:
+        slots = throttling.NamespaceSlots(throttling.SlotLimits(concurrent=1, per_namespace=4))
+        gate = asyncio.Event()
+        done: list[str] = []
+
+        async def plan(namespace: str) -> None:
+            async with slots.take(namespace):
+                await gate.wait()
+                done.append(namespace)
+
+        holder = asyncio.create_task(plan("a"))
+        await asyncio.sleep(0)
+        doomed = asyncio.create_task(plan("b"))
+        later = asyncio.create_task(plan("c"))
+        await asyncio.sleep(0)
+        doomed.cancel()
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(holder, later)
+        assert doomed.cancelled() and done == ["a", "c"]
+        assert slots.outstanding("b") == 0
 
     asyncio.run(go())
 

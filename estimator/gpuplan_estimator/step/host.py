@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +38,8 @@ Z90 = 1.2815515655446004
 FOLDED_OPS = frozenset({"Constant"})
 """Graph ops an exporter writes for values it computed while tracing (folded shape arithmetic,
 literals): eager PyTorch issues nothing for them."""
+CUDA_ONLY_FIGURES = frozenset({"optimizer_fused_us_per_tensor"})
+"""Probe figures a probe without CUDA cannot measure (`bench.host_probe`)."""
 PROBE_VERSION = 1
 """The version of `bench.host_probe`'s figures `HostProbe` reads (the probe module runs on a
 bare node with torch only, so it keeps its own copy; a test checks the two agree)."""
@@ -61,8 +64,9 @@ class HostProbe:
     """AdamW's foreach step per parameter tensor."""
     optimizer_for_loop_us_per_tensor: float
     """AdamW's for-loop step (`foreach=False`) per parameter tensor."""
-    optimizer_fused_us_per_tensor: float
-    """AdamW's fused step (`fused=True`) per parameter tensor."""
+    optimizer_fused_us_per_tensor: float | None
+    """AdamW's fused step (`fused=True`) per parameter tensor; None from a probe that ran on
+    a CPU (torch.optim's fused AdamW is CUDA's)."""
     launch_latency_us: float
     """Issue to completion of one tiny kernel, its synchronize included."""
     source: str = ""
@@ -72,17 +76,23 @@ class HostProbe:
     def from_figures(cls, figures: Mapping[str, float], source: str) -> HostProbe:
         """A probe from `bench.host_probe`'s `figures_us` (extra figures are ignored)."""
         names = [f.name for f in fields(cls) if f.name != "source"]
-        missing = [n for n in names if n not in figures]
+        missing = [n for n in names if n not in figures and n not in CUDA_ONLY_FIGURES]
         if missing:
             raise ValueError(f"host probe figures lack {missing}")
-        return cls(**{n: float(figures[n]) for n in names}, source=source)
+        values: dict[str, Any] = {n: float(figures[n]) if n in figures else None
+                                  for n in names}
+        return cls(**values, source=source)
 
     def optimizer_us_per_tensor(self, optimizer_impl: str) -> float:
         """The optimizer step's host cost per parameter tensor as `optimizer_impl` runs it."""
         by_impl = {options.FOREACH_OPTIMIZER: self.optimizer_foreach_us_per_tensor,
                    options.FUSED_OPTIMIZER: self.optimizer_fused_us_per_tensor,
                    options.FOR_LOOP_OPTIMIZER: self.optimizer_for_loop_us_per_tensor}
-        return by_impl[optimizer_impl]
+        figure = by_impl[optimizer_impl]
+        if figure is None:
+            raise ValueError(f"host probe ({self.source or 'unnamed'}) has no "
+                             f"{optimizer_impl} optimizer figure: it ran without CUDA")
+        return figure
 
     @property
     def autocast_extra_us(self) -> float:
@@ -240,7 +250,7 @@ def model_from_json(doc: Mapping[str, object]) -> HostModel:
     if not isinstance(probe, Mapping) or not isinstance(coefficients, Mapping):
         raise ValueError("host_model: needs objects 'probe' and 'coefficients'")
     try:
-        figures = {k: float(v) for k, v in probe.items() if k != "source"}
+        figures = {k: float(v) for k, v in probe.items() if k != "source" and v is not None}
         made = HostProbe.from_figures(figures, str(probe.get("source", "")))
         coeffs = HostCoefficients(**{f.name: float(coefficients[f.name])
                                      for f in fields(HostCoefficients)

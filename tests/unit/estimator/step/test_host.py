@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import MappingProxyType
 
 import numpy as np
@@ -86,6 +87,21 @@ def test_optimizer_host_cost_is_the_probes_figure_for_its_implementation(
     items = [item(Phase.FORWARD), item(Phase.OPTIMIZER), item(Phase.OPTIMIZER)]
     costs = model.item_host_us(items, "fp32", parameter_tensors=10, optimizer_impl=impl)
     assert costs[1:].sum() == pytest.approx(10 * per_tensor_us)
+
+
+def test_a_probe_without_cuda_has_no_fused_figure_and_says_so() -> None:
+    figures = {f.name: 1.0 for f in dataclasses.fields(host.HostProbe)
+               if f.name not in ("source", "optimizer_fused_us_per_tensor")}
+    probe = host.HostProbe.from_figures(figures, "cpu node")
+    assert probe.optimizer_fused_us_per_tensor is None
+    assert probe.optimizer_us_per_tensor("for-loop") == 1.0
+    with pytest.raises(ValueError, match="no fused optimizer figure"):
+        probe.optimizer_us_per_tensor("fused")
+    model = host.HostModel(probe, UNIT)
+    assert host.model_from_json(host.model_to_json(model)) == model
+    del figures["optimizer_for_loop_us_per_tensor"]  # measured everywhere: required
+    with pytest.raises(ValueError, match="optimizer_for_loop_us_per_tensor"):
+        host.HostProbe.from_figures(figures, "cpu node")
 
 
 def test_a_folded_constant_costs_the_host_nothing() -> None:

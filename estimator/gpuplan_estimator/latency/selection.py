@@ -4,8 +4,10 @@ database's active bundle first (`sync_active_bundle`, `select_cached_predictor`)
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -110,12 +112,20 @@ def cached_active_version(cache_dir: Path) -> int | None:
     return version if manifest.is_file() else None
 
 
-def sync_active_bundle(cache_dir: Path, source: BundleSource) -> int | None:
+PACKED_DIGEST = ".packed.sha256"
+"""File in an unpacked version's directory: the SHA-256 of the bytes it was unpacked from."""
+
+
+def sync_active_bundle(cache_dir: Path, source: BundleSource, *,
+                       trust_cache: bool = True) -> int | None:
     """Make the cache hold the database's active bundle and point at it; returns its version,
     or None when the database has no active bundle (the pointer is removed: the data-dir or
-    shipped bundle serves). Fetches the bytes only when the active version changed."""
+    shipped bundle serves). Fetches the bytes only when the active version changed, unless
+    `trust_cache` is False (a service's first sync): a cache left by another database (version
+    numbers restart in each) holds other bytes under the same version, so the bytes are
+    fetched and an unpacked directory of other bytes is replaced."""
     current = cached_active_version(cache_dir)
-    if current is not None and not source.bundle_changed_since(current):
+    if trust_cache and current is not None and not source.bundle_changed_since(current):
         return current
     active = source.active_bundle()
     pointer = cache_dir / ACTIVE_POINTER
@@ -126,12 +136,24 @@ def sync_active_bundle(cache_dir: Path, source: BundleSource) -> int | None:
     from gpuplan_estimator.latency import bundles
 
     target = cached_bundle_dir(cache_dir, version)
-    if not (target / bundles.MANIFEST).is_file():
+    digest = hashlib.sha256(data).hexdigest()
+    if _unpacked_digest(target) != digest:
+        shutil.rmtree(target, ignore_errors=True)
         bundles.unpack_bundle(data, target)
+        (target / PACKED_DIGEST).write_text(digest + "\n", encoding="utf-8")
     tmp = cache_dir / f".{ACTIVE_POINTER}.tmp"
     tmp.write_text(f"{version}\n", encoding="utf-8")
     os.replace(tmp, pointer)  # atomic: a worker reads the old or the new version, never half
     return version
+
+
+def _unpacked_digest(target: Path) -> str | None:
+    """The digest an unpacked version was written with; None when it is absent or was
+    unpacked before digests were kept."""
+    try:
+        return (target / PACKED_DIGEST).read_text(encoding="utf-8").strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def database_source(directory: Path, version: int) -> str:

@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuplan_estimator.core import options, precisions
+from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.workload import Phase, WorkItem
 
 FloatArray = npt.NDArray[np.float64]
@@ -38,8 +39,11 @@ Z90 = 1.2815515655446004
 FOLDED_OPS = frozenset({"Constant"})
 """Graph ops an exporter writes for values it computed while tracing (folded shape arithmetic,
 literals): eager PyTorch issues nothing for them."""
-CUDA_ONLY_FIGURES = frozenset({"optimizer_fused_us_per_tensor"})
-"""Probe figures a probe without CUDA cannot measure (`bench.host_probe`)."""
+OPTIONAL_FIGURES = frozenset({"optimizer_for_loop_us_per_tensor",
+                              "optimizer_fused_us_per_tensor"})
+"""Probe figures that may be absent: fused is measured with CUDA only (`bench.host_probe`),
+and host models in bundles made before 2026-11-28 carry neither; an estimate that needs a
+missing one says so (`HostProbe.optimizer_us_per_tensor`)."""
 PROBE_VERSION = 1
 """The version of `bench.host_probe`'s figures `HostProbe` reads (the probe module runs on a
 bare node with torch only, so it keeps its own copy; a test checks the two agree)."""
@@ -62,11 +66,12 @@ class HostProbe:
     """The autograd engine's cost per node."""
     optimizer_foreach_us_per_tensor: float
     """AdamW's foreach step per parameter tensor."""
-    optimizer_for_loop_us_per_tensor: float
-    """AdamW's for-loop step (`foreach=False`) per parameter tensor."""
+    optimizer_for_loop_us_per_tensor: float | None
+    """AdamW's for-loop step (`foreach=False`) per parameter tensor; None in a bundle's host
+    model written before estimates priced the implementation (2026-11-28)."""
     optimizer_fused_us_per_tensor: float | None
     """AdamW's fused step (`fused=True`) per parameter tensor; None from a probe that ran on
-    a CPU (torch.optim's fused AdamW is CUDA's)."""
+    a CPU (torch.optim's fused AdamW is CUDA's), or from an older bundle's host model."""
     launch_latency_us: float
     """Issue to completion of one tiny kernel, its synchronize included."""
     source: str = ""
@@ -76,7 +81,7 @@ class HostProbe:
     def from_figures(cls, figures: Mapping[str, float], source: str) -> HostProbe:
         """A probe from `bench.host_probe`'s `figures_us` (extra figures are ignored)."""
         names = [f.name for f in fields(cls) if f.name != "source"]
-        missing = [n for n in names if n not in figures and n not in CUDA_ONLY_FIGURES]
+        missing = [n for n in names if n not in figures and n not in OPTIONAL_FIGURES]
         if missing:
             raise ValueError(f"host probe figures lack {missing}")
         values: dict[str, Any] = {n: float(figures[n]) if n in figures else None
@@ -90,8 +95,11 @@ class HostProbe:
                    options.FOR_LOOP_OPTIMIZER: self.optimizer_for_loop_us_per_tensor}
         figure = by_impl[optimizer_impl]
         if figure is None:
-            raise ValueError(f"host probe ({self.source or 'unnamed'}) has no "
-                             f"{optimizer_impl} optimizer figure: it ran without CUDA")
+            where = self.source or "unnamed"
+            raise InvalidRequestError(
+                "optimizer_impl", f"the host probe pricing this device ({where}) has no "
+                f"{optimizer_impl} optimizer figure (fused needs a probe run with CUDA; a "
+                "bundle made before 2026-11-28 has foreach only)")
         return figure
 
     @property

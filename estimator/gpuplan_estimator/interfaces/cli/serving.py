@@ -328,10 +328,11 @@ def perfdb_bundle_sync(db_url: str | None, cache_dir: Path) -> BundleSync:
     stores: list[PerfStore] = []
 
     def sync() -> int | None:
-        if not stores:
+        first = not stores  # the cache may be another database's: check its bytes once
+        if first:
             stores.append(PerfStore.open(db_url, retries=BUNDLE_SYNC_RETRIES))
         cache_dir.mkdir(parents=True, exist_ok=True)
-        return selection.sync_active_bundle(cache_dir, stores[0])
+        return selection.sync_active_bundle(cache_dir, stores[0], trust_cache=not first)
 
     return sync
 

@@ -4,6 +4,7 @@ reproducible, hostile archives are refused, and the cache of the database's acti
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 from pathlib import Path
@@ -101,6 +102,27 @@ class FakeSource:
 
     def bundle_changed_since(self, version: int | None) -> bool:
         return self.active != version
+
+
+def test_a_cache_left_by_another_database_is_not_served_under_its_version(
+        tmp_path: Path) -> None:
+    # Version numbers restart in every database: a service started on a new database with the
+    # data dir's cache of an old one must not serve the old database's v1 as its own.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old = FakeSource({1: bundles.pack_bundle(tiny_bundle(tmp_path / "old", seed=1))})
+    old.active = 1
+    assert selection.sync_active_bundle(cache, old) == 1
+    new_bytes = bundles.pack_bundle(tiny_bundle(tmp_path / "new", seed=2))
+    new = FakeSource({1: new_bytes})
+    new.active = 1
+    assert selection.sync_active_bundle(cache, new) == 1  # trusted: the stale v1 stays
+    assert selection.sync_active_bundle(cache, new, trust_cache=False) == 1
+    assert (cache / "v1" / selection.PACKED_DIGEST).read_text().strip() == \
+        hashlib.sha256(new_bytes).hexdigest()
+    fetched = new.fetches
+    assert selection.sync_active_bundle(cache, new, trust_cache=False) == 1
+    assert new.fetches == fetched + 1  # fetched to compare, not unpacked again
 
 
 def test_the_cache_follows_the_active_version_and_fetches_only_on_change(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from types import MappingProxyType
 import numpy as np
 import pytest
 
+from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.step import host
@@ -95,13 +96,22 @@ def test_a_probe_without_cuda_has_no_fused_figure_and_says_so() -> None:
     probe = host.HostProbe.from_figures(figures, "cpu node")
     assert probe.optimizer_fused_us_per_tensor is None
     assert probe.optimizer_us_per_tensor("for-loop") == 1.0
-    with pytest.raises(ValueError, match="no fused optimizer figure"):
+    with pytest.raises(InvalidRequestError, match="no fused optimizer figure") as info:
         probe.optimizer_us_per_tensor("fused")
+    assert info.value.field == "optimizer_impl"
     model = host.HostModel(probe, UNIT)
     assert host.model_from_json(host.model_to_json(model)) == model
-    del figures["optimizer_for_loop_us_per_tensor"]  # measured everywhere: required
-    with pytest.raises(ValueError, match="optimizer_for_loop_us_per_tensor"):
-        host.HostProbe.from_figures(figures, "cpu node")
+
+
+def test_an_older_bundles_host_model_still_prices_foreach() -> None:
+    # Manifests written before the implementation was priced carry the foreach figure only.
+    doc = host.model_to_json(host.HostModel(PROBE, UNIT))
+    for name in ("optimizer_for_loop_us_per_tensor", "optimizer_fused_us_per_tensor"):
+        del doc["probe"][name]  # type: ignore[attr-defined]
+    model = host.model_from_json(doc)
+    assert model.probe.optimizer_us_per_tensor("foreach") == 2.0
+    with pytest.raises(InvalidRequestError, match="no for-loop optimizer figure"):
+        model.probe.optimizer_us_per_tensor("for-loop")
 
 
 def test_a_folded_constant_costs_the_host_nothing() -> None:

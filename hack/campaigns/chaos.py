@@ -126,16 +126,10 @@ def _established(port: int) -> int:
     return count
 
 
-class Estimator(Child):
-    """`gpuplan serve` on a fixed port with its own SQLite database."""
+class ServingChild(Child):
+    """A child serving HTTP on `port` of the loopback, ready when `/readyz` answers 200."""
 
-    def __init__(self, workdir: pathlib.Path, source: pathlib.Path = ROOT) -> None:
-        self.port = h.free_port()
-        db = f"sqlite:///{workdir / 'perf.db'}"
-        argv = [str(pathlib.Path(sys.executable).with_name("gpuplan")), "serve", "--host",
-                "127.0.0.1", "--port", str(self.port), "--db", db, "--bundle-poll", "3600"]
-        env = dict(os.environ, PYTHONPATH=str(source / "estimator"))
-        super().__init__("estimator", argv, env, workdir / "estimator.log")
+    port: int
 
     @property
     def url(self) -> str:
@@ -147,6 +141,18 @@ class Estimator(Child):
                 return bool(resp.status == 200)
         except OSError:
             return False
+
+
+class Estimator(ServingChild):
+    """`gpuplan serve` on a fixed port with its own SQLite database."""
+
+    def __init__(self, workdir: pathlib.Path, source: pathlib.Path = ROOT) -> None:
+        self.port = h.free_port()
+        db = f"sqlite:///{workdir / 'perf.db'}"
+        argv = [str(pathlib.Path(sys.executable).with_name("gpuplan")), "serve", "--host",
+                "127.0.0.1", "--port", str(self.port), "--db", db, "--bundle-poll", "3600"]
+        env = dict(os.environ, PYTHONPATH=str(source / "estimator"))
+        super().__init__("estimator", argv, env, workdir / "estimator.log")
 
     def open_requests(self) -> int:
         return _established(self.port)

@@ -15,7 +15,6 @@ import struct
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,7 +66,7 @@ def estimator_argv(values: Mapping[str, Any], port: int, metrics_port: int, db_u
             "--write-allowed-subjects", operator_subject, "--write-auth-audiences", AUDIENCE]
 
 
-class GuardedEstimator(chaos.Child):
+class GuardedEstimator(chaos.ServingChild):
     """`gpuplan serve` as the chart runs it: tokenreview writes for the operator's account."""
 
     def __init__(self, workdir: pathlib.Path, argv: list[str], port: int,
@@ -76,17 +75,6 @@ class GuardedEstimator(chaos.Child):
         env["PYTHONPATH"] = str(source / "estimator")
         super().__init__("estimator", argv, env, workdir / "estimator.log")
         self.port = port
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
 
 
 def operator_env(values: Mapping[str, Any], kubeconfig: pathlib.Path, estimator_url: str,

@@ -234,12 +234,13 @@ async def campaign(db_url: str, args: argparse.Namespace) -> None:
 
 
 @contextlib.contextmanager
-def database(postgres: bool, workdir: pathlib.Path) -> Iterator[str]:
+def database(postgres: bool, workdir: pathlib.Path, name: str = "campaign") -> Iterator[str]:
+    """A SQLite file in `workdir`, or database `name` on a private PostgreSQL server."""
     if not postgres:
         yield f"sqlite:///{workdir / 'perf.db'}"
         return
     with postgres_server.running_server() as server:
-        yield postgres_server.create_database(server, "campaign")
+        yield postgres_server.create_database(server, name)
 
 
 def main(argv: list[str] | None = None) -> int:

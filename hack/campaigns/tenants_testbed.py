@@ -45,19 +45,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from campaigns import chaos, plan_latency
+from campaigns import chaos, plan_latency, tenants
 from campaigns import tenant_processes as tp
 from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.perfdb import PerfStore
 from gpuplan_estimator.planning import calibrating
 from gpuplan_testing import operator_harness as h
-from gpuplan_testing import postgres_server
 
 HONEST = ("team-a", "team-b")
 HOSTILE = "team-c"
@@ -613,15 +611,6 @@ def _store_bundle(db_url: str) -> None:
                    capture_output=True, timeout=300)
 
 
-@contextlib.contextmanager
-def database(postgres: bool, workdir: pathlib.Path) -> Iterator[str]:
-    if not postgres:
-        yield f"sqlite:///{workdir / 'perf.db'}"
-        return
-    with postgres_server.running_server() as server:
-        yield postgres_server.create_database(server, "tenants")
-
-
 def main(argv: list[str] | None = None) -> int:
     d = Settings()
     parser = argparse.ArgumentParser(prog="campaigns.tenants_testbed", description=__doc__,
@@ -657,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
                         args.create_interval, args.workers, args.wait,
                         args.source.resolve())
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="gpuplan-tenants-testbed-"))
-    with database(args.postgres, workdir) as db_url, chaos.private_testbed(args.state_dir) as st:
+    with (tenants.database(args.postgres, workdir, "tenants") as db_url,
+          chaos.private_testbed(args.state_dir) as st):
         _install_crd(st)
         report = Campaign(settings, st, db_url, workdir).run()
     print(report.table())

@@ -66,6 +66,12 @@ def estimator_argv(values: Mapping[str, Any], port: int, metrics_port: int, db_u
             "--write-allowed-subjects", operator_subject, "--write-auth-audiences", AUDIENCE]
 
 
+def pinned(cpus: str | None) -> list[str]:
+    """An argv prefix running the command on `cpus` only (`taskset -c`), as a pod with its
+    own CPU would; empty for None."""
+    return [] if cpus is None else ["taskset", "-c", cpus]
+
+
 class GuardedEstimator(chaos.ServingChild):
     """`gpuplan serve` as the chart runs it: tokenreview writes for the operator's account."""
 
@@ -98,8 +104,9 @@ def operator_env(values: Mapping[str, Any], kubeconfig: pathlib.Path, estimator_
 class TenantOperator(chaos.Child):
     """`python -m gpuplan_operator --standalone -n NS...` (the chart's command, namespaced)."""
 
-    def __init__(self, workdir: pathlib.Path, namespaces: list[str], env: dict[str, str]) -> None:
-        argv = [sys.executable, "-m", "gpuplan_operator", "--standalone",
+    def __init__(self, workdir: pathlib.Path, namespaces: list[str], env: dict[str, str],
+                 cpus: str | None = None) -> None:
+        argv = [*pinned(cpus), sys.executable, "-m", "gpuplan_operator", "--standalone",
                 *(f"--namespace={ns}" for ns in namespaces)]
         super().__init__("operator", argv, env, workdir / "operator.log")
 

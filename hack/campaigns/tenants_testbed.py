@@ -89,6 +89,10 @@ class Settings:
     """Longest wait for plans, for the honest Jobs' outcomes and for the hostile outcomes."""
     source: pathlib.Path = chaos.ROOT
     """Tree whose `operator/` and `estimator/` run (another commit's, for a before/after)."""
+    operator_cpus: str | None = None
+    estimator_cpus: str | None = None
+    """`taskset -c` lists the two run on (None: anywhere): on a small machine, what separate
+    pods with their own CPU would see."""
 
 
 # ------------------------------------------------------------------------------------ cluster
@@ -441,8 +445,9 @@ class Campaign:
         self.api = client.ApiClient(_configuration(self.kubeconfig))
         values = tp.chart_values()
         port = h.free_port()
-        self.estimator = tp.GuardedEstimator(workdir, tp.estimator_argv(
-            values, port, h.free_port(), db_url, self.kubeconfig, OPERATOR_SUBJECT, s.workers),
+        self.estimator = tp.GuardedEstimator(workdir, [*tp.pinned(s.estimator_cpus),
+                                                       *tp.estimator_argv(
+            values, port, h.free_port(), db_url, self.kubeconfig, OPERATOR_SUBJECT, s.workers)],
             port, s.source)
         self.values = values
         self.report = Report(s, database=db_url.split("@")[-1], log_dir=str(workdir))
@@ -490,7 +495,7 @@ class Campaign:
         _store_bundle(self.db_url)
         operator = tp.TenantOperator(self.workdir, [*HONEST, HOSTILE], tp.operator_env(
             self.values, self.kubeconfig, self.estimator.url, tokens.operator_file,
-            self.s.source))
+            self.s.source), cpus=self.s.operator_cpus)
         sampler = tp.RssSampler({"estimator": self.estimator, "operator": operator})
         blob = tp.large_model(self.s.model_mib * 2**20)
         try:
@@ -640,11 +645,15 @@ def main(argv: list[str] | None = None) -> int:
                         default=chaos.ROOT / ".testbed-tenants",
                         help="private testbed state dir (started and stopped here)")
     parser.add_argument("--json", type=pathlib.Path, help="also write the report here")
+    parser.add_argument("--operator-cpus", metavar="LIST",
+                        help="run the operator on these CPUs only (taskset -c LIST)")
+    parser.add_argument("--estimator-cpus", metavar="LIST",
+                        help="run the estimator and its workers on these CPUs only")
     args = parser.parse_args(argv)
     settings = Settings(args.honest_jobs, args.hostile_jobs, args.skewing, args.preempted,
                         args.forged_per_kind, args.model_mib, args.hostile_lead,
                         args.create_interval, args.workers, args.wait,
-                        args.source.resolve())
+                        args.source.resolve(), args.operator_cpus, args.estimator_cpus)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="gpuplan-tenants-testbed-"))
     with (tenants.database(args.postgres, workdir, "tenants") as db_url,
           chaos.private_testbed(args.state_dir) as st):

@@ -142,9 +142,11 @@ models: $(STAMP) ## rebuild the shipped default model bundle from ../shared/data
 	$(BIN)/gpuplan train --shipped
 
 HOST_RUN ?= docs/gpu-steps/2026-11-27-h200b
+HOST_EVENT_RUN ?= docs/gpu-steps/2026-11-27-h200
 .PHONY: host-model
-host-model: $(STAMP) ## host timeline coefficients (leave-one-model-out spread) into the shipped bundle's manifest, from a GPU run's host times (~30 s)
-	$(PYTHON) hack/bundle_host_model.py --steps $(HOST_RUN)/steps.jsonl --probe $(HOST_RUN)/host-probe.json
+host-model: $(STAMP) ## host timeline coefficients (leave-one-model-out spread) into the shipped bundle's manifest, from a GPU run's host times and an earlier run's host-bound event times (~90 s)
+	$(PYTHON) hack/bundle_host_model.py --steps $(HOST_RUN)/steps.jsonl \
+	  --event-steps $(HOST_EVENT_RUN)/steps.jsonl --probe $(HOST_RUN)/host-probe.json
 
 .PHONY: interval-sigma
 interval-sigma: $(STAMP) ## shared interval log-sigma into the shipped bundle's manifest, no retraining (~15 s)

@@ -34,11 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=Path, default=bundles.SHIPPED_BUNDLE)
     parser.add_argument("--steps", type=Path, action="append", required=True)
+    parser.add_argument("--event-steps", type=Path, action="append", default=[],
+                        help="model_steps of a run without host clocks (host-check's flag)")
     parser.add_argument("--probe", type=Path, required=True)
     parser.add_argument("--dry-run", action="store_true", help="print, write nothing")
     args = parser.parse_args(argv)
     bundles.read_manifest(args.bundle)  # checked: a bundle this version can read
-    probe, rows = host_check.load_rows(args.steps, args.probe)
+    probe, rows = host_check.load_rows(args.steps, args.probe, args.event_steps)
     coefficients = host_fit.fit_for_bundle(rows)
     doc = host.model_to_json(host.HostModel(probe, coefficients))
     record = {

@@ -18,6 +18,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+SHARED_OPS_BACKEND = "pytorch-2.1.0+cu121"
+"""The backend of the shared gpu-ops rows (NeuSight's collection): each op timed as one eager
+call with events around it, so a row holds that call's host dispatch as well as its kernels.
+Every other GPU backend's rows (`gpuplan bench`: CUDA graphs, or K calls per event pair) are
+the kernels' stream time only."""
+
 MEASUREMENT_COLUMNS: tuple[str, ...] = (
     "device",
     "backend",

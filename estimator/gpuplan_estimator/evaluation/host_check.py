@@ -20,9 +20,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from gpuplan_estimator import devices
 from gpuplan_estimator.core import precisions
 from gpuplan_estimator.core.workload import Phase
 from gpuplan_estimator.evaluation import model_step_scoring, model_steps
+from gpuplan_estimator.latency import selection
+from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step
 from gpuplan_estimator.training import host_fit
@@ -45,16 +48,32 @@ def _unit(name: str) -> host.HostCoefficients:
     return host.HostCoefficients(**values)
 
 
-def host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.HostProbe,
-             graph_cache: dict[tuple[str, int], Any]) -> host_fit.HostRow:
-    """The regressors and measured host times of one `model_steps` row."""
+@dataclass(frozen=True)
+class _Regressors:
+    """One case's host regressors: each phase's host cost with each coefficient at 1."""
+    autocast: bool
+    forward_us: dict[str, float]
+    backward_us: float
+    optimizer_us: float
+
+
+def case_graph(case: model_steps.ModelCase, row: Mapping[str, Any],
+               graph_cache: dict[tuple[str, int], Any]) -> Any:
+    """The estimator's graph of a measured row's case at its batch (built once per key)."""
     key = (case.name, int(row["batch"]))
     if key not in graph_cache:
         graph_cache[key] = model_step_scoring.case_graph(case, key[1])
-    g = graph_cache[key]
-    attention = model_step_scoring.attention_of(row.get("attention"))
-    settings = TrainingSettings(batch_size=key[1], mode="train", optimizer="adamw",
-                                precision=row["precision"], attention=attention)
+    return graph_cache[key]
+
+
+def train_settings(row: Mapping[str, Any], mode: str = "train") -> TrainingSettings:
+    """What a measured row ran, as the estimator's settings (`model_steps`: AdamW)."""
+    return TrainingSettings(batch_size=int(row["batch"]), mode=mode, optimizer="adamw",
+                            precision=model_step_scoring.estimator_precision(row),
+                            attention=model_step_scoring.attention_of(row.get("attention")))
+
+
+def _regressors(g: Any, settings: TrainingSettings, probe: host.HostProbe) -> _Regressors:
     items = build_step(g, settings).items
     tensors = g.parameter_tensor_count
 
@@ -64,6 +83,18 @@ def host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.Ho
         return float(sum(c for c, item in zip(costs, items, strict=True)
                          if item.phase is phase))
 
+    return _Regressors(
+        autocast=precisions.precision(settings.precision).autocast,
+        forward_us={t: phase_us(t, Phase.FORWARD) for t in host_fit.FORWARD_TERMS},
+        backward_us=phase_us("backward_kernel", Phase.BACKWARD),
+        optimizer_us=phase_us("optimizer_tensor", Phase.OPTIMIZER))
+
+
+def host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.HostProbe,
+             graph_cache: dict[tuple[str, int], Any]) -> host_fit.HostRow:
+    """The regressors and measured host times of one `model_steps` row."""
+    g = case_graph(case, row, graph_cache)
+    x = _regressors(g, train_settings(row), probe)
     train = row["train"]
     measured = tuple(float(train["host"][p]["median_ms"]) for p in _PHASE_NAMES)
     device = [float(train[p]["median_ms"]) for p in _PHASE_NAMES]
@@ -73,15 +104,46 @@ def host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.Ho
     inference = row["inference"]
     inference_host = float((inference.get("forward_host") or {}).get("median_ms", 0.0))
     return host_fit.HostRow(
-        group=case.name, autocast=precisions.precision(settings.precision).autocast,
-        forward_us={t: phase_us(t, Phase.FORWARD) for t in host_fit.FORWARD_TERMS},
-        backward_us=phase_us("backward_kernel", Phase.BACKWARD),
-        optimizer_us=phase_us("optimizer_tensor", Phase.OPTIMIZER),
+        group=case.name, autocast=x.autocast, forward_us=x.forward_us,
+        backward_us=x.backward_us, optimizer_us=x.optimizer_us,
         measured_host_ms=(measured[0], measured[1], measured[2]),
         usable=(usable[0], usable[1], usable[2]),
         inference_host_ms=inference_host,
         inference_usable=host_fit.usable_phase(
             inference_host, float(inference["forward"]["median_ms"]), None))
+
+
+EVENT_HOST_BOUND_SHARE = 0.5
+"""A phase of a run without host clocks is read as host-bound, its event time as the host's
+issue time, when the kernels the estimator puts on the stream for it (`estimates.
+stream_busy_ms`) fill less than this share of it: the GPU idled at least half the phase, so
+the host was the bottleneck (the event time then exceeds the issue time only by the last
+kernels' tail)."""
+
+
+def event_host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.HostProbe,
+                   graph_cache: dict[tuple[str, int], Any], predictor: Any,
+                   device: devices.DeviceSpec) -> host_fit.HostRow:
+    """A host row of a `model_steps` row measured without host clocks (the first H200 run):
+    its host-bound phases' event times stand for the host's (`EVENT_HOST_BOUND_SHARE`)."""
+    g = case_graph(case, row, graph_cache)
+    settings = train_settings(row)
+    x = _regressors(g, settings, probe)
+    busy = estimates.stream_busy_ms(g, device, settings, predictor=predictor)
+    event = [float(row["train"][p]["median_ms"]) for p in _PHASE_NAMES]
+    usable = [b < EVENT_HOST_BOUND_SHARE * e for b, e in zip(busy, event[:2], strict=False)]
+    inference_event = float(row["inference"]["forward"]["median_ms"])
+    (inference_busy, _, _) = estimates.stream_busy_ms(
+        g, device, train_settings(row, "inference"), predictor=predictor)
+    return host_fit.HostRow(
+        group=case.name, autocast=x.autocast, forward_us=x.forward_us,
+        backward_us=x.backward_us, optimizer_us=x.optimizer_us,
+        measured_host_ms=(event[0], event[1], event[2]),
+        # The optimizer's event time is never read as the host's: its foreach kernels are
+        # few and long, and their stream time is the estimate least sure of itself.
+        usable=(usable[0], usable[1], False),
+        inference_host_ms=inference_event,
+        inference_usable=inference_busy < EVENT_HOST_BOUND_SHARE * inference_event)
 
 
 def _busy_ms(row: Mapping[str, Any], phase: str) -> float | None:
@@ -92,20 +154,43 @@ def _busy_ms(row: Mapping[str, Any], phase: str) -> float | None:
 
 def measured_rows(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The `model_steps` rows that ran and have host times."""
+    return [r for r in ok_rows(lines) if "host" in r.get("train", {})]
+
+
+def ok_rows(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The eager `model_steps` rows that ran."""
     return [r for r in lines if r.get("kind") == "model_step" and r.get("status") == "ok"
-            and "host" in r.get("train", {})]
+            and r.get("framework", "eager") == "eager"]
 
 
-def load_rows(steps: Sequence[Path], probe_path: Path
+def load_rows(steps: Sequence[Path], probe_path: Path, event_steps: Sequence[Path] = ()
               ) -> tuple[host.HostProbe, list[host_fit.HostRow]]:
-    """The probe of `probe_path` and the host rows of every eager case in `steps` files."""
+    """The probe of `probe_path` and the host rows of every eager case in `steps` files
+    (host clocks), and of `event_steps` files (runs without host clocks, read through the
+    shipped bundle's stream: `event_host_row`)."""
     probe = probe_of(json.loads(model_step_scoring.read_capped(probe_path)))
     cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
     cache: dict[tuple[str, int], Any] = {}
     rows = [host_row(cases[r["model"]], r, probe, cache)
-            for path in steps for r in measured_rows(model_step_scoring.read_json_lines(path))
-            if r.get("framework", "eager") == "eager"]
+            for path in steps for r in measured_rows(model_step_scoring.read_json_lines(path))]
+    if event_steps:
+        predictor, _ = selection.select_predictor(None, None)
+        for path in event_steps:
+            lines = model_step_scoring.read_json_lines(path)
+            device = run_device(lines, path)
+            rows += [event_host_row(cases[r["model"]], r, probe, cache, predictor, device)
+                     for r in ok_rows(lines)]
     return probe, rows
+
+
+def run_device(lines: Sequence[Mapping[str, Any]], path: Path) -> devices.DeviceSpec:
+    """The catalog device a `model_steps` file's provenance names (NVML's name)."""
+    for line in lines:
+        if line.get("kind") == "provenance":
+            name = (line.get("nvml") or {}).get("name")
+            if name:
+                return devices.resolve_device(str(name))
+    raise ValueError(f"{path}: no provenance row naming the GPU (nvml.name)")
 
 
 def report(rows: Sequence[host_fit.HostRow], folds: Mapping[str, host.HostCoefficients]
@@ -134,11 +219,13 @@ class HostCheckSettings:
     folds: Path | None
     """Write each model's leave-one-out host model here (`model-step-scoring predict
     --host-folds`)."""
+    event_steps: tuple[Path, ...] = ()
+    """`model_steps` files of runs without host clocks (`event_host_row`)."""
 
 
 def run(settings: HostCheckSettings) -> int:
     """Fit, report held-out figures, optionally write the all-rows host model."""
-    probe, rows = load_rows(list(settings.steps), settings.probe)
+    probe, rows = load_rows(list(settings.steps), settings.probe, settings.event_steps)
     folds = host_fit.leave_one_group_out(rows)
     for line in report(rows, folds):
         mape = f"{line['mape_pct']:.1f}" if line["mape_pct"] is not None else "-"

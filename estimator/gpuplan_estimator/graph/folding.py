@@ -111,10 +111,11 @@ def _fold_once(model: onnx.ModelProto, folded: set[str]) -> bool:
     opset = _default_opset(model)
     values = _known_values(graph)
     shapes = _known_shapes(graph)
+    types = _known_types(graph)
     changed = False
     rewritten: list[onnx.NodeProto] = []
     for node in graph.node:
-        replacement = _fold_node(node, values, shapes, opset)
+        replacement = _fold_node(node, values, shapes, opset, types)
         if replacement is None:
             rewritten.append(node)
             continue
@@ -129,7 +130,8 @@ def _fold_once(model: onnx.ModelProto, folded: set[str]) -> bool:
 
 def _fold_node(node: onnx.NodeProto, values: dict[str, np.ndarray],
                shapes: Mapping[str, tuple[int, ...]],
-               opset: int) -> list[onnx.NodeProto] | None:
+               opset: int, types: Mapping[str, int] | None = None,
+               ) -> list[onnx.NodeProto] | None:
     """Nodes to put in `node`'s place (Constants, or an inlined branch), or None to keep it."""
     if node.domain not in ("", "ai.onnx") or not node.output or not unrolling.text_names(node):
         return None
@@ -139,6 +141,8 @@ def _fold_node(node: onnx.NodeProto, values: dict[str, np.ndarray],
         return unrolling.unroll_static_loop(node, values, opset)
     if node.op_type in ("Shape", "Size"):
         outputs = _shape_of(node, shapes)
+    elif node.op_type == "CastLike":
+        outputs = _cast_like(node, values, types or {})
     elif node.op_type in FOLDABLE_OPS:
         outputs = _evaluate(node, values, opset)
     else:
@@ -307,6 +311,29 @@ def _known_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     for tensor in graph.initializer:
         shapes[tensor.name] = tuple(tensor.dims)
     return shapes
+
+
+def _cast_like(node: onnx.NodeProto, values: Mapping[str, np.ndarray],
+               types: Mapping[str, int]) -> list[np.ndarray] | None:
+    """CastLike of a known value: only the second input's element type matters, so a scale
+    exporters compute as `Sqrt(CastLike(head_dim, scores))` folds although the scores are
+    data (eager PyTorch computes such a scale in Python, and launches nothing for it)."""
+    if len(node.input) < 2 or node.input[0] not in values:
+        return None
+    target = types.get(node.input[1])
+    if node.input[1] in values:
+        target = helper.np_dtype_to_tensor_dtype(values[node.input[1]].dtype)
+    if target is None or target not in _FLOAT_TYPES | _INT_TYPES:
+        return None
+    value = np.asarray(values[node.input[0]]).astype(helper.tensor_dtype_to_np_dtype(target))
+    return [value] if _is_shape_value(value) else None
+
+
+def _known_types(graph: onnx.GraphProto) -> dict[str, int]:
+    types = {value.name: value.type.tensor_type.elem_type for value in _value_infos(graph)
+             if value.type.HasField("tensor_type")}
+    types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
+    return types
 
 
 def _value_infos(graph: onnx.GraphProto) -> Iterable[onnx.ValueInfoProto]:

@@ -118,12 +118,16 @@ class Bundle:
     def backend_code(self, device: DeviceSpec, backend: str | None = None) -> int | None:
         """Code of the backend to predict for: explicit, the device's own, else its vendor's."""
         backends: list[str] = list(self.manifest.get("backends", []))
+        name = self.backend_name(device, backend)
+        return backends.index(name) if name in backends else None
+
+    def backend_name(self, device: DeviceSpec, backend: str | None = None) -> str | None:
+        """The backend predicted for: explicit, the device's own, else its platform's."""
         if backend is None:
             backend = self.manifest.get("device_backends", {}).get(device.key)
         if backend is None:
-            kind = device.platform
-            backend = self.manifest.get("default_backends", {}).get(kind)
-        return backends.index(backend) if backend in backends else None
+            backend = self.manifest.get("default_backends", {}).get(device.platform)
+        return None if backend is None else str(backend)
 
 
 def save_bundle(bundle: Bundle, directory: Path) -> Path:

@@ -84,9 +84,15 @@ class LearnedPredictor:
         return out
 
     def _backend_code(self, device: DeviceSpec) -> int | None:
-        backend = (self.backend.get(device.platform) if isinstance(self.backend, Mapping)
-                   else self.backend)
-        return self.bundle.backend_code(device, backend)
+        return self.bundle.backend_code(device, self._explicit_backend(device))
+
+    def backend_name(self, device: DeviceSpec) -> str | None:
+        """The backend whose rows price `device` (what they measured, how they were timed)."""
+        return self.bundle.backend_name(device, self._explicit_backend(device))
+
+    def _explicit_backend(self, device: DeviceSpec) -> str | None:
+        return (self.backend.get(device.platform) if isinstance(self.backend, Mapping)
+                else self.backend)
 
     def _price_on_each(
         self, group: _KernelGroup, devices: Sequence[DeviceSpec], codes: Sequence[int | None],

@@ -25,11 +25,15 @@ import pyarrow.parquet as pq
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import errors
-from gpuplan_estimator.core.measurements import MEASUREMENT_COLUMNS, dims_from_json
+from gpuplan_estimator.core.measurements import (
+    MEASUREMENT_COLUMNS,
+    SHARED_OPS_BACKEND,
+    dims_from_json,
+)
 from gpuplan_estimator.perfdb import host_probes
 from gpuplan_estimator.perfdb.store import PerfStore
 
-BACKEND = "pytorch-2.1.0+cu121"
+BACKEND = SHARED_OPS_BACKEND
 DTYPE = "float32"
 REPEATS = 5  # the kept statistic averages the 5 fastest of 25 calls
 PROTOCOL = "NeuSight gpu-ops; latency = mean of the 5 fastest of 25 eager calls"

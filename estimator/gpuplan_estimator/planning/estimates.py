@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuplan_estimator.core import kernels, options
+from gpuplan_estimator.core import kernels, measurements, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
@@ -187,6 +187,24 @@ def estimate(
     )
 
 
+def stream_busy_ms(graph: ModelGraph, device: DeviceSpec, settings: TrainingSettings, *,
+                   predictor: LatencyPredictor) -> tuple[float, float, float]:
+    """Forward, backward and optimizer kernel time on `device`'s stream, the host left out:
+    what a profiler's kernel sum of one eager step reads (`host.on_stream`)."""
+    settings.check()
+    plan = _plan(graph, build_step(graph, settings))
+    if not plan.unique:
+        return 0.0, 0.0, 0.0
+    (pred,) = predict_on_each(predictor, plan.unique, [device])
+    learned = np.array([label.startswith(LEARNED_PREFIX) for label in pred.predictor],
+                       dtype=bool)
+    per_run = host.on_stream(np.asarray(pred.median_ms, dtype=np.float64), learned,
+                             kernel_timing(predictor, device))
+    by_phase = np.bincount(plan.phase, weights=per_run[plan.unique_index] * plan.counts,
+                           minlength=3)
+    return float(by_phase[0]), float(by_phase[1]), float(by_phase[2])
+
+
 def model_flops_per_step(graph: ModelGraph, settings: TrainingSettings) -> float:
     """Model FLOPs of one step (the MFU numerator): the graph's forward FLOPs, times
     `TRAINING_FLOPS_PER_FORWARD_FLOP` when training."""
@@ -282,6 +300,10 @@ def _price(
     labels_u = tuple(pred.predictor) if pred else ()
     if len(labels_u) != n:
         raise ValueError(f"predictor {predictor.name!r} returned {len(labels_u)} labels for {n}")
+    if _on_two_clocks(device, hosts):  # the host model prices each call's dispatch
+        learned = np.array([label.startswith(LEARNED_PREFIX) for label in labels_u], dtype=bool)
+        timing = kernel_timing(predictor, device)
+        med_u, p10_u, p90_u = (host.on_stream(v, learned, timing) for v in (med_u, p10_u, p90_u))
     med = med_u[plan.unique_index] * plan.counts
     p10 = p10_u[plan.unique_index] * plan.counts
     p90 = p90_u[plan.unique_index] * plan.counts
@@ -443,6 +465,24 @@ class _HostCosts:
     model: host.HostModel
 
 
+def _on_two_clocks(device: DeviceSpec, hosts: _HostCosts | None) -> bool:
+    """Whether the step is priced on the host's clock and the GPU stream's (`step.host`)."""
+    return hosts is not None and device.vendor != "cpu"
+
+
+LEARNED_PREFIX = "lightgbm:"
+"""`LatencyPrediction.predictor` labels of rows a bundle's models priced."""
+
+
+def kernel_timing(predictor: LatencyPredictor, device: DeviceSpec) -> str:
+    """How the rows whose models price `device` were timed (`host.KERNEL_TIMINGS`): eager calls
+    for the shared gpu-ops backend, the stream for every other (`gpuplan bench`'s)."""
+    backend_name = getattr(predictor, "backend_name", None)
+    backend = backend_name(device) if callable(backend_name) else None
+    return (host.EAGER_CALL_TIMING if backend in (None, measurements.SHARED_OPS_BACKEND)
+            else host.STREAM_TIMING)
+
+
 def bundle_host_model(predictor: LatencyPredictor) -> host.HostModel | None:
     """The host model the predictor's bundle ships (its manifest's `host_model`), if any."""
     manifest = getattr(getattr(predictor, "bundle", None), "manifest", None)
@@ -486,7 +526,7 @@ def _on_host(r: DeviceStepEstimate, plan: _Plan, med: npt.NDArray[np.float64], d
     """`r` priced on two clocks: phase times as events read them, its interval moved with
     them (the kernels' relative spread, and the host's at the same quantiles)."""
     busy = r.forward_ms + r.backward_ms + r.optimizer_ms
-    if hosts is None or device.vendor == "cpu" or not len(plan.phase):
+    if hosts is None or not _on_two_clocks(device, hosts) or not len(plan.phase):
         return dataclasses.replace(r, gpu_busy_ms=busy)
     latency_ms = hosts.model.probe.launch_latency_us / 1000.0
     mid = host.timeline(med, hosts.row_us, plan.phase, latency_ms)

@@ -31,6 +31,7 @@ from gpuplan_estimator.core.layers import (
     TensorInfo,
 )
 from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.step.attention import EAGER, FusedAttention
 
 CAST_OP = "cast"
 FP32 = "float32"
@@ -75,10 +76,13 @@ def dtype_of(tensor: TensorInfo, dtypes: Mapping[str, str]) -> str:
 
 
 def cast_items(graph: ModelGraph, precision: str, dtypes: Mapping[str, str],
-               needs_grad: frozenset[str]) -> tuple[tuple[WorkItem, ...], tuple[WorkItem, ...]]:
+               needs_grad: frozenset[str], fused: FusedAttention = EAGER,
+               ) -> tuple[tuple[WorkItem, ...], tuple[WorkItem, ...]]:
     """(forward, backward) cast kernels autocast adds to a step of `graph`: each weight cast
     once per forward, each activation cast at each use, and a gradient cast in backward for
-    every cast of a tensor that needs one."""
+    every cast of a tensor that needs one. Inside a fused attention core (`fused`) there is
+    none: the core is one `scaled_dot_product_attention`, which autocast runs in the half dtype
+    as it is, its scores and probabilities never leaving the kernel."""
     entry = precisions.precision(precision)
     if not entry.autocast:
         return (), ()
@@ -89,10 +93,10 @@ def cast_items(graph: ModelGraph, precision: str, dtypes: Mapping[str, str],
     for layer in graph.layers:
         target = (half if layer.op_type in precisions.AUTOCAST_LOWER_OPS
                   else FP32 if layer.op_type in precisions.AUTOCAST_FP32_OPS else None)
-        if target is None:
+        if target is None or layer.name in fused.folded:
             continue
         for t in layer.inputs:
-            if t.dtype not in FLOAT_DTYPES or t.elements <= 1:
+            if t.dtype not in FLOAT_DTYPES or t.elements <= 1 or t.name in fused.internal:
                 continue
             source = dtype_of(t, dtypes)
             if source == target:

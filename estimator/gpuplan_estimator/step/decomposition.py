@@ -230,7 +230,7 @@ def build_step(
     fused_attention = attention.fused_attention(graph, settings.attention)
     dtypes = autocast.tensor_dtypes(graph, settings.precision)
     casts_forward, casts_backward = autocast.cast_items(graph, settings.precision, dtypes,
-                                                        needs_grad)
+                                                        needs_grad, fused_attention)
     cast_before = _by_layer(casts_forward)
     cast_grads = _by_layer(casts_backward)
     for layer in graph.layers:

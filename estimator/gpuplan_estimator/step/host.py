@@ -39,6 +39,10 @@ Z90 = 1.2815515655446004
 FOLDED_OPS = frozenset({"Constant"})
 """Graph ops an exporter writes for values it computed while tracing (folded shape arithmetic,
 literals): eager PyTorch issues nothing for them."""
+HOST_FREE_ROLES = frozenset({"fused", "autocast_cast"})
+"""Forward items the host issues no call for: a fused member runs inside its kernel, and an
+autocast cast is issued by the dispatcher inside the op it feeds (its host cost is that op's
+`autocast_cast` term, not a call of its own)."""
 OPTIONAL_FIGURES = frozenset({"optimizer_for_loop_us_per_tensor",
                               "optimizer_fused_us_per_tensor"})
 """Probe figures that may be absent: fused is measured with CUDA only (`bench.host_probe`),
@@ -158,7 +162,7 @@ class HostModel:
                 out[i] = c.backward_kernel * p.backward_node_us * (
                     c.autocast_backward if autocast else 1.0) * item.count
                 continue
-            if item.role == "fused" or item.op in FOLDED_OPS:  # no op of its own
+            if item.role in HOST_FREE_ROLES or item.op in FOLDED_OPS:  # no call of its own
                 continue
             if item.kernel == "none":
                 out[i] = c.forward_view * p.eager_op_us
@@ -207,6 +211,39 @@ class Timeline:
         """Whether the host's clock is the longer one: issuing the step takes longer than
         running its kernels, so a faster GPU would not shorten it (a faster host would)."""
         return sum(self.host_ms) > sum(self.gpu_busy_ms)
+
+
+EAGER_CALL_TIMING = "eager-call"
+"""A bundle's kernel rows timed one eager call at a time, events around each call (the shared
+gpu-ops data): a row holds the host's dispatch of that call as well as its kernels."""
+STREAM_TIMING = "stream"
+"""Kernel rows timed back to back (`bench.batched`: CUDA graphs or K calls per event pair):
+what the kernels take on the stream, nothing of the host."""
+KERNEL_TIMINGS = (EAGER_CALL_TIMING, STREAM_TIMING)
+EAGER_CALL_DISPATCH_MS = 0.0235
+"""What one eager call's timing adds to its kernels: the gpu-ops floor (the median over its
+five GPUs of the fastest tiny-shape elementwise call, 0.0255 ms: A100 0.0252, T4 0.0250,
+P4 0.0255, P100 0.0302, V100 0.0317) less a tiny kernel's own time (`MIN_KERNEL_MS`). On the
+host timeline the host model prices that dispatch, so a stream that kept it would pay it twice
+(issue #30: profiled bf16 forwards on the H200 ran 2-5x fewer kernel-ms than their rows
+summed)."""
+MIN_KERNEL_MS = 0.002
+"""The shortest kernel on a stream: the H200 bench's graph-replayed tiny rows took 1.4-2.1 us
+(`docs/gpu-steps/2026-11-27-h200b/bench.parquet`)."""
+
+
+def on_stream(latency_ms: FloatArray, learned: npt.NDArray[np.bool_], timing: str) -> FloatArray:
+    """Per-execution latencies as the stream spends them: rows a model learned from eager-call
+    timings (`learned`, under `timing` EAGER_CALL_TIMING) less the dispatch those timings held,
+    never below `MIN_KERNEL_MS` nor above what they were; other rows (the roofline's,
+    stream-timed models') as they are."""
+    if timing not in KERNEL_TIMINGS:
+        raise ValueError(f"kernel timing must be one of {KERNEL_TIMINGS}, got {timing!r}")
+    if timing == STREAM_TIMING:
+        return latency_ms
+    lowered = np.minimum(latency_ms, np.maximum(latency_ms - EAGER_CALL_DISPATCH_MS,
+                                                MIN_KERNEL_MS))
+    return np.where(learned, lowered, latency_ms)
 
 
 def device_end_ms(issued_ms: FloatArray, gpu_ms: FloatArray, latency_ms: float) -> FloatArray:

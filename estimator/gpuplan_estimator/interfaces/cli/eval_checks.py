@@ -10,6 +10,8 @@ after it parses its flags here and calls its module's `run` with typed settings:
 - ``model-step-scoring predict|score``: whole-model steps, priced before they are measured and
   scored after (`evaluation.model_step_scoring`)
 - ``host-check``: the host timeline fitted leave-one-model-out (`evaluation.host_check`)
+- ``stream-check``: predicted stream time against profiled kernel sums
+  (`evaluation.stream_check`)
 - ``sub-wave-check``: GEMM one-wave scaling held out per GPU (`evaluation.sub_wave_check`)
 - ``transfer-check``: leave-one-GPU-out of a transfer structure (`evaluation.transfer_check`)
 
@@ -35,13 +37,14 @@ from gpuplan_estimator.evaluation import (
     parallel_check,
     plans_report,
     speed,
+    stream_check,
     sub_wave_check,
     transfer_check,
 )
 from gpuplan_estimator.interfaces import json_documents
 
 CHECKS = ("plans-report", "speed", "memory-check", "parallel-check", "model-step-scoring",
-          "host-check", "sub-wave-check", "transfer-check")
+          "host-check", "stream-check", "sub-wave-check", "transfer-check")
 """The checks `gpuplan eval` runs by name (a test keeps this list and the parser in step)."""
 
 
@@ -50,7 +53,7 @@ def register(eval_parser: argparse.ArgumentParser) -> None:
     checks = eval_parser.add_subparsers(
         dest="check", metavar="CHECK", title="checks (instead of the accuracy evaluation)")
     for add in (_plans_report, _speed, _memory_check, _parallel_check, _model_step_scoring,
-                _host_check, _sub_wave_check, _transfer_check):
+                _host_check, _stream_check, _sub_wave_check, _transfer_check):
         add(checks)
 
 
@@ -130,13 +133,28 @@ def _host_check(checks: Any) -> None:
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=Path, action="append", required=True,
                    help="model_steps JSON lines (repeat)")
+    p.add_argument("--event-steps", type=Path, action="append", default=[],
+                   help="model_steps JSON lines of a run without host clocks (repeat): its "
+                        "host-bound phases' event times stand for the host's")
     p.add_argument("--probe", type=Path, required=True, help="bench.host_probe JSON")
     p.add_argument("--json", type=Path, default=None, help="write the host model here")
     p.add_argument("--folds", type=Path, default=None,
                    help="write each model's leave-one-out host model here "
                         "(model-step-scoring predict --host-folds)")
     p.set_defaults(func=lambda args: host_check.run(host_check.HostCheckSettings(
-        steps=tuple(args.steps), probe=args.probe, json=args.json, folds=args.folds)))
+        steps=tuple(args.steps), probe=args.probe, json=args.json, folds=args.folds,
+        event_steps=tuple(args.event_steps))))
+
+
+def _stream_check(checks: Any) -> None:
+    p = checks.add_parser("stream-check", help="predicted stream time against the kernel sums "
+                          "of profiled steps", description=stream_check.__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=Path, action="append", required=True,
+                   help="model_steps JSON lines with instrumented phases (repeat)")
+    p.add_argument("--bundle", default=None, help="model bundle (default: the shipped one)")
+    p.set_defaults(func=lambda args: stream_check.run(stream_check.StreamCheckSettings(
+        steps=tuple(args.steps), bundle=args.bundle)))
 
 
 def _sub_wave_check(checks: Any) -> None:

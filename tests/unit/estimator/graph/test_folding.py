@@ -193,3 +193,28 @@ def test_a_loop_that_can_end_early_stays_listed() -> None:
     g = graph.load_model(loop_model(3, condition="data"))
     assert g.unknown_op_types == ("Loop",)
     assert not any(layer.op_type == "MatMul" for layer in g.layers)
+
+
+def scale_like_scores_model() -> bytes:
+    """What torch.onnx's dynamo exporter writes for SDPA's scale: 1/sqrt(CastLike(head_dim,
+    scores)) from a folded shape, the scores being data."""
+    nodes = [
+        helper.make_node("Shape", ["q"], ["d"], start=-1),
+        helper.make_node("Cast", ["d"], ["df"], to=TensorProto.FLOAT),
+        helper.make_node("CastLike", ["df", "q"], ["dl"]),
+        helper.make_node("Sqrt", ["dl"], ["root"]),
+        helper.make_node("Div", ["q", "root"], ["y"]),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("q", TensorProto.FLOAT, [2, 4, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+
+
+def test_a_scale_cast_like_the_scores_folds_to_a_constant() -> None:
+    # Eager PyTorch computes such a scale in Python and launches nothing for it.
+    g = graph.load_model(scale_like_scores_model())
+    ops = [layer.op_type for layer in g.layers]
+    assert "CastLike" not in ops and "Sqrt" not in ops
+    assert ops.count("Div") == 1
+    session = ort.InferenceSession(scale_like_scores_model(), providers=["CPUExecutionProvider"])
+    q = np.full((2, 4, 16), 8.0, np.float32)
+    np.testing.assert_allclose(session.run(None, {"q": q})[0], 2.0)  # the model folded is valid

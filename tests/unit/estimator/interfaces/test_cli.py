@@ -15,6 +15,7 @@ from gpuplan_estimator.graph import examples
 from gpuplan_estimator.interfaces import json_documents
 from gpuplan_estimator.interfaces.cli import main, plans
 from gpuplan_estimator.latency import bundles
+from gpuplan_estimator.step import host
 from gpuplan_testing import onnx_models
 
 assert bundles.MANIFEST  # imported here so collection, not the first test, pays for LightGBM
@@ -113,6 +114,7 @@ def test_onnxruntime_framework_folds_resnet_batchnorms(
     capsys: pytest.CaptureFixture[str]
 ) -> None:
     forward = {}
+    convs = 0
     for fw in ("pytorch-eager", "onnxruntime"):
         code, out, err = run(["estimate", str(RESNET), "--device", "t4", "--mode", "inference",
                               "--framework", fw, "--json", "--layers"], capsys)
@@ -121,9 +123,13 @@ def test_onnxruntime_framework_folds_resnet_batchnorms(
         forward[fw] = {ly["op_type"]: 0.0 for ly in layers}
         for ly in layers:
             forward[fw][ly["op_type"]] += ly["forward_ms"]
+        convs = sum(ly["op_type"] == "Conv" for ly in layers)
     assert forward["pytorch-eager"]["BatchNormalization"] > 0
     assert forward["onnxruntime"]["BatchNormalization"] == 0  # folded into the 53 convs
-    assert forward["onnxruntime"]["Conv"] == pytest.approx(forward["pytorch-eager"]["Conv"])
+    # Eager PyTorch's kernels run on the stream, their dispatch on the host's clock; without a
+    # host model (onnxruntime) each conv keeps the eager-call timing of its rows.
+    assert forward["onnxruntime"]["Conv"] == pytest.approx(
+        forward["pytorch-eager"]["Conv"] + convs * host.EAGER_CALL_DISPATCH_MS)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from gpuplan_estimator.evaluation import (
     parallel_check,
     plans_report,
     speed,
+    stream_check,
     sub_wave_check,
     transfer_check,
 )
@@ -131,6 +132,20 @@ def test_host_check(monkeypatch: pytest.MonkeyPatch,
         steps=(Path("a.jsonl"), Path("b.jsonl")), probe=Path("probe.json"), json=None,
         folds=Path("folds.json")),)]
     _usage_error(["eval", "host-check", "--steps", "a.jsonl"], capsys, "--probe")
+    calls.clear()
+    assert main.main(["eval", "host-check", "--steps", "a.jsonl", "--event-steps", "run1.jsonl",
+                      "--probe", "probe.json"]) == 0
+    assert calls == [(host_check.HostCheckSettings(
+        steps=(Path("a.jsonl"),), probe=Path("probe.json"), json=None, folds=None,
+        event_steps=(Path("run1.jsonl"),)),)]
+
+
+def test_stream_check(monkeypatch: pytest.MonkeyPatch,
+                      capsys: pytest.CaptureFixture[str]) -> None:
+    calls = _record(monkeypatch, stream_check, "run")
+    assert main.main(["eval", "stream-check", "--steps", "a.jsonl", "--bundle", "b"]) == 0
+    assert calls == [(stream_check.StreamCheckSettings(steps=(Path("a.jsonl"),), bundle="b"),)]
+    _usage_error(["eval", "stream-check"], capsys, "--steps")
 
 
 def test_sub_wave_check(monkeypatch: pytest.MonkeyPatch,

@@ -71,3 +71,24 @@ def test_build_step_prices_kept_fp32_ops_at_fp32_width_under_bf16() -> None:
     assert sum(i.role == "autocast_cast" for i in step.forward) == 2
     fp32 = build_step(block(), TrainingSettings(batch_size=4, precision="fp32"))
     assert not any(i.role.startswith("autocast") for i in fp32.items)
+
+
+def test_a_fused_attention_core_has_no_casts_inside() -> None:
+    """One scaled_dot_product_attention under autocast: the scores' cast up for Softmax and
+    the probabilities' cast down for ·V never happen; an fp32 V entering the core still is."""
+    from gpuplan_estimator.step.attention import FusedAttention
+    g = ModelGraph("core", (
+        layer("qk", "MatMul", [t("q", 2, 8, 4, dtype="float32"), t("k", 2, 4, 8)],
+              [t("s", 2, 8, 8)]),
+        layer("soft", "Softmax", [t("s", 2, 8, 8)], [t("p", 2, 8, 8)]),
+        layer("pv", "MatMul", [t("p", 2, 8, 8), t("v", 2, 8, 4)], [t("o", 2, 8, 4)]),
+    ), (), {}, 0)
+    dtypes = autocast.tensor_dtypes(g, "bf16")
+    eager, _ = autocast.cast_items(g, "bf16", dtypes, frozenset())
+    assert {(i.layer, i.dims["rows"] * i.dims["cols"]) for i in eager} == {
+        ("qk", 64), ("soft", 128), ("pv", 128), ("pv", 64)}
+    fused = FusedAttention(folded=frozenset({"soft"}), recomputed=frozenset({"qk"}),
+                           internal=frozenset({"s", "p"}))
+    inside, _ = autocast.cast_items(g, "bf16", dtypes, frozenset(), fused)
+    assert sorted((i.layer, i.dims["rows"] * i.dims["cols"]) for i in inside) == [
+        ("pv", 64), ("qk", 64), ("qk", 64)]

@@ -133,3 +133,27 @@ def test_json_round_trip_and_errors() -> None:
     del doc["probe"]["eager_op_us"]  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="eager_op_us"):
         host.model_from_json(doc)
+
+
+def test_an_autocast_cast_is_issued_inside_the_op_it_feeds() -> None:
+    # The dispatcher casts a lowered op's operands on the way in: the host pays the op's
+    # autocast term, not a call per cast; the cast's gradient is an autograd node of its own.
+    model = host.HostModel(PROBE, UNIT)
+    items = [item(Phase.FORWARD, op="cast", role="autocast_cast"),
+             item(Phase.FORWARD, kernel="gemm", op="MatMul"),
+             item(Phase.BACKWARD, op="cast", role="autocast_cast_grad")]
+    costs = model.item_host_us(items, "bf16", parameter_tensors=0, optimizer_impl="foreach")
+    np.testing.assert_allclose(costs, [0.0, 35.0, 16.0])
+
+
+def test_the_stream_keeps_no_dispatch_an_eager_call_timing_held() -> None:
+    latency_ms = np.array([0.025, 0.0300, 1.0, 0.001, 0.5])
+    learned = np.array([True, True, True, True, False])
+    stream = host.on_stream(latency_ms, learned, host.EAGER_CALL_TIMING)
+    dispatch = host.EAGER_CALL_DISPATCH_MS
+    np.testing.assert_allclose(stream, [host.MIN_KERNEL_MS, 0.03 - dispatch, 1.0 - dispatch,
+                                        0.001, 0.5])  # never raised; the roofline's as it is
+    np.testing.assert_array_equal(host.on_stream(latency_ms, learned, host.STREAM_TIMING),
+                                  latency_ms)
+    with pytest.raises(ValueError, match="kernel timing"):
+        host.on_stream(latency_ms, learned, "wall")

@@ -116,34 +116,67 @@ def host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.Ho
 EVENT_HOST_BOUND_SHARE = 0.5
 """A phase of a run without host clocks is read as host-bound, its event time as the host's
 issue time, when the kernels the estimator puts on the stream for it (`estimates.
-stream_busy_ms`) fill less than this share of it: the GPU idled at least half the phase, so
-the host was the bottleneck (the event time then exceeds the issue time only by the last
-kernels' tail)."""
+stream_busy_ms`) fill less than this share of it (the GPU idled at least half the phase; the
+event time then exceeds the issue time only by the last kernels' tail) and the phase is
+`batch_flat`."""
+FLAT_BATCH_RATIO = 2
+FLAT_TIME_TOLERANCE = 0.15
+"""A phase is batch-flat when the same model and precision at a batch at least
+`FLAT_BATCH_RATIO` times larger or smaller took within this share of its time: the host's
+issue time does not grow with the batch, the kernels' does. It is what the measurement says,
+where the stream's estimate may be wrong (ResNet-50's fp32 convolutions on the H200 ran twice
+as long as the rows predicted, and their phases passed the share test alone)."""
+EVENT_PHASES = ("forward", "backward", "inference")
+"""Phases of a run without host clocks that may stand for the host's time. The optimizer's
+event never does: its foreach kernels are few and long, and their stream time is the estimate
+least sure of itself."""
+
+
+def event_ms(row: Mapping[str, Any], phase: str) -> float:
+    """A `model_steps` row's event-timed median of `phase` (EVENT_PHASES)."""
+    part = row["inference"]["forward"] if phase == "inference" else row["train"][phase]
+    return float(part["median_ms"])
+
+
+def batch_flat(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, int, str], bool]:
+    """Per (model, precision, batch, phase) of `rows`: whether that phase is batch-flat."""
+    out: dict[tuple[str, str, int, str], bool] = {}
+    for row in rows:
+        batch = int(row["batch"])
+        siblings = [r for r in rows if r["model"] == row["model"]
+                    and r["precision"] == row["precision"]
+                    and max(batch, int(r["batch"])) >= FLAT_BATCH_RATIO * min(batch,
+                                                                              int(r["batch"]))]
+        for phase in EVENT_PHASES:
+            mine = event_ms(row, phase)
+            out[(row["model"], row["precision"], batch, phase)] = any(
+                abs(event_ms(r, phase) / mine - 1.0) <= FLAT_TIME_TOLERANCE for r in siblings)
+    return out
 
 
 def event_host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.HostProbe,
                    graph_cache: dict[tuple[str, int], Any], predictor: Any,
-                   device: devices.DeviceSpec) -> host_fit.HostRow:
+                   device: devices.DeviceSpec, flat: Mapping[str, bool]) -> host_fit.HostRow:
     """A host row of a `model_steps` row measured without host clocks (the first H200 run):
-    its host-bound phases' event times stand for the host's (`EVENT_HOST_BOUND_SHARE`)."""
+    its host-bound phases' event times stand for the host's (`EVENT_HOST_BOUND_SHARE`);
+    `flat` says which of its `EVENT_PHASES` are batch-flat (`batch_flat`)."""
     g = case_graph(case, row, graph_cache)
     settings = train_settings(row)
     x = _regressors(g, settings, probe)
-    busy = estimates.stream_busy_ms(g, device, settings, predictor=predictor)
-    event = [float(row["train"][p]["median_ms"]) for p in _PHASE_NAMES]
-    usable = [b < EVENT_HOST_BOUND_SHARE * e for b, e in zip(busy, event[:2], strict=False)]
-    inference_event = float(row["inference"]["forward"]["median_ms"])
-    (inference_busy, _, _) = estimates.stream_busy_ms(
+    forward, backward, _ = estimates.stream_busy_ms(g, device, settings, predictor=predictor)
+    (inference, _, _) = estimates.stream_busy_ms(
         g, device, train_settings(row, "inference"), predictor=predictor)
+    usable = {phase: flat.get(phase, False)
+              and busy < EVENT_HOST_BOUND_SHARE * event_ms(row, phase)
+              for phase, busy in zip(EVENT_PHASES, (forward, backward, inference), strict=True)}
     return host_fit.HostRow(
         group=case.name, autocast=x.autocast, forward_us=x.forward_us,
         backward_us=x.backward_us, optimizer_us=x.optimizer_us,
-        measured_host_ms=(event[0], event[1], event[2]),
-        # The optimizer's event time is never read as the host's: its foreach kernels are
-        # few and long, and their stream time is the estimate least sure of itself.
-        usable=(usable[0], usable[1], False),
-        inference_host_ms=inference_event,
-        inference_usable=inference_busy < EVENT_HOST_BOUND_SHARE * inference_event)
+        measured_host_ms=(event_ms(row, "forward"), event_ms(row, "backward"),
+                          float(row["train"]["optimizer"]["median_ms"])),
+        usable=(usable["forward"], usable["backward"], False),
+        inference_host_ms=event_ms(row, "inference"),
+        inference_usable=usable["inference"])
 
 
 def _busy_ms(row: Mapping[str, Any], phase: str) -> float | None:
@@ -178,8 +211,12 @@ def load_rows(steps: Sequence[Path], probe_path: Path, event_steps: Sequence[Pat
         for path in event_steps:
             lines = model_step_scoring.read_json_lines(path)
             device = run_device(lines, path)
-            rows += [event_host_row(cases[r["model"]], r, probe, cache, predictor, device)
-                     for r in ok_rows(lines)]
+            measured = ok_rows(lines)
+            flat = batch_flat(measured)
+            rows += [event_host_row(cases[r["model"]], r, probe, cache, predictor, device,
+                                    {phase: flat[(r["model"], r["precision"], int(r["batch"]),
+                                                  phase)] for phase in EVENT_PHASES})
+                     for r in measured]
     return probe, rows
 
 

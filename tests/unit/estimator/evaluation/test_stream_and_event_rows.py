@@ -50,7 +50,8 @@ def h200() -> devices.DeviceSpec:
 def test_a_phase_the_gpu_idled_through_stands_for_the_hosts_time(
         predictor: Any, h200: devices.DeviceSpec) -> None:
     row = measured_row(forward_ms=40.0, backward_ms=0.01, inference_ms=30.0)
-    made = host_check.event_host_row(CASE, row, PROBE, {}, predictor, h200)
+    flat = dict.fromkeys(host_check.EVENT_PHASES, True)
+    made = host_check.event_host_row(CASE, row, PROBE, {}, predictor, h200, flat)
     assert made.group == CASE.name and made.autocast
     # forward: 40 ms against well under a millisecond of kernels, so host-bound; backward:
     # shorter than its kernels, so not an issue time; the optimizer's event never is.
@@ -58,6 +59,19 @@ def test_a_phase_the_gpu_idled_through_stands_for_the_hosts_time(
     assert made.measured_host_ms[0] == 40.0
     assert made.inference_usable and made.inference_host_ms == 30.0
     assert made.forward_us["forward_kernel"] > 0 and made.backward_us > 0
+    grows = host_check.event_host_row(CASE, row, PROBE, {}, predictor, h200,
+                                      {**flat, "forward": False})
+    assert grows.usable == (False, False, False)  # the kernels' share, not the host's
+
+
+def test_a_phase_is_host_time_only_where_the_batch_leaves_it_flat() -> None:
+    rows = [{**measured_row(forward, 10.0 * batch, 5.0), "batch": batch}
+            for batch, forward in ((4, 20.0), (8, 21.0), (16, 40.0))]
+    flat = host_check.batch_flat(rows)
+    key = (CASE.name, "bf16")
+    assert [flat[(*key, b, "forward")] for b in (4, 8, 16)] == [True, True, False]
+    assert not any(flat[(*key, b, "backward")] for b in (4, 8, 16))  # grows with the batch
+    assert all(flat[(*key, b, "inference")] for b in (4, 8, 16))
 
 
 def test_profiled_kernel_time_leaves_the_runtimes_calls_out() -> None:

@@ -94,6 +94,26 @@ def item_peak_flops_per_s(device: DeviceSpec, dtype: str, kernel: str, math: str
     return peak_flops_per_s(device, dtype)
 
 
+def matrix_peak_flops_per_s(device: DeviceSpec, items: Sequence[WorkItem],
+                            precision: str) -> float:
+    """The peak a step's matrix FLOPs can reach together: the FLOP-weighted harmonic mean of
+    each GEMM's and convolution's own peak (`item_peak_flops_per_s`), so the step's matrix work
+    at that rate takes as long as each item at its own; `precision`'s peak when the step has
+    none (or runs where every item shares one rate)."""
+    flops = 0.0
+    seconds = 0.0
+    peaks: dict[tuple[str, str, str], float] = {}
+    for item in items:
+        if item.kernel not in kernels.MATRIX_KERNELS or item.flops <= 0:
+            continue
+        key = (item.dtype, item.kernel, str(item.attributes.get("math", "")))
+        if key not in peaks:
+            peaks[key] = item_peak_flops_per_s(device, *key)
+        flops += item.flops * item.count
+        seconds += item.flops * item.count / peaks[key]
+    return flops / seconds if seconds > 0 else peak_flops_per_s(device, precision)
+
+
 def _bytes_per_s(device: DeviceSpec) -> float:
     if not device.mem_bandwidth_gbps > 0:
         raise errors.InvalidRequestError("device", f"{device.key!r} has no memory bandwidth")

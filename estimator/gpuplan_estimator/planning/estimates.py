@@ -182,7 +182,7 @@ def estimate(
     return tuple(
         _with_economics(_price(graph, plan, device, pred, predictor, memory, steps, epochs,
                                hosts[device.key]),
-                        graph, device, settings, predictor)
+                        graph, device, settings, predictor, plan.step.items)
         for device, pred in zip(devices, preds, strict=True)
     )
 
@@ -213,10 +213,14 @@ def model_flops_per_step(graph: ModelGraph, settings: TrainingSettings) -> float
 
 
 def _with_economics(r: DeviceStepEstimate, graph: ModelGraph, device: DeviceSpec,
-                    settings: TrainingSettings, predictor: LatencyPredictor) -> DeviceStepEstimate:
-    """`r` with what decisions need beyond time: basis, throughput units, FLOPs, peak, price."""
+                    settings: TrainingSettings, predictor: LatencyPredictor,
+                    items: Sequence[WorkItem] = ()) -> DeviceStepEstimate:
+    """`r` with what decisions need beyond time: basis, throughput units, FLOPs, peak, price.
+    The peak is that of the math the step's matrix FLOPs run in (`roofline.
+    matrix_peak_flops_per_s`): PyTorch's default fp32 runs convolutions on TF32 tensor cores,
+    so a CNN's MFU against the fp32 SIMT peak read over 100 %."""
     try:
-        peak: float | None = roofline.peak_flops_per_s(device, settings.precision)
+        peak: float | None = roofline.matrix_peak_flops_per_s(device, items, settings.precision)
     except InvalidRequestError:  # a device without a rate at this precision: no MFU
         peak = None
     return dataclasses.replace(

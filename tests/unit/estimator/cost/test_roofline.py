@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from types import MappingProxyType
 
 import numpy as np
 import pytest
@@ -137,3 +139,19 @@ def test_thousands_of_items_on_every_device_take_milliseconds() -> None:
     elapsed_s = time.perf_counter() - start
     # ~60 ms measured on the 2-core dev box; the bound leaves room for a loaded CI machine.
     assert elapsed_s < 1.0, f"{elapsed_s:.3f} s for 5000 items x {len(CATALOG.devices)} devices"
+
+
+def test_a_steps_matrix_peak_weighs_each_items_own_rate() -> None:
+    """PyTorch's default fp32: convolutions on TF32 tensor cores, matmuls on the SIMT units; the
+    step's peak is where their FLOPs together would take as long as each at its own rate."""
+    a100 = CATALOG.resolve("a100-sxm4-80gb")
+    conv = dataclasses.replace(item("conv2d", flops=3 * GEMM_FLOPS),
+                               attributes=MappingProxyType({"math": "tf32"}))
+    gemm, add = item("gemm", flops=GEMM_FLOPS), item("elementwise", flops=10 * GEMM_FLOPS)
+    tf32 = roofline.peak_flops_per_s(a100, "tf32")
+    fp32 = roofline.peak_flops_per_s(a100, "float32")
+    assert roofline.matrix_peak_flops_per_s(a100, [conv], "fp32") == pytest.approx(tf32)
+    mixed = roofline.matrix_peak_flops_per_s(a100, [conv, gemm, add], "fp32")
+    assert mixed == pytest.approx(4 / (3 / tf32 + 1 / fp32))  # elementwise FLOPs are not counted
+    assert roofline.matrix_peak_flops_per_s(a100, [add], "bf16") == pytest.approx(
+        roofline.peak_flops_per_s(a100, "bf16"))  # no matrix work: the precision's own

@@ -197,3 +197,15 @@ def test_shipped_cpu_measurements_cover_every_kernel() -> None:
     kernels = set().union(*(set(importing.load_measurement_file(p)["kernel"])
                             for p in directory.glob("*.parquet")))
     assert {"gemm", "conv2d", "elementwise", "layernorm", "softmax", "pool", "memcpy"} <= kernels
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared gpu-ops data not at {SHARED}")
+def test_the_eager_call_dispatch_is_the_shared_datas_floor() -> None:
+    """`host.EAGER_CALL_DISPATCH_MS` is read off these rows: the median over their GPUs of the
+    fastest tiny elementwise call, less a tiny kernel's own time."""
+    from gpuplan_estimator.step import host
+
+    raw = pd.read_parquet(SHARED / "elementwise.parquet")
+    tiny = raw[raw["B"] * raw["H"] <= 4096]
+    floor_ms = tiny.groupby("device")["latency_ms"].min().median()
+    assert floor_ms - host.MIN_KERNEL_MS == pytest.approx(host.EAGER_CALL_DISPATCH_MS, abs=5e-4)

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import re
 import ssl
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from gpuplan_estimator.core.paths import FileStamp, file_stamp
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM, WORKLOAD_ID_PATTERN
 from gpuplan_operator.core import benchmarks, errors, gpu_pools, resources
 from gpuplan_operator.core.validation import ATTENTIONS
@@ -30,7 +30,7 @@ CLIENT_HEADER = "X-Gpuplan-Client"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
-_CA_CONTEXTS: dict[str, tuple[tuple[int, int, int], ssl.SSLContext]] = {}
+_CA_CONTEXTS: dict[str, tuple[FileStamp, ssl.SSLContext]] = {}
 """Per CA file: the (mtime_ns, size, inode) it was read at and the context built from it."""
 
 
@@ -42,8 +42,7 @@ def server_check(ca_file: str) -> ssl.SSLContext | bool:
     if not ca_file:
         return True
     try:
-        st = os.stat(ca_file)
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        stamp = file_stamp(ca_file)
         cached = _CA_CONTEXTS.get(ca_file)
         if cached is not None and cached[0] == stamp:
             return cached[1]

@@ -30,3 +30,14 @@ def default_db_url(environ: Mapping[str, str] | None = None) -> str:
     if explicit:
         return explicit
     return f"sqlite:///{data_dir(env) / DB_FILENAME}"
+
+
+FileStamp = tuple[int, int, int]
+"""(st_mtime_ns, st_size, st_ino) of a file, followed through symlinks (a Secret volume swaps
+its `..data` link): a file read again only when this changes is read once per rotation."""
+
+
+def file_stamp(path: str) -> FileStamp:
+    """`path`'s FileStamp; OSError when it cannot be read."""
+    st = os.stat(path)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)

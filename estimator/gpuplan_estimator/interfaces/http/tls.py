@@ -12,22 +12,12 @@ is tried again at the next handshake, logged once per change.
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 from dataclasses import dataclass
 
+from gpuplan_estimator.core.paths import FileStamp, file_stamp
+
 log = logging.getLogger(__name__)
-
-FileStamp = tuple[int, int, int]
-"""(st_mtime_ns, st_size, st_ino) of a file, followed through symlinks (a Secret volume swaps
-its `..data` link)."""
-
-
-def file_stamp(path: str) -> FileStamp:
-    """`path`'s FileStamp; OSError when it cannot be read."""
-    st = os.stat(path)
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
 
 def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     """A server context (TLS 1.2 or later) holding the pair; OSError/SSLError when it does not

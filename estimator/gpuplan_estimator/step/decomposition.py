@@ -28,7 +28,14 @@ from gpuplan_estimator.core.layers import (
     TensorInfo,
 )
 from gpuplan_estimator.core.workload import Phase, WorkItem
-from gpuplan_estimator.step import attention, autocast, backward, frameworks, layout_credits
+from gpuplan_estimator.step import (
+    attention,
+    autocast,
+    backward,
+    frameworks,
+    layout_credits,
+    views,
+)
 
 KernelDims = tuple[str, Mapping[str, int]]
 KernelDimsFn = Callable[[Layer], KernelDims]
@@ -233,6 +240,9 @@ def build_step(
                                                         needs_grad, fused_attention)
     cast_before = _by_layer(casts_forward)
     cast_grads = _by_layer(casts_backward)
+    # PyTorch runs a permute as a view; onnxruntime runs every Transpose as a copy.
+    view_transposes = (frozenset() if settings.framework == options.ONNXRUNTIME
+                       else views.view_transposes(graph, fused_attention))
     for layer in graph.layers:
         forward.extend(cast_before.get(layer.name, ()))
         backward_items.extend(cast_grads.get(layer.name, ()))
@@ -248,7 +258,9 @@ def build_step(
             else:
                 forward.append(unit_item(layer, unit_kernel, settings))
             continue  # overrides exist for inference only (checked by `settings.check`)
-        item = forward_item(layer, dims_of(layer), settings, dtypes=dtypes)
+        kernel_and_dims = ((FREE_KERNEL, {}) if layer.name in view_transposes
+                           else dims_of(layer))
+        item = forward_item(layer, kernel_and_dims, settings, dtypes=dtypes)
         scores_shape = fused_attention.scores_shape.get(layer.name)
         if scores_shape is not None:
             item = attention.without_scores_traffic(item, *scores_shape)

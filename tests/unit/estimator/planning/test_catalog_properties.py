@@ -160,8 +160,9 @@ def test_tf32_changes_the_estimate_on_ampere_and_later(which: str) -> None:
                               predictor=predictor)
     tf32 = estimates.estimate(g, specs, TrainingSettings(batch_size=1, mode="train",
                                                          precision="tf32"), predictor=predictor)
+    # The kernels get faster; at batch 1 the step may be the host's either way.
     for a, b in zip(fp32, tf32, strict=True):
-        assert b.step_time_ms < a.step_time_ms, a.device
+        assert b.gpu_busy_ms < a.gpu_busy_ms and b.step_time_ms <= a.step_time_ms, a.device
 
 
 @pytest.mark.parametrize(("key", "precision"), [

@@ -110,7 +110,9 @@ def test_attention_bmm_computes_both_operand_gradients() -> None:
     # Projections of a graph input: weight gradient only, batch folded into the contraction.
     assert [(i.role, dict(i.dims)["k"]) for i in by_layer(step.backward, "q")] == [
         ("wgrad", 8 * 128)]
-    assert [i.kernel for i in by_layer(step.backward, "kt")] == ["memcpy"]
+    # Kᵀ is a view in eager PyTorch (the GEMM reads it through cuBLAS's transpose flag), and so
+    # is its gradient: no copy either way (`step.views`).
+    assert by_layer(step.backward, "kt") == [] and "kt" in step.shape_only
 
 
 def test_conv_dgrad_swaps_channels_on_output_grid_with_forward_flops() -> None:

@@ -150,8 +150,9 @@ def _permute(layer: Layer, strided: dict[str, View]) -> None:
 
 def _reads_strided(layer: Layer, shape: Sequence[int], strides: Sequence[int],
                    fused: FusedAttention) -> bool:
-    if layer.family in STRIDED_FAMILIES or layer.op_type in CLONE_OPS:
-        return True
+    if (layer.family in STRIDED_FAMILIES or layer.family is OpFamily.SHAPE_ONLY
+            or layer.op_type in CLONE_OPS):
+        return True  # a Shape, Size (metadata) reads no elements at all
     if layer.name in fused.members:  # one kernel reading 4-D Q, K, V by their strides
         return len(strides) < 2 or 1 in strides[-2:]
     if layer.family is OpFamily.MATMUL:

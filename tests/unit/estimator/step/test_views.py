@@ -59,6 +59,7 @@ def attention_block() -> ModelGraph:
               attrs={"perm": [1, 0, 2]}),
         layer("residual", "Add", [t("o", B, S, H * D), t("xTT", B, S, H * D)],
               [t("y", B, S, H * D)]),
+        layer("shape_of_xT", "Shape", [t("xT", S, B, H * D)], [t("xs", 3, dtype="int64")]),
     ]
     return ModelGraph("block", tuple(ls), (), {}, 17)
 

@@ -2,13 +2,16 @@
 
     gpuplan eval host-check \\
         --steps docs/gpu-steps/2026-11-27-h200b/steps.jsonl \\
+        --event-steps docs/gpu-steps/2026-11-27-h200/steps.jsonl \\
         --probe docs/gpu-steps/2026-11-27-h200b/host-probe.json [--json host-model.json]
 
 For every measured case (`model_steps` rows with host times), the estimator's own work items of
 that case (`model_step_scoring.case_graph`, the attention it ran) give the host regressors of
 `training.host_fit`; the coefficients are fitted leave-one-model-out and each model's host
-time is predicted by the fold that never saw it. `--json` writes the all-rows fit with its
-held-out spread and the probe, the object a bundle's manifest holds (`step.host`).
+time is predicted by the fold that never saw it. A run without host clocks (`--event-steps`)
+adds its host-bound phases, their event times standing for the host's (`event_host_row`).
+`--json` writes the all-rows fit with its held-out spread and the probe, the object a bundle's
+manifest holds (`step.host`).
 """
 
 from __future__ import annotations

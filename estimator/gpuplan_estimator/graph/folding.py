@@ -111,7 +111,9 @@ def _fold_once(model: onnx.ModelProto, folded: set[str]) -> bool:
     opset = _default_opset(model)
     values = _known_values(graph)
     shapes = _known_shapes(graph)
-    types = _known_types(graph)
+    # Element types matter to CastLike alone; most graphs have none, and this runs per round.
+    types = (_known_types(graph) if any(node.op_type == "CastLike" for node in graph.node)
+             else {})
     changed = False
     rewritten: list[onnx.NodeProto] = []
     for node in graph.node:
@@ -130,8 +132,7 @@ def _fold_once(model: onnx.ModelProto, folded: set[str]) -> bool:
 
 def _fold_node(node: onnx.NodeProto, values: dict[str, np.ndarray],
                shapes: Mapping[str, tuple[int, ...]],
-               opset: int, types: Mapping[str, int] | None = None,
-               ) -> list[onnx.NodeProto] | None:
+               opset: int, types: Mapping[str, int]) -> list[onnx.NodeProto] | None:
     """Nodes to put in `node`'s place (Constants, or an inlined branch), or None to keep it."""
     if node.domain not in ("", "ai.onnx") or not node.output or not unrolling.text_names(node):
         return None
@@ -142,7 +143,7 @@ def _fold_node(node: onnx.NodeProto, values: dict[str, np.ndarray],
     if node.op_type in ("Shape", "Size"):
         outputs = _shape_of(node, shapes)
     elif node.op_type == "CastLike":
-        outputs = _cast_like(node, values, types or {})
+        outputs = _cast_like(node, values, types)
     elif node.op_type in FOLDABLE_OPS:
         outputs = _evaluate(node, values, opset)
     else:

@@ -25,12 +25,14 @@ def _price_fused_io(items: Sequence[WorkItem], device: DeviceSpec,
     roofline at the same efficiency (`roofline.fused_io_factors`), in place. Rows the fallback
     priced are its own business (the roofline applies it itself)."""
     idx, factor = roofline.fused_io_factors(items, device)
-    learned = np.array([names[i].startswith("lightgbm:") for i in idx], dtype=bool)
+    learned = np.array([names[i].startswith(LABEL_PREFIX) for i in idx], dtype=bool)
     for values in parts:
         values[idx[learned]] *= factor[learned]
 
 
-ONE_WAVE_LABEL = "lightgbm:gemm:transfer:one-wave"
+LABEL_PREFIX = "lightgbm:"
+"""`LatencyPrediction.predictor` labels of rows a bundle's models priced begin with this."""
+ONE_WAVE_LABEL = f"{LABEL_PREFIX}gemm:transfer:one-wave"
 """`LatencyPrediction.predictor` of a sub-wave GEMM priced as one wave (`_price_sub_wave`)."""
 
 
@@ -123,7 +125,7 @@ class LearnedPredictor:
                           features.bounded_log_ratio(group.kernel, v[rows], choice.transfer_kind)
                           for k, v in q.items()}
                 med, lo, hi = _scaled(ratios, base, choice.correction)
-                tags = np.full(len(base), f"lightgbm:{group.kernel}{choice.tag}", dtype=object)
+                tags = np.full(len(base), f"{LABEL_PREFIX}{group.kernel}{choice.tag}", dtype=object)
                 if choice.tag == ":transfer" and group.kernel == "gemm":
                     self._price_sub_wave(group.unique, devices[i], codes[i], (med, lo, hi),
                                          tags)

@@ -24,7 +24,7 @@ from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor, predict_on_each
 from gpuplan_estimator.devices import catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.latency import basis
+from gpuplan_estimator.latency import basis, learned
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import (
@@ -196,10 +196,8 @@ def stream_busy_ms(graph: ModelGraph, device: DeviceSpec, settings: TrainingSett
     if not plan.unique:
         return 0.0, 0.0, 0.0
     (pred,) = predict_on_each(predictor, plan.unique, [device])
-    learned = np.array([label.startswith(LEARNED_PREFIX) for label in pred.predictor],
-                       dtype=bool)
-    per_run = host.on_stream(np.asarray(pred.median_ms, dtype=np.float64), learned,
-                             kernel_timing(predictor, device))
+    (per_run,) = _on_stream(predictor, device, pred.predictor,
+                            np.asarray(pred.median_ms, dtype=np.float64))
     by_phase = np.bincount(plan.phase, weights=per_run[plan.unique_index] * plan.counts,
                            minlength=3)
     return float(by_phase[0]), float(by_phase[1]), float(by_phase[2])
@@ -214,7 +212,7 @@ def model_flops_per_step(graph: ModelGraph, settings: TrainingSettings) -> float
 
 def _with_economics(r: DeviceStepEstimate, graph: ModelGraph, device: DeviceSpec,
                     settings: TrainingSettings, predictor: LatencyPredictor,
-                    items: Sequence[WorkItem] = ()) -> DeviceStepEstimate:
+                    items: Sequence[WorkItem]) -> DeviceStepEstimate:
     """`r` with what decisions need beyond time: basis, throughput units, FLOPs, peak, price.
     The peak is that of the math the step's matrix FLOPs run in (`roofline.
     matrix_peak_flops_per_s`): PyTorch's default fp32 runs convolutions on TF32 tensor cores,
@@ -305,9 +303,7 @@ def _price(
     if len(labels_u) != n:
         raise ValueError(f"predictor {predictor.name!r} returned {len(labels_u)} labels for {n}")
     if _on_two_clocks(device, hosts):  # the host model prices each call's dispatch
-        learned = np.array([label.startswith(LEARNED_PREFIX) for label in labels_u], dtype=bool)
-        timing = kernel_timing(predictor, device)
-        med_u, p10_u, p90_u = (host.on_stream(v, learned, timing) for v in (med_u, p10_u, p90_u))
+        med_u, p10_u, p90_u = _on_stream(predictor, device, labels_u, med_u, p10_u, p90_u)
     med = med_u[plan.unique_index] * plan.counts
     p10 = p10_u[plan.unique_index] * plan.counts
     p90 = p90_u[plan.unique_index] * plan.counts
@@ -474,8 +470,13 @@ def _on_two_clocks(device: DeviceSpec, hosts: _HostCosts | None) -> bool:
     return hosts is not None and device.vendor != "cpu"
 
 
-LEARNED_PREFIX = "lightgbm:"
-"""`LatencyPrediction.predictor` labels of rows a bundle's models priced."""
+def _on_stream(predictor: LatencyPredictor, device: DeviceSpec, labels: Sequence[str],
+               *latencies_ms: npt.NDArray[np.float64]) -> list[npt.NDArray[np.float64]]:
+    """Each per-row latency array as `device`'s stream spends it (`host.on_stream`): rows a
+    bundle model priced (`labels`) less the dispatch their timing held."""
+    priced = np.array([label.startswith(learned.LABEL_PREFIX) for label in labels], dtype=bool)
+    timing = kernel_timing(predictor, device)
+    return [host.on_stream(values, priced, timing) for values in latencies_ms]
 
 
 def kernel_timing(predictor: LatencyPredictor, device: DeviceSpec) -> str:
@@ -530,7 +531,7 @@ def _on_host(r: DeviceStepEstimate, plan: _Plan, med: npt.NDArray[np.float64], d
     """`r` priced on two clocks: phase times as events read them, its interval moved with
     them (the kernels' relative spread, and the host's at the same quantiles)."""
     busy = r.forward_ms + r.backward_ms + r.optimizer_ms
-    if hosts is None or not _on_two_clocks(device, hosts) or not len(plan.phase):
+    if hosts is None or device.vendor == "cpu" or not len(plan.phase):
         return dataclasses.replace(r, gpu_busy_ms=busy)
     latency_ms = hosts.model.probe.launch_latency_us / 1000.0
     mid = host.timeline(med, hosts.row_us, plan.phase, latency_ms)

@@ -96,11 +96,12 @@ class _Tensors:
                                    dtype=self.torch.float32)
         return self.torch.from_numpy(self.rng.random(shape, dtype=np.float32))
 
-    def new(self, shape: Sequence[int], positive: bool = False) -> Any:
+    def new(self, shape: Sequence[int], positive: bool = False, dtype: Any = None) -> Any:
+        """A random leaf of `shape`, in the unit's dtype unless `dtype` names another."""
         values = self._uniform(tuple(shape))
         # Keep pow/div/sqrt away from 0 and negatives so no NaN/inf slow paths are timed.
         values = values + 0.5 if positive else values * 2.0 - 1.0
-        tensor = values.to(device=self.device, dtype=self.dtype)
+        tensor = values.to(device=self.device, dtype=self.dtype if dtype is None else dtype)
         tensor.requires_grad_(True)
         self.leaves.append(tensor)
         return tensor
@@ -162,11 +163,14 @@ def _layernorm(torch: Any, t: _Tensors, _op: str, d: Mapping[str, int]) -> Calla
 
 def _batchnorm(torch: Any, t: _Tensors, _op: str, d: Mapping[str, int]) -> Callable[[], Any]:
     # Training mode, as in the step the torch rows price: batch statistics, running stats
-    # updated. rows are the channels, cols the N*H*W positions (see the ONNX unit).
+    # updated. rows are the channels, cols the N*H*W positions (see the ONNX unit). Parameters
+    # and running stats stay fp32 whatever the input's dtype, as under autocast (batch norm
+    # is on none of its lists): a half input with half parameters takes a slower kernel that
+    # no autocast step runs.
     x = t.new((1, d["rows"], d["cols"], 1))
-    scale, bias = t.new((d["rows"],)), t.new((d["rows"],))
-    mean = torch.zeros(d["rows"], dtype=t.dtype, device=t.device)
-    var = torch.ones(d["rows"], dtype=t.dtype, device=t.device)
+    scale, bias = (t.new((d["rows"],), dtype=torch.float32) for _ in range(2))
+    mean = torch.zeros(d["rows"], dtype=torch.float32, device=t.device)
+    var = torch.ones(d["rows"], dtype=torch.float32, device=t.device)
     return lambda: torch.nn.functional.batch_norm(x, mean, var, scale, bias, training=True)
 
 

@@ -84,13 +84,20 @@ addmm, baddbmm, linear, conv*, scaled_dot_product_attention): their float inputs
 
 AUTOCAST_FP32_OPS = frozenset({
     "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization",
-    "SimplifiedLayerNormalization", "RMSNormalization", "ReduceSum", "ReduceMean",
-    "ReduceLogSumExp", "ReduceProd", "ReduceL2", "CumSum", "Pow", "Exp", "Log", "Sqrt",
-    "Reciprocal", "Softplus", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
+    "SimplifiedLayerNormalization", "RMSNormalization", "ReduceSum", "ReduceLogSumExp",
+    "ReduceProd", "ReduceL2", "CumSum", "Pow", "Exp", "Log", "Sqrt", "Reciprocal", "Softplus",
+    "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
 """ONNX op types autocast runs in fp32 (PyTorch's fp32 list: softmax, log_softmax, layer_norm,
-group_norm, norms, sum, prod, cumsum, logsumexp, pow, exp, log, rsqrt, reciprocal, softplus,
-the losses): their half inputs are cast up and their outputs are fp32. Every other op runs in
-the widest float dtype of its inputs."""
+group_norm, norms, sum, prod, cumsum, logsumexp, pow, exp, log, rsqrt (exported as
+Reciprocal(Sqrt)), reciprocal, softplus, the losses): their half inputs are cast up and their
+outputs are fp32. `mean`, `erf` and `gelu` are not on it: they run in their input's dtype."""
+
+AUTOCAST_INPUT_DTYPE_OPS = frozenset({"BatchNormalization", "InstanceNormalization"})
+"""ONNX op types that run in their data input's dtype whatever their parameters': PyTorch's
+batch norm (instance norm runs through it) takes a half input with fp32 weight, bias and
+running statistics and returns the input's dtype, so a CNN's conv → batch norm → ReLU chain
+stays half under autocast. Every op on none of the three lists runs in the widest float dtype
+of its operands."""
 
 
 def precision(name: str) -> Precision:

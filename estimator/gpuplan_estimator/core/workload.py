@@ -24,7 +24,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuplan_estimator.core.layers import OpFamily
+from gpuplan_estimator.core.layers import OpFamily, TensorInfo
 
 FUSED_IO_BYTES = "fused_io_bytes"
 """`WorkItem.attributes` key: the bytes the item moves when it runs inside a fused kernel that
@@ -56,3 +56,13 @@ class WorkItem:
     count: int = 1
     role: str = ""  # e.g. "dgrad", "wgrad", "fwd", "adam_update"
     attributes: Mapping[str, int | float | str] = field(default_factory=dict)
+
+
+GRADIENT_OP_SUFFIX = "_grad"
+"""An elementwise gradient item's op is its forward op's with this suffix ("relu_grad")."""
+
+
+def elementwise_dims(out: TensorInfo, operands: int) -> dict[str, int]:
+    """Rows and last-axis columns of `out`, as an elementwise kernel over it sees them."""
+    cols = out.shape[-1] if out.shape else 1
+    return {"rows": out.elements // max(cols, 1), "cols": cols, "operands": operands}

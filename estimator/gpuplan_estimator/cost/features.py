@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from gpuplan_estimator.core import errors, kernels
 from gpuplan_estimator.core.layers import DTYPE_BYTES
-from gpuplan_estimator.core.workload import WorkItem
+from gpuplan_estimator.core.workload import GRADIENT_OP_SUFFIX, WorkItem
 from gpuplan_estimator.cost import roofline, tiling
 from gpuplan_estimator.devices.catalog import DeviceSpec
 
@@ -39,10 +39,18 @@ ELEMENTWISE_OPS: tuple[str, ...] = (
 # Tensor-scalar variants of the shared gpu-ops data (addu = X + r) share the op's code; the
 # `operands` dim tells them apart.
 # A Concat (`opcost`: one contiguous copy) reads and writes each element once like Relu.
+# The optimizer's fused arithmetic (`decomposition.OPTIMIZER_PASSES`) and a reduction's
+# broadcast gradient ("expand") take the code of the arithmetic they do; their `operands` carry
+# the extra reads. A gradient ("relu_grad") takes its op's code: it redoes the op's math on dY
+# and the saved input. None of them falls to "other": codes are ordinal, "other" sits beside
+# "lrn", and on a GPU whose rows hold LRN's windowed kernel the trees would price them alike.
 _OP_ALIASES = {"addu": "add", "subu": "sub", "mulu": "mul", "divu": "div", "powu": "pow",
-               "LRN": "lrn", "Concat": "relu"}
-_OP_CODE = {op: float(i) for i, op in enumerate(ELEMENTWISE_OPS)} | {
+               "LRN": "lrn", "Concat": "relu", "lerp": "add", "addcmul": "mul",
+               "addcdiv": "div", "expand": "relu"}
+_OP_BASE_CODE = {op: float(i) for i, op in enumerate(ELEMENTWISE_OPS)} | {
     alias: float(ELEMENTWISE_OPS.index(op)) for alias, op in _OP_ALIASES.items()}
+_OP_CODE = _OP_BASE_CODE | {
+    f"{op}{GRADIENT_OP_SUFFIX}": code for op, code in _OP_BASE_CODE.items() if op != "other"}
 # Pooling: onnxruntime's CPU AveragePool runs 30-100x slower per element than MaxPool (CPU rows
 # of data/cpu-measurements), so the op must be a feature. Bench names and ONNX op types share codes.
 _POOL_OP_CODE = {"maxpool": 0.0, "MaxPool": 0.0, "GlobalMaxPool": 0.0, "avgpool": 1.0,

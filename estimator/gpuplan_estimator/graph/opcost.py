@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuplan_estimator.core import errors, kernels
 from gpuplan_estimator.core.layers import Layer, OpFamily, TensorInfo
+from gpuplan_estimator.core.workload import elementwise_dims
 from gpuplan_estimator.graph.contrib import ATTENTION_OPS
 
 _F = OpFamily
@@ -362,21 +363,15 @@ def kernel_dims(layer: Layer) -> tuple[str, dict[str, int]]:
         return "reduce", _reduce_dims(layer)
     if family is _F.ELEMENTWISE:
         out = layer.outputs[0]
-        return "elementwise", _elementwise_dims(out, full_size_operands(layer.inputs, out))
+        return "elementwise", elementwise_dims(out, full_size_operands(layer.inputs, out))
     if layer.op_type in ("Concat", "ConcatFromSequence") and layer.outputs:
         # Concat copies each input once into its slice of the output, in contiguous runs
         # (torch.cat and onnxruntime alike): one read and one write per element, like a Relu,
         # not the transpose-shaped memcpy benchmark, 3x slower for the same bytes (SqueezeNet
         # at batch 8 with onnxruntime: 8.5 ms predicted from memcpy, 2.8 ms measured;
         # DenseNet-121's SGD step at batch 8 in PyTorch: 263 ms for its Concats, 21 ms profiled).
-        return "elementwise", _elementwise_dims(layer.outputs[0], 1)
+        return "elementwise", elementwise_dims(layer.outputs[0], 1)
     return "memcpy", {"elements": sum(t.elements for t in layer.outputs)}
-
-
-def _elementwise_dims(out: TensorInfo, operands: int) -> dict[str, int]:
-    """Rows and last-axis columns of `out`, as an elementwise kernel over it sees them."""
-    cols = out.shape[-1] if out.shape else 1
-    return {"rows": out.elements // max(cols, 1), "cols": cols, "operands": operands}
 
 
 def full_size_operands(inputs: Sequence[TensorInfo], out: TensorInfo) -> int:
@@ -478,7 +473,7 @@ def _norm_dims(layer: Layer) -> tuple[str, dict[str, int]]:
         rows = x.shape[0] * groups
         return "layernorm", {"rows": rows, "cols": x.elements // rows}
     if layer.op_type == "LRN":
-        return "elementwise", _elementwise_dims(x, int(layer.attributes.get("size", 1)))
+        return "elementwise", elementwise_dims(x, int(layer.attributes.get("size", 1)))
     axis = int(layer.attributes.get("axis", len(x.shape) - 1))
     cols = math.prod(x.shape[axis:])
     return "layernorm", {"rows": x.elements // max(cols, 1), "cols": cols}

@@ -7,6 +7,9 @@ Under `torch.autocast(bfloat16)` (or float16) over fp32 weights:
   weight is cast once per forward; an activation is cast at each use.
 - Softmax, norms, reductions, pow/exp/log and the losses (`precisions.AUTOCAST_FP32_OPS`) run
   in fp32: a half operand is cast up, and the output is fp32.
+- Batch norm runs in its data input's dtype (`precisions.AUTOCAST_INPUT_DTYPE_OPS`): its fp32
+  weight, bias and running statistics do not promote, so conv → batch norm → ReLU stays half.
+- A linear's bias Add (`eager.linear_biases`) is inside its GEMM: the sum is half.
 - Everything else runs in the widest float dtype of its operands (0-dim and one-element
   operands do not promote, as in PyTorch), so a transformer's residual stream, fed by fp32
   embeddings and LayerNorm outputs, stays fp32 while its GEMM outputs are half.
@@ -30,7 +33,8 @@ from gpuplan_estimator.core.layers import (
     OpFamily,
     TensorInfo,
 )
-from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.core.workload import Phase, WorkItem, elementwise_dims
+from gpuplan_estimator.step import eager
 from gpuplan_estimator.step.attention import EAGER, FusedAttention
 
 CAST_OP = "cast"
@@ -44,9 +48,11 @@ def tensor_dtypes(graph: ModelGraph, precision: str) -> Mapping[str, str]:
     if not entry.autocast:
         return MappingProxyType({})
     half = entry.compute_dtype
+    biases = eager.linear_biases(graph.layers, eager.parameter_sizes(graph))
     dtypes: dict[str, str] = {}
     for layer in graph.layers:
-        out = _output_dtype(layer, dtypes, half)
+        out = (dtypes.get(biases[layer.name], half) if layer.name in biases
+               else _output_dtype(layer, dtypes, half))
         if out is None:
             continue
         for t in layer.outputs:
@@ -60,6 +66,9 @@ def _output_dtype(layer: Layer, dtypes: Mapping[str, str], half: str) -> str | N
         return half
     if layer.op_type in precisions.AUTOCAST_FP32_OPS:
         return FP32
+    if layer.op_type in precisions.AUTOCAST_INPUT_DTYPE_OPS and layer.inputs \
+            and layer.inputs[0].dtype in FLOAT_DTYPES:
+        return dtype_of(layer.inputs[0], dtypes)
     operands = [dtype_of(t, dtypes) for t in layer.inputs
                 if t.dtype in FLOAT_DTYPES and t.elements > 1]
     if not operands:
@@ -113,11 +122,9 @@ def cast_items(graph: ModelGraph, precision: str, dtypes: Mapping[str, str],
 
 def _cast(layer: Layer, tensor: TensorInfo, source: str, target: str, phase: Phase
           ) -> WorkItem:
-    cols = tensor.shape[-1] if tensor.shape else 1
     return WorkItem(
         layer=layer.name, family=OpFamily.ELEMENTWISE, kernel="elementwise", phase=phase,
-        dims=MappingProxyType({"rows": tensor.elements // max(cols, 1), "cols": cols,
-                               "operands": 1}),
+        dims=MappingProxyType(elementwise_dims(tensor, 1)),
         dtype=target, flops=0,
         bytes_moved=tensor.elements * (DTYPE_BYTES[source] + DTYPE_BYTES[target]),
         op=CAST_OP, role="autocast_cast" if phase is Phase.FORWARD else "autocast_cast_grad")

@@ -34,7 +34,8 @@ from types import MappingProxyType
 
 from gpuplan_estimator.core import precisions
 from gpuplan_estimator.core.layers import DTYPE_BYTES, Layer, OpFamily
-from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.core.workload import GRADIENT_OP_SUFFIX, Phase, WorkItem
+from gpuplan_estimator.step import eager
 
 PASS_THROUGH_OPS = frozenset({"Add", "Sum"})
 VIEW_GRADIENT_OPS = frozenset({"Concat"})
@@ -211,8 +212,8 @@ def _elementwise(
 ) -> list[WorkItem]:
     if layer.op_type in VIEW_GRADIENT_OPS:
         return []
-    if layer.op_type in WINDOW_OPS:
-        return _same_as_forward(layer, fwd, grads, precision)
+    if layer.op_type in WINDOW_OPS or layer.op_type in eager.CLONE_OPS:
+        return _same_as_forward(layer, fwd, grads, precision)  # LRN again; a clone's copy
     rows, cols = _elementwise_shape(fwd, layer)
     out_elements = rows * cols
     items: list[WorkItem] = []
@@ -229,7 +230,7 @@ def _elementwise(
             items.append(_item(fwd, "elementwise",
                                {"rows": rows, "cols": cols,
                                 "operands": _dgrad_operands(layer, i, out_elements)},
-                               "dgrad", precision, op=f"{fwd.op}_grad"))
+                               "dgrad", precision, op=f"{fwd.op}{GRADIENT_OP_SUFFIX}"))
         if 0 < tensor.elements < out_elements:  # broadcast input: its gradient is summed
             items.append(_item(fwd, "reduce", {"rows": tensor.elements,
                                                "cols": out_elements // tensor.elements},

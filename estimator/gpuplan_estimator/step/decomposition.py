@@ -27,11 +27,12 @@ from gpuplan_estimator.core.layers import (
     OpFamily,
     TensorInfo,
 )
-from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.core.workload import Phase, WorkItem, elementwise_dims
 from gpuplan_estimator.step import (
     attention,
     autocast,
     backward,
+    eager,
     frameworks,
     layout_credits,
     views,
@@ -241,8 +242,16 @@ def build_step(
     cast_before = _by_layer(casts_forward)
     cast_grads = _by_layer(casts_backward)
     # PyTorch runs a permute as a view; onnxruntime runs every Transpose as a copy.
-    view_transposes = (frozenset() if settings.framework == options.ONNXRUNTIME
-                       else views.view_transposes(graph, fused_attention))
+    in_eager = settings.framework != options.ONNXRUNTIME
+    view_transposes = (views.view_transposes(graph, fused_attention) if in_eager
+                       else frozenset())
+    params = eager.parameter_sizes(graph)
+    # Bias Adds inside their linear's GEMM and selects (views): no forward kernel of their
+    # own in eager PyTorch, but their backward (the bias gradient's sum, select's scatter).
+    no_forward_kernel = frozenset(
+        {*eager.linear_biases(graph.layers, params),
+         *(la.name for la in graph.layers if eager.is_select(la, params))}
+        if in_eager else ())
     for layer in graph.layers:
         forward.extend(cast_before.get(layer.name, ()))
         backward_items.extend(cast_grads.get(layer.name, ()))
@@ -261,16 +270,26 @@ def build_step(
         kernel_and_dims = ((FREE_KERNEL, {}) if layer.name in view_transposes
                            else dims_of(layer))
         item = forward_item(layer, kernel_and_dims, settings, dtypes=dtypes)
+        if not settings.training:
+            item = eval_mode_item(layer, item)
+        if in_eager and layer.op_type in eager.CLONE_OPS:
+            item = copy_pass_item(layer, item)
         scores_shape = fused_attention.scores_shape.get(layer.name)
         if scores_shape is not None:
             item = attention.without_scores_traffic(item, *scores_shape)
         if layer.name in credits:
             item = replace(item, attributes=MappingProxyType(
                 {**item.attributes, layout_credits.LAYOUT_CREDIT: credits[layer.name]}))
-        forward.append(item)
         if item.kernel == FREE_KERNEL:
+            forward.append(item)
             shape_only.append(layer.name)
             continue
+        if layer.name in no_forward_kernel:
+            role = "fused" if layer.op_type == "Add" else "shape_only"
+            forward.append(forward_item(layer, (FREE_KERNEL, {}), settings, role=role))
+            (fused if role == "fused" else shape_only).append(layer.name)
+        else:
+            forward.append(item)
         if not settings.training:
             continue
         grads = tuple(t.name in needs_grad for t in layer.inputs)
@@ -340,6 +359,27 @@ def forward_item(
         role="fwd",
         attributes=backward.math_attributes(kernel, settings.precision),
     )
+
+
+def eval_mode_item(layer: Layer, item: WorkItem) -> WorkItem:
+    """`item` as `model.eval()` runs it. A batch norm then normalises with its running
+    statistics: no reduction over the batch, one per-channel affine pass (cuDNN's inference
+    kernel), where the training kernel reads its input twice (statistics, then normalise)."""
+    if layer.op_type != "BatchNormalization" or item.kernel != "batchnorm":
+        return item
+    out = layer.outputs[0]
+    return replace(item, family=OpFamily.ELEMENTWISE, kernel="elementwise",
+                   dims=MappingProxyType(elementwise_dims(out, 1)), op=eager.COPY_PASS_OP,
+                   flops=2 * out.elements)
+
+
+def copy_pass_item(layer: Layer, item: WorkItem) -> WorkItem:
+    """A clone as eager PyTorch runs it: one elementwise copy (TensorIterator reads any
+    strides), not a transpose-shaped memcpy."""
+    out = layer.outputs[0]
+    return replace(item, family=OpFamily.ELEMENTWISE, kernel="elementwise",
+                   dims=MappingProxyType(elementwise_dims(out, 1)), op=eager.COPY_PASS_OP,
+                   flops=0)
 
 
 def unit_item(

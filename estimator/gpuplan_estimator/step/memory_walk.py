@@ -38,7 +38,12 @@ from typing import overload
 
 from gpuplan_estimator.core import options
 from gpuplan_estimator.core.layers import DTYPE_BYTES, FLOAT_DTYPES, Layer, ModelGraph, OpFamily
-from gpuplan_estimator.step import attention, saved
+from gpuplan_estimator.core.precisions import (
+    AUTOCAST_FP32_OPS,
+    AUTOCAST_INPUT_DTYPE_OPS,
+    AUTOCAST_LOWER_OPS,
+)
+from gpuplan_estimator.step import attention, eager, saved
 
 # c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize = 512, every request is rounded up to a
 # multiple of it and the stat `allocated_bytes` counts the rounded block.
@@ -48,15 +53,6 @@ FP32_BYTES = 4
 # Identity is not one: dynamo exports write `aten.clone` (`.contiguous()`) as Identity, a copy.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Split",
                       "Slice", "Expand", "Dropout"})
-# torch.autocast (aten/src/ATen/autocast_mode.cpp, CUDA): ops run in the lower precision...
-AUTOCAST_LOWER_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
-# ...and ops run in fp32 whatever their inputs (the fp32 and fp32_set_opt_dtype lists).
-AUTOCAST_FP32_OPS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization",
-                               "GroupNormalization", "SimplifiedLayerNormalization",
-                               "RMSNormalization", "Pow", "Exp", "Log", "Reciprocal", "Sqrt",
-                               "ReduceSum", "ReduceL2", "CumSum", "Erf"})
-# Normalizations that compute in their data input's dtype with fp32 affine parameters.
-_INPUT_DTYPE_OPS = frozenset({"BatchNormalization", "InstanceNormalization"})
 # Full-size temporaries of one optimizer step's foreach path, in fp32 words per parameter:
 # torch/optim/adam.py and adamw.py `_multi_tensor_*`: `exp_avg_sq_sqrt = _foreach_sqrt(...)`;
 # adagrad `std = _foreach_sqrt(state_sums)`; rmsprop `avg = _foreach_sqrt(square_avg)`; sgd
@@ -128,13 +124,13 @@ class _Walk:
     def __init__(self, graph: ModelGraph, settings: WalkSettings,
                  fused: attention.FusedAttention) -> None:
         self.graph, self.s, self.fused = graph, settings, fused
-        self.params = _parameters(graph)
+        self.params = eager.parameter_sizes(graph)
         self.layers = [la for la in graph.layers if not _makes_parameter(la, self.params)]
         self.needs_grad = _needs_grad(self.layers, self.params) if settings.training \
             else frozenset()
         # MatMul + Add(bias) as a dynamo export writes torch's linear: one op, one output.
-        self.biased = _linear_biases(self.layers, self.params)
-        self.width = _run_widths(self.layers, self.params, settings.half_bytes,
+        self.biased = eager.linear_biases(self.layers, self.params)
+        self.width = run_widths(self.layers, self.params, settings.half_bytes,
                                  frozenset(self.biased))
         self.storage = _storages(self.layers, self.params)  # tensor -> the storage it views
         self.tensors = {t.name: t for la in self.layers for t in (*la.inputs, *la.outputs)}
@@ -434,18 +430,6 @@ class _SummedBytes(dict[str, int]):
         raise TypeError("_SummedBytes is changed one key at a time (its total would drift)")
 
 
-def _parameters(graph: ModelGraph) -> dict[str, int]:
-    """Parameter name -> elements. A layer may name a parameter it reads through a view (a
-    dynamo export's MatMul reads Transpose(weight)), so sizes come from wherever the name is."""
-    names = {n for la in graph.layers for n in la.parameter_inputs}
-    params: dict[str, int] = {}
-    for la in graph.layers:
-        for t in (*la.inputs, *la.outputs):
-            if t.name in names:
-                params[t.name] = t.elements
-    return params
-
-
 def _makes_parameter(la: Layer, params: Mapping[str, int]) -> bool:
     return bool(la.outputs) and all(t.name in params for t in la.outputs)
 
@@ -455,9 +439,8 @@ def _is_view(la: Layer, params: Mapping[str, int]) -> bool:
         return False
     if la.op_type in VIEW_OPS:
         return True
-    if la.op_type == "Gather" and la.inputs[0].name not in params and len(la.inputs) > 1 \
-            and not la.inputs[1].shape:
-        return True  # x[i] with one index (torch's select) views x; an embedding copies
+    if eager.is_select(la, params):
+        return True
     if la.op_type == "CastLike":
         return la.outputs[0].dtype == la.inputs[0].dtype
     return la.family is OpFamily.SHAPE_ONLY and la.inputs[0].dtype == la.outputs[0].dtype \
@@ -499,27 +482,7 @@ def _graph_outputs(layers: list[Layer]) -> list[str]:
             if t.name not in read and t.dtype in FLOAT_DTYPES and t.shape]
 
 
-def _linear_biases(layers: list[Layer], params: Mapping[str, int]) -> dict[str, str]:
-    """Add layer -> the MatMul/Gemm output it adds a parameter bias to, when that Add is the
-    product's only reader: torch's linear (addmm) makes the sum in place of the product."""
-    readers: dict[str, int] = {}
-    for la in layers:
-        for t in la.inputs:
-            readers[t.name] = readers.get(t.name, 0) + 1
-    made_by = {t.name: la.op_type for la in layers for t in la.outputs}
-    out: dict[str, str] = {}
-    for la in layers:
-        if la.op_type != "Add" or len(la.inputs) != 2:
-            continue
-        a, b = la.inputs
-        for product, bias in ((a, b), (b, a)):
-            if bias.name in params and made_by.get(product.name) in ("MatMul", "Gemm") \
-                    and readers.get(product.name) == 1:
-                out[la.name] = product.name
-    return out
-
-
-def _run_widths(layers: Iterable[Layer], params: Mapping[str, int], half: int,
+def run_widths(layers: Iterable[Layer], params: Mapping[str, int], half: int,
                 biases: frozenset[str] = frozenset()) -> dict[str, int]:
     """Bytes per element of every float tensor as the step runs (autocast's dtype flow)."""
     width: dict[str, int] = {}
@@ -536,7 +499,7 @@ def _run_widths(layers: Iterable[Layer], params: Mapping[str, int], half: int,
             out = half
         elif la.op_type in AUTOCAST_FP32_OPS:
             out = FP32_BYTES
-        elif la.op_type in _INPUT_DTYPE_OPS and floats:
+        elif la.op_type in AUTOCAST_INPUT_DTYPE_OPS and floats:
             out = w(floats[0].name, floats[0].dtype)
         elif floats:
             out = max(w(t.name, t.dtype) for t in floats)

@@ -30,6 +30,7 @@ import math
 from collections.abc import Sequence
 
 from gpuplan_estimator.core.layers import Layer, ModelGraph, OpFamily
+from gpuplan_estimator.step import eager
 from gpuplan_estimator.step.attention import FusedAttention
 
 Strides = tuple[int, ...]
@@ -39,8 +40,6 @@ RESHAPING_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 """Ops that make a view when the strides allow the new shape (`view_strides`), else a copy."""
 STRIDED_FAMILIES = frozenset({OpFamily.ELEMENTWISE})
 """Layer families whose kernels read any strides."""
-CLONE_OPS = frozenset({"Identity"})
-"""A dynamo export's `aten.clone`: a copy of its own, whatever the strides of its input."""
 
 
 def contiguous_strides(shape: Sequence[int]) -> Strides:
@@ -151,7 +150,7 @@ def _permute(layer: Layer, strided: dict[str, View]) -> None:
 def _reads_strided(layer: Layer, shape: Sequence[int], strides: Sequence[int],
                    fused: FusedAttention) -> bool:
     if (layer.family in STRIDED_FAMILIES or layer.family is OpFamily.SHAPE_ONLY
-            or layer.op_type in CLONE_OPS):
+            or layer.op_type in eager.CLONE_OPS):
         return True  # a Shape, Size (metadata) reads no elements at all
     if layer.name in fused.members:  # one kernel reading 4-D Q, K, V by their strides
         return len(strides) < 2 or 1 in strides[-2:]

@@ -516,13 +516,33 @@ def _merge_metrics(into: dict[str, Any], part: Mapping[str, Any]) -> None:
 
 
 def subsample(frame: pd.DataFrame, max_rows: int, seed: int) -> pd.DataFrame:
-    """At most `max_rows` per kernel, the same fraction from every device (deterministic)."""
+    """At most `max_rows` per kernel (deterministic), shared out evenly across devices: a device
+    with fewer rows than its share keeps them all and leaves the rest to the others.
+
+    A benchmark Job's few hundred rows of a new GPU sit beside tens of thousands of shared rows
+    of others; thinned by the same fraction, the one GPU measured as it is priced would keep a
+    handful, too few for the trees to fit it."""
     parts = []
     for _, rows in frame.groupby("kernel", sort=True):
-        frac = min(1.0, max_rows / len(rows))
-        parts.append(rows if frac >= 1.0 else rows.groupby("device", group_keys=False).sample(
-            frac=frac, random_state=seed))
+        if len(rows) <= max_rows:
+            parts.append(rows)
+            continue
+        quota = device_quotas(rows["device"].value_counts().to_dict(), max_rows)
+        parts.extend(group.sample(n=quota[device], random_state=seed)
+                     if quota[device] < len(group) else group
+                     for device, group in rows.groupby("device", sort=True))
     return pd.concat(parts, ignore_index=True) if parts else frame
+
+
+def device_quotas(counts: Mapping[str, int], max_rows: int) -> dict[str, int]:
+    """Rows each device keeps of `max_rows`: smallest first, each up to an even share of what
+    is left (water-filling)."""
+    quota: dict[str, int] = {}
+    left = max_rows
+    for k, (device, count) in enumerate(sorted(counts.items(), key=lambda kv: (kv[1], kv[0]))):
+        quota[device] = min(count, left // (len(counts) - k))
+        left -= quota[device]
+    return quota
 
 
 def _model(

@@ -82,6 +82,16 @@ def test_torch_batchnorm_normalises_with_batch_statistics() -> None:
     assert scale.requires_grad and bias.requires_grad
 
 
+def test_a_half_batchnorm_keeps_fp32_parameters_as_autocast_runs_it() -> None:
+    tensors = torch_units._Tensors(torch, torch.bfloat16, "cpu", np.random.default_rng(0))
+    fn = torch_units._batchnorm(torch, tensors, "batchnorm", ROWS)
+    x, scale, bias = tensors.leaves
+    assert x.dtype == torch.bfloat16
+    assert scale.dtype == bias.dtype == torch.float32
+    with torch.no_grad():
+        assert fn().dtype == torch.bfloat16
+
+
 def test_depthwise_conv_matches_onnx_shapes() -> None:
     item = item_for("conv2d", "conv", c_in=6, c_out=6, groups=6)
     layer = torch_units.build_unit(item, np.random.default_rng(2), "cpu")

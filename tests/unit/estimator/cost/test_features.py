@@ -124,3 +124,17 @@ def test_pool_op_is_a_feature_shared_by_bench_and_onnx_names(t4: devices.DeviceS
     assert code[0] == code[1] != code[2]
     assert code[2] == code[3] == code[4]
     assert code[5] not in (code[0], code[2])
+
+
+@pytest.mark.parametrize(("op", "like"), [
+    ("relu_grad", "relu"), ("gelu_grad", "gelu"), ("mulu_grad", "mul"), ("lerp", "add"),
+    ("addcmul", "mul"), ("addcdiv", "div"), ("expand", "relu")])
+def test_gradient_and_optimizer_ops_take_the_code_of_their_arithmetic(
+        op: str, like: str, t4: devices.DeviceSpec) -> None:
+    """Not "other", whose ordinal code sits beside LRN's windowed kernel."""
+    ops = [op, like, "something-unknown", "lrn"]
+    cols = features.columns_from_items(
+        "elementwise", [item("elementwise", DIMS["elementwise"], op=o) for o in ops])
+    x, _ = features.feature_matrix(cols, features.broadcast_device(t4, cols.dtype, 0))
+    code = x[:, list(features.feature_names("elementwise")).index("op")]
+    assert code[0] == code[1] and code[0] != code[2] and code[0] != code[3]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuplan_estimator.core.layers import Layer, ModelGraph, OpFamily, TensorInfo
+from gpuplan_estimator.core.layers import DTYPE_BYTES, Layer, ModelGraph, OpFamily, TensorInfo
 from gpuplan_estimator.core.workload import Phase
-from gpuplan_estimator.step import autocast
+from gpuplan_estimator.step import autocast, eager, memory_walk
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step, gradient_tensors
 
 FAMILY = {"MatMul": OpFamily.MATMUL, "Gemm": OpFamily.MATMUL, "Add": OpFamily.ELEMENTWISE,
@@ -92,3 +92,57 @@ def test_a_fused_attention_core_has_no_casts_inside() -> None:
     inside, _ = autocast.cast_items(g, "bf16", dtypes, frozenset(), fused)
     assert sorted((i.layer, i.dims["rows"] * i.dims["cols"]) for i in inside) == [
         ("pv", 64), ("qk", 64), ("qk", 64)]
+
+
+FAMILY.update({"Conv": OpFamily.CONV, "BatchNormalization": OpFamily.NORMALIZATION})
+
+
+def cnn_block() -> ModelGraph:
+    """Conv -> batch norm (fp32 weight, bias and running stats) -> ReLU -> conv."""
+    bn_params = ("scale", "shift", "mean", "var")
+    return ModelGraph("cnn", (
+        layer("conv1", "Conv", [t("img", 2, 3, 8, 8), t("k1", 4, 3, 3, 3)], [t("c1", 2, 4, 8, 8)],
+              params=("k1",)),
+        layer("bn", "BatchNormalization",
+              [t("c1", 2, 4, 8, 8), *(t(p, 4) for p in bn_params)], [t("b1", 2, 4, 8, 8)],
+              params=bn_params),
+        layer("relu", "Relu", [t("b1", 2, 4, 8, 8)], [t("a1", 2, 4, 8, 8)]),
+        layer("conv2", "Conv", [t("a1", 2, 4, 8, 8), t("k2", 4, 4, 3, 3)], [t("c2", 2, 4, 8, 8)],
+              params=("k2",)),
+    ), (), {}, 4 * 27 + 16 + 4 * 36)
+
+
+def test_batch_norm_keeps_its_inputs_half_dtype_so_no_activation_is_cast() -> None:
+    g = cnn_block()
+    dtypes = autocast.tensor_dtypes(g, "bf16")
+    assert dtypes["b1"] == dtypes["a1"] == "bfloat16"  # fp32 BN parameters do not promote
+    forward, _ = autocast.cast_items(g, "bf16", dtypes, gradient_tensors(g))
+    # the image and the two kernels; the second conv's activation is half already
+    assert sorted(i.layer for i in forward) == ["conv1", "conv1", "conv2"]
+
+
+def linear_block() -> ModelGraph:
+    """torch's linear over a 3-D input as dynamo writes it (MatMul + Add bias), then ReLU."""
+    return ModelGraph("linear", (
+        layer("mm", "MatMul", [t("x", 2, 4, 8), t("w", 8, 8)], [t("p", 2, 4, 8)], params=("w",)),
+        layer("linear", "Add", [t("p", 2, 4, 8), t("bias", 8)], [t("l", 2, 4, 8)],
+              params=("bias",)),
+        layer("relu", "Relu", [t("l", 2, 4, 8)], [t("y", 2, 4, 8)]),
+    ), (), {}, 72)
+
+
+def test_a_linears_bias_add_is_half_like_its_gemm() -> None:
+    dtypes = autocast.tensor_dtypes(linear_block(), "bf16")
+    assert dtypes["l"] == dtypes["y"] == "bfloat16"  # the fp32 bias does not promote
+
+
+def test_the_memory_walk_runs_the_dtypes_autocast_assigns() -> None:
+    """The memory walk's element widths are the compute path's dtypes (one autocast flow)."""
+    for g in (block(), cnn_block(), linear_block()):
+        params = eager.parameter_sizes(g)
+        widths = memory_walk.run_widths(g.layers, params, 2,
+                                        frozenset(eager.linear_biases(g.layers, params)))
+        dtypes = autocast.tensor_dtypes(g, "bf16")
+        assert dtypes, g.name
+        assert {n: DTYPE_BYTES[d] for n, d in dtypes.items()} == {
+            n: widths[n] for n in dtypes}, g.name

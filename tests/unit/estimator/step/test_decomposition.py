@@ -10,7 +10,7 @@ import pytest
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import Layer, ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
-from gpuplan_estimator.step import backward
+from gpuplan_estimator.step import backward, eager
 from gpuplan_estimator.step.decomposition import (
     TrainingSettings,
     build_step,
@@ -297,3 +297,58 @@ def test_batchnorm_backward_is_one_forward_shaped_pass() -> None:
     assert (fwd.kernel, dict(fwd.dims)) == ("batchnorm", {"rows": 16, "cols": 8 * 12 * 12})
     assert [(i.kernel, dict(i.dims), i.count) for i in by_layer(step.backward, "mid")] == [
         ("batchnorm", dict(fwd.dims), 1)]
+
+
+def test_an_eval_mode_batchnorm_is_one_affine_pass_over_its_tensor() -> None:
+    """model.eval(): running statistics, no reduction; priced as a tensor-scalar multiply."""
+    g = cnn_block("BatchNormalization")
+    (train,) = by_layer(build_step(g, settings(batch_size=8)).forward, "mid")
+    (infer,) = by_layer(build_step(g, settings(batch_size=8, mode="inference")).forward, "mid")
+    assert (infer.kernel, infer.op, dict(infer.dims)) == (
+        "elementwise", eager.COPY_PASS_OP, {"rows": 8 * 16 * 12, "cols": 12, "operands": 1})
+    assert infer.bytes_moved == train.bytes_moved and infer.flops == 2 * 8 * 16 * 12 * 12
+    assert train.kernel == "batchnorm"
+
+
+def qkv_block() -> ModelGraph:
+    """torchvision's attention input as dynamo writes it: linear over 3-D (MatMul + Add bias),
+    `.contiguous()` of the split heads (Identity), q/k/v by `select` (Gather, 0-d index)."""
+    b, s, e = 4, 10, 16
+    return graph(
+        layer("in_proj", "MatMul", [t("x", b, s, e), t("w", e, 3 * e)], [t("p", b, s, 3 * e)],
+              params=["w"]),
+        layer("linear", "Add", [t("p", b, s, 3 * e), t("bias", 3 * e)], [t("l", b, s, 3 * e)],
+              params=["bias"]),
+        layer("clone", "Identity", [t("l", b, s, 3 * e)], [t("c", 3, b, s, e)]),
+        *(layer(f"select_{i}", "Gather", [t("c", 3, b, s, e), t(f"i{i}", dtype="int64")],
+                [t(f"q{i}", b, s, e)], attrs={"axis": 0}) for i in range(3)),
+        layer("mix", "Mul", [t("q0", b, s, e), t("q1", b, s, e)], [t("m", b, s, e)]),
+        layer("out", "Add", [t("m", b, s, e), t("q2", b, s, e)], [t("y", b, s, e)]),
+    )
+
+
+def test_eager_pytorch_runs_a_linears_bias_in_its_gemm_and_selects_as_views() -> None:
+    g = qkv_block()
+    step = build_step(g, settings(batch_size=4, precision="bf16"))
+    fwd = {i.layer: i for i in step.forward if i.role != "autocast_cast"}
+    assert (fwd["linear"].kernel, fwd["linear"].role) == ("none", "fused")
+    assert "linear" in step.fused
+    assert all(fwd[f"select_{i}"].kernel == "none" for i in range(3))
+    # the sum is the GEMM's own output: half, so the clone copies half elements
+    assert fwd["clone"].dtype == "bfloat16"
+    assert (fwd["clone"].kernel, fwd["clone"].op, fwd["clone"].dims["operands"]) == (
+        "elementwise", eager.COPY_PASS_OP, 1)
+    # backward still sums the bias gradient, copies the clone's gradient once and scatters
+    # each select's
+    back = [(i.layer, i.kernel) for i in step.backward if i.role != "autocast_cast_grad"]
+    assert ("linear", "reduce") in back
+    assert back.count(("clone", "elementwise")) == 1
+    assert {f"select_{i}" for i in range(3)} <= {name for name, _ in back}
+
+
+def test_onnxruntime_runs_each_node_as_exported() -> None:
+    step = build_step(qkv_block(), settings(batch_size=4, framework="onnxruntime",
+                                            mode="inference"))
+    fwd = {i.layer: i for i in step.forward}
+    assert fwd["linear"].kernel == "elementwise" and fwd["select_0"].kernel == "memcpy"
+    assert fwd["clone"].kernel == "memcpy"

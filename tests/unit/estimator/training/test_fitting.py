@@ -457,3 +457,22 @@ def test_gpu_rows_that_timed_no_kernel_are_dropped_and_counted(frame: pd.DataFra
         fitting.drop_kernelless_rows(fast, kinds)
     # A CPU row may be that fast (onnxruntime's no-op Identity): kept.
     assert fitting.drop_kernelless_rows(fast, dict.fromkeys(kinds, "cpu"))[1] == 0
+
+
+def test_a_device_with_few_rows_keeps_them_all_when_others_are_thinned(frame: pd.DataFrame
+                                                                       ) -> None:
+    """A benchmark Job's rows of one new GPU beside many shared rows: all of them are fitted."""
+    gemm = frame[frame["kernel"] == "gemm"]
+    few_device = DEVICES[0]
+    few = gemm[gemm["device"] == few_device].head(5)
+    rows = pd.concat([few, gemm[gemm["device"] != few_device]], ignore_index=True)
+    kept = fitting.subsample(rows, 60, seed=3)
+    counts = kept["device"].value_counts().to_dict()
+    assert counts[few_device] == 5
+    assert sum(counts.values()) == 60
+    assert max(counts.values()) - min(v for d, v in counts.items() if d != few_device) <= 1
+
+
+def test_device_quotas_fill_evenly_from_the_smallest() -> None:
+    assert fitting.device_quotas({"a": 3, "b": 100, "c": 100}, 51) == {"a": 3, "b": 24, "c": 24}
+    assert fitting.device_quotas({"a": 10, "b": 10}, 100) == {"a": 10, "b": 10}

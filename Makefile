@@ -138,8 +138,12 @@ parallel-check: $(STAMP) ## DP/TP/PP step model vs published 4-GPU steps (NeuSig
 eval: $(STAMP) ## accuracy evaluation -> docs/accuracy.md
 	$(BIN)/gpuplan eval
 
-models: $(STAMP) ## rebuild the shipped default model bundle from ../shared/data
-	$(BIN)/gpuplan train --shipped
+MODELS_DIR ?= /tmp/gpuplan-models
+GPU_BENCH_ROWS ?= docs/gpu-steps/2026-11-27-h200b/bench.parquet
+models: $(STAMP) ## rebuild the shipped default model bundle from ../shared/data and our GPU runs' kernel rows (GPU_BENCH_ROWS), as a benchmark Job would (~8 min); then run `make host-model`
+	mkdir -p $(MODELS_DIR) && rm -f $(MODELS_DIR)/perf.db
+	$(BIN)/gpuplan import $(GPU_BENCH_ROWS) --db sqlite:///$(MODELS_DIR)/perf.db
+	$(BIN)/gpuplan train --shipped --db sqlite:///$(MODELS_DIR)/perf.db
 
 HOST_RUN ?= docs/gpu-steps/2026-11-27-h200b
 HOST_EVENT_RUN ?= docs/gpu-steps/2026-11-27-h200

@@ -29,7 +29,7 @@ import pandas as pd
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import provenance
 from gpuplan_estimator.interfaces.cli import training
-from gpuplan_estimator.latency import bundles
+from gpuplan_estimator.latency import basis, bundles
 from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training import fitting, recipe
 
@@ -88,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     frame = gpu_rows(manifest, settings)
     sigmas = kernel_sigmas(manifest, frame, settings)
     elapsed_s = round(time.perf_counter() - start_s, 1)
+    # A measured GPU's figure comes from training's random split; it is kept as trained.
+    kept = manifest.get(intervals.MANIFEST_KEY, {}).get(basis.MEASURED)
     table = fitting.interval_sigma_table(sigmas)
+    if kept:
+        table[basis.MEASURED] = kept
     record = {
         "command": shlex.join(["hack/bundle_interval_sigma.py", *(argv or sys.argv[1:])]),
         "created": datetime.now().astimezone().isoformat(timespec="seconds"),

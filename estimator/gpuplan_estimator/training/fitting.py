@@ -198,6 +198,10 @@ def validate_kernel(kernel: str, data: KernelData, settings: TrainSettings) -> d
         str(b): error_metrics(data.latency_ms[test][m], pred[m])
         for b in np.unique(data.backend[test]) for m in [data.backend[test] == b]
     }
+    gpu = {str(d): (data.latency_ms[test][m], pred[m]) for d in np.unique(data.device[test])
+           for m in [(data.device[test] == d) & (data.platform[test] == "gpu")] if m.any()}
+    if gpu:
+        out[MEASURED_LOG_SIGMA] = intervals.shared_sigma(gpu, seed=settings.seed)
     if settings.leave_one_device_out:
         loo: dict[str, Any] = {}
         probed: dict[str, Any] = {}
@@ -218,6 +222,11 @@ def validate_kernel(kernel: str, data: KernelData, settings: TrainSettings) -> d
 SHARED_LOG_SIGMA = "shared_log_sigma"
 """`validate_kernel`'s key for `shared_log_sigma`; `train_bundle` moves it out of the metrics
 into the manifest's `intervals.MANIFEST_KEY`."""
+MEASURED_LOG_SIGMA = "measured_log_sigma"
+"""`validate_kernel`'s key for the shared log-error of a measured GPU: the random split's
+held-out shapes of each GPU drawn into synthetic models (`intervals.shared_sigma`), what a
+model of shapes the bundle never timed on a GPU it did time shares. Moved into the manifest
+like `SHARED_LOG_SIGMA`."""
 
 
 def leave_one_device_out(kernel: str, data: KernelData, settings: TrainSettings
@@ -246,13 +255,18 @@ def shared_log_sigma(data: KernelData,
         {d: (data.latency_ms[held], pred) for d, (held, pred) in held_out.items()}, seed=seed)
 
 
-def interval_sigma_table(sigmas: Mapping[str, intervals.SharedSigma]
+def interval_sigma_table(sigmas: Mapping[str, intervals.SharedSigma],
+                         measured: Mapping[str, intervals.SharedSigma] | None = None,
                          ) -> dict[str, dict[str, dict[str, object]]]:
     """The manifest's `intervals.MANIFEST_KEY` entry: the shared log-sigma per kernel for an
     extrapolated GPU and, the same, for a probed one (a probe lowers the bias, so the unseen
-    GPU's figure is the conservative side); measured GPUs keep their summed quantiles."""
+    GPU's figure is the conservative side), and a measured GPU's from the random split
+    (`MEASURED_LOG_SIGMA`). Without that, measured GPUs keep their summed quantiles."""
     table = {k: s.to_manifest() for k, s in sigmas.items()}
-    return {basis.EXTRAPOLATED: table, basis.PROBED: dict(table)}
+    out = {basis.EXTRAPOLATED: table, basis.PROBED: dict(table)}
+    if measured:
+        out[basis.MEASURED] = {k: s.to_manifest() for k, s in measured.items()}
+    return out
 
 
 def _probe_metrics(actual_ms: FloatArray, predicted_ms: FloatArray, base: FloatArray,
@@ -321,6 +335,7 @@ class _FittedKernels:
     metrics: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
     sigmas: dict[str, intervals.SharedSigma] = field(default_factory=dict)  # leave-one-GPU-out
+    measured_sigmas: dict[str, intervals.SharedSigma] = field(default_factory=dict)
     sub_wave: dict[str, Any] | None = None
 
 
@@ -384,6 +399,9 @@ def _fit_kernels(training: _TrainingFrame, settings: TrainSettings, resolve: Dev
             sigma = part.pop(SHARED_LOG_SIGMA, None)
             if kind == "gpu" and sigma is not None:
                 out.sigmas[kernel] = sigma
+            measured = part.pop(MEASURED_LOG_SIGMA, None)
+            if kind == "gpu" and measured is not None:
+                out.measured_sigmas[kernel] = measured
             _merge_metrics(out.metrics.setdefault(kernel, {}), part)
         fitted = _model(own, kernel, quantiles=True).fit(data.x, data.y)
         if kind == "cpu":
@@ -430,7 +448,8 @@ def _manifest(training: _TrainingFrame, fitted: _FittedKernels, settings: TrainS
         "feature_names": {k: list(features.feature_names(k)) for k in kernels},
     }
     if fitted.sigmas:
-        manifest[intervals.MANIFEST_KEY] = interval_sigma_table(fitted.sigmas)
+        manifest[intervals.MANIFEST_KEY] = interval_sigma_table(fitted.sigmas,
+                                                                fitted.measured_sigmas)
     if fitted.sub_wave is not None:
         manifest[bundles.SUB_WAVE_KEY] = fitted.sub_wave
     return manifest
@@ -527,10 +546,11 @@ def subsample(frame: pd.DataFrame, max_rows: int, seed: int) -> pd.DataFrame:
         if len(rows) <= max_rows:
             parts.append(rows)
             continue
-        quota = device_quotas(rows["device"].value_counts().to_dict(), max_rows)
-        parts.extend(group.sample(n=quota[device], random_state=seed)
-                     if quota[device] < len(group) else group
-                     for device, group in rows.groupby("device", sort=True))
+        quota = device_quotas({str(d): int(n) for d, n in rows["device"].value_counts().items()},
+                              max_rows)
+        for device, group in rows.groupby("device", sort=True):
+            n = quota[str(device)]
+            parts.append(group.sample(n=n, random_state=seed) if n < len(group) else group)
     return pd.concat(parts, ignore_index=True) if parts else frame
 
 

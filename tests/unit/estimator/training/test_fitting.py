@@ -101,21 +101,27 @@ def test_leave_one_gpu_out_gives_unseen_and_probed_gpus_a_shared_interval_sigma(
     spec explains makes the left-out GPU's prediction wrong as a whole."""
     table = fitted.manifest[intervals.MANIFEST_KEY]
     assert table[basis.EXTRAPOLATED] == table[basis.PROBED]
-    assert intervals.manifest_sigmas(fitted.manifest, basis.MEASURED) is None
     even = intervals.manifest_sigmas(fitted.manifest, basis.EXTRAPOLATED)
     assert even is not None and set(even) == {"gemm", "softmax"}
     assert all(0 < s.all_sizes < 0.15 for s in even.values())
     assert all(fitting.SHARED_LOG_SIGMA not in m for m in fitted.manifest["metrics"].values())
+    # A GPU the bundle timed shares less: its held-out shapes come from the models that fit it.
+    measured = intervals.manifest_sigmas(fitted.manifest, basis.MEASURED)
+    assert measured is not None and set(measured) == set(even)
+    assert all(fitting.MEASURED_LOG_SIGMA not in m for m in fitted.manifest["metrics"].values())
 
     uneven = pd.concat([synthetic_frame(keys=(k,), seed=i, slowdown=s) for i, (k, s) in
                         enumerate(zip(DEVICES, (1.0, 1.6, 0.6), strict=True))],
                        ignore_index=True)
     settings = fitting.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
-    sigmas = intervals.manifest_sigmas(fitting.train_bundle(uneven, settings).manifest,
-                                       basis.EXTRAPOLATED)
+    uneven_manifest = fitting.train_bundle(uneven, settings).manifest
+    sigmas = intervals.manifest_sigmas(uneven_manifest, basis.EXTRAPOLATED)
     assert sigmas is not None
-    # Left out, the slow V100 and the fast A100 are each off by ~log 1.6 as a whole.
+    # Left out, the slow V100 and the fast A100 are each off by ~log 1.6 as a whole; measured,
+    # the device features place each of them.
     assert all(sigmas[k].all_sizes > 0.3 > 2 * even[k].all_sizes for k in even)
+    timed = intervals.manifest_sigmas(uneven_manifest, basis.MEASURED)
+    assert timed is not None and all(timed[k].all_sizes < 0.15 for k in even)
     assert "interval_log_sigma" not in fitting.train_bundle(
         uneven, settings, validate=False).manifest
 

@@ -46,7 +46,11 @@ ELEMENTWISE_OPS: tuple[str, ...] = (
 # "lrn", and on a GPU whose rows hold LRN's windowed kernel the trees would price them alike.
 _OP_ALIASES = {"addu": "add", "subu": "sub", "mulu": "mul", "divu": "div", "powu": "pow",
                "LRN": "lrn", "Concat": "relu", "lerp": "add", "addcmul": "mul",
-               "addcdiv": "div", "expand": "relu"}
+               "addcdiv": "div", "expand": "relu", "fused_sgd": "add", "fused_adam": "div",
+               "fused_adamw": "div", "fused_adagrad": "div"}
+WINDOWED_OPS = frozenset({"lrn", "LRN"})
+"""Elementwise ops that read a window of neighbours per element (`training.fitting` keeps
+their GPU rows out of the elementwise model)."""
 _OP_BASE_CODE = {op: float(i) for i, op in enumerate(ELEMENTWISE_OPS)} | {
     alias: float(ELEMENTWISE_OPS.index(op)) for alias, op in _OP_ALIASES.items()}
 _OP_CODE = _OP_BASE_CODE | {

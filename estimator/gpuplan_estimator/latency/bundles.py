@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     import lightgbm as lgb
 
 BUNDLE_SCHEMA_VERSION = 1
+KERNEL_DEVICES_KEY = "kernel_devices"
+"""Manifest key: {kernel: the GPUs its rows were timed on}."""
 MANIFEST = "manifest.json"
 SHIPPED_BUNDLE = paths.PACKAGE_DATA_DIR / "bundle"
 MAX_MODEL_FILE_BYTES = 64 * 1024 * 1024  # per model text (after gunzip); refuse runaway files
@@ -105,6 +107,14 @@ class Bundle:
             raise errors.InvalidRequestError(f"manifest.{SUB_WAVE_KEY}.log_scale",
                                              f"must be a finite number, not {value!r}")
         return value
+
+    def has_timed(self, kernel: str, device: DeviceSpec) -> bool:
+        """Whether the kernel's GPU rows held the device (`KERNEL_DEVICES_KEY`); bundles
+        without that list answer for the bundle as a whole (`has_seen`)."""
+        timed = self.manifest.get(KERNEL_DEVICES_KEY, {}).get(kernel)
+        if timed is None:
+            return self.has_seen(device)
+        return device.key in timed and not user_catalog.respecified(device)
 
     def covers(self, kernel: str, device: DeviceSpec) -> bool:
         """Whether the kernel's training data had the device's platform (cpu or gpu)."""

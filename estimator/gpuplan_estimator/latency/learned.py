@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from gpuplan_estimator.core import measurements
 from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost import features, roofline
 from gpuplan_estimator.cost.predictors import FloatArray, LatencyPrediction, LatencyPredictor
@@ -16,7 +17,7 @@ from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.latency.bundles import Bundle
 from gpuplan_estimator.latency.regressors import NO_CORRECTION, LayerLatencyModel, ProbeCorrection
-from gpuplan_estimator.step import layout_credits
+from gpuplan_estimator.step import host, layout_credits
 
 
 def _price_fused_io(items: Sequence[WorkItem], device: DeviceSpec,
@@ -32,6 +33,17 @@ def _price_fused_io(items: Sequence[WorkItem], device: DeviceSpec,
 
 LABEL_PREFIX = "lightgbm:"
 """`LatencyPrediction.predictor` labels of rows a bundle's models priced begin with this."""
+
+
+def kernel_timing(predictor: LatencyPredictor, device: DeviceSpec) -> str:
+    """How the rows whose models price `device` were timed (`host.KERNEL_TIMINGS`): eager calls
+    for the shared gpu-ops backend, the stream for every other (`gpuplan bench`'s)."""
+    backend_name = getattr(predictor, "backend_name", None)
+    backend = backend_name(device) if callable(backend_name) else None
+    return (host.EAGER_CALL_TIMING if backend in (None, measurements.SHARED_OPS_BACKEND)
+            else host.STREAM_TIMING)
+
+
 ONE_WAVE_LABEL = f"{LABEL_PREFIX}gemm:transfer:one-wave"
 """`LatencyPrediction.predictor` of a sub-wave GEMM priced as one wave (`_price_sub_wave`)."""
 
@@ -206,7 +218,8 @@ class LearnedPredictor:
     def _model_for(self, kernel: str, device: DeviceSpec) -> _ModelChoice:
         """The full model for devices in the training data, else the transfer model (with its
         columns and structure), corrected by the device's probe when it was probed; no model
-        when the kernel's model never saw the device's platform."""
+        when the kernel's model never saw the device's platform, or when the kernel has no
+        transfer model and its rows never held the device."""
         if not self.bundle.covers(kernel, device):
             return _ModelChoice(None, "", NO_CORRECTION)
         if device.platform == "cpu" and kernel in self.bundle.cpu_models:
@@ -214,6 +227,11 @@ class LearnedPredictor:
         transfer = self.bundle.transfer_models.get(kernel)
         probe = self.bundle.probe_correction(kernel, device)
         kind = str(self.bundle.manifest.get("transfer_kind", "roofline"))
+        if transfer is None and self.bundle.transfer_models \
+                and not self.bundle.has_timed(kernel, device):
+            # A bundle that transfers leaves a kernel without when it was timed on one GPU
+            # only: that kernel's full model knows no other.
+            return _ModelChoice(None, "", NO_CORRECTION)
         if transfer is not None and (probe is not None or not self.bundle.has_seen(device)):
             tag = ":transfer+probe" if probe is not None else ":transfer"
             return _ModelChoice(transfer, tag, probe if probe is not None else NO_CORRECTION,

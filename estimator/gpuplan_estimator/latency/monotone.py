@@ -10,6 +10,12 @@ model; the two disagree by a few per cent either way, which ranked V100-PCIe ahe
 The fix is the projection onto that constraint: each item's median, P10 and P90 on a device is
 the minimum of its own and those of every device it dominates. It changes nothing where the model
 already agrees with the hardware, never raises a prediction, and needs no retraining.
+
+A sibling priced from rows timed another way is compared in the device's own timing
+(`learned.kernel_timing`): a GPU a benchmark Job measured is priced from stream-timed rows, an
+unseen sibling from the shared data's eager calls, which each hold one call's dispatch
+(`host.EAGER_CALL_DISPATCH_MS`). Bounded by the eager figure, the measured GPU kept a kernel
+that the sibling's stream, once the dispatch is taken off, ran faster.
 """
 
 from __future__ import annotations
@@ -20,9 +26,16 @@ from typing import Any
 import numpy as np
 
 from gpuplan_estimator.core.workload import WorkItem
-from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor, predict_on_each
+from gpuplan_estimator.cost.predictors import (
+    FloatArray,
+    LatencyPrediction,
+    LatencyPredictor,
+    predict_on_each,
+)
 from gpuplan_estimator.devices import catalog as catalog_mod
 from gpuplan_estimator.devices.catalog import Catalog, DeviceSpec
+from gpuplan_estimator.latency import learned
+from gpuplan_estimator.step import host
 
 
 def bounded_by(own: LatencyPrediction, dominated: Sequence[LatencyPrediction]
@@ -72,5 +85,23 @@ class SiblingBounded:
         keys = list(involved)
         priced = dict(zip(keys, predict_on_each(self.inner, items, [involved[k] for k in keys]),
                           strict=True))
-        return [bounded_by(priced[d.key], [priced[s.key] for s in siblings[d.key]])
+        timing = {k: learned.kernel_timing(self.inner, involved[k]) for k in keys}
+        return [bounded_by(priced[d.key], [in_timing(priced[s.key], timing[s.key],
+                                                     timing[d.key]) for s in siblings[d.key]])
                 for d in devices]
+
+
+def in_timing(pred: LatencyPrediction, source: str, target: str) -> LatencyPrediction:
+    """`pred`, made from rows of `source` timing, as rows of `target` timing would give it: the
+    learned rows gain or lose the eager call's dispatch (`host.on_stream`)."""
+    if source == target:
+        return pred
+    rows = np.array([p.startswith(learned.LABEL_PREFIX) for p in pred.predictor], dtype=bool)
+
+    def convert(values: FloatArray) -> FloatArray:
+        if target == host.STREAM_TIMING:
+            return host.on_stream(values, rows, source)
+        return np.where(rows, values + host.EAGER_CALL_DISPATCH_MS, values)
+
+    return LatencyPrediction(median_ms=convert(pred.median_ms), p10_ms=convert(pred.p10_ms),
+                             p90_ms=convert(pred.p90_ms), predictor=pred.predictor)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuplan_estimator.core import kernels, measurements, options
+from gpuplan_estimator.core import kernels, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
@@ -475,17 +475,8 @@ def _on_stream(predictor: LatencyPredictor, device: DeviceSpec, labels: Sequence
     """Each per-row latency array as `device`'s stream spends it (`host.on_stream`): rows a
     bundle model priced (`labels`) less the dispatch their timing held."""
     priced = np.array([label.startswith(learned.LABEL_PREFIX) for label in labels], dtype=bool)
-    timing = kernel_timing(predictor, device)
+    timing = learned.kernel_timing(predictor, device)
     return [host.on_stream(values, priced, timing) for values in latencies_ms]
-
-
-def kernel_timing(predictor: LatencyPredictor, device: DeviceSpec) -> str:
-    """How the rows whose models price `device` were timed (`host.KERNEL_TIMINGS`): eager calls
-    for the shared gpu-ops backend, the stream for every other (`gpuplan bench`'s)."""
-    backend_name = getattr(predictor, "backend_name", None)
-    backend = backend_name(device) if callable(backend_name) else None
-    return (host.EAGER_CALL_TIMING if backend in (None, measurements.SHARED_OPS_BACKEND)
-            else host.STREAM_TIMING)
 
 
 def bundle_host_model(predictor: LatencyPredictor) -> host.HostModel | None:

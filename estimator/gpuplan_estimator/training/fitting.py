@@ -342,6 +342,7 @@ class _FittedKernels:
     skipped: dict[str, int] = field(default_factory=dict)
     sigmas: dict[str, intervals.SharedSigma] = field(default_factory=dict)  # leave-one-GPU-out
     measured_sigmas: dict[str, intervals.SharedSigma] = field(default_factory=dict)
+    kernel_devices: dict[str, list[str]] = field(default_factory=dict)  # GPUs timed, per kernel
     sub_wave: dict[str, Any] | None = None
 
 
@@ -415,6 +416,7 @@ def _fit_kernels(training: _TrainingFrame, settings: TrainSettings, resolve: Dev
             out.cpu_models[kernel] = fitted
             continue
         out.models[kernel] = fitted
+        out.kernel_devices[kernel] = sorted(str(d) for d in np.unique(data.device))
         # From one GPU's rows a transfer model cannot learn what differs between GPUs, and no
         # GPU can be left out to size its interval: unmeasured GPUs keep the roofline.
         if len(np.unique(data.device)) < 2:
@@ -449,6 +451,7 @@ def _manifest(training: _TrainingFrame, fitted: _FittedKernels, settings: TrainS
         "backward_factors": training.backward_factors,
         "skipped_kernels": fitted.skipped,
         "kernelless_rows_dropped": training.kernelless_rows_dropped, "metrics": fitted.metrics,
+        bundles.KERNEL_DEVICES_KEY: fitted.kernel_devices,
         "kernel_platforms": {k: [kind for kind, models in (("cpu", fitted.cpu_models),
                                                            ("gpu", fitted.models))
                                  if k in models] for k in sorted(kernels)},

@@ -128,7 +128,7 @@ def test_pool_op_is_a_feature_shared_by_bench_and_onnx_names(t4: devices.DeviceS
 
 @pytest.mark.parametrize(("op", "like"), [
     ("relu_grad", "relu"), ("gelu_grad", "gelu"), ("mulu_grad", "mul"), ("lerp", "add"),
-    ("addcmul", "mul"), ("addcdiv", "div"), ("expand", "relu")])
+    ("addcmul", "mul"), ("addcdiv", "div"), ("expand", "relu"), ("fused_adamw", "div")])
 def test_gradient_and_optimizer_ops_take_the_code_of_their_arithmetic(
         op: str, like: str, t4: devices.DeviceSpec) -> None:
     """Not "other", whose ordinal code sits beside LRN's windowed kernel."""

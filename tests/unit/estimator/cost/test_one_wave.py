@@ -19,6 +19,7 @@ from gpuplan_estimator.latency import bundles, learned, selection
 from gpuplan_estimator.training import fitting
 
 H200 = "h200-sxm-141gb"
+UNMEASURED = "h100-sxm-80gb"
 
 
 def gemm_cols(shapes: list[tuple[int, int, int, int]], dtype: str = "float32",
@@ -134,10 +135,11 @@ def test_an_unmeasured_gpu_prices_sub_wave_gemms_as_one_wave_and_the_rest_as_bef
         shipped.bundle, manifest={k: v for k, v in manifest.items()
                                   if k != bundles.SUB_WAVE_KEY}))
     items = [item(256, 1024, 1024), item(65536, 1024, 4096)]
-    h200 = devices.resolve_device(H200)
-    after, before = with_scale.predict(items, h200), without.predict(items, h200)
+    h100 = devices.resolve_device(UNMEASURED)
+    assert not shipped.bundle.has_seen(h100)
+    after, before = with_scale.predict(items, h100), without.predict(items, h100)
     cols = features.columns_from_items("gemm", items[:1])
-    _, expected = features.one_wave_gemm(cols, on(H200, cols), scale)
+    _, expected = features.one_wave_gemm(cols, on(UNMEASURED, cols), scale)
     assert after.median_ms[0] == pytest.approx(expected[0])
     assert after.predictor[0] == learned.ONE_WAVE_LABEL
     # The interval keeps its width relative to the median.

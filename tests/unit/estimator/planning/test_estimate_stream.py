@@ -15,6 +15,7 @@ from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost.predictors import LatencyPrediction
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.latency import learned
 from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings
 
@@ -62,7 +63,7 @@ def test_eager_call_rows_leave_their_dispatch_to_the_host(h100: DeviceSpec) -> N
     assert timed.gpu_busy_ms == pytest.approx(
         kernels * (KERNEL_MS - host.EAGER_CALL_DISPATCH_MS))
     assert kernels_of(timed) == pytest.approx(timed.gpu_busy_ms)  # the layers say the same
-    assert estimates.kernel_timing(eager_rows, h100) == host.EAGER_CALL_TIMING
+    assert learned.kernel_timing(eager_rows, h100) == host.EAGER_CALL_TIMING
 
 
 def test_bench_rows_are_the_streams_already(h100: DeviceSpec) -> None:
@@ -71,6 +72,6 @@ def test_bench_rows_are_the_streams_already(h100: DeviceSpec) -> None:
     (timed,) = estimates.estimate(blocks_graph(), [h100], settings, predictor=bench_rows,
                                   host_model=host.HostModel(DEFAULT, UNIT))
     assert timed.gpu_busy_ms == pytest.approx(len(timed.layers) * KERNEL_MS)
-    assert estimates.kernel_timing(bench_rows, h100) == host.STREAM_TIMING
+    assert learned.kernel_timing(bench_rows, h100) == host.STREAM_TIMING
     busy = estimates.stream_busy_ms(blocks_graph(), h100, settings, predictor=bench_rows)
     assert sum(busy) == pytest.approx(timed.gpu_busy_ms)

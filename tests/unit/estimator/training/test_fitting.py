@@ -482,3 +482,40 @@ def test_a_device_with_few_rows_keeps_them_all_when_others_are_thinned(frame: pd
 def test_device_quotas_fill_evenly_from_the_smallest() -> None:
     assert fitting.device_quotas({"a": 3, "b": 100, "c": 100}, 51) == {"a": 3, "b": 24, "c": 24}
     assert fitting.device_quotas({"a": 10, "b": 10}, 100) == {"a": 10, "b": 10}
+
+
+def test_a_gpu_timed_by_a_backend_no_other_gpu_shares_is_not_left_out(frame: pd.DataFrame
+                                                                       ) -> None:
+    """Its held-out error would measure its backend's timing, not the transfer model."""
+    lone = frame.assign(backend=np.where(frame["device"] == DEVICES[0], "torch-bench-cuda",
+                                         frame["backend"]))
+    settings = fitting.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
+    data = fitting.kernel_data(lone, "gemm", devices.resolve_device,
+                               sorted(lone["backend"].unique()))
+    assert set(fitting.leave_one_device_out("gemm", data, settings)) == set(DEVICES[1:])
+
+
+def test_a_kernel_timed_on_one_gpu_has_no_transfer_model(frame: pd.DataFrame) -> None:
+    one = pd.concat([frame[frame["kernel"] == "gemm"],
+                     frame[(frame["kernel"] == "softmax") & (frame["device"] == DEVICES[0])]],
+                    ignore_index=True)
+    settings = fitting.TrainSettings(model_params=FAST, min_rows_per_kernel=50)
+    out = fitting.train_bundle(one, settings, validate=False)
+    assert set(out.models) == {"gemm", "softmax"}
+    assert set(out.transfer_models) == {"gemm"}
+    # Its full model prices the GPU it timed; another one gets the roofline.
+    assert out.manifest[bundles.KERNEL_DEVICES_KEY]["softmax"] == [DEVICES[0]]
+    other = devices.resolve_device(DEVICES[1])
+    assert not out.has_timed("softmax", other) and out.has_timed("gemm", other)
+    item = workload.WorkItem(layer="s", family=OpFamily.SOFTMAX, kernel="softmax",
+                             phase=workload.Phase.FORWARD,
+                             dims={"rows": 64, "cols": 512}, dtype="float32", flops=1,
+                             bytes_moved=1)
+    assert learned.LearnedPredictor(out).predict([item], other).predictor == ("roofline",)
+
+
+def test_windowed_elementwise_gpu_rows_stay_out_of_training() -> None:
+    rows = pd.DataFrame({"device": ["t4", "t4", "cpu-x"], "kernel": ["elementwise"] * 3,
+                         "op": ["lrn", "relu", "lrn"]})
+    kept = fitting.drop_windowed_gpu_rows(rows, {"t4": "gpu", "cpu-x": "cpu"})
+    assert kept["op"].tolist() == ["relu", "lrn"]

@@ -1,0 +1,36 @@
+"""Sibling bounds compare predictions in one timing (eager call or stream)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuplan_estimator.cost.predictors import LatencyPrediction
+from gpuplan_estimator.latency import learned, monotone
+from gpuplan_estimator.step import host
+
+LEARNED = f"{learned.LABEL_PREFIX}gemm:transfer"
+
+
+def prediction(*ms: float, labels: tuple[str, ...]) -> LatencyPrediction:
+    values = np.array(ms)
+    return LatencyPrediction(median_ms=values, p10_ms=values * 0.9, p90_ms=values * 1.1,
+                             predictor=labels)
+
+
+def test_an_eager_call_sibling_loses_its_dispatch_before_bounding_a_stream_timed_gpu() -> None:
+    sibling = prediction(0.5, 0.5, labels=(LEARNED, "roofline"))
+    seen = monotone.in_timing(sibling, host.EAGER_CALL_TIMING, host.STREAM_TIMING)
+    # The learned row held one eager call's dispatch; the roofline's never did.
+    assert seen.median_ms == pytest.approx([0.5 - host.EAGER_CALL_DISPATCH_MS, 0.5])
+    own = prediction(0.49, 0.49, labels=(LEARNED, LEARNED))
+    bounded = monotone.bounded_by(own, [seen])
+    assert bounded.median_ms[0] == pytest.approx(0.5 - host.EAGER_CALL_DISPATCH_MS)
+    assert bounded.median_ms[1] == pytest.approx(0.49)
+
+
+def test_a_stream_timed_sibling_gains_the_dispatch_an_eager_call_figure_holds() -> None:
+    sibling = prediction(0.1, labels=(LEARNED,))
+    back = monotone.in_timing(sibling, host.STREAM_TIMING, host.EAGER_CALL_TIMING)
+    assert back.median_ms == pytest.approx([0.1 + host.EAGER_CALL_DISPATCH_MS])
+    assert monotone.in_timing(sibling, host.STREAM_TIMING, host.STREAM_TIMING) is sibling

@@ -8,8 +8,10 @@ with the model that saw its rows, and an unseen sibling (V100-SXM2, A100-SXM4) w
 model; the two disagree by a few per cent either way, which ranked V100-PCIe ahead of V100-SXM2.
 
 The fix is the projection onto that constraint: each item's median, P10 and P90 on a device is
-the minimum of its own and those of every device it dominates. It changes nothing where the model
-already agrees with the hardware, never raises a prediction, and needs no retraining.
+the minimum of its own and those of every device it dominates, except a device the bundle
+timed, which an extrapolated sibling does not lower (its measurement is the better word). It
+changes nothing where the model already agrees with the hardware, never raises a prediction,
+and needs no retraining.
 
 A sibling priced from rows timed another way is compared in the device's own timing
 (`learned.kernel_timing`): a GPU a benchmark Job measured is priced from stream-timed rows, an
@@ -77,7 +79,8 @@ class SiblingBounded:
     def predict_many(self, items: Sequence[WorkItem], devices: Sequence[DeviceSpec]
                      ) -> list[LatencyPrediction]:
         """Each device's bounded prediction; every device involved is priced once."""
-        siblings = {d.key: catalog_mod.dominated_siblings(self.catalog, d)
+        siblings = {d.key: [s for s in catalog_mod.dominated_siblings(self.catalog, d)
+                            if self._may_bound(d, s)]
                     if d.vendor != "cpu" else () for d in devices}
         involved = {d.key: d for d in devices}
         for sibs in siblings.values():
@@ -89,6 +92,16 @@ class SiblingBounded:
         return [bounded_by(priced[d.key], [in_timing(priced[s.key], timing[s.key],
                                                      timing[d.key]) for s in siblings[d.key]])
                 for d in devices]
+
+
+    def _may_bound(self, device: DeviceSpec, sibling: DeviceSpec) -> bool:
+        """Whether `sibling`'s figures may lower `device`'s: not where the bundle timed the
+        device and only extrapolates the sibling. The measurement is the better word there;
+        an H200 bounded by a transferred H100 inherited its too-fast tensor-core GEMMs."""
+        bundle = getattr(self.inner, "bundle", None)
+        if bundle is None:
+            return True
+        return not (bundle.has_seen(device) and not bundle.has_seen(sibling))
 
 
 def in_timing(pred: LatencyPrediction, source: str, target: str) -> LatencyPrediction:

@@ -66,8 +66,10 @@ def test_loading_reads_no_model_and_a_request_reads_only_what_it_prices() -> Non
                              "transfer": frozenset(kernels & set(lazy.transfer_models))}
     assert _loaded(lazy)["transfer"] < set(lazy.transfer_models)  # not every kernel
 
-    predictor.predict(items, catalog.resolve(SEEN_GPU))  # a measured GPU: the full models
-    assert _loaded(lazy)["models"] == kernels & set(lazy.models)
+    seen = catalog.resolve(SEEN_GPU)
+    predictor.predict(items, seen)  # a measured GPU: the full models of the kernels it timed
+    assert _loaded(lazy)["models"] == {k for k in kernels & set(lazy.models)
+                                       if lazy.has_timed(k, seen)}
     assert _loaded(lazy)["cpu"] == frozenset()
 
     predictor.predict(items, local_cpu.local_cpu_device())

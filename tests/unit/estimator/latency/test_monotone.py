@@ -34,3 +34,17 @@ def test_a_stream_timed_sibling_gains_the_dispatch_an_eager_call_figure_holds() 
     back = monotone.in_timing(sibling, host.STREAM_TIMING, host.EAGER_CALL_TIMING)
     assert back.median_ms == pytest.approx([0.1 + host.EAGER_CALL_DISPATCH_MS])
     assert monotone.in_timing(sibling, host.STREAM_TIMING, host.STREAM_TIMING) is sibling
+
+
+def test_a_timed_gpu_is_not_lowered_by_a_sibling_it_only_extrapolates() -> None:
+    from gpuplan_estimator import devices
+    from gpuplan_estimator.latency import selection
+
+    predictor, _ = selection.select_predictor(None)
+    assert isinstance(predictor, monotone.SiblingBounded)
+    catalog = devices.load_catalog()
+    h200, h100 = catalog.resolve("h200-sxm-141gb"), catalog.resolve("h100-sxm-80gb")
+    v100_sxm, v100_pcie = catalog.resolve("v100-sxm2-32gb"), catalog.resolve("v100-pcie-32gb")
+    assert predictor.bundle.has_seen(h200) and not predictor.bundle.has_seen(h100)
+    assert not predictor._may_bound(h200, h100)
+    assert predictor._may_bound(v100_sxm, v100_pcie)  # extrapolated, bounded by the measured

@@ -14,8 +14,8 @@ from gpuplan_estimator.core import measurements
 from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost.predictors import LatencyPrediction
 from gpuplan_estimator.devices.catalog import DeviceSpec
-from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.latency import learned
+from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings
 

@@ -1,4 +1,4 @@
-"""The shipped bundle's step intervals: each basis gets the shared error of its own held-out rows."""
+"""The shipped bundle's step intervals: each basis gets the shared error of its held-out rows."""
 
 from __future__ import annotations
 

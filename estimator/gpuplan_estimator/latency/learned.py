@@ -26,13 +26,18 @@ def _price_fused_io(items: Sequence[WorkItem], device: DeviceSpec,
     roofline at the same efficiency (`roofline.fused_io_factors`), in place. Rows the fallback
     priced are its own business (the roofline applies it itself)."""
     idx, factor = roofline.fused_io_factors(items, device)
-    learned = np.array([names[i].startswith(LABEL_PREFIX) for i in idx], dtype=bool)
+    learned = model_priced([names[i] for i in idx])
     for values in parts:
         values[idx[learned]] *= factor[learned]
 
 
 LABEL_PREFIX = "lightgbm:"
 """`LatencyPrediction.predictor` labels of rows a bundle's models priced begin with this."""
+
+
+def model_priced(labels: Sequence[str]) -> npt.NDArray[np.bool_]:
+    """Per row, whether a bundle model priced it (its label begins with `LABEL_PREFIX`)."""
+    return np.array([label.startswith(LABEL_PREFIX) for label in labels], dtype=bool)
 
 
 def kernel_timing(predictor: LatencyPredictor, device: DeviceSpec) -> str:

@@ -93,7 +93,6 @@ class SiblingBounded:
                                                      timing[d.key]) for s in siblings[d.key]])
                 for d in devices]
 
-
     def _may_bound(self, device: DeviceSpec, sibling: DeviceSpec) -> bool:
         """Whether `sibling`'s figures may lower `device`'s: not where the bundle timed the
         device and only extrapolates the sibling. The measurement is the better word there;
@@ -109,7 +108,7 @@ def in_timing(pred: LatencyPrediction, source: str, target: str) -> LatencyPredi
     learned rows gain or lose the eager call's dispatch (`host.on_stream`)."""
     if source == target:
         return pred
-    rows = np.array([p.startswith(learned.LABEL_PREFIX) for p in pred.predictor], dtype=bool)
+    rows = learned.model_priced(pred.predictor)
 
     def convert(values: FloatArray) -> FloatArray:
         if target == host.STREAM_TIMING:

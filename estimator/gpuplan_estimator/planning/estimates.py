@@ -474,7 +474,7 @@ def _on_stream(predictor: LatencyPredictor, device: DeviceSpec, labels: Sequence
                *latencies_ms: npt.NDArray[np.float64]) -> list[npt.NDArray[np.float64]]:
     """Each per-row latency array as `device`'s stream spends it (`host.on_stream`): rows a
     bundle model priced (`labels`) less the dispatch their timing held."""
-    priced = np.array([label.startswith(learned.LABEL_PREFIX) for label in labels], dtype=bool)
+    priced = learned.model_priced(labels)
     timing = learned.kernel_timing(predictor, device)
     return [host.on_stream(values, priced, timing) for values in latencies_ms]
 

@@ -41,14 +41,17 @@ CAST_OP = "cast"
 FP32 = "float32"
 
 
-def tensor_dtypes(graph: ModelGraph, precision: str) -> Mapping[str, str]:
+def tensor_dtypes(graph: ModelGraph, precision: str,
+                  biases: Mapping[str, str] | None = None) -> Mapping[str, str]:
     """The dtype each float tensor has when `graph` runs under `precision` (empty without
-    autocast: every float tensor is then at the precision's compute dtype)."""
+    autocast: every float tensor is then at the precision's compute dtype). `biases` is
+    `eager.linear_biases` of the graph when the caller has it already."""
     entry = precisions.precision(precision)
     if not entry.autocast:
         return MappingProxyType({})
     half = entry.compute_dtype
-    biases = eager.linear_biases(graph.layers, eager.parameter_sizes(graph))
+    if biases is None:
+        biases = eager.linear_biases(graph.layers, eager.parameter_sizes(graph))
     dtypes: dict[str, str] = {}
     for layer in graph.layers:
         out = (dtypes.get(biases[layer.name], half) if layer.name in biases

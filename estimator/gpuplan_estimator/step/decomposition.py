@@ -236,7 +236,9 @@ def build_step(
     overrides = frameworks.overrides(graph, settings.framework)
     credits = layout_credits.credits_for(graph, settings.framework, overrides)
     fused_attention = attention.fused_attention(graph, settings.attention)
-    dtypes = autocast.tensor_dtypes(graph, settings.precision)
+    params = eager.parameter_sizes(graph)
+    biases = eager.linear_biases(graph.layers, params)
+    dtypes = autocast.tensor_dtypes(graph, settings.precision, biases)
     casts_forward, casts_backward = autocast.cast_items(graph, settings.precision, dtypes,
                                                         needs_grad, fused_attention)
     cast_before = _by_layer(casts_forward)
@@ -245,12 +247,10 @@ def build_step(
     in_eager = settings.framework != options.ONNXRUNTIME
     view_transposes = (views.view_transposes(graph, fused_attention) if in_eager
                        else frozenset())
-    params = eager.parameter_sizes(graph)
     # Bias Adds inside their linear's GEMM and selects (views): no forward kernel of their
     # own in eager PyTorch, but their backward (the bias gradient's sum, select's scatter).
     no_forward_kernel = frozenset(
-        {*eager.linear_biases(graph.layers, params),
-         *(la.name for la in graph.layers if eager.is_select(la, params))}
+        {*biases, *(la.name for la in graph.layers if eager.is_select(la, params))}
         if in_eager else ())
     for layer in graph.layers:
         forward.extend(cast_before.get(layer.name, ()))
@@ -367,19 +367,20 @@ def eval_mode_item(layer: Layer, item: WorkItem) -> WorkItem:
     kernel), where the training kernel reads its input twice (statistics, then normalise)."""
     if layer.op_type != "BatchNormalization" or item.kernel != "batchnorm":
         return item
-    out = layer.outputs[0]
-    return replace(item, family=OpFamily.ELEMENTWISE, kernel="elementwise",
-                   dims=MappingProxyType(elementwise_dims(out, 1)), op=eager.COPY_PASS_OP,
-                   flops=2 * out.elements)
+    return _copy_pass(layer, item, flops_per_element=2)
 
 
 def copy_pass_item(layer: Layer, item: WorkItem) -> WorkItem:
     """A clone as eager PyTorch runs it: one elementwise copy (TensorIterator reads any
     strides), not a transpose-shaped memcpy."""
+    return _copy_pass(layer, item, flops_per_element=0)
+
+
+def _copy_pass(layer: Layer, item: WorkItem, flops_per_element: int) -> WorkItem:
     out = layer.outputs[0]
     return replace(item, family=OpFamily.ELEMENTWISE, kernel="elementwise",
                    dims=MappingProxyType(elementwise_dims(out, 1)), op=eager.COPY_PASS_OP,
-                   flops=0)
+                   flops=flops_per_element * out.elements)
 
 
 def unit_item(

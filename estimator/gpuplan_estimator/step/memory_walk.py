@@ -131,7 +131,7 @@ class _Walk:
         # MatMul + Add(bias) as a dynamo export writes torch's linear: one op, one output.
         self.biased = eager.linear_biases(self.layers, self.params)
         self.width = run_widths(self.layers, self.params, settings.half_bytes,
-                                 frozenset(self.biased))
+                                frozenset(self.biased))
         self.storage = _storages(self.layers, self.params)  # tensor -> the storage it views
         self.tensors = {t.name: t for la in self.layers for t in (*la.inputs, *la.outputs)}
         produced = {t.name for la in self.layers for t in la.outputs}
@@ -483,7 +483,7 @@ def _graph_outputs(layers: list[Layer]) -> list[str]:
 
 
 def run_widths(layers: Iterable[Layer], params: Mapping[str, int], half: int,
-                biases: frozenset[str] = frozenset()) -> dict[str, int]:
+               biases: frozenset[str] = frozenset()) -> dict[str, int]:
     """Bytes per element of every float tensor as the step runs (autocast's dtype flow)."""
     width: dict[str, int] = {}
     for la in layers:

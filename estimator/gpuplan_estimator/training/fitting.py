@@ -419,7 +419,7 @@ def _fit_kernels(training: _TrainingFrame, settings: TrainSettings, resolve: Dev
         out.kernel_devices[kernel] = sorted(str(d) for d in np.unique(data.device))
         # From one GPU's rows a transfer model cannot learn what differs between GPUs, and no
         # GPU can be left out to size its interval: unmeasured GPUs keep the roofline.
-        if len(np.unique(data.device)) < 2:
+        if len(out.kernel_devices[kernel]) < 2:
             continue
         out.transfer[kernel] = _model(settings, kernel, quantiles=True, transfer=True).fit(
             data.transfer_x, np.log(data.latency_ms / data.transfer_base_ms))

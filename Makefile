@@ -148,7 +148,7 @@ models: $(STAMP) ## rebuild the shipped default model bundle from ../shared/data
 HOST_RUN ?= docs/gpu-steps/2026-11-27-h200b
 HOST_EVENT_RUN ?= docs/gpu-steps/2026-11-27-h200
 .PHONY: host-model
-host-model: $(STAMP) ## host timeline coefficients (leave-one-model-out spread) into the shipped bundle's manifest, from a GPU run's host times and an earlier run's host-bound event times (~90 s)
+host-model: $(STAMP) ## tensor-core GEMM utilisations from a GPU run's profiled phases, then host timeline coefficients (both with their leave-one-model-out spread) into the shipped bundle's manifest, from its host times and an earlier run's host-bound event times (~90 s)
 	$(PYTHON) hack/bundle_host_model.py --steps $(HOST_RUN)/steps.jsonl \
 	  --event-steps $(HOST_EVENT_RUN)/steps.jsonl --probe $(HOST_RUN)/host-probe.json
 

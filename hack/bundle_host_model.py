@@ -7,8 +7,10 @@ Fits `step.host.HostCoefficients` on the host times of measured whole-model step
 (`evaluation.host_check`: the estimator's own work items of each case as regressors), with the
 leave-one-model-out spread as its `log_sigma`, and writes it with the node's probe into the
 bundle's ``manifest.json`` under ``host_model`` (provenance under ``host_model_provenance``).
-Estimates on GPUs then price the step on two clocks. ``make host-model`` runs it on the shipped
-bundle with the 2026-11-27 H200 run.
+Estimates on GPUs then price the step on two clocks. The same runs' profiled kernels give the
+aligned tensor-core GEMM utilisation (`training.stream_fit`, with the leave-one-model-out
+spread), written first under ``aligned_gemm`` (provenance under ``aligned_gemm_provenance``).
+``make host-model`` runs it on the shipped bundle with the 2026-11-27 H200 run.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from datetime import datetime
 from pathlib import Path
 
 from gpuplan_estimator.core import provenance
-from gpuplan_estimator.evaluation import host_check
+from gpuplan_estimator.cost import aligned_gemm
+from gpuplan_estimator.evaluation import host_check, model_step_scoring, stream_check
 from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.step import host
-from gpuplan_estimator.training import host_fit
+from gpuplan_estimator.training import host_fit, stream_fit
 
 PROVENANCE_KEY = "host_model_provenance"
+ALIGNED_PROVENANCE_KEY = "aligned_gemm_provenance"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,23 +44,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print, write nothing")
     args = parser.parse_args(argv)
     bundles.read_manifest(args.bundle)  # checked: a bundle this version can read
+    command = shlex.join(["hack/bundle_host_model.py", *(argv or sys.argv[1:])])
+    stamp = {"command": command,
+             "created": datetime.now().astimezone().isoformat(timespec="seconds"),
+             "commit": provenance.git_commit(short=True)}
+    entries = _aligned_entries(args.steps, stamp)
+    if entries and not args.dry_run:
+        # First: the event rows' host times are read through the stream it prices.
+        bundles.update_manifest(args.bundle, entries)
     probe, rows = host_check.load_rows(args.steps, args.probe, args.event_steps)
     coefficients = host_fit.fit_for_bundle(rows)
-    doc = host.model_to_json(host.HostModel(probe, coefficients))
-    record = {
-        "command": shlex.join(["hack/bundle_host_model.py", *(argv or sys.argv[1:])]),
-        "created": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "commit": provenance.git_commit(short=True),
-        "rows": len(rows), "models": sorted({r.group for r in rows}),
+    entries[host.MANIFEST_KEY] = host.model_to_json(host.HostModel(probe, coefficients))
+    entries[PROVENANCE_KEY] = {
+        **stamp, "rows": len(rows), "models": sorted({r.group for r in rows}),
         "method": "bounded least squares on measured host time per phase; log_sigma is the "
                   "leave-one-model-out spread",
     }
-    print(json.dumps({host.MANIFEST_KEY: doc, PROVENANCE_KEY: record}, indent=2))
+    print(json.dumps(entries, indent=2))
     if args.dry_run:
         return 0
-    path = bundles.update_manifest(args.bundle, {host.MANIFEST_KEY: doc, PROVENANCE_KEY: record})
-    print(f"wrote {host.MANIFEST_KEY} into {path}")
+    path = bundles.update_manifest(args.bundle, entries)
+    print(f"wrote {', '.join(k for k in entries if not k.endswith('provenance'))} into {path}")
     return 0
+
+
+def _aligned_entries(steps: list[Path], stamp: dict[str, str]) -> dict[str, object]:
+    """The aligned-GEMM utilisation fitted on the runs' profiled phases, with provenance
+    (nothing when no run was profiled)."""
+    aligned = [r for path in steps
+               for lines in [model_step_scoring.read_json_lines(path)]
+               for r in stream_check.aligned_rows(lines, host_check.run_device(lines, path))]
+    if not aligned:
+        return {}
+    return {aligned_gemm.MANIFEST_KEY: stream_fit.fit_for_bundle(aligned).to_json(),
+            ALIGNED_PROVENANCE_KEY: {
+                **stamp, "rows": len(aligned), "models": sorted({r.group for r in aligned}),
+                "method": "median log(tile-and-wave plan / profiled aligned tensor-core GEMM "
+                          "kernels) per mode over profiled phases; log_sigma is the "
+                          "leave-one-model-out spread"}}
 
 
 if __name__ == "__main__":

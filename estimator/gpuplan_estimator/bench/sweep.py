@@ -5,8 +5,9 @@ A spec file describes one kernel family: the ops to draw from, a distribution pe
 spaces are random-uniformly subsampled (log-uniform for sizes), never enumerated.
 
 Dim distributions: ``7`` (constant), ``{choice: [...]}``, ``{int: [lo, hi]}`` (uniform),
-``{log: [lo, hi]}`` (log-uniform integer), ``{ref: other}`` (same value as an earlier dim),
-``{half: other}`` (earlier dim // 2, e.g. "same" padding).
+``{log: [lo, hi]}`` (log-uniform integer), ``{aligned: [lo, hi, step]}`` (log-uniform, rounded
+to a multiple of step: the hidden sizes and channel counts models have), ``{ref: other}`` (same
+value as an earlier dim), ``{half: other}`` (earlier dim // 2, e.g. "same" padding).
 """
 
 from __future__ import annotations
@@ -148,6 +149,11 @@ def _check_dist(dist: Any, where: str, seen: Sequence[str]) -> None:
         ok = isinstance(arg, list) and len(arg) == 2 and all(isinstance(v, int) for v in arg)
         if not ok or arg[0] > arg[1] or (kind == "log" and arg[0] < 1):
             raise errors.GpuplanError(f"{where}: {kind} needs [lo, hi] ints with lo <= hi")
+    elif kind == "aligned":
+        ok = isinstance(arg, list) and len(arg) == 3 and all(isinstance(v, int) for v in arg)
+        if not ok or not 1 <= arg[2] <= arg[0] <= arg[1]:
+            raise errors.GpuplanError(f"{where}: aligned needs [lo, hi, step] ints with "
+                                      f"1 <= step <= lo <= hi")
     elif kind in ("ref", "half"):
         if arg not in seen:
             raise errors.GpuplanError(f"{where}: {kind} must name an earlier dim, got {arg!r}")
@@ -179,6 +185,10 @@ def _draw(dist: Any, rng: np.random.Generator, drawn: Mapping[str, int]) -> int:
     if kind == "log":
         value = math.exp(rng.uniform(math.log(arg[0]), math.log(arg[1] + 1)))
         return int(min(max(math.floor(value), arg[0]), arg[1]))
+    if kind == "aligned":
+        lo, hi, step = arg
+        value = math.exp(rng.uniform(math.log(lo), math.log(hi + 1)))
+        return int(min(max(round(value / step) * step, step), hi - hi % step))
     if kind == "ref":
         return drawn[arg]
     return drawn[arg] // 2  # half

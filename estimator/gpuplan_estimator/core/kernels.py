@@ -76,3 +76,7 @@ def kernel_dims() -> dict[str, tuple[str, ...]]:
 FREE_KERNEL = "none"
 """The kernel of an item that costs nothing at run time: a shape-only layer, or one the
 framework folds into a neighbour's kernel. No model prices it; it is not a family."""
+
+MIN_KERNEL_MS = 0.002
+"""The shortest kernel on a stream: the H200 bench's graph-replayed tiny rows took 1.4-2.1 us
+(`docs/gpu-steps/2026-11-27-h200b/bench.parquet`)."""

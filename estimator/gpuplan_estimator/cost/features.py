@@ -10,6 +10,7 @@ bound plus a launch floor (`base_ms`); efficiency transfers across GPUs, magnitu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -422,6 +423,32 @@ def one_wave_gemm(cols: WorkColumns, dev: DeviceColumns, log_scale: float
     plan = structure(cols, dev, flops, nbytes)
     floor = np.where(dev.is_cpu > 0, LAUNCH_FLOOR_MS["cpu"], LAUNCH_FLOOR_MS["gpu"])
     return tiling.sub_wave(plan), tiling.one_wave_ms(plan, floor, log_scale)
+
+
+def tensor_core_gemm(cols: WorkColumns, dev: DeviceColumns
+                     ) -> tuple[npt.NDArray[np.str_], FloatArray]:
+    """Per gemm row: the class of tensor-core kernel it runs (`tiling.tensor_core_class`: its
+    mode, with the alignment when under a 16-byte vector), "" for none; and its tile-and-wave
+    time (ms, no launch floor: what the kernel holds the SMs at their roofline share).
+
+    cuBLAS rasters its tiles so that neighbours share operand panels in L2: each operand
+    crosses DRAM once (a GEMM of 12,608 ViT tokens does not re-read its panels, as
+    `tiling.gemm_plan` prices a working set over L2), so the plan is the waves' compute at
+    L2's bandwidth, and never less than the operands' one trip through DRAM."""
+    if cols.kernel != "gemm":
+        raise errors.InvalidRequestError("kernel", f"tensor-core class pricing is for gemm, "
+                                         f"not {cols.kernel!r}")
+    flops, nbytes = work_cost(cols)
+    in_l2 = dataclasses.replace(dev, l2_mb=np.full_like(dev.l2_mb, np.inf))
+    plan = structure(cols, in_l2, flops, nbytes)
+    time_ms = np.maximum(plan["time_ms"], nbytes / (dev.bw_gbps * 1e6))
+    d = {k: v.astype(np.float64) for k, v in cols.dims.items()}
+    width = tiling.dtype_bytes_of(cols.dtype)
+    elements = tiling.alignment_elements(d["m"], d["k"], d["n"], width)
+    modes = tiling.tensor_core_mode(cols.dtype, cols.math)
+    classes = [tiling.tensor_core_class(str(m), int(e), int(b))
+               for m, e, b in zip(modes, elements, width, strict=True)]
+    return np.array(classes, dtype=np.str_).reshape(len(cols)), time_ms
 
 
 def _base_from_cost(flops: FloatArray, nbytes: FloatArray, dev: DeviceColumns) -> FloatArray:

@@ -68,6 +68,59 @@ def tensor_core_rows(dtypes: npt.NDArray[np.str_], math: npt.NDArray[np.str_] | 
     return tensor | ((np.asarray(dtypes) == "float32") & (np.asarray(math) == "tf32"))
 
 
+TENSOR_CORE_ALIGN_BYTES = 16
+"""cuBLAS runs its Hopper/Ampere tensor-core GEMMs (wgmma `nvjet`/`sm90_xmma`, `..._align4`/
+`_align8` cutlass) only on operands whose rows start on 16 bytes; any dim off that falls back to
+`_align1`/`_align2` kernels at a fraction of the rate (on the H200, a bf16 LM head over GPT-2's
+50,257-token vocabulary ran at 95 TFLOP/s, its aligned layers at 490-650)."""
+HALF_MODE = "half"
+"""The tensor-core mode of 16-bit float GEMMs (`tensor_core_mode`), tf32's being "tf32"."""
+
+
+def tensor_core_mode(dtypes: npt.NDArray[np.str_], math: npt.NDArray[np.str_] | None
+                     ) -> npt.NDArray[np.str_]:
+    """Per row, the tensor-core mode a GEMM runs in: `HALF_MODE` for 16-bit floats, "tf32"
+    for float32 asked for tf32, "" for none (SIMT fp32, fp8 and the rest)."""
+    dtypes = np.asarray(dtypes)
+    mode = np.where(np.isin(dtypes, ("float16", "bfloat16")), HALF_MODE, "")
+    if math is not None:
+        mode = np.where((dtypes == "float32") & (np.asarray(math) == "tf32"), "tf32", mode)
+    return mode.astype(np.str_)
+
+
+def alignment_elements(m: FloatArray, k: FloatArray, n: FloatArray, dtype_bytes: FloatArray
+                       ) -> FloatArray:
+    """Per row, the largest power of two, up to one 16-byte vector of elements
+    (`TENSOR_CORE_ALIGN_BYTES`), that divides every GEMM dim: the alignment (in elements) of
+    the CUTLASS kernel cuBLAS can run (`..._align1`, `_align2`, ...)."""
+    per_vector = np.maximum(TENSOR_CORE_ALIGN_BYTES // np.maximum(dtype_bytes, 1.0), 1.0)
+    out = np.ones_like(per_vector)
+    step = 2.0
+    while step <= float(np.max(per_vector, initial=1.0)):
+        divides = (m % step == 0) & (k % step == 0) & (n % step == 0) & (step <= per_vector)
+        out = np.where(divides, step, out)
+        step *= 2.0
+    return out
+
+
+def tensor_core_aligned(m: FloatArray, k: FloatArray, n: FloatArray, dtype_bytes: FloatArray
+                        ) -> npt.NDArray[np.bool_]:
+    """Rows whose every GEMM dim holds a whole number of 16-byte vectors
+    (`TENSOR_CORE_ALIGN_BYTES`): the shapes cuBLAS's fast tensor-core kernels take."""
+    per_vector = np.maximum(TENSOR_CORE_ALIGN_BYTES // np.maximum(dtype_bytes, 1.0), 1.0)
+    return np.asarray(alignment_elements(m, k, n, dtype_bytes) == per_vector)
+
+
+def tensor_core_class(mode: str, elements: int, dtype_bytes: int) -> str:
+    """The class a tensor-core GEMM's kernel falls in: its mode when aligned to a whole vector,
+    else the mode with its alignment in elements ("half-align2"); "" without a mode."""
+    if not mode:
+        return ""
+    if elements * dtype_bytes >= TENSOR_CORE_ALIGN_BYTES:
+        return mode
+    return f"{mode}-align{elements}"
+
+
 def sub_wave(plan: Mapping[str, FloatArray]) -> npt.NDArray[np.bool_]:
     """Rows whose plan (`gemm_plan`, split-K included) has no more tiles than one wave holds:
     their time is one wave of per-tile work, which nothing measured on large GEMMs (many

@@ -32,6 +32,7 @@ from typing import Any
 
 from gpuplan_estimator import devices, graph
 from gpuplan_estimator.core import errors, options, provenance
+from gpuplan_estimator.cost.aligned_gemm import AlignedGemmFit
 from gpuplan_estimator.evaluation import model_steps
 from gpuplan_estimator.evaluation.model_steps import ModelCase
 from gpuplan_estimator.graph import batching, exporting
@@ -90,15 +91,20 @@ def _estimate(g: graph.ModelGraph, batch: int, mode: str, precision: str, attent
 def predict(cases: Sequence[ModelCase], specs: Sequence[devices.DeviceSpec],
             precisions: Sequence[str], bundle: str | None,
             progress: Callable[[str], None] = lambda _: None,
-            host_folds: Mapping[str, HostModel] | None = None) -> dict[str, Any]:
+            host_folds: Mapping[str, HostModel] | None = None,
+            aligned_folds: Mapping[str, AlignedGemmFit] | None = None) -> dict[str, Any]:
     """Predicted rows of every (case, batch, precision, device), and what predicted them.
 
-    `host_folds` maps a case to the host model fitted without it (leave-one-model-out); a
-    case it lacks is priced with the bundle's."""
-    predictor, source = selection.select_predictor(bundle, None)
+    `host_folds` maps a case to the host model fitted without it (leave-one-model-out),
+    `aligned_folds` to the aligned-GEMM utilisation fitted without it; a case either lacks is
+    priced with the bundle's."""
+    bundle_predictor, source = selection.select_predictor(bundle, None)
     rows = []
     for case in cases:
         host_model = (host_folds or {}).get(case.name)
+        predictor = bundle_predictor
+        if case.name in (aligned_folds or {}) and hasattr(predictor, "with_aligned_gemm"):
+            predictor = predictor.with_aligned_gemm((aligned_folds or {})[case.name])
         for batch in case.batches:
             g = case_graph(case, batch)
             for precision, attention in itertools.product(precisions, options.ATTENTIONS):
@@ -257,6 +263,8 @@ class PredictSettings:
     out: Path
     host_folds: Path | None
     """JSON of case -> host model fitted without it (`host-check --folds`)."""
+    aligned_folds: Path | None = None
+    """JSON of case -> aligned-GEMM utilisation fitted without it (`stream-check --folds`)."""
 
 
 @dataclass(frozen=True)
@@ -282,8 +290,13 @@ def run_predict(settings: PredictSettings, command: str) -> int:
     if settings.host_folds is not None:
         folds = {name: host.model_from_json(doc)
                  for name, doc in json.loads(read_capped(settings.host_folds)).items()}
+    aligned = None
+    if settings.aligned_folds is not None:
+        aligned = {name: AlignedGemmFit.from_json(doc, f"{settings.aligned_folds}: {name}")
+                   for name, doc in json.loads(read_capped(settings.aligned_folds)).items()}
     doc = predict(cases, specs, list(settings.precisions), settings.bundle,
-                  progress=lambda m: print(m, file=sys.stderr, flush=True), host_folds=folds)
+                  progress=lambda m: print(m, file=sys.stderr, flush=True), host_folds=folds,
+                  aligned_folds=aligned)
     doc["provenance"] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
                          "commit": provenance.git_commit(), "command": command}
     settings.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,26 +1,40 @@
 """The stream's kernel time against what a profiler saw (issue #30).
 
-    gpuplan eval stream-check --steps docs/gpu-steps/2026-11-27-h200b/steps.jsonl [--bundle DIR]
+    gpuplan eval stream-check --steps docs/gpu-steps/2026-11-27-h200b/steps.jsonl [--bundle DIR] \
+        [--folds FOLDS.json]
 
 `model_steps` profiles one step of each case it instruments (`instrumented.<phase>.kernels`:
 per kernel name, count and time). Their sum over GPU kernels (the CUDA runtime's own calls
 left out) is the stream's busy time of that phase, the figure `estimates.stream_busy_ms`
 predicts. Nothing is fitted here: it checks the kernel side of the two clocks apart from the
 host's.
+
+The same profiles teach what the kernel benchmarks cannot: how fast aligned tensor-core GEMMs
+run (`cost.aligned_gemm`, `aligned_rows`, fitted by `training.stream_fit`). With ``--folds``
+the fit leaving each model out is written per model, for `model-step-scoring predict
+--aligned-folds`, and the check prices each model with its own fold.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gpuplan_estimator import devices
+from gpuplan_estimator.core import workload
+from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.cost import aligned_gemm, features, tiling
 from gpuplan_estimator.evaluation import host_check, model_step_scoring, model_steps
 from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.step.decomposition import build_step
+from gpuplan_estimator.training import stream_fit
 
 PHASES = ("forward", "backward")
 HOST_SIDE_PREFIXES = ("cuda", "cu", "Activity")
@@ -39,11 +53,117 @@ def profiled_kernel_ms(row: Mapping[str, Any], phase: str) -> float | None:
                if not str(k["name"]).startswith(HOST_SIDE_PREFIXES)) / 1000.0
 
 
+def profiled_gemm_ms(row: Mapping[str, Any], phase: str, mode: str, dtype: str
+                     ) -> dict[str, float] | None:
+    """Per tensor-core kernel class (`stream_fit.kernel_class`), the GEMM kernels' time of one
+    profiled phase (ms); None unless the row was instrumented and its top list holds every
+    kernel."""
+    kernels = ((row.get("instrumented") or {}).get(phase) or {}).get("kernels")
+    if not kernels or kernels.get("rest", {}).get("count", 0):
+        return None
+    out: dict[str, float] = {}
+    for k in kernels.get("top", []):
+        cls = stream_fit.kernel_class(str(k["name"]), mode, dtype)
+        if cls:
+            out[cls] = out.get(cls, 0.0) + float(k["us"]) / 1000.0
+    return out
+
+
+_PHASE_OF = {Phase.FORWARD: "forward", Phase.BACKWARD: "backward"}
+
+
+def _classified_gemms(items: Sequence[WorkItem], device: devices.DeviceSpec
+                      ) -> list[tuple[WorkItem, str, bool, float]]:
+    """The step's forward and backward GEMMs outside a fused attention core (those run inside
+    its own kernel), each with its tensor-core class, whether `aligned_gemm` prices it
+    (`aligned_gemm.priced_classes`) and its tile-and-wave time (ms)."""
+    gemms = [it for it in items if it.kernel == "gemm" and it.phase in _PHASE_OF
+             and workload.FUSED_IO_BYTES not in it.attributes]
+    if not gemms:
+        return []
+    cols = features.columns_from_items("gemm", gemms)
+    dev = features.broadcast_device(device, cols.dtype, 0, "gemm", cols.math)
+    classes, plan_ms = features.tensor_core_gemm(cols, dev)
+    priced = aligned_gemm.priced_classes(classes, cols)
+    return [(it, str(c), bool(ok), float(ms))
+            for it, c, ok, ms in zip(gemms, classes, priced, plan_ms, strict=True)]
+
+
+def _in_mode(cls: str, mode: str) -> bool:
+    return bool(cls) and cls.split("-")[0] == mode
+
+
+def gemm_plan_ms(items: Sequence[WorkItem], device: devices.DeviceSpec, mode: str
+                 ) -> dict[tuple[str, str], float]:
+    """Per (phase, tensor-core class), the tile-and-wave time (ms) of the step's GEMMs in
+    `mode` that `aligned_gemm` prices."""
+    out: dict[tuple[str, str], float] = {}
+    for it, cls, ok, ms in _classified_gemms(items, device):
+        if ok and _in_mode(cls, mode):
+            key = (_PHASE_OF[it.phase], cls)
+            out[key] = out.get(key, 0.0) + ms * it.count
+    return out
+
+
+_MODE_OF_PRECISION = {"tf32": ("tf32", "float32"), "bf16": (tiling.HALF_MODE, "bfloat16"),
+                      "fp16": (tiling.HALF_MODE, "float16")}
+
+
+def aligned_rows(lines: Sequence[Mapping[str, Any]], device: devices.DeviceSpec
+                 ) -> list[stream_fit.AlignedRow]:
+    """Per instrumented tf32/bf16/fp16 row, phase and tensor-core class: the plans of the GEMMs
+    `aligned_gemm` prices against the profiled kernels of that class (`stream_fit.AlignedRow`).
+    A class whose kernels ran GEMMs it does not price (small unaligned ones) has no row."""
+    cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
+    cache: dict[tuple[str, int], Any] = {}
+    out = []
+    for row in host_check.ok_rows(lines):
+        precision = model_step_scoring.estimator_precision(row)
+        if precision not in _MODE_OF_PRECISION or not row.get("instrumented"):
+            continue
+        mode, dtype = _MODE_OF_PRECISION[precision]
+        g = host_check.case_graph(cases[row["model"]], row, cache)
+        items = build_step(g, host_check.train_settings(row)).items
+        plans = gemm_plan_ms(items, device, mode)
+        unpriced = _unpriced_classes(items, device, mode)
+        for phase in PHASES:
+            profiled = profiled_gemm_ms(row, phase, mode, dtype) or {}
+            for cls, ms in sorted(profiled.items()):
+                plan = plans.get((phase, cls), 0.0)
+                if ms > 0 and plan > 0 and (phase, cls) not in unpriced:
+                    out.append(stream_fit.AlignedRow(row["model"], cls, phase, plan, ms))
+    return out
+
+
+def _unpriced_classes(items: Sequence[WorkItem], device: devices.DeviceSpec, mode: str
+                      ) -> set[tuple[str, str]]:
+    """(phase, class) pairs holding a GEMM `aligned_gemm` leaves to the bundle model: the
+    profile sums every kernel of the class, so the pair's ratio would not be the priced ones'."""
+    return {(_PHASE_OF[it.phase], cls) for it, cls, ok, _ in _classified_gemms(items, device)
+            if not ok and _in_mode(cls, mode)}
+
+
+def _print_aligned(rows: Sequence[stream_fit.AlignedRow],
+                   folds: Mapping[str, aligned_gemm.AlignedGemmFit]) -> None:
+    """Each profiled phase's aligned GEMMs: plan, profiled, and the price under the fold
+    without its model, over the profiled time."""
+    print("| model | class | phase | plan ms | profiled ms | held-out price / profiled |")
+    print("|---|---|---|--:|--:|--:|")
+    for r in rows:
+        fold = folds.get(r.group)
+        ratio = (f"{r.plan_ms * np.exp(-fold.log_util[r.mode]) / r.profiled_ms:.2f}"
+                 if fold is not None and r.mode in fold.log_util else "-")
+        print(f"| {r.group} | {r.mode} | {r.phase} | {r.plan_ms:.2f} | {r.profiled_ms:.2f} | "
+              f"{ratio} |")
+
+
 @dataclass(frozen=True)
 class StreamCheckSettings:
     """`gpuplan eval stream-check`'s flags."""
     steps: tuple[Path, ...]
     bundle: str | None
+    folds: Path | None = None
+    """Where to write each model's leave-one-out aligned-GEMM fit (None: nowhere)."""
 
 
 def compare(lines: Sequence[Mapping[str, Any]], predictor: Any,
@@ -69,13 +189,32 @@ def compare(lines: Sequence[Mapping[str, Any]], predictor: Any,
 
 
 def run(settings: StreamCheckSettings) -> int:
-    """Print each phase's predicted and profiled kernel time, and the MAPE per precision."""
+    """Print each phase's predicted and profiled kernel time, and the MAPE per precision;
+    with `settings.folds`, fit the aligned-GEMM utilisation leaving each model out, write the
+    folds and price each model with its own."""
     predictor, source = selection.select_predictor(settings.bundle, None)
+    runs = [(model_step_scoring.read_json_lines(path), path) for path in settings.steps]
+    folds: dict[str, aligned_gemm.AlignedGemmFit] = {}
+    if settings.folds is not None:
+        aligned = [r for lines, path in runs
+                   for r in aligned_rows(lines, host_check.run_device(lines, path))]
+        folds = stream_fit.leave_one_group_out(aligned)
+        settings.folds.write_text(json.dumps({g: f.to_json() for g, f in folds.items()},
+                                             indent=2) + "\n")
+        for g, f in folds.items():
+            print(f"fold without {g}: " + ", ".join(
+                f"{m} utilisation {np.exp(v):.2f}" for m, v in f.log_util.items()))
+        _print_aligned(aligned, folds)
     rows: list[dict[str, Any]] = []
-    for path in settings.steps:
-        lines = model_step_scoring.read_json_lines(path)
-        rows += compare(lines, predictor, host_check.run_device(lines, path))
-    print(f"predictor: {source}")
+    for lines, path in runs:
+        device = host_check.run_device(lines, path)
+        for model in sorted({str(r.get("model")) for r in host_check.ok_rows(lines)}):
+            priced = predictor
+            if model in folds and hasattr(predictor, "with_aligned_gemm"):
+                priced = predictor.with_aligned_gemm(folds[model])
+            rows += compare([r for r in lines if r.get("model") == model], priced, device)
+    print(f"predictor: {source}" + (" (aligned GEMMs: each model's held-out fold)"
+                                    if settings.folds is not None else ""))
     print("| model | batch | precision | phase | predicted ms | profiled ms | error % |")
     print("|---|--:|---|---|--:|--:|--:|")
     for r in rows:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuplan_estimator.core import errors, paths
-from gpuplan_estimator.cost import features
+from gpuplan_estimator.cost import aligned_gemm, features
 from gpuplan_estimator.devices import user_catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.latency.regressors import (
@@ -107,6 +107,18 @@ class Bundle:
             raise errors.InvalidRequestError(f"manifest.{SUB_WAVE_KEY}.log_scale",
                                              f"must be a finite number, not {value!r}")
         return value
+
+    def aligned_gemm(self) -> aligned_gemm.AlignedGemmFit | None:
+        """The aligned tensor-core GEMM utilisation (`cost.aligned_gemm`), None when the
+        manifest holds none."""
+        entry = self.manifest.get(aligned_gemm.MANIFEST_KEY)
+        if entry is None:
+            return None
+        if not isinstance(entry, Mapping):
+            raise errors.InvalidRequestError(f"manifest.{aligned_gemm.MANIFEST_KEY}",
+                                             "must be an object")
+        return aligned_gemm.AlignedGemmFit.from_json(entry,
+                                                     f"manifest.{aligned_gemm.MANIFEST_KEY}")
 
     def has_timed(self, kernel: str, device: DeviceSpec) -> bool:
         """Whether the kernel's GPU rows held the device (`KERNEL_DEVICES_KEY`); bundles

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpuplan_estimator.core import measurements
+from gpuplan_estimator.core import measurements, workload
 from gpuplan_estimator.core.workload import WorkItem
-from gpuplan_estimator.cost import features, roofline
+from gpuplan_estimator.cost import aligned_gemm, features, roofline
 from gpuplan_estimator.cost.predictors import FloatArray, LatencyPrediction, LatencyPredictor
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.devices.catalog import DeviceSpec
@@ -68,7 +68,15 @@ class LearnedPredictor:
         self.bundle = bundle
         self.fallback: LatencyPredictor = fallback if fallback is not None else RooflinePredictor()
         self.backend = backend
+        self.aligned_fit = bundle.aligned_gemm()
         self._cache: tuple[tuple[WorkItem, ...], list[_KernelGroup]] | None = None
+
+    def with_aligned_gemm(self, fit: aligned_gemm.AlignedGemmFit | None) -> LearnedPredictor:
+        """The same predictor with another aligned-GEMM utilisation (None: none): what an
+        evaluation holding one model out prices that model with."""
+        other = LearnedPredictor(self.bundle, self.fallback, backend=self.backend)
+        other.aligned_fit = fit
+        return other
 
     def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
         """Each kernel's items priced by its bundle model (or the fallback), credits taken off."""
@@ -96,8 +104,9 @@ class LearnedPredictor:
         for i, device in enumerate(devices):
             if device.platform == "cpu":
                 self._take_off_layout_credits(items, device, codes[i], parts[i])
-            median, p10, p90 = parts[i]
+            self._price_aligned(items, device, codes[i], parts[i], names[i])
             _price_fused_io(items, device, parts[i], names[i])
+            median, p10, p90 = parts[i]
             out.append(LatencyPrediction(median_ms=median, p10_ms=p10, p90_ms=p90,
                                          predictor=tuple(names[i])))
         return out
@@ -169,6 +178,29 @@ class LearnedPredictor:
         for values in parts:
             values[mask] *= factor
         tags[mask] = ONE_WAVE_LABEL
+
+    def _price_aligned(
+        self, items: Sequence[WorkItem], device: DeviceSpec, backend_code: int | None,
+        parts: tuple[FloatArray, FloatArray, FloatArray], names: list[str],
+    ) -> None:
+        """GEMMs on aligned tensor-core tiles priced by their plan at the fitted utilisation
+        (`cost.aligned_gemm`), in place; a fused core's GEMMs run inside the attention
+        kernel and keep their price."""
+        fit = self.aligned_fit
+        if fit is None or not aligned_gemm.prices_device(device):
+            return
+        idx = [i for i, it in enumerate(items)
+               if it.kernel == "gemm" and workload.FUSED_IO_BYTES not in it.attributes]
+        if not idx:
+            return
+        cols = features.columns_from_items("gemm", [items[i] for i in idx])
+        dev = features.broadcast_device(device, cols.dtype, backend_code or 0, "gemm", cols.math)
+        mask, priced = aligned_gemm.price(cols, device, dev, fit)
+        rows = np.asarray(idx)[mask]
+        for values, new in zip(parts, priced, strict=True):
+            values[rows] = new[mask]
+        for row in rows:
+            names[row] = aligned_gemm.LABEL
 
     def _take_off_layout_credits(
         self, items: Sequence[WorkItem], device: DeviceSpec, backend_code: int | None,

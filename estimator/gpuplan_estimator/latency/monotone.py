@@ -72,6 +72,12 @@ class SiblingBounded:
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 
+    def with_aligned_gemm(self, fit: Any) -> SiblingBounded:
+        """The inner predictor with another aligned-GEMM utilisation
+        (`LearnedPredictor.with_aligned_gemm`), bounded as this one is."""
+        return SiblingBounded(self.inner.with_aligned_gemm(fit),  # type: ignore[attr-defined]
+                              self.catalog)
+
     def predict(self, items: Sequence[WorkItem], device: DeviceSpec) -> LatencyPrediction:
         """The inner prediction on `device`, bounded by those of the devices it dominates."""
         return self.predict_many(items, [device])[0]

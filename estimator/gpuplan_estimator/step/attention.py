@@ -107,7 +107,12 @@ def without_scores_traffic(item: WorkItem, queries: int, keys: int) -> WorkItem:
     """`item` (a GEMM of a fused core, forward or backward) with the bytes it moves inside the
     fused kernel: its operands and result less the [queries, keys] matrix, which stays on chip.
     A GEMM with no such matrix, or another kernel, is returned as it is. (A head dim equal to
-    the sequence makes Q look like the scores too; such a core is tiny either way.)"""
+    the sequence makes Q look like the scores too; such a core is tiny either way.)
+
+    A float32 core runs PyTorch's memory-efficient kernel in its own fp32 arithmetic whatever
+    `allow_tf32` says, so its GEMMs lose a TF32 math mode: on the H200, BERT-large at batch 4
+    ran `fmha_cutlassF_f32` for 4.80 ms under fp32 and 4.89 ms under tf32, its backward 8.98
+    and 9.06 ms (`docs/gpu-steps/2026-11-27-h200b/steps.jsonl`, `instrumented`)."""
     if item.kernel != "gemm":
         return item
     m, k, n = item.dims["m"], item.dims["k"], item.dims["n"]
@@ -117,8 +122,9 @@ def without_scores_traffic(item: WorkItem, queries: int, keys: int) -> WorkItem:
     off_chip = sum(rows * cols for rows, cols in matrices if (rows, cols) not in scores)
     if off_chip == total or total == 0:
         return item
+    attributes = {k: v for k, v in item.attributes.items() if k != "math"}
     return replace(item, attributes=MappingProxyType({
-        **item.attributes, workload.FUSED_IO_BYTES: item.bytes_moved * off_chip // total}))
+        **attributes, workload.FUSED_IO_BYTES: item.bytes_moved * off_chip // total}))
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from gpuplan_estimator.core import options, precisions
 from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.kernels import MIN_KERNEL_MS
 from gpuplan_estimator.core.workload import Phase, WorkItem
 
 FloatArray = npt.NDArray[np.float64]
@@ -227,9 +228,6 @@ P4 0.0255, P100 0.0302, V100 0.0317) less a tiny kernel's own time (`MIN_KERNEL_
 host timeline the host model prices that dispatch, so a stream that kept it would pay it twice
 (issue #30: profiled bf16 forwards on the H200 ran 2-5x fewer kernel-ms than their rows
 summed)."""
-MIN_KERNEL_MS = 0.002
-"""The shortest kernel on a stream: the H200 bench's graph-replayed tiny rows took 1.4-2.1 us
-(`docs/gpu-steps/2026-11-27-h200b/bench.parquet`)."""
 
 
 def on_stream(latency_ms: FloatArray, learned: npt.NDArray[np.bool_], timing: str) -> FloatArray:

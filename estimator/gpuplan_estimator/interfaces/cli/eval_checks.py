@@ -115,6 +115,9 @@ def _model_step_scoring(checks: Any) -> None:
                    help="where the predictions go, with their provenance")
     p.add_argument("--host-folds", type=Path, default=None,
                    help="JSON of case -> host model fitted without it (host-check --folds)")
+    p.add_argument("--aligned-folds", type=Path, default=None,
+                   help="JSON of case -> aligned-GEMM utilisation fitted without it "
+                        "(stream-check --folds)")
     p.set_defaults(func=_predict)
     s = sub.add_parser("score", help="join predictions with a model_steps measurement")
     s.add_argument("--predicted", type=Path, required=True, metavar="JSON",
@@ -153,8 +156,12 @@ def _stream_check(checks: Any) -> None:
     p.add_argument("--steps", type=Path, action="append", required=True,
                    help="model_steps JSON lines with instrumented phases (repeat)")
     p.add_argument("--bundle", default=None, help="model bundle (default: the shipped one)")
+    p.add_argument("--folds", type=Path, default=None,
+                   help="fit the aligned-GEMM utilisation leaving each model out, write the "
+                        "folds here (model-step-scoring predict --aligned-folds) and price "
+                        "each model with its own")
     p.set_defaults(func=lambda args: stream_check.run(stream_check.StreamCheckSettings(
-        steps=tuple(args.steps), bundle=args.bundle)))
+        steps=tuple(args.steps), bundle=args.bundle, folds=args.folds)))
 
 
 def _sub_wave_check(checks: Any) -> None:
@@ -195,7 +202,7 @@ def _predict(args: argparse.Namespace) -> int:
     settings = model_step_scoring.PredictSettings(
         devices=tuple(args.device), precisions=_names(args.precisions), cases=args.cases,
         models=_names(args.models), bundle=args.bundle, out=args.out,
-        host_folds=args.host_folds)
+        host_folds=args.host_folds, aligned_folds=args.aligned_folds)
     return model_step_scoring.run_predict(settings, command=predict_command(settings))
 
 
@@ -212,6 +219,8 @@ def predict_command(settings: model_step_scoring.PredictSettings) -> str:
     parts += ["--out", str(settings.out)]
     if settings.host_folds is not None:
         parts += ["--host-folds", str(settings.host_folds)]
+    if settings.aligned_folds is not None:
+        parts += ["--aligned-folds", str(settings.aligned_folds)]
     return shlex.join(parts)
 
 

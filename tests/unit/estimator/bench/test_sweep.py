@@ -100,6 +100,8 @@ def test_plan_item_json_roundtrip() -> None:
         (GEMM.replace("{ref: m}", "{ref: zz}"), r"dims.n: ref must name an earlier dim"),
         (GEMM.replace("{int: [1, 64]}", "{int: [9, 1]}"), r"dims.k: int needs \[lo, hi\]"),
         (GEMM.replace("{int: [1, 64]}", "{normal: 3}"), "unknown distribution 'normal'"),
+        (GEMM.replace("{int: [1, 64]}", "{aligned: [8, 64, 16]}"), r"dims.k: aligned needs"),
+        (GEMM.replace("{int: [1, 64]}", "{aligned: [8, 64]}"), r"dims.k: aligned needs"),
         (GEMM.replace("max_bytes: 1.0e6", "max_bytes: lots"), "limits.cpu needs numeric"),
         ("- a\n- b\n", "must be a mapping"),
         ("kernel: [unclosed\n", "invalid YAML"),
@@ -159,3 +161,29 @@ def test_grouped_and_depthwise_conv_specs_sample_valid_groups() -> None:
     for it in plan:
         assert it.dims["c_in"] % it.dims["groups"] == 0
         assert it.dims["c_out"] % it.dims["groups"] == 0
+
+
+def test_aligned_dims_are_multiples_of_their_step_within_range(tmp_path: Path) -> None:
+    text = GEMM.replace("{log: [1, 64]}", "{aligned: [64, 4096, 64]}").replace(
+        "{int: [1, 64]}", "{aligned: [96, 1000, 32]}").replace("max_flops: 1.0e5",
+                                                                "max_flops: 1.0e12").replace(
+        "max_bytes: 1.0e6", "max_bytes: 1.0e12")
+    spec = sweep.load_spec(write(tmp_path, "aligned.yaml", text))
+    plan = sweep.sample_plan([spec], samples=60, seed=1, device_kind="cpu")
+    assert all(it.dims["m"] % 64 == 0 and 64 <= it.dims["m"] <= 4096 for it in plan)
+    assert all(it.dims["k"] % 32 == 0 and 96 <= it.dims["k"] <= 992 for it in plan)
+    assert len({it.dims["m"] for it in plan}) > 10  # spread over the range, not one value
+
+
+def test_the_shipped_model_shaped_sweeps_draw_tensor_core_aligned_shapes() -> None:
+    specs = [s for s in sweep.load_specs([SHIPPED]) if "aligned" in Path(s.path).name]
+    assert {s.kernel for s in specs} == {"gemm", "conv2d"}
+    plan = sweep.sample_plan(specs, samples=40, seed=0, device_kind="cuda")
+    for it in plan:
+        dims = ("m", "k", "n") if it.kernel == "gemm" else ("c_in", "c_out")
+        assert all(it.dims[d] % 32 == 0 for d in dims), it
+    (vocab,) = [s for s in sweep.load_specs([SHIPPED]) if Path(s.path).name == "gemm-vocab.yaml"]
+    for kind in ("cpu", "cuda"):
+        heads = sweep.sample_plan([vocab], samples=20, seed=0, device_kind=kind)
+        assert all(it.dims["n"] >= 16384 for it in heads)  # past the wide sweep's 8,192
+

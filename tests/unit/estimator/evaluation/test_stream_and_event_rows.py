@@ -10,10 +10,14 @@ from typing import Any
 import pytest
 
 from gpuplan_estimator import devices
+from gpuplan_estimator.core.layers import OpFamily
+from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.cost import aligned_gemm
 from gpuplan_estimator.evaluation import host_check, model_steps, stream_check
 from gpuplan_estimator.latency import selection
 from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step import host
+from gpuplan_estimator.step.decomposition import build_step
 
 PROBE = host.HostProbe.from_figures(
     {"eager_op_us": 10.0, "module_call_us": 30.0, "autocast_linear_us": 40.0,
@@ -108,3 +112,69 @@ def test_the_check_compares_the_streams_prediction_with_the_profile(
     (tmp_path / "bare.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(ValueError, match=r"nvml\.name"):
         stream_check.run(stream_check.StreamCheckSettings((tmp_path / "bare.jsonl",), None))
+
+
+def _gemm_profile(aligned_us: float) -> dict[str, Any]:
+    """A profiled forward: aligned wgmma GEMMs, an unaligned LM-head GEMM, fused attention."""
+    return {"forward": {"kernels": {"count": 4, "rest": {"count": 0, "us": 0}, "top": [
+        {"name": "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_bias_NNT", "count": 4, "us": aligned_us},
+        {"name": "void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_"
+                 "align1>(Params)", "count": 1, "us": 900.0},
+        {"name": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16", "count": 2,
+         "us": 700.0},
+        {"name": "cudaLaunchKernel", "count": 9, "us": 90.0}]}}}
+
+
+def test_aligned_rows_pair_the_plan_with_the_profiled_aligned_gemms(
+        h200: devices.DeviceSpec) -> None:
+    row = measured_row(5.0, 5.0, 5.0, _gemm_profile(aligned_us=400.0))
+    (made,) = stream_check.aligned_rows([row], h200)
+    assert (made.group, made.mode, made.phase) == (CASE.name, "half", "forward")
+    assert made.profiled_ms == pytest.approx(0.4)  # the align1 GEMM and attention left out
+    items = build_step(host_check.case_graph(CASE, row, {}), host_check.train_settings(row)).items
+    assert made.plan_ms == pytest.approx(stream_check.gemm_plan_ms(items, h200, "half")[
+        ("forward", "half")]) and made.plan_ms > 0
+    # fp32 rows and rows without a profile give none
+    assert stream_check.aligned_rows([{**row, "precision": "fp32"}], h200) == []
+    assert stream_check.aligned_rows([measured_row(5.0, 5.0, 5.0)], h200) == []
+
+
+def test_the_check_writes_each_models_held_out_fit_and_prices_with_it(
+        h200: devices.DeviceSpec, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [measured_row(5.0, 5.0, 5.0, _gemm_profile(aligned_us=400.0)),
+            {**measured_row(5.0, 5.0, 5.0, _gemm_profile(aligned_us=100.0)),
+             "model": model_steps.SMOKE_CASES[1].name}]
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text("\n".join(json.dumps(r) for r in (
+        {"kind": "provenance", "nvml": {"name": "NVIDIA H200"}}, *rows)) + "\n")
+    folds_path = tmp_path / "folds.json"
+    settings = stream_check.StreamCheckSettings((steps,), None, folds=folds_path)
+    assert stream_check.run(settings) == 0
+    folds = {g: aligned_gemm.AlignedGemmFit.from_json(doc)
+             for g, doc in json.loads(folds_path.read_text()).items()}
+    assert sorted(folds) == sorted(r["model"] for r in rows)
+    by_model = {r.group: r for r in stream_check.aligned_rows(rows, h200)}
+    for model, fold in folds.items():  # each fold is the other model's ratio alone
+        (other,) = [r for g, r in by_model.items() if g != model]
+        assert fold.log_util["half"] == pytest.approx(other.log_ratio)
+    assert "held-out fold" in capsys.readouterr().out
+
+
+def test_a_vocabulary_sized_unaligned_gemm_is_planned_in_its_own_class(
+        h200: devices.DeviceSpec) -> None:
+    def gemm(n: int, phase: Phase) -> WorkItem:
+        return WorkItem(layer=f"head{n}", family=OpFamily.MATMUL, kernel="gemm", phase=phase,
+                        dims={"batch": 1, "m": 2048, "k": 768, "n": n, "bias": 0},
+                        dtype="bfloat16", flops=2 * 2048 * 768 * n, bytes_moved=1, op="MatMul")
+    items = [gemm(50257, Phase.FORWARD), gemm(3072, Phase.FORWARD), gemm(1001, Phase.BACKWARD)]
+    plans = stream_check.gemm_plan_ms(items, h200, "half")
+    # the odd 1,001-wide GEMM is the bundle model's (smaller than a vocabulary): no plan
+    assert sorted(plans) == [("forward", "half"), ("forward", "half-align1")]
+    profile = {"forward": {"kernels": {"count": 2, "rest": {"count": 0, "us": 0}, "top": [
+        {"name": "cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1", "count": 1,
+         "us": 1680.0},
+        {"name": "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_bias_NNT", "count": 1, "us": 30.0}]}}}
+    assert stream_check.profiled_gemm_ms(measured_row(1.0, 1.0, 1.0, profile), "forward",
+                                         "half", "bfloat16") == pytest.approx(
+        {"half-align1": 1.68, "half": 0.03})
+

@@ -140,6 +140,17 @@ def test_fused_gemms_move_no_scores_and_are_priced_against_that_roofline(
     assert list(idx) == list(range(len(tagged))) and all(0 < f < 1 for f in factor)
 
 
+def test_a_float32_core_runs_fp32_math_whatever_tf32_asks_of_other_gemms(
+        gpt2: ModelGraph) -> None:
+    step = build_step(gpt2, _settings(FUSED, precision="tf32"))
+    gemms = [i for i in step.items if i.kernel == "gemm"]
+    core = [i for i in gemms if workload.FUSED_IO_BYTES in i.attributes]
+    rest = [i for i in gemms if workload.FUSED_IO_BYTES not in i.attributes]
+    assert core and rest
+    assert all("math" not in i.attributes for i in core)
+    assert all(i.attributes.get("math") == "tf32" for i in rest)
+
+
 def test_eager_gemms_keep_their_own_bytes(gpt2: ModelGraph) -> None:
     step = build_step(gpt2, _settings(EAGER, precision="bf16"))
     assert not any(workload.FUSED_IO_BYTES in i.attributes for i in step.items)
@@ -149,8 +160,9 @@ def test_a_bundle_model_prices_a_fused_gemm_at_its_unfused_efficiency(
         gpt2: ModelGraph) -> None:
     from gpuplan_estimator.latency import bundles, learned
 
-    predictor = learned.LearnedPredictor(bundles.load_bundle(bundles.SHIPPED_BUNDLE,
-                                                             origin="shipped"))
+    # Without the aligned-GEMM utilisation, which would price the untagged copies itself.
+    predictor = learned.LearnedPredictor(bundles.load_bundle(
+        bundles.SHIPPED_BUNDLE, origin="shipped")).with_aligned_gemm(None)
     step = build_step(gpt2, _settings(FUSED, precision="bf16"))
     tagged = [i for i in step.items if workload.FUSED_IO_BYTES in i.attributes]
     untagged = [dataclasses.replace(i, attributes={

@@ -6,13 +6,13 @@
 `model_steps` profiles one step of each case it instruments (`instrumented.<phase>.kernels`:
 per kernel name, count and time). Their sum over GPU kernels (the CUDA runtime's own calls
 left out) is the stream's busy time of that phase, the figure `estimates.stream_busy_ms`
-predicts. Nothing is fitted here: it checks the kernel side of the two clocks apart from the
-host's.
+predicts. It checks the kernel side of the two clocks apart from the host's.
 
-The same profiles teach what the kernel benchmarks cannot: how fast aligned tensor-core GEMMs
-run (`cost.aligned_gemm`, `aligned_rows`, fitted by `training.stream_fit`). With ``--folds``
-the fit leaving each model out is written per model, for `model-step-scoring predict
---aligned-folds`, and the check prices each model with its own fold.
+The same profiles teach what the kernel benchmarks cannot: how fast the tensor-core GEMMs they
+miss run, aligned ones and vocabulary-sized heads (`cost.aligned_gemm`, `aligned_rows`, fitted
+by `training.stream_fit`). With ``--folds`` the fit leaving each model out is written per
+model, for `model-step-scoring predict --aligned-folds`, and the check prices each model with
+its own fold; without it nothing is fitted here and the bundle's fit prices every model.
 """
 
 from __future__ import annotations

@@ -109,8 +109,8 @@ class Bundle:
         return value
 
     def aligned_gemm(self) -> aligned_gemm.AlignedGemmFit | None:
-        """The aligned tensor-core GEMM utilisation (`cost.aligned_gemm`), None when the
-        manifest holds none."""
+        """The tensor-core GEMM utilisations per kernel class (`cost.aligned_gemm`), None when
+        the manifest holds none."""
         entry = self.manifest.get(aligned_gemm.MANIFEST_KEY)
         if entry is None:
             return None

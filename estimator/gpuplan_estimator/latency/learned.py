@@ -72,7 +72,7 @@ class LearnedPredictor:
         self._cache: tuple[tuple[WorkItem, ...], list[_KernelGroup]] | None = None
 
     def with_aligned_gemm(self, fit: aligned_gemm.AlignedGemmFit | None) -> LearnedPredictor:
-        """The same predictor with another aligned-GEMM utilisation (None: none): what an
+        """The same predictor with other tensor-core GEMM utilisations (None: none): what an
         evaluation holding one model out prices that model with."""
         other = LearnedPredictor(self.bundle, self.fallback, backend=self.backend)
         other.aligned_fit = fit
@@ -183,9 +183,10 @@ class LearnedPredictor:
         self, items: Sequence[WorkItem], device: DeviceSpec, backend_code: int | None,
         parts: tuple[FloatArray, FloatArray, FloatArray], names: list[str],
     ) -> None:
-        """GEMMs on aligned tensor-core tiles priced by their plan at the fitted utilisation
-        (`cost.aligned_gemm`), in place; a fused core's GEMMs run inside the attention
-        kernel and keep their price."""
+        """The tensor-core GEMMs the benchmarks miss (`cost.aligned_gemm`: aligned ones,
+        vocabulary-sized unaligned ones) priced by their plan at their class's fitted
+        utilisation, in place; a fused core's GEMMs run inside the attention kernel and keep
+        their price."""
         fit = self.aligned_fit
         if fit is None or not aligned_gemm.prices_device(device):
             return

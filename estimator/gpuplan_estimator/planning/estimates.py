@@ -20,7 +20,7 @@ from gpuplan_estimator.core import kernels, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
-from gpuplan_estimator.cost import roofline
+from gpuplan_estimator.cost import aligned_gemm, roofline
 from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor, predict_on_each
 from gpuplan_estimator.devices import catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
@@ -309,8 +309,9 @@ def _price(
     p90 = p90_u[plan.unique_index] * plan.counts
     by_phase = np.bincount(plan.phase, weights=med, minlength=3)
     sigmas = _shared_sigmas(predictor, device)
-    shape_sd = None if sigmas is None else intervals.shape_log_sigmas(
-        sigmas, [item.kernel for item in plan.unique], med_u)
+    families = [item.kernel for item in plan.unique]
+    shape_sd = None if sigmas is None else intervals.shape_log_sigmas(sigmas, families, med_u)
+    shape_sd, families = _stream_fit_shared(predictor, labels_u, shape_sd, families)
     no_optimizer = plan.phase != _PHASE_CODE[Phase.OPTIMIZER]
     step_ms = float(med.sum())
     label_names, label_of_item = _labels(labels_u, plan.unique_index)
@@ -326,9 +327,10 @@ def _price(
         optimizer_ms=float(by_phase[2]),
         step_time_ms=step_ms,
         interval_ms=_around(_interval(plan, med, p10, p90, np.ones(len(med), dtype=bool),
-                                      shape_sd), step_ms),
+                                      shape_sd, families), step_ms),
         forward_backward_interval_ms=_around(_interval(plan, med, p10, p90, no_optimizer,
-                                                       shape_sd), float(by_phase[:2].sum())),
+                                                       shape_sd, families),
+                                             float(by_phase[:2].sum())),
         steps_per_epoch=steps,
         epoch_seconds=epoch_s,
         total_seconds=epoch_s * epochs if epoch_s is not None and epochs is not None else None,
@@ -342,6 +344,22 @@ def _price(
         data_basis=basis.ROOFLINE, samples_per_step=0, tokens_per_sample=None,
         model_flops_per_step=0.0, peak_flops_per_s=None, price_per_hour_usd=None,
     ), plan, med, device, hosts)
+
+
+def _stream_fit_shared(predictor: LatencyPredictor, labels: Sequence[str],
+                       shape_sd: npt.NDArray[np.float64] | None, families: list[str]
+                       ) -> tuple[npt.NDArray[np.float64] | None, list[str]]:
+    """Rows priced by the utilisations fitted on profiled steps (`cost.aligned_gemm`) err
+    together, by the fit's held-out spread: they are one family of their own with that shared
+    sigma (the bundle's GEMM sigma describes how bench shapes scatter, not these)."""
+    fit = getattr(predictor, "aligned_fit", None)
+    if shape_sd is None or not isinstance(fit, aligned_gemm.AlignedGemmFit):
+        return shape_sd, families
+    mine = np.array([label == aligned_gemm.LABEL for label in labels], dtype=bool)
+    if not mine.any():
+        return shape_sd, families
+    return (np.where(mine, fit.log_sigma, shape_sd),
+            [aligned_gemm.LABEL if m else k for k, m in zip(families, mine, strict=True)])
 
 
 def _shared_sigmas(predictor: LatencyPredictor, device: DeviceSpec
@@ -361,17 +379,18 @@ def _around(interval: tuple[float, float], median_ms: float) -> tuple[float, flo
 
 def _interval(plan: _Plan, med: npt.NDArray[np.float64], p10: npt.NDArray[np.float64],
               p90: npt.NDArray[np.float64], mask: npt.NDArray[np.bool_],
-              shape_sd: npt.NDArray[np.float64] | None) -> tuple[float, float]:
+              shape_sd: npt.NDArray[np.float64] | None, families: Sequence[str]
+              ) -> tuple[float, float]:
     """The interval of the masked items: identical shapes are totalled first (they err
-    together), then combined by `intervals.step_interval`."""
+    together), then combined by `intervals.step_interval` per error family (`families`, per
+    distinct shape)."""
     n = len(plan.unique)
     idx = plan.unique_index[mask]
 
     def total(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         return np.asarray(np.bincount(idx, weights=x[mask], minlength=n), dtype=np.float64)
 
-    kernels = [item.kernel for item in plan.unique]
-    return intervals.step_interval(total(med), total(p10), total(p90), kernels, shape_sd)
+    return intervals.step_interval(total(med), total(p10), total(p90), families, shape_sd)
 
 
 def _checked(

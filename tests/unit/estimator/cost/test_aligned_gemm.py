@@ -196,3 +196,33 @@ def test_the_predictor_prices_aligned_gemms_by_the_fit_its_manifest_holds(
     held_out = with_fit.with_aligned_gemm(None)
     assert held_out.predict(items, H200).median_ms.tolist() == pytest.approx(
         before.median_ms.tolist())
+
+
+def test_gemms_priced_by_the_fit_err_together_by_its_spread_in_a_steps_interval() -> None:
+    from gpuplan_estimator import graph
+    from gpuplan_estimator.graph import zoo
+    from gpuplan_estimator.planning import estimates
+    from gpuplan_estimator.step.decomposition import TrainingSettings
+
+    config = {"model_type": "gpt2", "n_embd": 2048, "n_head": 16, "n_layer": 2,
+              "vocab_size": 1024, "n_positions": 1024}
+    model = graph.load_model(zoo.build_transformer(config, name="gpt2").SerializeToString(),
+                             batch=16, dim_bindings={"sequence": 1024})
+    settings = TrainingSettings(batch_size=16, mode="inference", precision="bf16",
+                                attention="fused")
+    bounded, _ = selection.select_predictor(None, None)
+
+    def estimate(sigma: float) -> estimates.DeviceStepEstimate:
+        fit = aligned_gemm.AlignedGemmFit({"half": math.log(0.6)}, sigma)
+        (r,) = estimates.estimate(model, [H200], settings,
+                                  predictor=bounded.with_aligned_gemm(fit))
+        return r
+
+    tight, wide = estimate(0.0), estimate(0.5)
+    assert tight.forward_ms == pytest.approx(wide.forward_ms)  # the spread moves no median
+    share = wide.predictor[aligned_gemm.LABEL]
+    assert share > 0.3
+    # Shared, the priced GEMMs' spread adds up over their distinct shapes (independent, it
+    # would shrink with their number): the step's log half-width is at least their share of it.
+    half_width = math.log(wide.interval_ms[1] / wide.forward_ms)
+    assert half_width >= 0.99 * aligned_gemm.P90_Z * 0.5 * share

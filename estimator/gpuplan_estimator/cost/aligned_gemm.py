@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.kernels import MIN_KERNEL_MS
+from gpuplan_estimator.core.quantiles import Z90
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.cost.predictors import FloatArray
 from gpuplan_estimator.devices.catalog import DeviceSpec
@@ -40,8 +41,6 @@ VOCABULARY_MIN_DIM = 16384
 """An unaligned tensor-core GEMM is priced here only when a dim reaches this: an output
 projection over a vocabulary (`benchmark-jobs/sweeps/gemm-vocab.yaml` draws n from here up).
 Smaller unaligned shapes are what the benchmarks' random sweep drew and their model learned."""
-P90_Z = 1.2815515655446004
-"""The standard normal's 90th percentile: P10-P90 of a log-normal spread."""
 
 
 @dataclass(frozen=True)
@@ -80,9 +79,6 @@ def _finite(value: object, where: str) -> float:
     return float(value)
 
 
-_PEAK_KEY_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "tf32"}
-
-
 def prices_device(spec: DeviceSpec) -> bool:
     """Whether `spec` runs cuBLAS tensor-core kernels, the ones the utilisation was fitted on:
     an NVIDIA GPU (AMD's matrix cores run other libraries' kernels; a CPU has none)."""
@@ -104,13 +100,14 @@ def price(cols: features.WorkColumns, spec: DeviceSpec, dev: features.DeviceColu
     whose spec sheet gives the mode a peak), and their (median, P10, P90) ms: plan time over
     the class's utilisation, never under `MIN_KERNEL_MS`."""
     classes, plan_ms = features.tensor_core_gemm(cols, dev)
-    has_peak = {d: _PEAK_KEY_OF_DTYPE.get(d, "") in spec.peak_tflops
-                for d in set(np.asarray(cols.dtype).tolist())}
+    # A float32 row runs in a tensor-core mode only under tf32 (`tiling.tensor_core_mode`).
+    has_peak = {d: ("tf32" if d == "float32" else features.PEAK_KEY.get(d, ""))
+                in spec.peak_tflops for d in set(np.asarray(cols.dtype).tolist())}
     wanted = priced_classes(classes, cols)
     log_util = np.array([fit.log_util.get(str(c), math.nan) if ok and has_peak[str(d)]
                          else math.nan for c, ok, d in zip(classes, wanted, cols.dtype,
                                                            strict=True)], dtype=np.float64)
     mask = np.isfinite(log_util)
     median = np.maximum(plan_ms * np.exp(-np.where(mask, log_util, 0.0)), MIN_KERNEL_MS)
-    spread = math.exp(P90_Z * fit.log_sigma)
+    spread = math.exp(Z90 * fit.log_sigma)
     return mask, (median, median / spread, median * spread)

@@ -65,7 +65,7 @@ _OP_FLOPS = {"pow": 8.0, "powu": 8.0, "gelu": 8.0, "tanh": 6.0, "sigmoid": 4.0, 
              "log": 4.0, "erf": 6.0, "sqrt": 2.0, "lrn": 13.0, "LRN": 13.0}
 
 # dtype → key of DeviceSpec.peak_tflops. Integer kernels run on the FP32 ALUs' issue slots.
-_PEAK_KEY = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
+PEAK_KEY = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
              "float8": "fp8", "int64": "fp32", "int32": "fp32", "int16": "fp32",
              "int8": "fp32", "uint8": "fp32", "bool": "fp32"}
 
@@ -296,7 +296,7 @@ def peak_gflops(spec: DeviceSpec, dtype: str, math: str = "", *, kernel: str = "
     moves the learned estimate as it moves the roofline, as fp16 does."""
     if dtype == "float32":
         return roofline.item_peak_flops_per_s(spec, dtype, kernel, math) / 1e9
-    key = _PEAK_KEY.get(dtype)
+    key = PEAK_KEY.get(dtype)
     if key is None:
         raise errors.InvalidRequestError("dtype", f"unknown dtype {dtype!r}")
     tflops = spec.peak_tflops.get(key) or spec.peak_tflops.get("fp32")

@@ -97,12 +97,26 @@ def gemm_plan_ms(items: Sequence[WorkItem], device: devices.DeviceSpec, mode: st
                  ) -> dict[tuple[str, str], float]:
     """Per (phase, tensor-core class), the tile-and-wave time (ms) of the step's GEMMs in
     `mode` that `aligned_gemm` prices."""
-    out: dict[tuple[str, str], float] = {}
-    for it, cls, ok, ms in _classified_gemms(items, device):
-        if ok and _in_mode(cls, mode):
-            key = (_PHASE_OF[it.phase], cls)
-            out[key] = out.get(key, 0.0) + ms * it.count
-    return out
+    return _plans_by_class(_classified_gemms(items, device), mode)[0]
+
+
+def _plans_by_class(classified: Sequence[tuple[WorkItem, str, bool, float]], mode: str
+                    ) -> tuple[dict[tuple[str, str], float], set[tuple[str, str]]]:
+    """Of `_classified_gemms` in `mode`: the plans (ms) per (phase, class) of those
+    `aligned_gemm` prices, and the (phase, class) pairs holding one it leaves to the bundle
+    model (the profile sums every kernel of a class, so such a pair's ratio would not be the
+    priced GEMMs')."""
+    plans: dict[tuple[str, str], float] = {}
+    unpriced: set[tuple[str, str]] = set()
+    for it, cls, ok, ms in classified:
+        if not _in_mode(cls, mode):
+            continue
+        key = (_PHASE_OF[it.phase], cls)
+        if ok:
+            plans[key] = plans.get(key, 0.0) + ms * it.count
+        else:
+            unpriced.add(key)
+    return plans, unpriced
 
 
 _MODE_OF_PRECISION = {"tf32": ("tf32", "float32"), "bf16": (tiling.HALF_MODE, "bfloat16"),
@@ -124,8 +138,7 @@ def aligned_rows(lines: Sequence[Mapping[str, Any]], device: devices.DeviceSpec
         mode, dtype = _MODE_OF_PRECISION[precision]
         g = host_check.case_graph(cases[row["model"]], row, cache)
         items = build_step(g, host_check.train_settings(row)).items
-        plans = gemm_plan_ms(items, device, mode)
-        unpriced = _unpriced_classes(items, device, mode)
+        plans, unpriced = _plans_by_class(_classified_gemms(items, device), mode)
         for phase in PHASES:
             profiled = profiled_gemm_ms(row, phase, mode, dtype) or {}
             for cls, ms in sorted(profiled.items()):
@@ -133,14 +146,6 @@ def aligned_rows(lines: Sequence[Mapping[str, Any]], device: devices.DeviceSpec
                 if ms > 0 and plan > 0 and (phase, cls) not in unpriced:
                     out.append(stream_fit.AlignedRow(row["model"], cls, phase, plan, ms))
     return out
-
-
-def _unpriced_classes(items: Sequence[WorkItem], device: devices.DeviceSpec, mode: str
-                      ) -> set[tuple[str, str]]:
-    """(phase, class) pairs holding a GEMM `aligned_gemm` leaves to the bundle model: the
-    profile sums every kernel of the class, so the pair's ratio would not be the priced ones'."""
-    return {(_PHASE_OF[it.phase], cls) for it, cls, ok, _ in _classified_gemms(items, device)
-            if not ok and _in_mode(cls, mode)}
 
 
 def _print_aligned(rows: Sequence[stream_fit.AlignedRow],
@@ -151,10 +156,10 @@ def _print_aligned(rows: Sequence[stream_fit.AlignedRow],
     print("|---|---|---|--:|--:|--:|")
     for r in rows:
         fold = folds.get(r.group)
-        ratio = (f"{r.plan_ms * np.exp(-fold.log_util[r.mode]) / r.profiled_ms:.2f}"
-                 if fold is not None and r.mode in fold.log_util else "-")
-        print(f"| {r.group} | {r.mode} | {r.phase} | {r.plan_ms:.2f} | {r.profiled_ms:.2f} | "
-              f"{ratio} |")
+        ratio = (f"{r.plan_ms * np.exp(-fold.log_util[r.kernel_class]) / r.profiled_ms:.2f}"
+                 if fold is not None and r.kernel_class in fold.log_util else "-")
+        print(f"| {r.group} | {r.kernel_class} | {r.phase} | {r.plan_ms:.2f} | "
+              f"{r.profiled_ms:.2f} | {ratio} |")
 
 
 @dataclass(frozen=True)

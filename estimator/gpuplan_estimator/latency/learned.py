@@ -101,10 +101,12 @@ class LearnedPredictor:
                 for j, row in enumerate(group.index):
                     names[i][row] = label[j]
         out = []
+        gemms = self._stream_fit_gemms(items)
         for i, device in enumerate(devices):
             if device.platform == "cpu":
                 self._take_off_layout_credits(items, device, codes[i], parts[i])
-            self._price_aligned(items, device, codes[i], parts[i], names[i])
+            if gemms is not None:
+                self._price_aligned(gemms, device, codes[i], parts[i], names[i])
             _price_fused_io(items, device, parts[i], names[i])
             median, p10, p90 = parts[i]
             out.append(LatencyPrediction(median_ms=median, p10_ms=p10, p90_ms=p90,
@@ -179,25 +181,34 @@ class LearnedPredictor:
             values[mask] *= factor
         tags[mask] = ONE_WAVE_LABEL
 
-    def _price_aligned(
-        self, items: Sequence[WorkItem], device: DeviceSpec, backend_code: int | None,
-        parts: tuple[FloatArray, FloatArray, FloatArray], names: list[str],
-    ) -> None:
-        """The tensor-core GEMMs the benchmarks miss (`cost.aligned_gemm`: aligned ones,
-        vocabulary-sized unaligned ones) priced by their plan at their class's fitted
-        utilisation, in place; a fused core's GEMMs run inside the attention kernel and keep
-        their price."""
-        fit = self.aligned_fit
-        if fit is None or not aligned_gemm.prices_device(device):
-            return
+    def _stream_fit_gemms(self, items: Sequence[WorkItem]
+                          ) -> tuple[npt.NDArray[np.intp], features.WorkColumns] | None:
+        """The rows and columns `_price_aligned` may reprice, built once for every device:
+        GEMMs outside a fused core (those run inside the attention kernel); None without a
+        fit or such a GEMM."""
+        if self.aligned_fit is None:
+            return None
         idx = [i for i, it in enumerate(items)
                if it.kernel == "gemm" and workload.FUSED_IO_BYTES not in it.attributes]
         if not idx:
+            return None
+        return np.asarray(idx), features.columns_from_items("gemm", [items[i] for i in idx])
+
+    def _price_aligned(
+        self, gemms: tuple[npt.NDArray[np.intp], features.WorkColumns], device: DeviceSpec,
+        backend_code: int | None, parts: tuple[FloatArray, FloatArray, FloatArray],
+        names: list[str],
+    ) -> None:
+        """The tensor-core GEMMs the benchmarks miss (`cost.aligned_gemm`: aligned ones,
+        vocabulary-sized unaligned ones) among `gemms` (`_stream_fit_gemms`) priced by their
+        plan at their class's fitted utilisation, in place."""
+        fit = self.aligned_fit
+        if fit is None or not aligned_gemm.prices_device(device):
             return
-        cols = features.columns_from_items("gemm", [items[i] for i in idx])
+        idx, cols = gemms
         dev = features.broadcast_device(device, cols.dtype, backend_code or 0, "gemm", cols.math)
         mask, priced = aligned_gemm.price(cols, device, dev, fit)
-        rows = np.asarray(idx)[mask]
+        rows = idx[mask]
         for values, new in zip(parts, priced, strict=True):
             values[rows] = new[mask]
         for row in rows:

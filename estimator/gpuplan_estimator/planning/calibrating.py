@@ -15,12 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from statistics import NormalDist
 from typing import Any
 
 from gpuplan_estimator.core.errors import InvalidRequestError
-
-_Z90 = NormalDist().inv_cdf(0.9)  # P10/P90 of a normal log-ratio are mean ∓ 1.2816 sd
+from gpuplan_estimator.core.quantiles import Z90
 
 
 @dataclass(frozen=True)
@@ -229,7 +227,7 @@ def apply(calibration: CalibrationTable, device: str, mode: str, median_ms: floa
                                   f"{p10_ms}, {median_ms}, {p90_ms}")
     c = calibration.correction(device, mode)
     med = median_ms * c.factor
-    spread = math.exp(_Z90 * c.log_sd)
+    spread = math.exp(Z90 * c.log_sd)
     return Calibrated(med, min(p10_ms * c.factor, med / spread),
                       max(p90_ms * c.factor, med * spread), c)
 

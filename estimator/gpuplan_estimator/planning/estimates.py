@@ -19,6 +19,7 @@ import numpy.typing as npt
 from gpuplan_estimator.core import kernels, options
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
+from gpuplan_estimator.core.quantiles import Z90
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.cost import aligned_gemm, roofline
 from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor, predict_on_each
@@ -545,7 +546,7 @@ def _on_host(r: DeviceStepEstimate, plan: _Plan, med: npt.NDArray[np.float64], d
         return dataclasses.replace(r, gpu_busy_ms=busy)
     latency_ms = hosts.model.probe.launch_latency_us / 1000.0
     mid = host.timeline(med, hosts.row_us, plan.phase, latency_ms)
-    spread = hosts.model.coefficients.log_sigma * host.Z90
+    spread = hosts.model.coefficients.log_sigma * Z90
 
     def moved(interval: tuple[float, float], total: float, phases: int) -> tuple[float, float]:
         low_ratio = interval[0] / total if total > 0 else 1.0

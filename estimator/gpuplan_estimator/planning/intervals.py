@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from gpuplan_estimator.core.quantiles import Z90
+
 FloatArray = npt.NDArray[np.float64]
-Z90 = 1.2815515655446004
-"""The standard normal's 90th percentile: P10-P90 is median x exp(+-Z90 sigma)."""
 MANIFEST_KEY = "interval_log_sigma"
 """Bundle manifest key: {basis: {kernel: sigma}}, the shared log-error per kernel family."""
 SYNTHETIC_MODEL_KERNELS = 30

@@ -35,8 +35,6 @@ from gpuplan_estimator.core.workload import Phase, WorkItem
 FloatArray = npt.NDArray[np.float64]
 MANIFEST_KEY = "host_model"
 """Where a model bundle's manifest holds its host model (`model_to_json`)."""
-Z90 = 1.2815515655446004
-"""The standard normal's 90th percentile: P10-P90 is +-Z90 sigma of a log-normal error."""
 FOLDED_OPS = frozenset({"Constant"})
 """Graph ops an exporter writes for values it computed while tracing (folded shape arithmetic,
 literals): eager PyTorch issues nothing for them."""

@@ -37,7 +37,7 @@ class AlignedRow:
     """One profiled phase and kernel class: its GEMMs' plan time against their kernels'."""
 
     group: str  # the model: what leave-one-out leaves out
-    mode: str  # the kernel class, tiling.tensor_core_class
+    kernel_class: str  # tiling.tensor_core_class
     phase: str
     plan_ms: float
     profiled_ms: float
@@ -65,16 +65,16 @@ def fit(rows: Sequence[AlignedRow]) -> AlignedGemmFit:
     usable = [r for r in rows if r.plan_ms > 0 and r.profiled_ms > 0]
     if not usable:
         raise ValueError("no profiled phase with aligned tensor-core GEMMs to fit on")
-    by_mode: dict[str, list[float]] = {}
+    by_class: dict[str, list[float]] = {}
     for r in usable:
-        by_mode.setdefault(r.mode, []).append(r.log_ratio)
-    log_util = {mode: float(np.median(v)) for mode, v in sorted(by_mode.items())}
+        by_class.setdefault(r.kernel_class, []).append(r.log_ratio)
+    log_util = {cls: float(np.median(v)) for cls, v in sorted(by_class.items())}
     return AlignedGemmFit(log_util, _spread(usable, {"": log_util}))
 
 
 def _spread(rows: Sequence[AlignedRow], folds: Mapping[str, Mapping[str, float]]) -> float:
     """RMS of each row's log ratio around its fold's (`""`: one fit for every group)."""
-    errors = [r.log_ratio - folds.get(r.group, folds.get("", {})).get(r.mode, math.nan)
+    errors = [r.log_ratio - folds.get(r.group, folds.get("", {})).get(r.kernel_class, math.nan)
               for r in rows if r.plan_ms > 0 and r.profiled_ms > 0]
     errors = [e for e in errors if math.isfinite(e)]
     return float(np.sqrt(np.mean(np.square(errors)))) if errors else 0.0

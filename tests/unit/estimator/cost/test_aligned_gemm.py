@@ -70,7 +70,7 @@ def test_an_aligned_gemm_costs_its_plan_over_the_utilisation_of_its_mode() -> No
     assert mask.tolist() == [True, False]  # FIT holds no "half-align1": the learned price
     _, plan_ms = features.tensor_core_gemm(cols, dev)
     assert median[0] == pytest.approx(plan_ms[0] / 0.6)
-    spread = math.exp(aligned_gemm.P90_Z * 0.2)
+    spread = math.exp(aligned_gemm.Z90 * 0.2)
     assert (p10[0], p90[0]) == pytest.approx((median[0] / spread, median[0] * spread))
     # 17 GFLOP at 60 % of the 989 TFLOP/s bf16 peak, wave tails aside: about 29 us
     assert 0.025 < median[0] < 0.045
@@ -144,7 +144,7 @@ def test_the_fit_is_the_median_ratio_per_mode_and_its_spread_is_held_out() -> No
     assert folds["a"].log_util["tf32"] == pytest.approx(math.log(0.5))
     shipped = stream_fit.fit_for_bundle(rows)
     assert shipped.log_util == fitted.log_util
-    held_out = [math.log(r.plan_ms) - folds[r.group].log_util[r.mode] for r in rows]
+    held_out = [math.log(r.plan_ms) - folds[r.group].log_util[r.kernel_class] for r in rows]
     assert shipped.log_sigma == pytest.approx(float(np.sqrt(np.mean(np.square(held_out)))))
     with pytest.raises(ValueError, match="no profiled phase"):
         stream_fit.fit([row("a", "half", 0.0)])
@@ -225,4 +225,4 @@ def test_gemms_priced_by_the_fit_err_together_by_its_spread_in_a_steps_interval(
     # Shared, the priced GEMMs' spread adds up over their distinct shapes (independent, it
     # would shrink with their number): the step's log half-width is at least their share of it.
     half_width = math.log(wide.interval_ms[1] / wide.forward_ms)
-    assert half_width >= 0.99 * aligned_gemm.P90_Z * 0.5 * share
+    assert half_width >= 0.99 * aligned_gemm.Z90 * 0.5 * share

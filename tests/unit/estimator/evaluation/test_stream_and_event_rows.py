@@ -129,7 +129,7 @@ def test_aligned_rows_pair_the_plan_with_the_profiled_aligned_gemms(
         h200: devices.DeviceSpec) -> None:
     row = measured_row(5.0, 5.0, 5.0, _gemm_profile(aligned_us=400.0))
     (made,) = stream_check.aligned_rows([row], h200)
-    assert (made.group, made.mode, made.phase) == (CASE.name, "half", "forward")
+    assert (made.group, made.kernel_class, made.phase) == (CASE.name, "half", "forward")
     assert made.profiled_ms == pytest.approx(0.4)  # the align1 GEMM and attention left out
     items = build_step(host_check.case_graph(CASE, row, {}), host_check.train_settings(row)).items
     assert made.plan_ms == pytest.approx(stream_check.gemm_plan_ms(items, h200, "half")[

@@ -29,9 +29,6 @@ from gpuplan_estimator.latency import bundles
 from gpuplan_estimator.step import host
 from gpuplan_estimator.training import host_fit, stream_fit
 
-PROVENANCE_KEY = "host_model_provenance"
-ALIGNED_PROVENANCE_KEY = "aligned_gemm_provenance"
-
 
 def main(argv: list[str] | None = None) -> int:
     """Fit and write (not with --dry-run)."""
@@ -55,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     probe, rows = host_check.load_rows(args.steps, args.probe, args.event_steps)
     coefficients = host_fit.fit_for_bundle(rows)
     entries[host.MANIFEST_KEY] = host.model_to_json(host.HostModel(probe, coefficients))
-    entries[PROVENANCE_KEY] = {
+    entries[host.PROVENANCE_KEY] = {
         **stamp, "rows": len(rows), "models": sorted({r.group for r in rows}),
         "method": "bounded least squares on measured host time per phase; log_sigma is the "
                   "leave-one-model-out spread",
@@ -77,7 +74,7 @@ def _aligned_entries(steps: list[Path], stamp: dict[str, str]) -> dict[str, obje
     if not aligned:
         return {}
     return {aligned_gemm.MANIFEST_KEY: stream_fit.fit_for_bundle(aligned).to_json(),
-            ALIGNED_PROVENANCE_KEY: {
+            aligned_gemm.PROVENANCE_KEY: {
                 **stamp, "rows": len(aligned), "models": sorted({r.group for r in aligned}),
                 "method": "median log(tile-and-wave plan / profiled aligned tensor-core GEMM "
                           "kernels) per mode over profiled phases; log_sigma is the "

@@ -34,6 +34,8 @@ from gpuplan_estimator.devices.catalog import DeviceSpec
 
 MANIFEST_KEY = "aligned_gemm"
 """Where a bundle's manifest holds its `AlignedGemmFit` (`to_json`)."""
+PROVENANCE_KEY = f"{MANIFEST_KEY}_provenance"
+"""Where the manifest records how the fit was made (command, commit, rows, models)."""
 LABEL = "stream-fit:gemm"
 """`LatencyPrediction.predictor` of a row priced here: a stream-timed price, which the eager-call
 dispatch correction (`step.host.on_stream`) leaves as it is."""

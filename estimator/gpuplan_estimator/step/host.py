@@ -35,6 +35,8 @@ from gpuplan_estimator.core.workload import Phase, WorkItem
 FloatArray = npt.NDArray[np.float64]
 MANIFEST_KEY = "host_model"
 """Where a model bundle's manifest holds its host model (`model_to_json`)."""
+PROVENANCE_KEY = f"{MANIFEST_KEY}_provenance"
+"""Where the manifest records how the host model was fitted (command, commit, rows, models)."""
 FOLDED_OPS = frozenset({"Constant"})
 """Graph ops an exporter writes for values it computed while tracing (folded shape arithmetic,
 literals): eager PyTorch issues nothing for them."""

@@ -25,7 +25,7 @@ from gpuplan_estimator.core.exit_codes import ExitCode
 from gpuplan_estimator.interfaces.cli import models as models_cli
 from gpuplan_estimator.interfaces.cli import output, progress
 from gpuplan_estimator.latency import bundles
-from gpuplan_estimator.training import fitting, recipe, report, sources
+from gpuplan_estimator.training import carry, fitting, recipe, report, sources
 
 
 def register(subparsers: Any) -> None:
@@ -50,6 +50,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-rows", type=int, default=recipe.SHIPPED_MAX_ROWS, metavar="ROWS",
                    help="subsample cap per kernel, in rows (default %(default)s)")
     p.add_argument("--no-validate", action="store_true", help="skip held-out validation")
+    carry_from = p.add_mutually_exclusive_group()
+    carry_from.add_argument(
+        "--carry-from", type=Path, metavar="DIR",
+        help="bundle whose fits on profiled GPU steps (tensor-core GEMM utilisation, host "
+        "model) the new bundle keeps (default: --db's active bundle, else the shipped one)")
+    carry_from.add_argument("--no-carry", action="store_true",
+                            help="keep no fits on profiled steps: price every GEMM from the "
+                            "kernel rows and GPU steps on one clock")
     p.add_argument("--db", default=None, metavar="URL",
                    help="performance database: its rows are a training source, and "
                    "--candidate stores the bundle there")
@@ -81,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise errors.InvalidRequestError("--data", "give at least one --data source or --shipped")
     if args.max_rows < 100:
         raise errors.InvalidRequestError("--max-rows", "must be at least 100")
+    carried = profile_fits(args)
     frame = load_sources(sources)
     settings = fitting.TrainSettings(seed=args.seed, max_rows_per_kernel=args.max_rows,
                                    kernel_params=recipe.KERNEL_PARAMS,
@@ -94,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                                       validate=not args.no_validate, progress=bars)
     elapsed_s = round(time.perf_counter() - start_s, 1)
     fitted = dataclasses.replace(
-        fitted, manifest={**fitted.manifest, "training_seconds": elapsed_s})
+        fitted, manifest={**fitted.manifest, "training_seconds": elapsed_s, **carried})
     if args.candidate:
         return _store_candidate(args, fitted, out, rows=len(frame))
     out = out or bundles.default_data_dir() / datetime.now().strftime("bundle-%Y%m%dT%H%M%S")
@@ -104,10 +113,11 @@ def run(args: argparse.Namespace) -> int:
     if output.is_document(args.output):
         output.emit_document(output.document("TrainedBundle", {
             "bundle": str(out), "rows": len(frame), "kernels": sorted(fitted.models),
-            "training_seconds": elapsed_s, "metrics": metrics, "probe_offsets": probes}),
-            args.output)
+            "training_seconds": elapsed_s, "metrics": metrics, "probe_offsets": probes,
+            "carried": carried.get(carry.CARRIED_KEY)}), args.output)
         return 0
     print(f"wrote bundle {out} ({', '.join(sorted(fitted.models))}; {len(frame)} rows)")
+    _print_carried(carried)
     for kernel, m in metrics.items():
         rs = m["random_split"]
         print(f"  {kernel:12s} held-out MAPE {rs['mape_pct']:6.2f} %  "
@@ -117,6 +127,34 @@ def run(args: argparse.Namespace) -> int:
                           f"base)" for k, v in sorted(kernels.items()))
         print(f"  probed {device}: {parts}")
     return 0
+
+
+def profile_fits(args: argparse.Namespace) -> dict[str, Any]:
+    """The manifest entries fitted on profiled GPU steps that the new bundle keeps
+    (`training.carry`): from --carry-from, else --db's active bundle, else the shipped one."""
+    if args.no_carry:
+        return {}
+    if args.carry_from is not None:
+        return carry.profile_fits(bundles.read_manifest(args.carry_from), str(args.carry_from))
+    if args.db:
+        from gpuplan_estimator.perfdb import PerfStore  # SQLAlchemy only for database commands
+
+        with PerfStore.open(args.db) as store:
+            active = store.active_bundle()
+        if active is not None:
+            version, packed = active
+            return carry.profile_fits(bundles.packed_manifest(packed),
+                                      f"database bundle version {version}")
+    return carry.profile_fits(bundles.read_manifest(bundles.SHIPPED_BUNDLE), "shipped bundle")
+
+
+def _print_carried(carried: dict[str, Any]) -> None:
+    record = carried.get(carry.CARRIED_KEY)
+    if record is None:
+        print("  kept no fits on profiled GPU steps: GEMMs priced from kernel rows only, "
+              "GPU steps on one clock")
+        return
+    print(f"  kept {', '.join(record['keys'])} from the {record['source']}")
 
 
 def _store_candidate(args: argparse.Namespace, fitted: bundles.Bundle, out: Path | None, *,
@@ -138,11 +176,13 @@ def _store_candidate(args: argparse.Namespace, fitted: bundles.Bundle, out: Path
     if output.is_document(args.output):
         output.emit_document(output.document("CandidateBundle", {
             "version": version, "rows": rows, "kernels": sorted(fitted.models),
+            "carried": fitted.manifest.get(carry.CARRIED_KEY),
             "device_rows": fitted.manifest.get("device_rows", {}),
             "metrics": fitted.manifest.get("metrics", {})}), args.output)
         return 0
     print(f"stored candidate bundle version {version} ({rows} rows); promote it with "
           f"`gpuplan models promote {version}`")
+    _print_carried(dict(fitted.manifest))
     return 0
 
 

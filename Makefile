@@ -140,7 +140,7 @@ eval: $(STAMP) ## accuracy evaluation -> docs/accuracy.md
 
 MODELS_DIR ?= /tmp/gpuplan-models
 GPU_BENCH_ROWS ?= docs/gpu-steps/2026-11-27-h200b/bench.parquet
-models: $(STAMP) ## rebuild the shipped default model bundle from ../shared/data and our GPU runs' kernel rows (GPU_BENCH_ROWS), as a benchmark Job would (~8 min); then run `make host-model`
+models: $(STAMP) ## rebuild the shipped default model bundle from ../shared/data and our GPU runs' kernel rows (GPU_BENCH_ROWS), as a benchmark Job would (~8 min); then run `make host-model` and `make step-spread`
 	mkdir -p $(MODELS_DIR) && rm -f $(MODELS_DIR)/perf.db
 	$(BIN)/gpuplan import $(GPU_BENCH_ROWS) --db sqlite:///$(MODELS_DIR)/perf.db
 	$(BIN)/gpuplan train --shipped --db sqlite:///$(MODELS_DIR)/perf.db
@@ -151,6 +151,21 @@ HOST_EVENT_RUN ?= docs/gpu-steps/2026-11-27-h200
 host-model: $(STAMP) ## tensor-core GEMM utilisations from a GPU run's profiled phases, then host timeline coefficients (both with their leave-one-model-out spread) into the shipped bundle's manifest, from its host times and an earlier run's host-bound event times (~90 s)
 	$(PYTHON) hack/bundle_host_model.py --steps $(HOST_RUN)/steps.jsonl \
 	  --event-steps $(HOST_EVENT_RUN)/steps.jsonl --probe $(HOST_RUN)/host-probe.json
+
+STEP_RUNS ?= $(HOST_EVENT_RUN)/steps.jsonl $(HOST_RUN)/steps.jsonl
+STEP_DEVICE ?= h200-sxm-141gb
+.PHONY: step-spread
+step-spread: $(STAMP) ## after `make host-model`: each model's leave-one-out host and GEMM fits, its steps priced by them without the step spread, then the spread's conformal fit on STEP_RUNS into the shipped bundle's manifest (~10 min)
+	$(BIN)/gpuplan eval host-check --steps $(HOST_RUN)/steps.jsonl \
+	  --event-steps $(HOST_EVENT_RUN)/steps.jsonl --probe $(HOST_RUN)/host-probe.json \
+	  --folds $(HOST_RUN)/host-folds.json > $(HOST_RUN)/host-check.txt
+	$(BIN)/gpuplan eval stream-check --steps $(HOST_RUN)/steps.jsonl \
+	  --folds $(HOST_RUN)/aligned-folds.json > $(HOST_RUN)/stream-check.md
+	$(BIN)/gpuplan eval model-step-scoring predict --device $(STEP_DEVICE) --no-step-spread \
+	  --host-folds $(HOST_RUN)/host-folds.json --aligned-folds $(HOST_RUN)/aligned-folds.json \
+	  --out $(HOST_RUN)/predicted-raw.json
+	$(PYTHON) hack/bundle_step_spread.py --predicted $(HOST_RUN)/predicted-raw.json \
+	  $(foreach run,$(STEP_RUNS),--steps $(run)) --folds $(HOST_RUN)/step-folds.json
 
 .PHONY: interval-sigma
 interval-sigma: $(STAMP) ## shared interval log-sigma into the shipped bundle's manifest, no retraining (~15 s)

@@ -37,10 +37,11 @@ from gpuplan_estimator.evaluation import model_steps
 from gpuplan_estimator.evaluation.model_steps import ModelCase
 from gpuplan_estimator.graph import batching, exporting
 from gpuplan_estimator.latency import selection
-from gpuplan_estimator.planning import estimates
+from gpuplan_estimator.planning import estimates, intervals
 from gpuplan_estimator.step import host
 from gpuplan_estimator.step.decomposition import TrainingSettings
 from gpuplan_estimator.step.host import HostModel
+from gpuplan_estimator.training.step_spread import StepResidual
 
 OPTIMIZER = "adamw"  # what `model_steps` steps with
 MAX_INPUT_BYTES = 64 * 1024 * 1024
@@ -79,29 +80,56 @@ def attention_of(implementation: str | None) -> str:
         else options.EAGER_ATTENTION
 
 
+@dataclass(frozen=True)
+class StepSpread:
+    """How predicted intervals hold the step-level spread (`intervals.STEP_SIGMA_KEY`)."""
+
+    folds: Mapping[str, Mapping[str, float]] | None = None
+    """Case -> the spread fitted without it (`training.step_spread.leave_one_group_out`); a
+    case it lacks gets the bundle's."""
+    off: bool = False
+    """No step-level spread: the kernels' and host's intervals alone, what it is fitted on."""
+
+    def for_case(self, case: str) -> Mapping[str, float] | None:
+        """The spread to price `case` with (None: the bundle's)."""
+        if self.off:
+            return dict.fromkeys(intervals.STEP_KINDS, 0.0)
+        return (self.folds or {}).get(case)
+
+    def describe(self) -> str:
+        """What a prediction file records: "none", "folds" or "bundle"."""
+        return "none" if self.off else "folds" if self.folds is not None else "bundle"
+
+
 def _estimate(g: graph.ModelGraph, batch: int, mode: str, precision: str, attention: str,
               specs: Sequence[devices.DeviceSpec], predictor: Any,
-              host_model: HostModel | None = None) -> list[estimates.DeviceStepEstimate]:
+              host_model: HostModel | None = None,
+              step_log_sigma: Mapping[str, float] | None = None
+              ) -> list[estimates.DeviceStepEstimate]:
     settings = TrainingSettings(batch_size=batch, mode=mode, optimizer=OPTIMIZER,
                                 precision=precision, attention=attention)
     return list(estimates.estimate(g, specs, settings, predictor=predictor,
-                                   host_model=host_model))
+                                   host_model=host_model, step_log_sigma=step_log_sigma))
 
 
 def predict(cases: Sequence[ModelCase], specs: Sequence[devices.DeviceSpec],
             precisions: Sequence[str], bundle: str | None,
             progress: Callable[[str], None] = lambda _: None,
             host_folds: Mapping[str, HostModel] | None = None,
-            aligned_folds: Mapping[str, AlignedGemmFit] | None = None) -> dict[str, Any]:
+            aligned_folds: Mapping[str, AlignedGemmFit] | None = None,
+            step_spread: StepSpread | None = None) -> dict[str, Any]:
     """Predicted rows of every (case, batch, precision, device), and what predicted them.
 
     `host_folds` maps a case to the host model fitted without it (leave-one-model-out),
     `aligned_folds` to the aligned-GEMM utilisation fitted without it; a case either lacks is
-    priced with the bundle's."""
+    priced with the bundle's. `step_spread` says how the intervals hold the step-level
+    spread (`intervals.STEP_SIGMA_KEY`): the bundle's (None), its folds, or none."""
+    spread = step_spread or StepSpread()
     bundle_predictor, source = selection.select_predictor(bundle, None)
     rows = []
     for case in cases:
         host_model = (host_folds or {}).get(case.name)
+        sigma = spread.for_case(case.name)
         predictor = bundle_predictor
         if case.name in (aligned_folds or {}) and hasattr(predictor, "with_aligned_gemm"):
             predictor = predictor.with_aligned_gemm((aligned_folds or {})[case.name])
@@ -111,9 +139,9 @@ def predict(cases: Sequence[ModelCase], specs: Sequence[devices.DeviceSpec],
                 progress(f"{case.name} batch {batch} {precision} {attention} attention")
                 usable = [d for d in specs if devices.supports_precision(d, precision)]
                 inference = _estimate(g, batch, "inference", precision, attention, usable,
-                                      predictor, host_model)
+                                      predictor, host_model, sigma)
                 train = _estimate(g, batch, "train", precision, attention, usable, predictor,
-                                  host_model)
+                                  host_model, sigma)
                 for inf, tr in zip(inference, train, strict=True):
                     rows.append({
                         "model": case.name, "batch": batch, "precision": precision,
@@ -134,7 +162,7 @@ def predict(cases: Sequence[ModelCase], specs: Sequence[devices.DeviceSpec],
                         "train_memory_bytes": tr.memory.allocated_peak_bytes,
                         "inference_memory_bytes": inf.memory.allocated_peak_bytes})
     return {"predictor": source, "bundle_version": selection.bundle_version_of(source),
-            "rows": rows}
+            "step_spread": spread.describe(), "rows": rows}
 
 
 def measured_phases(row: Mapping[str, Any]) -> dict[str, float]:
@@ -174,6 +202,7 @@ def score(predicted: Mapping[str, Any], measured: Iterable[Mapping[str, Any]],
         for phase, ms in measured_phases(r).items():
             low, high = p[f"{phase}_interval_ms"]
             row[phase] = {"predicted_ms": p[f"{phase}_ms"], "measured_ms": ms,
+                          "interval_ms": [low, high],
                           "error": p[f"{phase}_ms"] / ms - 1.0, "inside": low <= ms <= high}
         for mode in MEMORY_MODES:
             peak = r[mode].get("peak_memory_bytes")
@@ -184,6 +213,21 @@ def score(predicted: Mapping[str, Any], measured: Iterable[Mapping[str, Any]],
                                          "error": predicted_bytes / peak - 1.0}
         out.append(row)
     return out
+
+
+STEP_KIND_OF_PHASE = {"train_step": "train", "inference_forward": "inference"}
+"""The scored phases that are whole steps, and their `intervals.STEP_KINDS`."""
+
+
+def step_residuals(scored: Iterable[Mapping[str, Any]]) -> list[StepResidual]:
+    """Each scored whole step (`STEP_KIND_OF_PHASE`) against its prediction and interval,
+    grouped by model (`training.step_spread`)."""
+    return [StepResidual(group=str(row["model"]), kind=kind,
+                         measured_ms=float(row[phase]["measured_ms"]),
+                         predicted_ms=float(row[phase]["predicted_ms"]),
+                         interval_ms=(float(row[phase]["interval_ms"][0]),
+                                      float(row[phase]["interval_ms"][1])))
+            for row in scored for phase, kind in STEP_KIND_OF_PHASE.items() if phase in row]
 
 
 def estimator_precision(row: Mapping[str, Any]) -> str:
@@ -265,6 +309,10 @@ class PredictSettings:
     """JSON of case -> host model fitted without it (`host-check --folds`)."""
     aligned_folds: Path | None = None
     """JSON of case -> aligned-GEMM utilisation fitted without it (`stream-check --folds`)."""
+    step_folds: Path | None = None
+    """JSON of case -> step-level spread fitted without it (`hack/bundle_step_spread.py`)."""
+    no_step_spread: bool = False
+    """Intervals without the step-level spread (what `hack/bundle_step_spread.py` fits on)."""
 
 
 @dataclass(frozen=True)
@@ -296,13 +344,25 @@ def run_predict(settings: PredictSettings, command: str) -> int:
                    for name, doc in json.loads(read_capped(settings.aligned_folds)).items()}
     doc = predict(cases, specs, list(settings.precisions), settings.bundle,
                   progress=lambda m: print(m, file=sys.stderr, flush=True), host_folds=folds,
-                  aligned_folds=aligned)
+                  aligned_folds=aligned, step_spread=_step_spread(settings))
     doc["provenance"] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
                          "commit": provenance.git_commit(), "command": command}
     settings.out.parent.mkdir(parents=True, exist_ok=True)
     settings.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {len(doc['rows'])} predictions to {settings.out}")
     return 0
+
+
+def _step_spread(settings: PredictSettings) -> StepSpread:
+    if settings.step_folds is None:
+        return StepSpread(off=settings.no_step_spread)
+    if settings.no_step_spread:
+        raise errors.InvalidRequestError("--step-folds", "conflicts with --no-step-spread")
+    doc = json.loads(read_capped(settings.step_folds))
+    if not isinstance(doc, dict):
+        raise errors.InvalidRequestError(str(settings.step_folds), "must map cases to spreads")
+    return StepSpread(folds={name: intervals.step_sigma(entry, f"{settings.step_folds}: {name}")
+                             for name, entry in doc.items()})
 
 
 def run_score(settings: ScoreSettings) -> int:

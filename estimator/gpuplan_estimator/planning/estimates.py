@@ -160,13 +160,16 @@ def estimate(
     kernel_dims: KernelDimsFn | None = None,
     host_model: host.HostModel | None = None,
     host_probes: Mapping[str, host.HostProbe] | None = None,
+    step_log_sigma: Mapping[str, float] | None = None,
 ) -> tuple[DeviceStepEstimate, ...]:
     """Estimate one step of `graph` on each device; epoch/total time when sizes are given.
 
     On a GPU in eager PyTorch the step is priced on two clocks (`step.host`): `host_model`,
     else the predictor bundle's, prices the host issuing the kernels; a device whose key is in
     `host_probes` (probes measured on its nodes, from the performance database) is priced with
-    that probe and the same coefficients."""
+    that probe and the same coefficients. A GPU step's interval also holds how whole steps
+    scatter beyond their kernels (`intervals.STEP_SIGMA_KEY`): `step_log_sigma`, else the
+    bundle's."""
     settings.check()
     _check_sizes(epochs, dataset_size)
     if not devices:
@@ -177,15 +180,30 @@ def estimate(
     memory = training_memory(graph, settings)
     hosts = _device_host_costs(graph, plan, settings, host_model or bundle_host_model(predictor),
                                devices, host_probes or {})
+    spread = bundle_step_sigma(predictor) if step_log_sigma is None else step_log_sigma
     steps = math.ceil(dataset_size / settings.batch_size) if dataset_size else None
     preds: Sequence[LatencyPrediction | None] = (
         predict_on_each(predictor, plan.unique, devices) if plan.unique else [None] * len(devices))
     return tuple(
-        _with_economics(_price(graph, plan, device, pred, predictor, memory, steps, epochs,
-                               hosts[device.key]),
+        _with_economics(_with_step_spread(_price(graph, plan, device, pred, predictor, memory,
+                                                 steps, epochs, hosts[device.key]),
+                                          device, settings, spread),
                         graph, device, settings, predictor, plan.step.items)
         for device, pred in zip(devices, preds, strict=True)
     )
+
+
+def _with_step_spread(r: DeviceStepEstimate, device: DeviceSpec, settings: TrainingSettings,
+                      spread: Mapping[str, float] | None) -> DeviceStepEstimate:
+    """`r` with its intervals widened by the step-level spread of its kind (GPUs only: it was
+    fitted on GPU steps; a CPU's steps are its measured kernels run one after another)."""
+    if spread is None or device.vendor == "cpu":
+        return r
+    sigma = spread["train" if settings.training else "inference"]
+    return dataclasses.replace(
+        r, interval_ms=intervals.widened(r.interval_ms, r.step_time_ms, sigma),
+        forward_backward_interval_ms=intervals.widened(
+            r.forward_backward_interval_ms, r.forward_ms + r.backward_ms, sigma))
 
 
 def stream_busy_ms(graph: ModelGraph, device: DeviceSpec, settings: TrainingSettings, *,
@@ -504,6 +522,12 @@ def bundle_host_model(predictor: LatencyPredictor) -> host.HostModel | None:
     manifest = getattr(getattr(predictor, "bundle", None), "manifest", None)
     doc = manifest.get(host.MANIFEST_KEY) if isinstance(manifest, Mapping) else None
     return host.model_from_json(doc) if isinstance(doc, Mapping) else None
+
+
+def bundle_step_sigma(predictor: LatencyPredictor) -> Mapping[str, float] | None:
+    """The step-level spread the predictor's bundle ships (`intervals.STEP_SIGMA_KEY`), if any."""
+    manifest = getattr(getattr(predictor, "bundle", None), "manifest", None)
+    return intervals.manifest_step_sigma(manifest) if isinstance(manifest, Mapping) else None
 
 
 def _device_host_costs(graph: ModelGraph, plan: _Plan, settings: TrainingSettings,

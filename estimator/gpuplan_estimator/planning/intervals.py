@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.quantiles import Z90
 
 FloatArray = npt.NDArray[np.float64]
@@ -188,3 +189,52 @@ def manifest_sigmas(manifest: Mapping[str, object], data_basis: str
     if not isinstance(sigmas, Mapping) or not sigmas:
         return None
     return {str(k): SharedSigma.from_manifest(v) for k, v in sigmas.items()}
+
+
+STEP_SIGMA_KEY = "step_log_sigma"
+"""Bundle manifest key: {step kind (`STEP_KINDS`): log-sigma}, how whole GPU steps scatter
+around their estimate beyond what their kernels' intervals hold: how kernels compose into a
+step (launch gaps, the kernel the library picks for a shape, overlap with the host). Fitted on
+profiled whole-model steps of a GPU run (`training.step_spread`); a kernel benchmark cannot
+see it."""
+STEP_SIGMA_PROVENANCE_KEY = f"{STEP_SIGMA_KEY}_provenance"
+"""Where the manifest records how the step-level spread was fitted."""
+STEP_KINDS = ("train", "inference")
+"""A training step (forward, backward, optimizer) and an inference forward scatter apart: an
+inference forward is short, so the host's share, and its error, is larger."""
+
+
+def manifest_step_sigma(manifest: Mapping[str, object]) -> Mapping[str, float] | None:
+    """The bundle's `STEP_SIGMA_KEY` entry, checked (`step_sigma`), or None when it holds
+    none."""
+    entry = manifest.get(STEP_SIGMA_KEY)
+    return None if entry is None else step_sigma(entry, f"manifest.{STEP_SIGMA_KEY}")
+
+
+def step_sigma(entry: object, where: str) -> dict[str, float]:
+    """A step-level spread, {kind: log-sigma} for every `STEP_KINDS`; InvalidRequestError
+    naming `where` and the kind when one is missing or not a finite number >= 0."""
+    if not isinstance(entry, Mapping):
+        raise InvalidRequestError(where, "must be an object")
+    out = {}
+    for kind in STEP_KINDS:
+        value = entry.get(kind)
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not math.isfinite(value) or value < 0:
+            raise InvalidRequestError(f"{where}.{kind}",
+                                      f"must be a finite number >= 0, not {value!r}")
+        out[kind] = float(value)
+    return out
+
+
+def widened(interval_ms: tuple[float, float], median_ms: float, log_sigma: float
+            ) -> tuple[float, float]:
+    """`interval_ms` around `median_ms` with an independent log-normal error of `log_sigma`
+    added on each side (the log half-widths add in quadrature, so a wide side widens less)."""
+    if log_sigma <= 0 or median_ms <= 0:
+        return interval_ms
+    extra = (Z90 * log_sigma) ** 2
+    below = math.log(median_ms / interval_ms[0]) if interval_ms[0] > 0 else math.inf
+    above = math.log(max(interval_ms[1], median_ms) / median_ms)
+    return (median_ms * math.exp(-math.sqrt(max(below, 0.0) ** 2 + extra)),
+            median_ms * math.exp(math.sqrt(above ** 2 + extra)))

@@ -1,12 +1,14 @@
 """What a retrained bundle keeps from the bundle it replaces: the fits made on profiled steps.
 
-`gpuplan train` fits latency models on kernel rows. Two manifest entries are not fitted on
-kernel rows at all but on profiled whole-model steps of a GPU run (`hack/bundle_host_model.py`):
-the tensor-core GEMM utilisations (`cost.aligned_gemm`) and the host timeline model
-(`step.host`). A retrain from the performance database has no such steps, so without carrying
-them a new bundle would quietly price tf32/bf16 GEMMs from the unaligned benchmark rows and
-every GPU step on one clock (issue #30: up to 2x too fast). They are copied, checked, from a
-base bundle, and the manifest says from which (`CARRIED_KEY`).
+`gpuplan train` fits latency models on kernel rows. Three manifest entries are not fitted on
+kernel rows at all but on profiled whole-model steps of a GPU run: the tensor-core GEMM
+utilisations (`cost.aligned_gemm`) and the host timeline model (`step.host`), both
+`hack/bundle_host_model.py`, and the step-level spread of the intervals
+(`intervals.STEP_SIGMA_KEY`, `hack/bundle_step_spread.py`). A retrain from the performance
+database has no such steps, so without carrying them a new bundle would quietly price tf32/bf16
+GEMMs from the unaligned benchmark rows, every GPU step on one clock (issue #30: up to 2x too
+fast), and its intervals too narrow. They are copied, checked, from a base bundle, and the
+manifest says from which (`CARRIED_KEY`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from typing import Any
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.cost import aligned_gemm
+from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.step import host
 
-PROFILE_FIT_KEYS = (aligned_gemm.MANIFEST_KEY, host.MANIFEST_KEY)
+PROFILE_FIT_KEYS = (aligned_gemm.MANIFEST_KEY, host.MANIFEST_KEY, intervals.STEP_SIGMA_KEY)
 """Manifest entries fitted on profiled whole-model steps, each with its `*_provenance`."""
 _PROVENANCE_KEYS = {aligned_gemm.MANIFEST_KEY: aligned_gemm.PROVENANCE_KEY,
-                    host.MANIFEST_KEY: host.PROVENANCE_KEY}
+                    host.MANIFEST_KEY: host.PROVENANCE_KEY,
+                    intervals.STEP_SIGMA_KEY: intervals.STEP_SIGMA_PROVENANCE_KEY}
 CARRIED_KEY = "carried_from"
 """Manifest key: ``{"source": where the entries came from, "keys": which}``."""
 
@@ -55,6 +59,8 @@ def _check(key: str, entry: Any, source: str) -> None:
     try:
         if key == aligned_gemm.MANIFEST_KEY:
             aligned_gemm.AlignedGemmFit.from_json(entry, where)
+        elif key == intervals.STEP_SIGMA_KEY:
+            intervals.step_sigma(entry, where)
         else:
             host.model_from_json(entry)
     except ValueError as exc:

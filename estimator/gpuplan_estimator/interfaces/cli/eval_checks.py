@@ -118,6 +118,13 @@ def _model_step_scoring(checks: Any) -> None:
     p.add_argument("--aligned-folds", type=Path, default=None,
                    help="JSON of case -> aligned-GEMM utilisation fitted without it "
                         "(stream-check --folds)")
+    spread = p.add_mutually_exclusive_group()
+    spread.add_argument("--step-folds", type=Path, default=None,
+                        help="JSON of case -> step-level spread fitted without it "
+                             "(hack/bundle_step_spread.py --folds); default: the bundle's")
+    spread.add_argument("--no-step-spread", action="store_true",
+                        help="intervals from the kernels and host alone (what the step-level "
+                             "spread is fitted on)")
     p.set_defaults(func=_predict)
     s = sub.add_parser("score", help="join predictions with a model_steps measurement")
     s.add_argument("--predicted", type=Path, required=True, metavar="JSON",
@@ -202,7 +209,8 @@ def _predict(args: argparse.Namespace) -> int:
     settings = model_step_scoring.PredictSettings(
         devices=tuple(args.device), precisions=_names(args.precisions), cases=args.cases,
         models=_names(args.models), bundle=args.bundle, out=args.out,
-        host_folds=args.host_folds, aligned_folds=args.aligned_folds)
+        host_folds=args.host_folds, aligned_folds=args.aligned_folds,
+        step_folds=args.step_folds, no_step_spread=args.no_step_spread)
     return model_step_scoring.run_predict(settings, command=predict_command(settings))
 
 
@@ -221,6 +229,10 @@ def predict_command(settings: model_step_scoring.PredictSettings) -> str:
         parts += ["--host-folds", str(settings.host_folds)]
     if settings.aligned_folds is not None:
         parts += ["--aligned-folds", str(settings.aligned_folds)]
+    if settings.step_folds is not None:
+        parts += ["--step-folds", str(settings.step_folds)]
+    if settings.no_step_spread:
+        parts.append("--no-step-spread")
     return shlex.join(parts)
 
 

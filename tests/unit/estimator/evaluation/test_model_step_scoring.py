@@ -130,6 +130,42 @@ def test_predict_command_prices_the_smoke_cases_a_cpu_rehearsal_runs(tmp_path: P
     assert "--cases smoke" in doc["provenance"]["command"]
 
 
+def test_step_spread_folds_widen_their_case_and_none_is_recorded(tmp_path: Path) -> None:
+    def run(*flags: str) -> dict:
+        out = tmp_path / "p.json"
+        code = cli.main(["eval", "model-step-scoring", "predict", "--device", DEVICE, "--cases",
+                         "smoke", "--models", "gpt2-tiny", "--precisions", "fp32", "--out",
+                         str(out), *flags])
+        assert code == 0
+        return json.loads(out.read_text())
+
+    folds = tmp_path / "folds.json"
+    folds.write_text(json.dumps({"gpt2-tiny": {"train": 0.0, "inference": 0.5}}))
+    raw, widened = run("--no-step-spread"), run("--step-folds", str(folds))
+    assert (raw["step_spread"], widened["step_spread"]) == ("none", "folds")
+    for a, b in zip(raw["rows"], widened["rows"], strict=True):
+        assert b["train_step_interval_ms"] == a["train_step_interval_ms"]
+        assert b["inference_forward_interval_ms"][1] > a["inference_forward_interval_ms"][1]
+        assert b["inference_forward_ms"] == a["inference_forward_ms"]
+    folds.write_text(json.dumps({"gpt2-tiny": {"train": 0.1}}))
+    with pytest.raises(Exception, match=r"folds.json: gpt2-tiny.inference"):
+        scoring.run_predict(scoring.PredictSettings(
+            devices=(DEVICE,), precisions=("fp32",), cases="smoke", models=("gpt2-tiny",),
+            bundle=None, out=tmp_path / "x.json", host_folds=None, step_folds=folds), "cmd")
+
+
+def test_whole_steps_become_residuals_with_their_intervals(predicted: dict) -> None:
+    lines = [{"kind": "provenance", "device": "cuda", "device_name": DEVICE},
+             _measured(1.0, 5.0, None)]
+    rows = scoring.step_residuals(scoring.score(predicted, lines, lambda n: DEVICE))
+    assert [(r.group, r.kind, r.measured_ms) for r in rows] == [
+        ("gpt2-tiny", "train", 5.0), ("gpt2-tiny", "inference", 1.0)]
+    (p,) = [p for p in predicted["rows"] if p["precision"] == "fp32" and
+            p["attention"] == "eager"]
+    assert rows[0].predicted_ms == p["train_step_ms"]
+    assert rows[0].interval_ms == tuple(p["train_step_interval_ms"])
+
+
 @pytest.mark.parametrize(("switches", "precision"), [
     ({"matmul": False, "cudnn": True}, "fp32"), ({"matmul": False, "cudnn": False}, "fp32-ieee"),
     (None, "fp32-ieee")])

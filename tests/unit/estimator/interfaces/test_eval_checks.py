@@ -109,6 +109,11 @@ def test_model_step_scoring_predict(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     _usage_error(["eval", "model-step-scoring", "predict", "--device", "t4", "--cases", "huge",
                   "--out", str(out)], capsys, "--cases")
     _usage_error(["eval", "model-step-scoring", "predict", "--device", "t4"], capsys, "--out")
+    assert main.main(["eval", "model-step-scoring", "predict", "--device", "t4", "--out",
+                      str(out), "--no-step-spread"]) == 0
+    assert calls[2][0].no_step_spread and calls[2][1].endswith("--no-step-spread")
+    _usage_error(["eval", "model-step-scoring", "predict", "--device", "t4", "--out", str(out),
+                  "--no-step-spread", "--step-folds", "f.json"], capsys, "--step-folds")
 
 
 def test_model_step_scoring_score(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 
 from gpuplan_estimator import devices
+from gpuplan_estimator.core.errors import InvalidRequestError
+from gpuplan_estimator.core.quantiles import Z90
 from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost import roofline
 from gpuplan_estimator.cost.predictors import LatencyPrediction
@@ -167,3 +170,45 @@ def test_an_unseen_device_gets_the_shared_error_and_a_measured_one_the_summed_qu
     assert hi / a_h100.step_time_ms != pytest.approx(SPREAD)  # no longer the summed quantiles
     fb_lo, fb_hi = a_h100.forward_backward_interval_ms
     assert fb_lo < a_h100.forward_ms + a_h100.backward_ms < fb_hi
+
+
+def test_a_step_spread_adds_in_quadrature_to_each_side() -> None:
+    low, high = intervals.widened((80.0, 150.0), 100.0, 0.1)
+    assert math.log(100.0 / low) == pytest.approx(math.hypot(math.log(100 / 80), 0.1 * Z90))
+    assert math.log(high / 100.0) == pytest.approx(math.hypot(math.log(1.5), 0.1 * Z90))
+    assert intervals.widened((80.0, 150.0), 100.0, 0.0) == (80.0, 150.0)
+    assert intervals.widened((100.0, 100.0), 100.0, 0.1) == pytest.approx(
+        (100 * math.exp(-0.1 * Z90), 100 * math.exp(0.1 * Z90)))
+
+
+def test_the_bundles_step_spread_widens_gpu_steps_of_its_kind_only() -> None:
+    g = examples.resnet50(8)
+    catalog = devices.load_catalog()
+    gpu = catalog.resolve("h100-sxm-80gb")
+    cpu = dataclasses.replace(gpu, key="cpu", vendor="cpu")  # a CPU with a GPU's rates
+    spread = {intervals.STEP_SIGMA_KEY: {"train": 0.0, "inference": 0.2}}
+    for mode, widens in (("train", False), ("inference", True)):
+        s = TrainingSettings(batch_size=8, mode=mode)
+        wide = estimates.estimate(g, [gpu, cpu], s, predictor=_Scattered(spread))
+        narrow = estimates.estimate(g, [gpu, cpu], s, predictor=_Scattered({}))
+        assert wide[1].interval_ms == narrow[1].interval_ms  # a CPU: not fitted on its steps
+        assert (wide[0].interval_ms[1] > narrow[0].interval_ms[1]) is widens
+        assert wide[0].step_time_ms == narrow[0].step_time_ms
+        # An explicit spread (a fold, or none) stands for the bundle's.
+        off = estimates.estimate(g, [gpu], s, predictor=_Scattered(spread),
+                                 step_log_sigma={"train": 0.0, "inference": 0.0})
+        assert off[0].interval_ms == narrow[0].interval_ms
+
+
+@pytest.mark.parametrize(("entry", "field"), [
+    ([0.1], "manifest.step_log_sigma"),
+    ({"train": 0.1}, "manifest.step_log_sigma.inference"),
+    ({"train": -0.1, "inference": 0.1}, "manifest.step_log_sigma.train"),
+    ({"train": 0.1, "inference": float("nan")}, "manifest.step_log_sigma.inference"),
+    ({"train": True, "inference": 0.1}, "manifest.step_log_sigma.train"),
+])
+def test_a_broken_step_spread_is_named(entry: object, field: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        intervals.manifest_step_sigma({intervals.STEP_SIGMA_KEY: entry})
+    assert caught.value.field == field
+    assert intervals.manifest_step_sigma({}) is None

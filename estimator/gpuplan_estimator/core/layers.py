@@ -106,6 +106,13 @@ class FusionUnit:
     layer_names: tuple[str, ...]
 
 
+KV_CACHE_METADATA_KEY = "gpuplan.kv_cache"
+"""ONNX model metadata naming, comma-separated, the tensors a decoder with `use_cache` copies
+into its cache (Hugging Face's `DynamicCache.update` concatenates each layer's keys and values
+into tensors of its own, which the returned output holds): what `graph.zoo` and
+`graph.hf_blocks` write for a causal LM, `ModelGraph.cache_tensors` once loaded."""
+
+
 @dataclass(frozen=True)
 class ModelGraph:
     """A parsed model: layers in topological order plus what could not be classified."""
@@ -118,6 +125,9 @@ class ModelGraph:
     unknown_op_types: tuple[str, ...] = ()  # op types that landed in OpFamily.OTHER
     # Why the export looks to have folded BatchNorm into Conv ("" = it does not; #35).
     folded_batchnorm: str = ""
+    cache_tensors: tuple[str, ...] = ()
+    """Tensors a decoder's forward copies into its key/value cache (`KV_CACHE_METADATA_KEY`):
+    each layer's keys and values, live until the forward returns."""
 
     @property
     def parameter_count(self) -> int:

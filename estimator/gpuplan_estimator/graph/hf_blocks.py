@@ -133,6 +133,8 @@ class BlockWriter:
         self.batch1 = b.op("Shape", [ids], "shape.batch1", start=0, end=1)
         self.tokens = b.op("ReduceProd", [self.bs], "shape.tokens", keepdims=1)
         self.zero = b.scalar("c.zero", 0.0)
+        self.cache: list[str] = []
+        """Each attention's keys (rotated) and values, as its key/value cache copies them."""
 
     def concat(self, parts: list[str | list[int]], name: str) -> str:
         """A shape vector from computed pieces and constants."""
@@ -229,6 +231,7 @@ class BlockWriter:
                                           bias=s.qkv_bias), n, f"{name}.{p}")
                    for p, n in (("q", s.heads), ("k", s.kv_heads), ("v", s.kv_heads)))
         q, k = (self.rotary(t, *rope, f"{name}.{p}_rot") for t, p in ((q, "q"), (k, "k")))
+        self.cache += [k, v]
         context = self.attention_core(q, self.repeat_kv(k, f"{name}.k_rep"),
                                       self.repeat_kv(v, f"{name}.v_rep"), mask, name)
         merged = b.op("Identity", [b.op("Transpose", [context], f"{name}.merge",
@@ -338,5 +341,5 @@ def build_decoder(config: Mapping[str, Any], *, name: str) -> onnx.ModelProto:
         logits = b.op("MatMul", [x, head_w], "lm_head")
     else:
         logits = d.linear(x, "lm_head", shape.hidden, shape.vocab)
-    return zoo._model(b, name, logits)
+    return zoo._model(b, name, logits, d.cache if zoo.uses_cache(config) else ())
 

@@ -103,6 +103,8 @@ class _T5Writer:
         inner = blk.heads * blk.head_dim
         q, k, v = (w.heads(w.linear(src, f"{name}.{p}", blk.hidden, inner), blk.heads,
                            f"{name}.{p}") for p, src in (("q", x), ("k", memory), ("v", memory)))
+        if name.startswith("decoder."):  # its self- and cross-attention keys and values
+            self.w.cache += [k, v]
         kt = b.op("Transpose", [k], f"{name}.kt", perm=[0, 1, 3, 2])
         scores = b.op("MatMul", [q, kt], f"{name}.scores")
         if bias is not None:
@@ -165,5 +167,7 @@ def build_t5(config: Mapping[str, Any], *, name: str) -> onnx.ModelProto:
     out = helper.make_tensor_value_info(logits, TensorProto.FLOAT,
                                         ["batch", SEQUENCE_DIM, None])
     graph = helper.make_graph(b.nodes, name, inputs, [out], initializer=b.initializers)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", zoo.OPSET)],
-                             producer_name="gpuplan.hf_seq2seq")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", zoo.OPSET)],
+                              producer_name="gpuplan.hf_seq2seq")
+    zoo.mark_cache(model, t5.w.cache if zoo.uses_cache(config) else ())
+    return model

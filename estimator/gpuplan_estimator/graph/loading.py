@@ -22,7 +22,12 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto, helper, shape_inference
 
 from gpuplan_estimator.core import errors
-from gpuplan_estimator.core.layers import DTYPE_BYTES, ModelGraph, TensorInfo
+from gpuplan_estimator.core.layers import (
+    DTYPE_BYTES,
+    KV_CACHE_METADATA_KEY,
+    ModelGraph,
+    TensorInfo,
+)
 from gpuplan_estimator.core.vocabulary import MODEL_COMPRESSION_MAGIC, MODEL_COMPRESSIONS
 from gpuplan_estimator.graph import contrib_schemas, export_checks, folding, fusion, records
 
@@ -321,6 +326,7 @@ def load_model(
     )
     opset = model_opset(model, label)
     folded_batchnorm = export_checks.folded_batchnorm(model)
+    cache = cache_tensors(model)
     drop_weight_data(model)
     drop_inferable_annotations(model)
     check_attributes(model, label)
@@ -333,7 +339,14 @@ def load_model(
     layers, unknown = records.build_layers(record, opset=opset, label=label)
     fused, units = fusion.fuse(layers, frozenset(o.name for o in inferred.graph.output))
     return ModelGraph(name=model_name, layers=fused, units=units, dim_bindings=used,
-                      opset=opset, unknown_op_types=unknown, folded_batchnorm=folded_batchnorm)
+                      opset=opset, unknown_op_types=unknown, folded_batchnorm=folded_batchnorm,
+                      cache_tensors=cache)
+
+
+def cache_tensors(model: ModelProto) -> tuple[str, ...]:
+    """The tensors the model's `KV_CACHE_METADATA_KEY` names (none without it)."""
+    text = next((p.value for p in model.metadata_props if p.key == KV_CACHE_METADATA_KEY), "")
+    return tuple(name for name in text.split(",") if name)
 
 
 _DTYPES: Mapping[int, str] = {

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.layers import KV_CACHE_METADATA_KEY
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 
 OPSET = 20  # Gelu (erf form, BERT's single eager kernel) exists from opset 20
@@ -159,13 +160,30 @@ def _merge_heads(b: ZooGraphBuilder, x: str, shapes: _Shapes, name: str) -> str:
     return b.op("Reshape", [merged, shapes.tokens], f"{name}.view")
 
 
-def _model(b: ZooGraphBuilder, name: str, logits: str) -> onnx.ModelProto:
+def uses_cache(config: Mapping[str, Any]) -> bool:
+    """Whether a decoder's forward fills a key/value cache: its `use_cache`, which
+    transformers' decoder and encoder-decoder configs default to true."""
+    return bool(config.get("use_cache", True))
+
+
+def _model(b: ZooGraphBuilder, name: str, logits: str,
+           cache: Sequence[str] = ()) -> onnx.ModelProto:
+    """The ONNX model of `b`'s nodes; `cache` names the tensors copied into a key/value cache
+    (`KV_CACHE_METADATA_KEY`)."""
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", SEQUENCE_DIM])
     out = helper.make_tensor_value_info(logits, TensorProto.FLOAT,
                                         ["batch", SEQUENCE_DIM, None])
     graph = helper.make_graph(b.nodes, name, [ids], [out], initializer=b.initializers)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                             producer_name="gpuplan.zoo")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="gpuplan.zoo")
+    mark_cache(model, cache)
+    return model
+
+
+def mark_cache(model: onnx.ModelProto, cache: Sequence[str]) -> None:
+    """Name the tensors `model`'s key/value cache copies (`KV_CACHE_METADATA_KEY`), if any."""
+    if cache:
+        helper.set_model_props(model, {KV_CACHE_METADATA_KEY: ",".join(cache)})
 
 
 def _attention_core(b: ZooGraphBuilder, q: str, k: str, v: str, shapes: _Shapes, name: str,
@@ -205,6 +223,7 @@ def _build_gpt2(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
     causal = b.op("Trilu", [ones], "attn.causal", upper=0)
     masked = b.scalar("c.mask_value", _FLOAT_MIN)
     root = b.scalar("c.sqrt_head_dim", float(hd) ** 0.5)
+    cache: list[str] = []
     for i in range(layers):
         p = f"transformer.h.{i}"
 
@@ -216,6 +235,7 @@ def _build_gpt2(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
         qkv = b.linear(y, f"{p}.attn.c_attn", h, 3 * h)
         q, k, v = b.ops("Split", [qkv, b.ints(f"{p}.attn.split", [h, h, h])],
                         [f"{p}.attn.q", f"{p}.attn.k", f"{p}.attn.v"], axis=1)
+        cache += [k, v]
         context = _attention_core(b, q, k, v, s, f"{p}.attn", mask)
         x = b.op("Add", [x, b.linear(context, f"{p}.attn.c_proj", h, h)], f"{p}.residual_1")
         y = b.layer_norm(x, f"{p}.ln_2", h, eps)
@@ -223,7 +243,8 @@ def _build_gpt2(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
         x = b.op("Add", [x, b.linear(y, f"{p}.mlp.c_proj", inner, h)], f"{p}.residual_2")
     x = b.layer_norm(x, "transformer.ln_f", h, eps)
     logits = b.op("Gemm", [x, wte], "lm_head", transB=1)  # tied to wte
-    return _model(b, name, b.op("Reshape", [logits, s.logits], "logits"))
+    return _model(b, name, b.op("Reshape", [logits, s.logits], "logits"),
+                  cache if uses_cache(config) else ())
 
 
 def _build_bert(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
@@ -318,6 +339,7 @@ def _build_opt(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
     causal = b.op("Unsqueeze", [upper, b.ints("c.axes01", [0, 1])], "causal.mask")
     floor = b.scalar("c.mask_value", _FLOAT_MIN)
     scaling = b.scalar("c.scaling", float(hd) ** -0.5)
+    cache: list[str] = []
     for i in range(layers):
         p = f"model.decoder.layers.{i}"
 
@@ -329,6 +351,7 @@ def _build_opt(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
         q = b.op("Mul", [b.linear(y, f"{p}.self_attn.q_proj", h, h), scaling],
                  f"{p}.self_attn.q_scale")
         k, v = (b.linear(y, f"{p}.self_attn.{n}_proj", h, h) for n in ("k", "v"))
+        cache += [k, v]
         context = _attention_core(b, q, k, v, s, f"{p}.self_attn", mask)
         x = b.op("Add", [x, b.linear(context, f"{p}.self_attn.out_proj", h, h)],
                  f"{p}.residual_1")
@@ -344,7 +367,8 @@ def _build_opt(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
     if proj != h:
         x = b.linear(x, "model.decoder.project_out", h, proj, bias=False)
     logits = b.op("Gemm", [x, embed], "lm_head", transB=1)  # tied to embed_tokens
-    return _model(b, name, b.op("Reshape", [logits, s.logits], "logits"))
+    return _model(b, name, b.op("Reshape", [logits, s.logits], "logits"),
+                  cache if uses_cache(config) else ())
 
 
 _BUILDERS: Mapping[str, Callable[[Mapping[str, Any], str], onnx.ModelProto]] = {

@@ -11,6 +11,10 @@ the set of live tensors:
   Transpose(W)); Identity (a dynamo export's `aten.clone`) copies; a MatMul whose only reader
   adds a parameter bias is torch's `linear`, one output. Dropout is an eval export's no-op:
   training's masks are not in the graphs and not counted.
+- a decoder's key/value cache (`ModelGraph.cache_tensors`, Hugging Face's `use_cache`): in an
+  inference forward each layer's keys and values are copied into the cache and held to the
+  end. Training keeps its copies too (SDPA then reads them), but how long was not measured
+  apart from the rest: not in the training walk.
 - the loss: cross entropy over the graph's float output, as `F.cross_entropy` and Hugging
   Face's losses run it: an fp32 copy of half-precision logits, the fp32 log-probabilities kept
   for backward; backward allocates the gradient of the log-probabilities and of the logits.
@@ -138,6 +142,8 @@ class _Walk:
         self.inputs = [n for n, t in self.tensors.items()
                        if n not in produced and n not in self.params and t.shape]
         self.outputs = _graph_outputs(self.layers)
+        # An inference forward keeps its key/value cache (training: not modelled, see below).
+        self.cached = frozenset(graph.cache_tensors) if not settings.training else frozenset()
         self.size: dict[str, int] = {}  # storage -> bytes
         self.live = _SummedBytes()  # activation storages (and casts, loss tensors)
         self.weight_copies = _SummedBytes()
@@ -202,6 +208,7 @@ class _Walk:
         phase = "forward" if self.s.training else "inference"
         for i, la in enumerate(self.layers):
             transient = self.forward_layer(i, la, release)
+            self.cache_copies(la)
             self.mark(phase)
             for key in transient:
                 self.live.pop(key, None)
@@ -258,6 +265,14 @@ class _Walk:
             if b in self.live:
                 release[b] = min(release.get(b, i), i)
         return transient
+
+    def cache_copies(self, la: Layer) -> None:
+        """The key/value cache's copies of `la`'s outputs (`ModelGraph.cache_tensors`): made
+        as the layer runs, held by the returned output until the forward ends."""
+        for t in la.outputs:
+            if t.name in self.cached:
+                self.live[f"{t.name}#cache"] = self.tensor_bytes(
+                    t.elements, self.element_width(t.name, t.dtype))
 
     def casts(self, la: Layer) -> dict[str, tuple[str, int, bool]]:
         """Autocast copies `la` makes: input name -> (key, bytes, is a weight)."""

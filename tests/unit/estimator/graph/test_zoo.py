@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter
 
 import pytest
@@ -86,13 +85,13 @@ def test_the_mlp_activation_has_the_kernels_pytorch_runs(
     assert act == Counter({op: n * 2 for op, n in kernels.items()})  # per layer, 2 layers
 
 
-def test_gpt2_large_parses_fast() -> None:
+def test_gpt2_large_parses_with_its_cache() -> None:
+    """Its load time is a benchmark (`make bench`, gpt2-large), not asserted here: a loaded
+    CI machine took 1.1 s where the dev box takes 0.5."""
     data = zoo.build_transformer(config("gpt2_large"), name="gpt2_large").SerializeToString()
-    start = time.perf_counter()
     g = graph.load_model(data, batch=1, dim_bindings={"sequence": 1024})
-    elapsed_s = time.perf_counter() - start
     assert len(g.layers) > 1500
-    assert elapsed_s < 1.0, f"load_model took {elapsed_s:.2f} s"
+    assert len(g.cache_tensors) == 2 * 36  # keys and values of its 36 layers (use_cache)
 
 
 def test_unsupported_model_type_and_missing_key() -> None:

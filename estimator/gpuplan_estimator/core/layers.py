@@ -113,6 +113,12 @@ into tensors of its own, which the returned output holds): what `graph.zoo` and
 `graph.hf_blocks` write for a causal LM, `ModelGraph.cache_tensors` once loaded."""
 
 
+DROPOUT_METADATA_KEY = "gpuplan.dropout"
+"""ONNX model metadata naming, comma-separated, the tensors a training forward applies dropout
+to (a Hugging Face config's hidden, residual and embedding dropout above 0): the graphs leave
+Dropout out, as an eval export does, but training keeps a bool mask of each for backward."""
+
+
 @dataclass(frozen=True)
 class ModelGraph:
     """A parsed model: layers in topological order plus what could not be classified."""
@@ -128,6 +134,9 @@ class ModelGraph:
     cache_tensors: tuple[str, ...] = ()
     """Tensors a decoder's forward copies into its key/value cache (`KV_CACHE_METADATA_KEY`):
     each layer's keys and values, live until the forward returns."""
+    dropout_tensors: tuple[str, ...] = ()
+    """Tensors a training forward applies dropout to (`DROPOUT_METADATA_KEY`): each keeps a
+    one-byte mask for its backward."""
 
     @property
     def parameter_count(self) -> int:

@@ -19,6 +19,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.layers import KV_CACHE_METADATA_KEY
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 from gpuplan_estimator.graph import hf_blocks, zoo
 
@@ -169,5 +170,5 @@ def build_t5(config: Mapping[str, Any], *, name: str) -> onnx.ModelProto:
     graph = helper.make_graph(b.nodes, name, inputs, [out], initializer=b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", zoo.OPSET)],
                               producer_name="gpuplan.hf_seq2seq")
-    zoo.mark_cache(model, t5.w.cache if zoo.uses_cache(config) else ())
+    zoo.name_tensors(model, KV_CACHE_METADATA_KEY, t5.w.cache if zoo.uses_cache(config) else ())
     return model

@@ -23,6 +23,7 @@ from onnx import ModelProto, TensorProto, helper, shape_inference
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import (
+    DROPOUT_METADATA_KEY,
     DTYPE_BYTES,
     KV_CACHE_METADATA_KEY,
     ModelGraph,
@@ -326,7 +327,8 @@ def load_model(
     )
     opset = model_opset(model, label)
     folded_batchnorm = export_checks.folded_batchnorm(model)
-    cache = cache_tensors(model)
+    cache = named_tensors(model, KV_CACHE_METADATA_KEY)
+    dropout = named_tensors(model, DROPOUT_METADATA_KEY)
     drop_weight_data(model)
     drop_inferable_annotations(model)
     check_attributes(model, label)
@@ -340,12 +342,13 @@ def load_model(
     fused, units = fusion.fuse(layers, frozenset(o.name for o in inferred.graph.output))
     return ModelGraph(name=model_name, layers=fused, units=units, dim_bindings=used,
                       opset=opset, unknown_op_types=unknown, folded_batchnorm=folded_batchnorm,
-                      cache_tensors=cache)
+                      cache_tensors=cache, dropout_tensors=dropout)
 
 
-def cache_tensors(model: ModelProto) -> tuple[str, ...]:
-    """The tensors the model's `KV_CACHE_METADATA_KEY` names (none without it)."""
-    text = next((p.value for p in model.metadata_props if p.key == KV_CACHE_METADATA_KEY), "")
+def named_tensors(model: ModelProto, key: str) -> tuple[str, ...]:
+    """The tensors the model's metadata entry `key` names, comma-separated (none without
+    it): `KV_CACHE_METADATA_KEY`, `DROPOUT_METADATA_KEY`."""
+    text = next((p.value for p in model.metadata_props if p.key == key), "")
     return tuple(name for name in text.split(",") if name)
 
 

@@ -26,7 +26,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from gpuplan_estimator.core import errors
-from gpuplan_estimator.core.layers import KV_CACHE_METADATA_KEY
+from gpuplan_estimator.core.layers import DROPOUT_METADATA_KEY, KV_CACHE_METADATA_KEY
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM
 
 OPSET = 20  # Gelu (erf form, BERT's single eager kernel) exists from opset 20
@@ -166,24 +166,34 @@ def uses_cache(config: Mapping[str, Any]) -> bool:
     return bool(config.get("use_cache", True))
 
 
-def _model(b: ZooGraphBuilder, name: str, logits: str,
-           cache: Sequence[str] = ()) -> onnx.ModelProto:
+def has_dropout(config: Mapping[str, Any], key: str, default: float) -> bool:
+    """Whether the config's dropout probability `key` (transformers' `default` when absent)
+    is above 0: a training forward then keeps a mask per site."""
+    return float(config.get(key, default) or 0.0) > 0.0
+
+
+def _model(b: ZooGraphBuilder, name: str, logits: str, cache: Sequence[str] = (),
+           dropout: Sequence[str] = ()) -> onnx.ModelProto:
     """The ONNX model of `b`'s nodes; `cache` names the tensors copied into a key/value cache
-    (`KV_CACHE_METADATA_KEY`)."""
+    (`KV_CACHE_METADATA_KEY`), `dropout` those dropout applies to in training
+    (`DROPOUT_METADATA_KEY`)."""
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", SEQUENCE_DIM])
     out = helper.make_tensor_value_info(logits, TensorProto.FLOAT,
                                         ["batch", SEQUENCE_DIM, None])
     graph = helper.make_graph(b.nodes, name, [ids], [out], initializer=b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="gpuplan.zoo")
-    mark_cache(model, cache)
+    name_tensors(model, KV_CACHE_METADATA_KEY, cache)
+    name_tensors(model, DROPOUT_METADATA_KEY, dropout)
     return model
 
 
-def mark_cache(model: onnx.ModelProto, cache: Sequence[str]) -> None:
-    """Name the tensors `model`'s key/value cache copies (`KV_CACHE_METADATA_KEY`), if any."""
-    if cache:
-        helper.set_model_props(model, {KV_CACHE_METADATA_KEY: ",".join(cache)})
+def name_tensors(model: onnx.ModelProto, key: str, names: Sequence[str]) -> None:
+    """Add metadata `key` naming `names` (`KV_CACHE_METADATA_KEY`, `DROPOUT_METADATA_KEY`),
+    if there are any."""
+    if names:
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, ",".join(names)
 
 
 def _attention_core(b: ZooGraphBuilder, q: str, k: str, v: str, shapes: _Shapes, name: str,
@@ -214,6 +224,8 @@ def _build_gpt2(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
                           s.positions(b)], "transformer.wpe")
     x = b.op("Reshape", [b.op("Add", [tok, pos], "transformer.embed"), s.tokens],
              "transformer.tokens")
+    dropped = [x] if has_dropout(config, "embd_pdrop", 0.1) else []
+    resid = has_dropout(config, "resid_pdrop", 0.1)
     # The causal `bias` buffer sliced to [.., :S, :S] is a view of a lower triangle: built
     # directly at [1, 1, S, S] (static, costs nothing, as the view in eager).
     square = b.op("Concat", [b.ints("c.one_one", [1, 1]), s.seq1, s.seq1], "shape.causal",
@@ -237,14 +249,17 @@ def _build_gpt2(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
                         [f"{p}.attn.q", f"{p}.attn.k", f"{p}.attn.v"], axis=1)
         cache += [k, v]
         context = _attention_core(b, q, k, v, s, f"{p}.attn", mask)
-        x = b.op("Add", [x, b.linear(context, f"{p}.attn.c_proj", h, h)], f"{p}.residual_1")
+        attn_out = b.linear(context, f"{p}.attn.c_proj", h, h)
+        x = b.op("Add", [x, attn_out], f"{p}.residual_1")
         y = b.layer_norm(x, f"{p}.ln_2", h, eps)
         y = b.activation(b.linear(y, f"{p}.mlp.c_fc", h, inner), f"{p}.mlp.act", act)
-        x = b.op("Add", [x, b.linear(y, f"{p}.mlp.c_proj", inner, h)], f"{p}.residual_2")
+        mlp_out = b.linear(y, f"{p}.mlp.c_proj", inner, h)
+        x = b.op("Add", [x, mlp_out], f"{p}.residual_2")
+        dropped += [attn_out, mlp_out] if resid else []
     x = b.layer_norm(x, "transformer.ln_f", h, eps)
     logits = b.op("Gemm", [x, wte], "lm_head", transB=1)  # tied to wte
     return _model(b, name, b.op("Reshape", [logits, s.logits], "logits"),
-                  cache if uses_cache(config) else ())
+                  cache if uses_cache(config) else (), dropped)
 
 
 def _build_bert(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
@@ -270,6 +285,8 @@ def _build_bert(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
                              "bert.embeddings.position")], "bert.embeddings.add_position")
     x = b.layer_norm(b.op("Reshape", [e, s.tokens], "bert.embeddings.tokens"),
                      "bert.embeddings.LayerNorm", h, eps)
+    hidden = has_dropout(config, "hidden_dropout_prob", 0.1)
+    dropped = [x] if hidden else []
     # get_extended_attention_mask on the default all-ones mask: (1 - m[:, None, None, :]) * min
     ones = b.op("ConstantOfShape", [s.bs], "bert.attention_mask",
                 value=helper.make_tensor("value", TensorProto.FLOAT, [1], [1.0]))
@@ -286,19 +303,21 @@ def _build_bert(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
 
         q, k, v = (b.linear(x, f"{p}.attention.self.{n}", h, h) for n in ("query", "key", "value"))
         context = _attention_core(b, q, k, v, s, f"{p}.attention.self", mask)
-        y = b.op("Add", [b.linear(context, f"{p}.attention.output.dense", h, h), x],
-                 f"{p}.attention.output.residual")
+        attn_out = b.linear(context, f"{p}.attention.output.dense", h, h)
+        y = b.op("Add", [attn_out, x], f"{p}.attention.output.residual")
         x = b.layer_norm(y, f"{p}.attention.output.LayerNorm", h, eps)
         y = b.activation(b.linear(x, f"{p}.intermediate.dense", h, inner),
                          f"{p}.intermediate.act", act)
-        y = b.op("Add", [b.linear(y, f"{p}.output.dense", inner, h), x], f"{p}.output.residual")
+        ffn_out = b.linear(y, f"{p}.output.dense", inner, h)
+        y = b.op("Add", [ffn_out, x], f"{p}.output.residual")
+        dropped += [attn_out, ffn_out] if hidden else []
         x = b.layer_norm(y, f"{p}.output.LayerNorm", h, eps)
     t = b.activation(b.linear(x, "cls.predictions.transform.dense", h, h),
                      "cls.predictions.transform.act", act)
     t = b.layer_norm(t, "cls.predictions.transform.LayerNorm", h, eps)
     logits = b.op("Gemm", [t, word, b.weight("cls.predictions.bias", [vocab])],
                   "cls.predictions.decoder", transB=1)  # tied to the word embeddings
-    return _model(b, name, b.op("Reshape", [logits, s.logits], "logits"))
+    return _model(b, name, b.op("Reshape", [logits, s.logits], "logits"), dropout=dropped)
 
 
 _OPT_POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding reserves two rows
@@ -339,6 +358,8 @@ def _build_opt(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
     causal = b.op("Unsqueeze", [upper, b.ints("c.axes01", [0, 1])], "causal.mask")
     floor = b.scalar("c.mask_value", _FLOAT_MIN)
     scaling = b.scalar("c.scaling", float(hd) ** -0.5)
+    residual_dropout = has_dropout(config, "dropout", 0.1)
+    dropped: list[str] = []
     cache: list[str] = []
     for i in range(layers):
         p = f"model.decoder.layers.{i}"
@@ -353,13 +374,15 @@ def _build_opt(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
         k, v = (b.linear(y, f"{p}.self_attn.{n}_proj", h, h) for n in ("k", "v"))
         cache += [k, v]
         context = _attention_core(b, q, k, v, s, f"{p}.self_attn", mask)
-        x = b.op("Add", [x, b.linear(context, f"{p}.self_attn.out_proj", h, h)],
-                 f"{p}.residual_1")
+        attn_out = b.linear(context, f"{p}.self_attn.out_proj", h, h)
+        x = b.op("Add", [x, attn_out], f"{p}.residual_1")
         if not pre_ln:
             x = b.layer_norm(x, f"{p}.self_attn_layer_norm", h, 1e-5)
         y = b.layer_norm(x, f"{p}.final_layer_norm", h, 1e-5) if pre_ln else x
         y = b.activation(b.linear(y, f"{p}.fc1", h, ffn), f"{p}.act", act)
-        x = b.op("Add", [x, b.linear(y, f"{p}.fc2", ffn, h)], f"{p}.residual_2")
+        ffn_out = b.linear(y, f"{p}.fc2", ffn, h)
+        x = b.op("Add", [x, ffn_out], f"{p}.residual_2")
+        dropped += [attn_out, ffn_out] if residual_dropout else []
         if not pre_ln:
             x = b.layer_norm(x, f"{p}.final_layer_norm", h, 1e-5)
     if pre_ln:
@@ -368,7 +391,7 @@ def _build_opt(config: Mapping[str, Any], name: str) -> onnx.ModelProto:
         x = b.linear(x, "model.decoder.project_out", h, proj, bias=False)
     logits = b.op("Gemm", [x, embed], "lm_head", transB=1)  # tied to embed_tokens
     return _model(b, name, b.op("Reshape", [logits, s.logits], "logits"),
-                  cache if uses_cache(config) else ())
+                  cache if uses_cache(config) else (), dropped)
 
 
 _BUILDERS: Mapping[str, Callable[[Mapping[str, Any], str], onnx.ModelProto]] = {

@@ -9,12 +9,14 @@ the set of live tensors:
   which case it lives until that backward ran. View ops (reshape, transpose, split, a select
   `x[i]`, ...) alias their input's storage, also of a weight (a dynamo export reads
   Transpose(W)); Identity (a dynamo export's `aten.clone`) copies; a MatMul whose only reader
-  adds a parameter bias is torch's `linear`, one output. Dropout is an eval export's no-op:
-  training's masks are not in the graphs and not counted.
-- a decoder's key/value cache (`ModelGraph.cache_tensors`, Hugging Face's `use_cache`): in an
-  inference forward each layer's keys and values are copied into the cache and held to the
-  end. Training keeps its copies too (SDPA then reads them), but how long was not measured
-  apart from the rest: not in the training walk.
+  adds a parameter bias is torch's `linear`, one output. Dropout is an eval export's no-op
+  (what a graph names in `dropout_tensors` is charged its masks, below).
+- a decoder's key/value cache (`ModelGraph.cache_tensors`, Hugging Face's `use_cache`): each
+  layer's keys and values are copied into the cache as the layer runs; an inference forward
+  holds the copies to its end, training with fused attention until that layer's backward (the
+  kernel reads and saves the copies; eager attention's matmuls keep as many bytes anyway).
+- dropout in training (`ModelGraph.dropout_tensors`: the graphs leave the Dropout op out, as
+  an eval export does): a bool mask per dropped tensor, kept until that layer's backward.
 - the loss: cross entropy over the graph's float output, as `F.cross_entropy` and Hugging
   Face's losses run it: an fp32 copy of half-precision logits, the fp32 log-probabilities kept
   for backward; backward allocates the gradient of the log-probabilities and of the logits.
@@ -142,8 +144,13 @@ class _Walk:
         self.inputs = [n for n, t in self.tensors.items()
                        if n not in produced and n not in self.params and t.shape]
         self.outputs = _graph_outputs(self.layers)
-        # An inference forward keeps its key/value cache (training: not modelled, see below).
-        self.cached = frozenset(graph.cache_tensors) if not settings.training else frozenset()
+        # Training's attention reads the cache's copies. An eager core's matmuls would have
+        # kept contiguous copies of the strided keys and values instead (as many bytes, which
+        # the walk counts); a fused kernel reads them in place. Measured on CPU, a 2-layer
+        # GPT-2 at sequence 256: the cache added 0 bytes eager, its 1,048,576 under SDPA.
+        self.cached = frozenset(graph.cache_tensors) \
+            if not settings.training or fused.folded else frozenset()
+        self.dropped = frozenset(graph.dropout_tensors) if settings.training else frozenset()
         self.size: dict[str, int] = {}  # storage -> bytes
         self.live = _SummedBytes()  # activation storages (and casts, loss tensors)
         self.weight_copies = _SummedBytes()
@@ -208,7 +215,8 @@ class _Walk:
         phase = "forward" if self.s.training else "inference"
         for i, la in enumerate(self.layers):
             transient = self.forward_layer(i, la, release)
-            self.cache_copies(la)
+            self.cache_copies(i, la, release)
+            self.dropout_masks(i, la, release)
             self.mark(phase)
             for key in transient:
                 self.live.pop(key, None)
@@ -266,13 +274,26 @@ class _Walk:
                 release[b] = min(release.get(b, i), i)
         return transient
 
-    def cache_copies(self, la: Layer) -> None:
-        """The key/value cache's copies of `la`'s outputs (`ModelGraph.cache_tensors`): made
-        as the layer runs, held by the returned output until the forward ends."""
+    def cache_copies(self, i: int, la: Layer, release: dict[str, int]) -> None:
+        """The key/value cache's copies of `la`'s outputs (`ModelGraph.cache_tensors`), made
+        as the layer runs: an inference forward returns them, so they live to its end; in
+        training the attention reads the copies, so they live until this layer's backward."""
         for t in la.outputs:
             if t.name in self.cached:
-                self.live[f"{t.name}#cache"] = self.tensor_bytes(
-                    t.elements, self.element_width(t.name, t.dtype))
+                key = f"{t.name}#cache"
+                self.live[key] = self.tensor_bytes(t.elements,
+                                                   self.element_width(t.name, t.dtype))
+                if self.s.training:
+                    release[key] = i
+
+    def dropout_masks(self, i: int, la: Layer, release: dict[str, int]) -> None:
+        """The bool mask dropout draws over each of `la`'s outputs that training drops
+        (`ModelGraph.dropout_tensors`): one byte an element, kept for this layer's backward."""
+        for t in la.outputs:
+            if t.name in self.dropped:
+                key = f"{t.name}#dropout_mask"
+                self.live[key] = self.tensor_bytes(t.elements, 1)
+                release[key] = i
 
     def casts(self, la: Layer) -> dict[str, tuple[str, int, bool]]:
         """Autocast copies `la` makes: input name -> (key, bytes, is a weight)."""

@@ -109,8 +109,8 @@ class FusionUnit:
 KV_CACHE_METADATA_KEY = "gpuplan.kv_cache"
 """ONNX model metadata naming, comma-separated, the tensors a decoder with `use_cache` copies
 into its cache (Hugging Face's `DynamicCache.update` concatenates each layer's keys and values
-into tensors of its own, which the returned output holds): what `graph.zoo` and
-`graph.hf_blocks` write for a causal LM, `ModelGraph.cache_tensors` once loaded."""
+into tensors of its own, which the returned output holds): what `graph.zoo`, `graph.hf_blocks`
+and `graph.hf_seq2seq` write for a decoder, `ModelGraph.cache_tensors` once loaded."""
 
 
 DROPOUT_METADATA_KEY = "gpuplan.dropout"
@@ -133,7 +133,7 @@ class ModelGraph:
     folded_batchnorm: str = ""
     cache_tensors: tuple[str, ...] = ()
     """Tensors a decoder's forward copies into its key/value cache (`KV_CACHE_METADATA_KEY`):
-    each layer's keys and values, live until the forward returns."""
+    each layer's keys and values (`step.memory_walk` says how long the copies live)."""
     dropout_tensors: tuple[str, ...] = ()
     """Tensors a training forward applies dropout to (`DROPOUT_METADATA_KEY`): each keeps a
     one-byte mask for its backward."""

@@ -53,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     fitted = step_spread.fit(rows)
     folds = step_spread.leave_one_group_out(rows)
     coverage = step_spread.held_out_coverage(rows, folds)
-    before = step_spread.held_out_coverage(rows, {g: dict.fromkeys(intervals.STEP_KINDS, 0.0)
-                                                  for g in folds})
+    before = step_spread.held_out_coverage(rows, {g: intervals.no_step_sigma() for g in folds})
     record = {
         "command": shlex.join(["hack/bundle_step_spread.py", *(argv or sys.argv[1:])]),
         "created": datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -67,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
                   "its held-out interval; coverage from leave-one-model-out folds"}
     entries = {intervals.STEP_SIGMA_KEY: fitted, intervals.STEP_SIGMA_PROVENANCE_KEY: record}
     print(json.dumps(entries, indent=2))
-    for kind in intervals.STEP_KINDS:
-        print(f"{kind}: held-out P10-P90 coverage {100 * before[kind]:.0f} % -> "
-              f"{100 * coverage[kind]:.0f} % ({sum(r.kind == kind for r in rows)} steps)")
+    for cell, share in coverage.items():
+        steps = sum(cell in (r.kind, f"{r.kind}/{r.math}") for r in rows)
+        print(f"{cell}: held-out P10-P90 coverage {100 * before[cell]:.0f} % -> "
+              f"{100 * share:.0f} % ({steps} steps)")
     if args.dry_run:
         return 0
     if args.folds is not None:

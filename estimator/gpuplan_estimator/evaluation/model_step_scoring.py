@@ -84,16 +84,16 @@ def attention_of(implementation: str | None) -> str:
 class StepSpread:
     """How predicted intervals hold the step-level spread (`intervals.STEP_SIGMA_KEY`)."""
 
-    folds: Mapping[str, Mapping[str, float]] | None = None
+    folds: Mapping[str, intervals.StepSigma] | None = None
     """Case -> the spread fitted without it (`training.step_spread.leave_one_group_out`); a
     case it lacks gets the bundle's."""
     off: bool = False
     """No step-level spread: the kernels' and host's intervals alone, what it is fitted on."""
 
-    def for_case(self, case: str) -> Mapping[str, float] | None:
+    def for_case(self, case: str) -> intervals.StepSigma | None:
         """The spread to price `case` with (None: the bundle's)."""
         if self.off:
-            return dict.fromkeys(intervals.STEP_KINDS, 0.0)
+            return intervals.no_step_sigma()
         return (self.folds or {}).get(case)
 
     def describe(self) -> str:
@@ -104,7 +104,7 @@ class StepSpread:
 def _estimate(g: graph.ModelGraph, batch: int, mode: str, precision: str, attention: str,
               specs: Sequence[devices.DeviceSpec], predictor: Any,
               host_model: HostModel | None = None,
-              step_log_sigma: Mapping[str, float] | None = None
+              step_log_sigma: intervals.StepSigma | None = None
               ) -> list[estimates.DeviceStepEstimate]:
     settings = TrainingSettings(batch_size=batch, mode=mode, optimizer=OPTIMIZER,
                                 precision=precision, attention=attention)
@@ -223,6 +223,7 @@ def step_residuals(scored: Iterable[Mapping[str, Any]]) -> list[StepResidual]:
     """Each scored whole step (`STEP_KIND_OF_PHASE`) against its prediction and interval,
     grouped by model (`training.step_spread`)."""
     return [StepResidual(group=str(row["model"]), kind=kind,
+                         math=intervals.step_math(str(row["precision"])),
                          measured_ms=float(row[phase]["measured_ms"]),
                          predicted_ms=float(row[phase]["predicted_ms"]),
                          interval_ms=(float(row[phase]["interval_ms"][0]),

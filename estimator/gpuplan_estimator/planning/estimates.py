@@ -160,7 +160,7 @@ def estimate(
     kernel_dims: KernelDimsFn | None = None,
     host_model: host.HostModel | None = None,
     host_probes: Mapping[str, host.HostProbe] | None = None,
-    step_log_sigma: Mapping[str, float] | None = None,
+    step_log_sigma: intervals.StepSigma | None = None,
 ) -> tuple[DeviceStepEstimate, ...]:
     """Estimate one step of `graph` on each device; epoch/total time when sizes are given.
 
@@ -194,12 +194,14 @@ def estimate(
 
 
 def _with_step_spread(r: DeviceStepEstimate, device: DeviceSpec, settings: TrainingSettings,
-                      spread: Mapping[str, float] | None) -> DeviceStepEstimate:
-    """`r` with its intervals widened by the step-level spread of its kind (GPUs only: it was
-    fitted on GPU steps; a CPU's steps are its measured kernels run one after another)."""
+                      spread: intervals.StepSigma | None) -> DeviceStepEstimate:
+    """`r` with its intervals widened by the step-level spread of its kind and math (GPUs
+    only: it was fitted on GPU steps; a CPU's steps are its measured kernels run one after
+    another)."""
     if spread is None or device.vendor == "cpu":
         return r
-    sigma = spread["train" if settings.training else "inference"]
+    kind = "train" if settings.training else "inference"
+    sigma = spread[kind][intervals.step_math(settings.precision)]
     return dataclasses.replace(
         r, interval_ms=intervals.widened(r.interval_ms, r.step_time_ms, sigma),
         forward_backward_interval_ms=intervals.widened(
@@ -524,7 +526,7 @@ def bundle_host_model(predictor: LatencyPredictor) -> host.HostModel | None:
     return host.model_from_json(doc) if isinstance(doc, Mapping) else None
 
 
-def bundle_step_sigma(predictor: LatencyPredictor) -> Mapping[str, float] | None:
+def bundle_step_sigma(predictor: LatencyPredictor) -> intervals.StepSigma | None:
     """The step-level spread the predictor's bundle ships (`intervals.STEP_SIGMA_KEY`), if any."""
     manifest = getattr(getattr(predictor, "bundle", None), "manifest", None)
     return intervals.manifest_step_sigma(manifest) if isinstance(manifest, Mapping) else None

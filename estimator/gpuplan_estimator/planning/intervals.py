@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from gpuplan_estimator.core import precisions
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.quantiles import Z90
 
@@ -192,38 +193,63 @@ def manifest_sigmas(manifest: Mapping[str, object], data_basis: str
 
 
 STEP_SIGMA_KEY = "step_log_sigma"
-"""Bundle manifest key: {step kind (`STEP_KINDS`): log-sigma}, how whole GPU steps scatter
-around their estimate beyond what their kernels' intervals hold: how kernels compose into a
-step (launch gaps, the kernel the library picks for a shape, overlap with the host). Fitted on
-profiled whole-model steps of a GPU run (`training.step_spread`); a kernel benchmark cannot
-see it."""
+"""Bundle manifest key: {step kind (`STEP_KINDS`): {math (`STEP_MATHS`): log-sigma}}, how
+whole GPU steps scatter around their estimate beyond what their kernels' intervals hold: how
+kernels compose into a step (launch gaps, the kernel the library picks for a shape, overlap
+with the host). Fitted on profiled whole-model steps of a GPU run (`training.step_spread`); a
+kernel benchmark cannot see it."""
 STEP_SIGMA_PROVENANCE_KEY = f"{STEP_SIGMA_KEY}_provenance"
 """Where the manifest records how the step-level spread was fitted."""
 STEP_KINDS = ("train", "inference")
 """A training step (forward, backward, optimizer) and an inference forward scatter apart: an
 inference forward is short, so the host's share, and its error, is larger."""
+STEP_MATHS = ("fp32", "tf32", "half")
+"""The math a step's GEMMs run (`step_math`): each prices its tensor-core GEMMs another way
+(fp32 on SIMT rows, tf32 and half from the profile-fitted utilisation), so each errs apart."""
+
+StepSigma = Mapping[str, Mapping[str, float]]
+"""A step-level spread: {kind: {math: log-sigma}}."""
 
 
-def manifest_step_sigma(manifest: Mapping[str, object]) -> Mapping[str, float] | None:
+def step_math(precision: str) -> str:
+    """The `STEP_MATHS` of a precision's GEMMs: "half" under autocast, "tf32" when float32
+    matmuls run on TF32, else "fp32"."""
+    spec = precisions.precision(precision)
+    return "half" if spec.autocast else "tf32" if spec.gemm_math else "fp32"
+
+
+def no_step_sigma() -> dict[str, dict[str, float]]:
+    """A spread of 0 everywhere: intervals from the kernels and host alone."""
+    return {kind: dict.fromkeys(STEP_MATHS, 0.0) for kind in STEP_KINDS}
+
+
+def manifest_step_sigma(manifest: Mapping[str, object]) -> StepSigma | None:
     """The bundle's `STEP_SIGMA_KEY` entry, checked (`step_sigma`), or None when it holds
     none."""
     entry = manifest.get(STEP_SIGMA_KEY)
     return None if entry is None else step_sigma(entry, f"manifest.{STEP_SIGMA_KEY}")
 
 
-def step_sigma(entry: object, where: str) -> dict[str, float]:
-    """A step-level spread, {kind: log-sigma} for every `STEP_KINDS`; InvalidRequestError
-    naming `where` and the kind when one is missing or not a finite number >= 0."""
+def step_sigma(entry: object, where: str) -> dict[str, dict[str, float]]:
+    """A step-level spread, {kind: {math: log-sigma}} for every `STEP_KINDS` and
+    `STEP_MATHS`; InvalidRequestError naming `where` and the field when one is missing or
+    not a finite number >= 0."""
     if not isinstance(entry, Mapping):
         raise InvalidRequestError(where, "must be an object")
-    out = {}
+    out: dict[str, dict[str, float]] = {}
     for kind in STEP_KINDS:
-        value = entry.get(kind)
-        if isinstance(value, bool) or not isinstance(value, int | float) \
-                or not math.isfinite(value) or value < 0:
+        by_math = entry.get(kind)
+        if not isinstance(by_math, Mapping):
             raise InvalidRequestError(f"{where}.{kind}",
-                                      f"must be a finite number >= 0, not {value!r}")
-        out[kind] = float(value)
+                                      f"must map {', '.join(STEP_MATHS)} to numbers")
+        out[kind] = {}
+        for math_name in STEP_MATHS:
+            value = by_math.get(math_name)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not math.isfinite(value) or value < 0:
+                raise InvalidRequestError(f"{where}.{kind}.{math_name}",
+                                          f"must be a finite number >= 0, not {value!r}")
+            out[kind][math_name] = float(value)
     return out
 
 

@@ -4,7 +4,8 @@ A step's P10-P90 (`planning.intervals`) is built from its kernels' spreads; meas
 steps on an H200 fell inside it for 78 % of training steps but 61 % of inference forwards
 (docs/gpu-steps/2026-11-27-h200b), because what composes kernels into a step (launch gaps,
 the kernel a library picks for the shape, the host) errs beyond any one kernel. That error is
-one more log-normal term per step kind (`intervals.widened`), sized split-conformally: each
+one more log-normal term per step kind and GEMM math (`intervals.widened`, `STEP_MATHS`: tf32
+steps, priced partly from a profile fit, err more than fp32 ones), sized split-conformally: each
 measured step needs the smallest extra sigma that puts it inside its interval
 (`StepResidual.needed_log_sigma`), and the fit is the `COVERAGE` quantile of those needs, with
 the finite-sample (n + 1) correction. `leave_one_group_out` sizes it without each model in
@@ -30,6 +31,7 @@ class StepResidual:
 
     group: str  # the model: what leave-one-out leaves out
     kind: str  # intervals.STEP_KINDS
+    math: str  # intervals.STEP_MATHS
     measured_ms: float
     predicted_ms: float
     interval_ms: tuple[float, float]
@@ -51,33 +53,39 @@ class StepResidual:
         return low <= self.measured_ms <= high
 
 
-def fit(rows: Sequence[StepResidual]) -> dict[str, float]:
-    """Per step kind, the conformal `COVERAGE` quantile of the rows' needed log-sigma.
+def fit(rows: Sequence[StepResidual]) -> dict[str, dict[str, float]]:
+    """Per step kind and math, the conformal `COVERAGE` quantile of the rows' needed
+    log-sigma.
 
-    ValueError naming a kind that has no row: a bundle's entry must hold every kind."""
-    out = {}
+    ValueError naming a kind and math without a row: a bundle's entry must hold every one."""
+    out: dict[str, dict[str, float]] = {}
     for kind in intervals.STEP_KINDS:
-        needs = sorted(r.needed_log_sigma() for r in rows if r.kind == kind)
-        if not needs:
-            raise ValueError(f"no measured {kind} step to size the step spread on")
-        rank = min(len(needs), math.ceil((len(needs) + 1) * COVERAGE))
-        out[kind] = round(needs[rank - 1], 5)
+        out[kind] = {}
+        for math_name in intervals.STEP_MATHS:
+            needs = sorted(r.needed_log_sigma() for r in rows
+                           if (r.kind, r.math) == (kind, math_name))
+            if not needs:
+                raise ValueError(f"no measured {kind} step in {math_name} math to size the "
+                                 "step spread on")
+            rank = min(len(needs), math.ceil((len(needs) + 1) * COVERAGE))
+            out[kind][math_name] = round(needs[rank - 1], 5)
     return out
 
 
-def leave_one_group_out(rows: Sequence[StepResidual]) -> dict[str, dict[str, float]]:
+def leave_one_group_out(rows: Sequence[StepResidual]) -> dict[str, dict[str, dict[str, float]]]:
     """Per group, the fit on every other group's rows."""
     return {group: fit([r for r in rows if r.group != group])
             for group in sorted({r.group for r in rows})}
 
 
 def held_out_coverage(rows: Sequence[StepResidual],
-                      folds: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """Per step kind, the fraction of rows inside their interval widened by their group's
-    fold (`leave_one_group_out`): how often a model never fitted on lands inside."""
-    out = {}
-    for kind in intervals.STEP_KINDS:
-        mine = [r for r in rows if r.kind == kind]
-        if mine:
-            out[kind] = sum(r.inside(folds[r.group][kind]) for r in mine) / len(mine)
-    return out
+                      folds: Mapping[str, intervals.StepSigma]) -> dict[str, float]:
+    """Per step kind, and per "kind/math", the fraction of rows inside their interval
+    widened by their group's fold (`leave_one_group_out`): how often a model never fitted on
+    lands inside."""
+    cells: dict[str, list[bool]] = {}
+    for r in rows:
+        inside = r.inside(folds[r.group][r.kind][r.math])
+        cells.setdefault(r.kind, []).append(inside)
+        cells.setdefault(f"{r.kind}/{r.math}", []).append(inside)
+    return {cell: sum(hits) / len(hits) for cell, hits in sorted(cells.items())}

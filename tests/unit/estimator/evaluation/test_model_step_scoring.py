@@ -140,14 +140,16 @@ def test_step_spread_folds_widen_their_case_and_none_is_recorded(tmp_path: Path)
         return json.loads(out.read_text())
 
     folds = tmp_path / "folds.json"
-    folds.write_text(json.dumps({"gpt2-tiny": {"train": 0.0, "inference": 0.5}}))
+    spread = {"train": dict.fromkeys(("fp32", "tf32", "half"), 0.0),
+              "inference": {"fp32": 0.5, "tf32": 0.0, "half": 0.0}}
+    folds.write_text(json.dumps({"gpt2-tiny": spread}))
     raw, widened = run("--no-step-spread"), run("--step-folds", str(folds))
     assert (raw["step_spread"], widened["step_spread"]) == ("none", "folds")
     for a, b in zip(raw["rows"], widened["rows"], strict=True):
         assert b["train_step_interval_ms"] == a["train_step_interval_ms"]
         assert b["inference_forward_interval_ms"][1] > a["inference_forward_interval_ms"][1]
         assert b["inference_forward_ms"] == a["inference_forward_ms"]
-    folds.write_text(json.dumps({"gpt2-tiny": {"train": 0.1}}))
+    folds.write_text(json.dumps({"gpt2-tiny": {"train": spread["train"]}}))
     with pytest.raises(Exception, match=r"folds.json: gpt2-tiny.inference"):
         scoring.run_predict(scoring.PredictSettings(
             devices=(DEVICE,), precisions=("fp32",), cases="smoke", models=("gpt2-tiny",),
@@ -158,8 +160,8 @@ def test_whole_steps_become_residuals_with_their_intervals(predicted: dict) -> N
     lines = [{"kind": "provenance", "device": "cuda", "device_name": DEVICE},
              _measured(1.0, 5.0, None)]
     rows = scoring.step_residuals(scoring.score(predicted, lines, lambda n: DEVICE))
-    assert [(r.group, r.kind, r.measured_ms) for r in rows] == [
-        ("gpt2-tiny", "train", 5.0), ("gpt2-tiny", "inference", 1.0)]
+    assert [(r.group, r.kind, r.math, r.measured_ms) for r in rows] == [
+        ("gpt2-tiny", "train", "fp32", 5.0), ("gpt2-tiny", "inference", "fp32", 1.0)]
     (p,) = [p for p in predicted["rows"] if p["precision"] == "fp32" and
             p["attention"] == "eager"]
     assert rows[0].predicted_ms == p["train_step_ms"]

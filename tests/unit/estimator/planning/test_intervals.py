@@ -186,9 +186,12 @@ def test_the_bundles_step_spread_widens_gpu_steps_of_its_kind_only() -> None:
     catalog = devices.load_catalog()
     gpu = catalog.resolve("h100-sxm-80gb")
     cpu = dataclasses.replace(gpu, key="cpu", vendor="cpu")  # a CPU with a GPU's rates
-    spread = {intervals.STEP_SIGMA_KEY: {"train": 0.0, "inference": 0.2}}
-    for mode, widens in (("train", False), ("inference", True)):
-        s = TrainingSettings(batch_size=8, mode=mode)
+    only = intervals.no_step_sigma()
+    only["inference"]["fp32"] = 0.2
+    spread = {intervals.STEP_SIGMA_KEY: only}
+    for mode, precision, widens in (("train", "fp32", False), ("inference", "fp32", True),
+                                    ("inference", "bf16", False)):
+        s = TrainingSettings(batch_size=8, mode=mode, precision=precision)
         wide = estimates.estimate(g, [gpu, cpu], s, predictor=_Scattered(spread))
         narrow = estimates.estimate(g, [gpu, cpu], s, predictor=_Scattered({}))
         assert wide[1].interval_ms == narrow[1].interval_ms  # a CPU: not fitted on its steps
@@ -196,19 +199,31 @@ def test_the_bundles_step_spread_widens_gpu_steps_of_its_kind_only() -> None:
         assert wide[0].step_time_ms == narrow[0].step_time_ms
         # An explicit spread (a fold, or none) stands for the bundle's.
         off = estimates.estimate(g, [gpu], s, predictor=_Scattered(spread),
-                                 step_log_sigma={"train": 0.0, "inference": 0.0})
+                                 step_log_sigma=intervals.no_step_sigma())
         assert off[0].interval_ms == narrow[0].interval_ms
+
+
+def test_each_precision_takes_the_spread_of_its_gemm_math() -> None:
+    assert [intervals.step_math(p) for p in ("fp32", "fp32-ieee", "tf32", "bf16", "fp16")] == [
+        "fp32", "fp32", "tf32", "half", "half"]
+
+
+_FULL = {"fp32": 0.1, "tf32": 0.1, "half": 0.1}
 
 
 @pytest.mark.parametrize(("entry", "field"), [
     ([0.1], "manifest.step_log_sigma"),
-    ({"train": 0.1}, "manifest.step_log_sigma.inference"),
-    ({"train": -0.1, "inference": 0.1}, "manifest.step_log_sigma.train"),
-    ({"train": 0.1, "inference": float("nan")}, "manifest.step_log_sigma.inference"),
-    ({"train": True, "inference": 0.1}, "manifest.step_log_sigma.train"),
+    ({"train": _FULL}, "manifest.step_log_sigma.inference"),
+    ({"train": _FULL, "inference": 0.1}, "manifest.step_log_sigma.inference"),
+    ({"train": _FULL | {"tf32": -0.1}, "inference": _FULL}, "manifest.step_log_sigma.train.tf32"),
+    ({"train": _FULL, "inference": _FULL | {"half": float("nan")}},
+     "manifest.step_log_sigma.inference.half"),
+    ({"train": _FULL | {"fp32": True}, "inference": _FULL}, "manifest.step_log_sigma.train.fp32"),
 ])
 def test_a_broken_step_spread_is_named(entry: object, field: str) -> None:
     with pytest.raises(InvalidRequestError) as caught:
         intervals.manifest_step_sigma({intervals.STEP_SIGMA_KEY: entry})
     assert caught.value.field == field
     assert intervals.manifest_step_sigma({}) is None
+    assert intervals.manifest_step_sigma({intervals.STEP_SIGMA_KEY: {
+        "train": _FULL, "inference": _FULL}}) == {"train": _FULL, "inference": _FULL}

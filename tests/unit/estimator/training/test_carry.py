@@ -94,5 +94,6 @@ def test_a_host_model_or_step_spread_that_does_not_read_is_named() -> None:
         carry.profile_fits({host.MANIFEST_KEY: {"probe": {}}}, "bundle X")
     assert "probe' and 'coefficients'" in str(caught.value)
     with pytest.raises(Exception, match=r"bundle X: manifest.step_log_sigma.train"):
-        carry.profile_fits({intervals.STEP_SIGMA_KEY: {"inference": 0.1}}, "bundle X")
+        carry.profile_fits({intervals.STEP_SIGMA_KEY: {"inference": {"fp32": 0.1}}},
+                           "bundle X")
     assert carry.profile_fits({"metrics": {}}, "bundle X") == {}

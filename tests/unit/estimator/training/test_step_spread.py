@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gpuplan_estimator.core.quantiles import Z90
+from gpuplan_estimator.planning import intervals
 from gpuplan_estimator.training.step_spread import (
     StepResidual,
     fit,
@@ -17,9 +18,15 @@ from gpuplan_estimator.training.step_spread import (
 )
 
 
-def _row(measured_ms: float, *, group: str = "m", kind: str = "train",
+def _row(measured_ms: float, *, group: str = "m", kind: str = "train", math_name: str = "tf32",
          interval_ms: tuple[float, float] = (90.0, 110.0)) -> StepResidual:
-    return StepResidual(group, kind, measured_ms, 100.0, interval_ms)
+    return StepResidual(group, kind, math_name, measured_ms, 100.0, interval_ms)
+
+
+def _everywhere(*rows: StepResidual) -> list[StepResidual]:
+    """`rows` and their copies in every kind and math (a fit needs all of them)."""
+    return [StepResidual(r.group, kind, m, r.measured_ms, r.predicted_ms, r.interval_ms)
+            for r in rows for kind in intervals.STEP_KINDS for m in intervals.STEP_MATHS]
 
 
 def test_a_step_needs_just_enough_sigma_to_land_on_its_interval_edge() -> None:
@@ -33,31 +40,35 @@ def test_a_step_needs_just_enough_sigma_to_land_on_its_interval_edge() -> None:
     assert not low.inside(low.needed_log_sigma() * 0.999)
 
 
-def test_the_fit_is_the_corrected_eighty_percent_quantile_per_kind() -> None:
+def test_the_fit_is_the_corrected_eighty_percent_quantile_per_kind_and_math() -> None:
     rng = np.random.default_rng(0)
-    rows = [_row(float(100 * math.exp(e)), kind=kind)
-            for kind, scale in (("train", 0.1), ("inference", 0.3))
+    scales = {"fp32": 0.2, "tf32": 0.5, "half": 0.12}
+    rows = [_row(float(100 * math.exp(e)), kind=kind, math_name=m)
+            for kind in intervals.STEP_KINDS for m, scale in scales.items()
             for e in rng.normal(0, scale, 200)]
     sigma = fit(rows)
-    assert sigma["inference"] > 2 * sigma["train"] > 0
-    for kind in ("train", "inference"):
-        mine = [r for r in rows if r.kind == kind]
-        inside = sum(r.inside(sigma[kind]) for r in mine) / len(mine)
-        assert 0.8 <= inside <= 0.82  # ceil(201 * 0.8) = 161 of 200 rows
-    assert fit([_row(100.0), _row(100.0, kind="inference")]) == {"train": 0.0,
-                                                                  "inference": 0.0}
+    for kind in intervals.STEP_KINDS:
+        assert sigma[kind]["tf32"] > 2 * sigma[kind]["half"] > 0
+        for m in intervals.STEP_MATHS:
+            mine = [r for r in rows if (r.kind, r.math) == (kind, m)]
+            inside = sum(r.inside(sigma[kind][m]) for r in mine) / len(mine)
+            assert 0.8 <= inside <= 0.82  # ceil(201 * 0.8) = 161 of 200 rows
+    assert fit(_everywhere(_row(100.0))) == intervals.no_step_sigma()
 
 
-def test_every_kind_needs_a_row() -> None:
-    with pytest.raises(ValueError, match="no measured inference step"):
-        fit([_row(150.0)])
+def test_every_kind_and_math_needs_a_row() -> None:
+    rows = [r for r in _everywhere(_row(150.0)) if (r.kind, r.math) != ("inference", "half")]
+    with pytest.raises(ValueError, match="no measured inference step in half math"):
+        fit(rows)
 
 
 def test_folds_leave_their_own_model_out() -> None:
-    rows = [_row(m, group=g, kind=k) for g, m in (("tight", 101.0), ("loose", 200.0))
-            for k in ("train", "inference") for _ in range(5)]
+    rows = [r for g, m in (("tight", 101.0), ("loose", 200.0))
+            for r in _everywhere(*[_row(m, group=g)] * 5)]
     folds = leave_one_group_out(rows)
-    assert folds["loose"] == {"train": 0.0, "inference": 0.0}  # sized on "tight" alone
-    assert folds["tight"]["train"] == pytest.approx(_row(200.0).needed_log_sigma(), rel=1e-4)
+    assert folds["loose"] == intervals.no_step_sigma()  # sized on "tight" alone
+    assert folds["tight"]["train"]["fp32"] == pytest.approx(_row(200.0).needed_log_sigma(),
+                                                            rel=1e-4)
     # The loose model was never inside its own fold; the tight one always is.
-    assert held_out_coverage(rows, folds) == {"train": 0.5, "inference": 0.5}
+    coverage = held_out_coverage(rows, folds)
+    assert coverage["train"] == coverage["inference"] == coverage["inference/tf32"] == 0.5

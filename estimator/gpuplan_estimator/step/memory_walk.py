@@ -277,7 +277,8 @@ class _Walk:
     def cache_copies(self, i: int, la: Layer, release: dict[str, int]) -> None:
         """The key/value cache's copies of `la`'s outputs (`ModelGraph.cache_tensors`), made
         as the layer runs: an inference forward returns them, so they live to its end; in
-        training the attention reads the copies, so they live until this layer's backward."""
+        training a fused attention reads the copies, so they live until this layer's backward
+        (`self.cached` is empty for eager training)."""
         for t in la.outputs:
             if t.name in self.cached:
                 key = f"{t.name}#cache"

@@ -1,7 +1,7 @@
 """Fit how whole GPU steps scatter beyond their kernels' intervals (issue #30).
 
 A step's P10-P90 (`planning.intervals`) is built from its kernels' spreads; measured whole
-steps on an H200 fell inside it for 78 % of training steps but 61 % of inference forwards
+steps on an H200 fell inside it for 81 % of training steps but 61 % of inference forwards
 (docs/gpu-steps/2026-11-27-h200b), because what composes kernels into a step (launch gaps,
 the kernel a library picks for the shape, the host) errs beyond any one kernel. That error is
 one more log-normal term per step kind and GEMM math (`intervals.widened`, `STEP_MATHS`: tf32

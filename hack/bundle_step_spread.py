@@ -62,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_coverage": {k: round(v, 3) for k, v in coverage.items()},
         "coverage_without": {k: round(v, 3) for k, v in before.items()},
         "method": f"split-conformal: the {step_spread.COVERAGE:.0%} quantile (n + 1 "
-                  "corrected) of the extra log-sigma each measured step needs to fall inside "
-                  "its held-out interval; coverage from leave-one-model-out folds"}
+                  "corrected) of the spread each measured step needs to fall inside its "
+                  "held-out interval (>= 0: an extra log-sigma in quadrature; < 0: the log of "
+                  "the factor its log half-widths shrink by); coverage from "
+                  "leave-one-model-out folds"}
     entries = {intervals.STEP_SIGMA_KEY: fitted, intervals.STEP_SIGMA_PROVENANCE_KEY: record}
     print(json.dumps(entries, indent=2))
     for cell, share in coverage.items():

@@ -195,17 +195,17 @@ def estimate(
 
 def _with_step_spread(r: DeviceStepEstimate, device: DeviceSpec, settings: TrainingSettings,
                       spread: intervals.StepSigma | None) -> DeviceStepEstimate:
-    """`r` with its intervals widened by the step-level spread of its kind and math (GPUs
-    only: it was fitted on GPU steps; a CPU's steps are its measured kernels run one after
-    another)."""
+    """`r` with its intervals under the step-level spread of its kind and math
+    (`intervals.with_step_spread`; GPUs only: it was fitted on GPU steps, and a CPU's steps
+    are its measured kernels run one after another)."""
     if spread is None or device.vendor == "cpu":
         return r
     kind = "train" if settings.training else "inference"
-    sigma = spread[kind][intervals.step_math(settings.precision)]
+    value = spread[kind][intervals.step_math(settings.precision)]
     return dataclasses.replace(
-        r, interval_ms=intervals.widened(r.interval_ms, r.step_time_ms, sigma),
-        forward_backward_interval_ms=intervals.widened(
-            r.forward_backward_interval_ms, r.forward_ms + r.backward_ms, sigma))
+        r, interval_ms=intervals.with_step_spread(r.interval_ms, r.step_time_ms, value),
+        forward_backward_interval_ms=intervals.with_step_spread(
+            r.forward_backward_interval_ms, r.forward_ms + r.backward_ms, value))
 
 
 def stream_busy_ms(graph: ModelGraph, device: DeviceSpec, settings: TrainingSettings, *,

@@ -193,11 +193,16 @@ def manifest_sigmas(manifest: Mapping[str, object], data_basis: str
 
 
 STEP_SIGMA_KEY = "step_log_sigma"
-"""Bundle manifest key: {step kind (`STEP_KINDS`): {math (`STEP_MATHS`): log-sigma}}, how
-whole GPU steps scatter around their estimate beyond what their kernels' intervals hold: how
-kernels compose into a step (launch gaps, the kernel the library picks for a shape, overlap
-with the host). Fitted on profiled whole-model steps of a GPU run (`training.step_spread`); a
-kernel benchmark cannot see it."""
+"""Bundle manifest key: {step kind (`STEP_KINDS`): {math (`STEP_MATHS`): spread}}, how whole
+GPU steps scatter around their estimate beyond, or within, what their kernels' intervals hold
+(`with_step_spread`). A spread >= 0 is a log-sigma: how kernels compose into a step (launch
+gaps, the kernel the library picks for a shape, overlap with the host) adds an error no kernel
+benchmark sees. A spread < 0 is the log of the factor the interval's log half-widths shrink
+by: kernels whose spreads were sized on other GPUs' rows (bf16 on an H200) can be wider than
+the steps they compose. Fitted on profiled whole-model steps of a GPU run
+(`training.step_spread`)."""
+MIN_STEP_SPREAD = math.log(0.05)
+"""The narrowest a step spread may make an interval: a twentieth of its kernels' width."""
 STEP_SIGMA_PROVENANCE_KEY = f"{STEP_SIGMA_KEY}_provenance"
 """Where the manifest records how the step-level spread was fitted."""
 STEP_KINDS = ("train", "inference")
@@ -208,7 +213,7 @@ STEP_MATHS = ("fp32", "tf32", "half")
 (fp32 on SIMT rows, tf32 and half from the profile-fitted utilisation), so each errs apart."""
 
 StepSigma = Mapping[str, Mapping[str, float]]
-"""A step-level spread: {kind: {math: log-sigma}}."""
+"""A step-level spread: {kind: {math: spread}} (`STEP_SIGMA_KEY`)."""
 
 
 def step_math(precision: str) -> str:
@@ -231,9 +236,9 @@ def manifest_step_sigma(manifest: Mapping[str, object]) -> StepSigma | None:
 
 
 def step_sigma(entry: object, where: str) -> dict[str, dict[str, float]]:
-    """A step-level spread, {kind: {math: log-sigma}} for every `STEP_KINDS` and
-    `STEP_MATHS`; InvalidRequestError naming `where` and the field when one is missing or
-    not a finite number >= 0."""
+    """A step-level spread, {kind: {math: spread}} for every `STEP_KINDS` and `STEP_MATHS`;
+    InvalidRequestError naming `where` and the field when one is missing or not a finite
+    number >= `MIN_STEP_SPREAD`."""
     if not isinstance(entry, Mapping):
         raise InvalidRequestError(where, "must be an object")
     out: dict[str, dict[str, float]] = {}
@@ -246,21 +251,28 @@ def step_sigma(entry: object, where: str) -> dict[str, dict[str, float]]:
         for math_name in STEP_MATHS:
             value = by_math.get(math_name)
             if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not math.isfinite(value) or value < 0:
-                raise InvalidRequestError(f"{where}.{kind}.{math_name}",
-                                          f"must be a finite number >= 0, not {value!r}")
+                    or not math.isfinite(value) or value < MIN_STEP_SPREAD:
+                raise InvalidRequestError(
+                    f"{where}.{kind}.{math_name}",
+                    f"must be a finite number >= {MIN_STEP_SPREAD:.4f}, not {value!r}")
             out[kind][math_name] = float(value)
     return out
 
 
-def widened(interval_ms: tuple[float, float], median_ms: float, log_sigma: float
-            ) -> tuple[float, float]:
-    """`interval_ms` around `median_ms` with an independent log-normal error of `log_sigma`
-    added on each side (the log half-widths add in quadrature, so a wide side widens less)."""
-    if log_sigma <= 0 or median_ms <= 0:
+def with_step_spread(interval_ms: tuple[float, float], median_ms: float, spread: float
+                     ) -> tuple[float, float]:
+    """`interval_ms` around `median_ms` under a step spread (`STEP_SIGMA_KEY`). A spread >= 0
+    is an independent log-normal error of that sigma added on each side (the log half-widths
+    add in quadrature, so a wide side widens less); a spread < 0 scales both log half-widths
+    by exp(spread): the kernels' spreads, overstated, shrink in proportion."""
+    if spread == 0 or median_ms <= 0:
         return interval_ms
-    extra = (Z90 * log_sigma) ** 2
     below = math.log(median_ms / interval_ms[0]) if interval_ms[0] > 0 else math.inf
     above = math.log(max(interval_ms[1], median_ms) / median_ms)
-    return (median_ms * math.exp(-math.sqrt(max(below, 0.0) ** 2 + extra)),
+    below = max(below, 0.0)
+    if spread < 0:
+        scale = math.exp(max(spread, MIN_STEP_SPREAD))
+        return median_ms * math.exp(-below * scale), median_ms * math.exp(above * scale)
+    extra = (Z90 * spread) ** 2
+    return (median_ms * math.exp(-math.sqrt(below ** 2 + extra)),
             median_ms * math.exp(math.sqrt(above ** 2 + extra)))

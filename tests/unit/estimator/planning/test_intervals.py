@@ -173,12 +173,31 @@ def test_an_unseen_device_gets_the_shared_error_and_a_measured_one_the_summed_qu
 
 
 def test_a_step_spread_adds_in_quadrature_to_each_side() -> None:
-    low, high = intervals.widened((80.0, 150.0), 100.0, 0.1)
+    low, high = intervals.with_step_spread((80.0, 150.0), 100.0, 0.1)
     assert math.log(100.0 / low) == pytest.approx(math.hypot(math.log(100 / 80), 0.1 * Z90))
     assert math.log(high / 100.0) == pytest.approx(math.hypot(math.log(1.5), 0.1 * Z90))
-    assert intervals.widened((80.0, 150.0), 100.0, 0.0) == (80.0, 150.0)
-    assert intervals.widened((100.0, 100.0), 100.0, 0.1) == pytest.approx(
+    assert intervals.with_step_spread((80.0, 150.0), 100.0, 0.0) == (80.0, 150.0)
+    assert intervals.with_step_spread((100.0, 100.0), 100.0, 0.1) == pytest.approx(
         (100 * math.exp(-0.1 * Z90), 100 * math.exp(0.1 * Z90)))
+
+
+def test_a_negative_step_spread_shrinks_each_side_in_proportion() -> None:
+    low, high = intervals.with_step_spread((80.0, 150.0), 100.0, math.log(0.5))
+    assert math.log(100.0 / low) == pytest.approx(0.5 * math.log(100 / 80))
+    assert math.log(high / 100.0) == pytest.approx(0.5 * math.log(1.5))
+    # Never narrower than MIN_STEP_SPREAD allows, and never past the median.
+    low, high = intervals.with_step_spread((80.0, 150.0), 100.0, -50.0)
+    assert math.log(high / 100.0) == pytest.approx(0.05 * math.log(1.5))
+    assert low < 100.0 < high
+
+
+def test_a_step_spread_below_the_narrowest_is_refused() -> None:
+    entry = intervals.no_step_sigma()
+    entry["train"]["half"] = -0.5
+    assert intervals.step_sigma(entry, "manifest.step_log_sigma")["train"]["half"] == -0.5
+    entry["train"]["half"] = intervals.MIN_STEP_SPREAD - 0.1
+    with pytest.raises(InvalidRequestError, match=r"manifest\.step_log_sigma\.train\.half"):
+        intervals.step_sigma(entry, "manifest.step_log_sigma")
 
 
 def test_the_bundles_step_spread_widens_gpu_steps_of_its_kind_only() -> None:
@@ -215,7 +234,7 @@ _FULL = {"fp32": 0.1, "tf32": 0.1, "half": 0.1}
     ([0.1], "manifest.step_log_sigma"),
     ({"train": _FULL}, "manifest.step_log_sigma.inference"),
     ({"train": _FULL, "inference": 0.1}, "manifest.step_log_sigma.inference"),
-    ({"train": _FULL | {"tf32": -0.1}, "inference": _FULL}, "manifest.step_log_sigma.train.tf32"),
+    ({"train": _FULL | {"tf32": -3.1}, "inference": _FULL}, "manifest.step_log_sigma.train.tf32"),
     ({"train": _FULL, "inference": _FULL | {"half": float("nan")}},
      "manifest.step_log_sigma.inference.half"),
     ({"train": _FULL | {"fp32": True}, "inference": _FULL}, "manifest.step_log_sigma.train.fp32"),

@@ -1,5 +1,6 @@
-"""The step-level spread (`training.step_spread`): the least extra sigma each measured step
-needs, its conformal quantile per kind, and held-out coverage from leave-one-model-out folds."""
+"""The step-level spread (`training.step_spread`): the least spread each measured step needs
+(an extra sigma, or a shrink of an interval wider than it), its conformal quantile per kind,
+and held-out coverage from leave-one-model-out folds."""
 
 from __future__ import annotations
 
@@ -30,30 +31,43 @@ def _everywhere(*rows: StepResidual) -> list[StepResidual]:
 
 
 def test_a_step_needs_just_enough_sigma_to_land_on_its_interval_edge() -> None:
-    assert _row(105.0).needed_log_sigma() == 0.0
     high = _row(150.0)
-    need = high.needed_log_sigma()
+    need = high.needed_spread()
     assert need == pytest.approx(math.sqrt(math.log(1.5) ** 2 - math.log(1.1) ** 2) / Z90)
     assert high.inside(need * 1.0001) and not high.inside(need * 0.999)
     low = _row(60.0)
-    assert low.inside(low.needed_log_sigma() * 1.0001)
-    assert not low.inside(low.needed_log_sigma() * 0.999)
+    assert low.inside(low.needed_spread() * 1.0001)
+    assert not low.inside(low.needed_spread() * 0.999)
+
+
+def test_a_step_inside_needs_a_shrink_that_lands_it_on_the_edge() -> None:
+    inside = _row(105.0)
+    need = inside.needed_spread()
+    assert need == pytest.approx(math.log(math.log(1.05) / math.log(1.1)))
+    assert need < 0
+    assert inside.inside(need + 1e-4) and not inside.inside(need - 1e-4)
+    below = _row(95.0)
+    assert below.needed_spread() == pytest.approx(math.log(math.log(100 / 95) / math.log(100 / 90)))
+    # Spot on: any shrink holds it, down to the narrowest a spread may make an interval.
+    assert _row(100.0).needed_spread() == intervals.MIN_STEP_SPREAD
+    assert _row(100.0).inside(intervals.MIN_STEP_SPREAD)
 
 
 def test_the_fit_is_the_corrected_eighty_percent_quantile_per_kind_and_math() -> None:
     rng = np.random.default_rng(0)
-    scales = {"fp32": 0.2, "tf32": 0.5, "half": 0.12}
+    scales = {"fp32": 0.2, "tf32": 0.5, "half": 0.03}  # half: inside an interval too wide
     rows = [_row(float(100 * math.exp(e)), kind=kind, math_name=m)
             for kind in intervals.STEP_KINDS for m, scale in scales.items()
             for e in rng.normal(0, scale, 200)]
     sigma = fit(rows)
     for kind in intervals.STEP_KINDS:
-        assert sigma[kind]["tf32"] > 2 * sigma[kind]["half"] > 0
+        assert sigma[kind]["tf32"] > 2 * sigma[kind]["fp32"] > 0 > sigma[kind]["half"]
         for m in intervals.STEP_MATHS:
             mine = [r for r in rows if (r.kind, r.math) == (kind, m)]
             inside = sum(r.inside(sigma[kind][m]) for r in mine) / len(mine)
             assert 0.8 <= inside <= 0.82  # ceil(201 * 0.8) = 161 of 200 rows
-    assert fit(_everywhere(_row(100.0))) == intervals.no_step_sigma()
+    on_the_edge = fit(_everywhere(_row(110.0)))
+    assert on_the_edge == intervals.no_step_sigma()
 
 
 def test_every_kind_and_math_needs_a_row() -> None:
@@ -66,8 +80,10 @@ def test_folds_leave_their_own_model_out() -> None:
     rows = [r for g, m in (("tight", 101.0), ("loose", 200.0))
             for r in _everywhere(*[_row(m, group=g)] * 5)]
     folds = leave_one_group_out(rows)
-    assert folds["loose"] == intervals.no_step_sigma()  # sized on "tight" alone
-    assert folds["tight"]["train"]["fp32"] == pytest.approx(_row(200.0).needed_log_sigma(),
+    # sized on "tight" alone, a step 1 % off inside +-10 %: its interval shrinks
+    assert folds["loose"]["train"]["fp32"] == pytest.approx(_row(101.0).needed_spread(), abs=1e-5)
+    assert folds["loose"]["train"]["fp32"] < 0
+    assert folds["tight"]["train"]["fp32"] == pytest.approx(_row(200.0).needed_spread(),
                                                             rel=1e-4)
     # The loose model was never inside its own fold; the tight one always is.
     coverage = held_out_coverage(rows, folds)

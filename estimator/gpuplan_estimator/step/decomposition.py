@@ -38,6 +38,8 @@ from gpuplan_estimator.step import (
     views,
 )
 
+CONSTANT_ROLE = "constant"
+"""A free item that materialises a weight or buffer (`eager.materialised_constants`)."""
 KernelDims = tuple[str, Mapping[str, int]]
 KernelDimsFn = Callable[[Layer], KernelDims]
 
@@ -252,6 +254,7 @@ def build_step(
     no_forward_kernel = frozenset(
         {*biases, *(la.name for la in graph.layers if eager.is_select(la, params))}
         if in_eager else ())
+    constants = eager.materialised_constants(graph)
     for layer in graph.layers:
         forward.extend(cast_before.get(layer.name, ()))
         backward_items.extend(cast_grads.get(layer.name, ()))
@@ -281,6 +284,8 @@ def build_step(
             item = replace(item, attributes=MappingProxyType(
                 {**item.attributes, layout_credits.LAYOUT_CREDIT: credits[layer.name]}))
         if item.kernel == FREE_KERNEL:
+            if layer.name in constants:  # a weight or buffer: nothing issues it
+                item = replace(item, role=CONSTANT_ROLE)
             forward.append(item)
             shape_only.append(layer.name)
             continue

@@ -12,6 +12,10 @@ them the same way. The facts live here once:
 - `CLONE_OPS`: `aten.clone` (`.contiguous()`) is exported as Identity. It is one TensorIterator
   copy: a read and a write of every element, whatever the strides of its input, which is what
   a one-operand elementwise kernel moves (`COPY_PASS_OP`).
+- `materialised_constants`: a structure-only graph (`graph.exporting`, `graph.zoo`, a stored
+  graph's stripped initializers) makes each weight a `ConstantOfShape` of its literal shape
+  and each buffer an `Expand` of a literal scalar. Eager PyTorch holds them as tensors: no call
+  issues them, in a step or anywhere.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ COPY_PASS_OP = "mulu"
 norm's per-channel affine): the tensor-scalar multiply the benchmarks time moves the same
 bytes."""
 GEMM_OPS = frozenset({"MatMul", "Gemm"})
+CONSTANT_MAKERS = frozenset({"ConstantOfShape", "Expand"})
+"""Shape-only ops that, fed only literals, stand for a weight or buffer (`materialised_constants`)."""
+LITERAL_OPS = frozenset({"Constant"})
+"""Ops whose output is a literal of the file."""
 
 
 def parameter_sizes(graph: ModelGraph) -> dict[str, int]:
@@ -67,3 +75,18 @@ def is_select(layer: Layer, params: Mapping[str, int]) -> bool:
     parameter through an index tensor and copies."""
     return layer.op_type == "Gather" and len(layer.inputs) > 1 \
         and layer.inputs[0].name not in params and not layer.inputs[1].shape
+
+
+def materialised_constants(graph: ModelGraph) -> frozenset[str]:
+    """Layers that only materialise a literal: a `CONSTANT_MAKERS` node each of whose inputs is
+    a `Constant`'s output or an integer tensor no layer makes (an initializer: a literal shape).
+    Structure-only graphs write every weight and buffer so; a model's data path never reads
+    only literals, and a graph input it reads is made by no layer but is not an integer
+    shape fed to one of these."""
+    made_by = {t.name: la.op_type for la in graph.layers for t in la.outputs}
+    return frozenset(
+        la.name for la in graph.layers
+        if la.op_type in CONSTANT_MAKERS and la.inputs and all(
+            made_by.get(t.name) in LITERAL_OPS
+            or (t.name not in made_by and t.dtype in ("int64", "int32"))
+            for t in la.inputs))

@@ -40,10 +40,11 @@ PROVENANCE_KEY = f"{MANIFEST_KEY}_provenance"
 FOLDED_OPS = frozenset({"Constant"})
 """Graph ops an exporter writes for values it computed while tracing (folded shape arithmetic,
 literals): eager PyTorch issues nothing for them."""
-HOST_FREE_ROLES = frozenset({"fused", "autocast_cast"})
-"""Forward items the host issues no call for: a fused member runs inside its kernel, and an
+HOST_FREE_ROLES = frozenset({"fused", "autocast_cast", "constant"})
+"""Forward items the host issues no call for: a fused member runs inside its kernel, an
 autocast cast is issued by the dispatcher inside the op it feeds (its host cost is that op's
-`autocast_cast` term, not a call of its own)."""
+`autocast_cast` term, not a call of its own), and a structure-only graph's weight or buffer
+(`decomposition.CONSTANT_ROLE`) is a tensor eager PyTorch holds."""
 OPTIONAL_FIGURES = frozenset({"optimizer_for_loop_us_per_tensor",
                               "optimizer_fused_us_per_tensor"})
 """Probe figures that may be absent: fused is measured with CUDA only (`bench.host_probe`),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,8 +11,10 @@ import pytest
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import Layer, ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
-from gpuplan_estimator.step import backward, eager
+from gpuplan_estimator.graph import examples
+from gpuplan_estimator.step import backward, eager, host
 from gpuplan_estimator.step.decomposition import (
+    CONSTANT_ROLE,
     TrainingSettings,
     build_step,
     gradient_tensors,
@@ -352,3 +355,44 @@ def test_onnxruntime_runs_each_node_as_exported() -> None:
     fwd = {i.layer: i for i in step.forward}
     assert fwd["linear"].kernel == "elementwise" and fwd["select_0"].kernel == "memcpy"
     assert fwd["clone"].kernel == "memcpy"
+
+
+def test_a_structure_only_graphs_weights_and_buffers_are_constants_nothing_issues() -> None:
+    # `graph.exporting` writes each weight as ConstantOfShape(literal shape) and each buffer
+    # as Expand(Constant scalar, literal shape); eager PyTorch holds both as tensors.
+    g = graph(
+        layer("w__CONST", "ConstantOfShape", [t("w__SHAPE", 2, dtype="int64")],
+              [t("w", 784, 256)]),
+        layer("fill", "Constant", [], [t("fill", dtype="float32")]),
+        # The loader reads an Expand of literals as shape-only (`opcost.classify`, static).
+        replace(layer("mean__BUFFER", "Expand", [t("fill", dtype="float32"),
+                                                 t("mean__SHAPE", 1, dtype="int64")],
+                      [t("mean", 256)]), family=OpFamily.SHAPE_ONLY),
+        layer("fc", "MatMul", [t("x", 32, 784), t("w", 784, 256)], [t("h", 32, 256)],
+              params=["w"]),
+        layer("shape", "Shape", [t("h", 32, 256)], [t("hs", 2, dtype="int64")]),
+        # Data-dependent: a mask the size of h, made each forward; and a broadcast of h.
+        layer("mask", "ConstantOfShape", [t("hs", 2, dtype="int64")], [t("m", 32, 256)]),
+        layer("wide", "Expand", [t("h", 32, 256), t("ws", 2, dtype="int64")],
+              [t("hw", 32, 256)]),
+    )
+    assert eager.materialised_constants(g) == {"w__CONST", "mean__BUFFER"}
+    roles = {i.layer: i.role for i in build_step(g, settings(mode="inference")).forward}
+    assert roles["w__CONST"] == roles["mean__BUFFER"] == CONSTANT_ROLE
+    assert roles["mask"] == roles["shape"] == "shape_only"
+    assert CONSTANT_ROLE in host.HOST_FREE_ROLES
+
+
+def test_a_stored_resnets_weights_cost_the_host_nothing() -> None:
+    g = examples.resnet50(2)  # ONNX's light model: every initializer a ConstantOfShape
+    constants = eager.materialised_constants(g)
+    made_by = {t.name: la.name for la in g.layers for t in la.outputs}
+    weights = {n for la in g.layers for n in la.parameter_inputs}
+    assert len(weights) == 161  # 53 convolutions, 53 batch norms' scale and shift, the fc
+    stripped = {made_by[w] for w in weights if w in made_by}  # the small ones stay data
+    assert len(stripped) == 147 and stripped <= constants
+    assert all(g.layers[i].family is OpFamily.SHAPE_ONLY for i in range(len(g.layers))
+               if g.layers[i].name in constants)
+    items = build_step(g, settings(batch_size=2, mode="inference")).forward
+    assert {i.layer for i in items if i.role == CONSTANT_ROLE} == constants
+    assert not any(i.role == CONSTANT_ROLE for i in items if i.kernel != "none")

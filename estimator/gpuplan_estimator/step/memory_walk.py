@@ -19,7 +19,8 @@ the set of live tensors:
   an eval export does): a bool mask per dropped tensor, kept until that layer's backward.
 - the loss: cross entropy over the graph's float output, as `F.cross_entropy` and Hugging
   Face's losses run it: an fp32 copy of half-precision logits, the fp32 log-probabilities kept
-  for backward; backward allocates the gradient of the log-probabilities and of the logits.
+  for backward; backward allocates the gradient of the log-probabilities and of the logits. An
+  export's key/value cache outputs (`present.*`, `is_cache_output`) are returned, not scored.
 - backward, in reverse graph order: each layer allocates the gradients of its inputs that need
   one (parameter gradients become `.grad` and stay; activation gradients are freed once their
   producer's backward consumed them), then frees the saved tensors only it still needed.
@@ -144,6 +145,7 @@ class _Walk:
         self.inputs = [n for n, t in self.tensors.items()
                        if n not in produced and n not in self.params and t.shape]
         self.outputs = _graph_outputs(self.layers)
+        self.loss_outputs = [n for n in self.outputs if not is_cache_output(n)]
         # Training's attention reads the cache's copies. An eager core's matmuls would have
         # kept contiguous copies of the strided keys and values instead (as many bytes, which
         # the walk counts); a fused kernel reads them in place. Measured on CPU, a 2-layer
@@ -331,8 +333,9 @@ class _Walk:
 
     def loss_forward(self, release: Mapping[str, int]) -> None:
         """Cross entropy over each float output: an fp32 copy of half logits (transient) and
-        the fp32 log-probabilities (kept for backward)."""
-        for name in self.outputs:
+        the fp32 log-probabilities (kept for backward). A key/value cache output
+        (`is_cache_output`) is no logit: the model returns it, and it stays live."""
+        for name in self.loss_outputs:
             b = self.base(name)
             if not self.s.cross_entropy_loss:
                 if b not in release:  # a mean keeps nothing; the outputs die with the call
@@ -348,7 +351,7 @@ class _Walk:
                 self.live.pop(b, None)
 
     def backward(self, release: Mapping[str, int]) -> None:
-        for name in self.outputs:  # nll_loss_backward, then log_softmax_backward_data
+        for name in self.loss_outputs:  # nll_loss_backward, then log_softmax_backward_data
             b = self.base(name)
             if not self.s.cross_entropy_loss:  # d(mean)/d(output): one output-sized tensor
                 self.act_grads[b] = self.size.get(b, 0)
@@ -510,6 +513,17 @@ def _last_uses(layers: list[Layer], storage: Mapping[str, str]) -> dict[str, int
         for t in la.inputs:
             last[storage.get(t.name, t.name)] = i
     return last
+
+
+CACHE_OUTPUT_PREFIX = "present"
+"""How Hugging Face's exporters (torch.onnx through `transformers`, Optimum) name a decoder's
+key/value cache outputs: `present.{layer}.key`, `present.{layer}.value`,
+`present_key_values...`. The loss reads the logits alone."""
+
+
+def is_cache_output(name: str) -> bool:
+    """Whether a graph output is a key/value cache (`CACHE_OUTPUT_PREFIX`), not a logit."""
+    return name.lower().startswith(CACHE_OUTPUT_PREFIX)
 
 
 def _graph_outputs(layers: list[Layer]) -> list[str]:

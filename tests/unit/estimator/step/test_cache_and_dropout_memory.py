@@ -92,3 +92,34 @@ def test_training_keeps_a_one_byte_mask_per_dropped_hidden_state(
         # The peak may fall in backward once the last layer freed its two masks.
         assert (sites - 2) * mask <= extra <= len(dropped.dropout_tensors) * mask
         assert _peak(dropped, "inference", precision) == _peak(plain, "inference", precision)
+
+
+def test_an_exports_cache_outputs_are_returned_not_scored_by_the_loss() -> None:
+    # A decoder exported with use_cache returns `present.*` beside its logits: the training
+    # loss reads the logits alone, so no log-probabilities or gradients of the cache.
+    from gpuplan_estimator.core.layers import OpFamily
+    from gpuplan_estimator.step import memory_walk
+    from gpuplan_testing.layer_builders import layer, t
+
+    def walk(cache_name: str) -> memory_walk.PeakParts:
+        g = ModelGraph("dec", (
+            layer("proj", "MatMul", [t("x", 512, 64), t("w", 64, 256)], [t("h", 512, 256)],
+                  params=["w"]),
+            layer("head", "MatMul", [t("h", 512, 256), t("wo", 256, 10)],
+                  [t("logits", 512, 10)], params=["wo"]),
+            # An export's present.* is a view of the keys or values the layer saves anyway.
+            layer("cache", "Reshape", [t("h", 512, 256), t("shape", 3, dtype="int64")],
+                  [t(cache_name, 512, 4, 64)]),
+        ), (), {}, 17, ())
+        assert all(la.family is not OpFamily.OTHER for la in g.layers)
+        settings = memory_walk.WalkSettings(training=True, half_bytes=0, optimizer="sgd",
+                                            optimizer_state_words=0, batch_scale=1.0,
+                                            allocation_round_bytes=1)
+        return memory_walk.peak(g, settings)
+
+    assert memory_walk.is_cache_output("present.0.key")
+    assert not memory_walk.is_cache_output("logits")
+    scored, returned = walk("hidden_out"), walk("present.0.key")
+    # Scored as logits, it would add fp32 log-probabilities (512 x 256 x 4 bytes) and their
+    # gradients; returned, it is a view of what backward keeps anyway.
+    assert scored.total_bytes - returned.total_bytes >= 512 * 256 * 4

@@ -15,6 +15,7 @@ from gpuplan_estimator.cost import aligned_gemm, features, roofline
 from gpuplan_estimator.cost.predictors import FloatArray, LatencyPrediction, LatencyPredictor
 from gpuplan_estimator.cost.roofline import RooflinePredictor
 from gpuplan_estimator.devices.catalog import DeviceSpec
+from gpuplan_estimator.latency import batch_split
 from gpuplan_estimator.latency.bundles import Bundle
 from gpuplan_estimator.latency.regressors import NO_CORRECTION, LayerLatencyModel, ProbeCorrection
 from gpuplan_estimator.step import host, layout_credits
@@ -100,6 +101,7 @@ class LearnedPredictor:
                     values[group.index] = kernel_values
                 for j, row in enumerate(group.index):
                     names[i][row] = label[j]
+        self._bound_by_halves(items, devices, parts)
         out = []
         gemms = self._stream_fit_gemms(items)
         for i, device in enumerate(devices):
@@ -112,6 +114,18 @@ class LearnedPredictor:
             out.append(LatencyPrediction(median_ms=median, p10_ms=p10, p90_ms=p90,
                                          predictor=tuple(names[i])))
         return out
+
+    def _bound_by_halves(self, items: Sequence[WorkItem], devices: Sequence[DeviceSpec],
+                         parts: list[tuple[FloatArray, FloatArray, FloatArray]]) -> None:
+        """On each GPU, a convolution no dearer than two launches of its half batch, each half
+        bounded the same way (`batch_split`), in place."""
+        gpus = [i for i, d in enumerate(devices) if d.platform != "cpu"]
+        rows, pieces = batch_split.halves(items)
+        if not gpus or not pieces:
+            return
+        halves = self.predict_many(pieces, [devices[i] for i in gpus])
+        for i, half in zip(gpus, halves, strict=True):
+            batch_split.bounded(parts[i], rows, half.median_ms)
 
     def _backend_code(self, device: DeviceSpec) -> int | None:
         return self.bundle.backend_code(device, self._explicit_backend(device))

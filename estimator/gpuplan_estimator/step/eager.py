@@ -32,7 +32,8 @@ norm's per-channel affine): the tensor-scalar multiply the benchmarks time moves
 bytes."""
 GEMM_OPS = frozenset({"MatMul", "Gemm"})
 CONSTANT_MAKERS = frozenset({"ConstantOfShape", "Expand"})
-"""Shape-only ops that, fed only literals, stand for a weight or buffer (`materialised_constants`)."""
+"""Shape-only ops that, fed only literals, stand for a weight or buffer
+(`materialised_constants`)."""
 LITERAL_OPS = frozenset({"Constant"})
 """Ops whose output is a literal of the file."""
 

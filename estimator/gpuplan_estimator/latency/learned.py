@@ -123,7 +123,9 @@ class LearnedPredictor:
         rows, pieces = batch_split.halves(items)
         if not gpus or not pieces:
             return
+        grouped = self._cache  # the caller's items, priced again on the next device
         halves = self.predict_many(pieces, [devices[i] for i in gpus])
+        self._cache = grouped
         for i, half in zip(gpus, halves, strict=True):
             batch_split.bounded(parts[i], rows, half.median_ms)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import operator
 from types import MappingProxyType
 
 import numpy as np
@@ -57,3 +58,16 @@ def test_the_shipped_bundle_never_prices_a_batch_above_two_of_its_halves(device:
         items = [conv(b, c_in, c_out, size, k, dtype, math) for b in batches]
         median = predictor.predict(items, spec).median_ms
         assert np.all(median[1:] <= 2 * median[:-1] * (1 + 1e-9)), (c_in, c_out, k, dtype)
+
+
+def test_pricing_the_halves_keeps_the_callers_grouping_for_the_next_device() -> None:
+    predictor, _ = selection.select_predictor(None)
+    learned = predictor.inner
+    catalog = devices.load_catalog()
+    items = [conv(64), conv(128, k=3)]
+    first = learned.predict(items, catalog.resolve("h200-sxm-141gb"))
+    assert learned._cache is not None and all(map(operator.is_, learned._cache[0], items))
+    groups = learned._cache[1]
+    learned.predict(items, catalog.resolve("t4"))
+    assert learned._cache[1] is groups  # reused, not rebuilt
+    assert np.all(first.median_ms > 0)

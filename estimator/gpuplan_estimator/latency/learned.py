@@ -89,19 +89,9 @@ class LearnedPredictor:
         kernel's model covers: a plan prices one step on several devices, and a LightGBM call
         costs about as much for 40 rows as for 160. Rows are independent, so each device's
         numbers are exactly what pricing it alone gives."""
-        n = len(items)
-        parts = [(np.zeros(n), np.zeros(n), np.zeros(n)) for _ in devices]
-        names = [["none"] * n for _ in devices]
-        codes = [self._backend_code(device) for device in devices]
-        for group in self._groups(items):
-            if group.kernel == "none":
-                continue  # metadata-only work launches no kernel
-            for i, priced, label in self._price_on_each(group, devices, codes):
-                for values, kernel_values in zip(parts[i], priced, strict=True):
-                    values[group.index] = kernel_values
-                for j, row in enumerate(group.index):
-                    names[i][row] = label[j]
+        parts, names = self._model_parts(items, devices)
         self._bound_by_halves(items, devices, parts)
+        codes = [self._backend_code(device) for device in devices]
         out = []
         gemms = self._stream_fit_gemms(items)
         for i, device in enumerate(devices):
@@ -115,19 +105,38 @@ class LearnedPredictor:
                                          predictor=tuple(names[i])))
         return out
 
+    def _model_parts(self, items: Sequence[WorkItem], devices: Sequence[DeviceSpec]
+                     ) -> tuple[list[tuple[FloatArray, FloatArray, FloatArray]], list[list[str]]]:
+        """Per device, each item's (median, P10, P90) ms from its kernel's model (or the
+        fallback) and the label of what priced it."""
+        n = len(items)
+        parts = [(np.zeros(n), np.zeros(n), np.zeros(n)) for _ in devices]
+        names = [["none"] * n for _ in devices]
+        codes = [self._backend_code(device) for device in devices]
+        for group in self._groups(items):
+            if group.kernel == "none":
+                continue  # metadata-only work launches no kernel
+            for i, priced, label in self._price_on_each(group, devices, codes):
+                for values, kernel_values in zip(parts[i], priced, strict=True):
+                    values[group.index] = kernel_values
+                for j, row in enumerate(group.index):
+                    names[i][row] = label[j]
+        return parts, names
+
     def _bound_by_halves(self, items: Sequence[WorkItem], devices: Sequence[DeviceSpec],
                          parts: list[tuple[FloatArray, FloatArray, FloatArray]]) -> None:
         """On each GPU, a convolution no dearer than two launches of its half batch, each half
-        bounded the same way (`batch_split`), in place."""
+        bounded the same way (`batch_split`), in place: every half down to batch 1 priced in
+        one call."""
         gpus = [i for i, d in enumerate(devices) if d.platform != "cpu"]
-        rows, pieces = batch_split.halves(items)
-        if not gpus or not pieces:
+        chains = batch_split.halving_chains(items)
+        if not gpus or not chains.pieces:
             return
         grouped = self._cache  # the caller's items, priced again on the next device
-        halves = self.predict_many(pieces, [devices[i] for i in gpus])
+        halves, _ = self._model_parts(chains.pieces, [devices[i] for i in gpus])
         self._cache = grouped
         for i, half in zip(gpus, halves, strict=True):
-            batch_split.bounded(parts[i], rows, half.median_ms)
+            batch_split.bounded(parts[i], chains, half[0])
 
     def _backend_code(self, device: DeviceSpec) -> int | None:
         return self.bundle.backend_code(device, self._explicit_backend(device))

@@ -27,34 +27,42 @@ def conv(batch: int, c_in: int = 256, c_out: int = 64, size: int = 56, k: int = 
                     op="Conv", count=3, attributes=MappingProxyType({"math": math} if math else {}))
 
 
-def test_each_convolution_of_two_or_more_samples_has_a_half() -> None:
+def test_each_large_enough_convolution_has_its_halves_down_to_the_smallest() -> None:
     gemm = WorkItem(layer="g", family=OpFamily.MATMUL, kernel="gemm", phase=Phase.FORWARD,
-                    dims=MappingProxyType({"batch": 8, "m": 64, "k": 64, "n": 64, "bias": 0}),
+                    dims=MappingProxyType({"batch": 64, "m": 64, "k": 64, "n": 64, "bias": 0}),
                     dtype="float32", flops=1, bytes_moved=1)
-    rows, pieces = batch_split.halves([conv(1), gemm, conv(7), conv(128)])
-    assert rows.tolist() == [2, 3]
-    assert [p.dims["batch"] for p in pieces] == [4, 64]  # ceil: two halves cover an odd batch
-    assert pieces[1].flops == conv(64).flops and pieces[1].count == 1
-    assert pieces[1].dims["c_in"] == 256
+    smallest = batch_split.MIN_HALF_BATCH
+    chains = batch_split.halving_chains([conv(2 * smallest - 1), gemm, conv(35), conv(128)])
+    assert chains.rows == (2, 3)
+    batches = [[chains.pieces[j].dims["batch"] for j in range(a, b)] for a, b in chains.chains]
+    assert batches == [[18, 9], [64, 32, 16, 8]]  # ceil: the halves cover an odd batch
+    half = chains.pieces[chains.chains[1][0]]
+    assert half.flops == conv(64).flops and half.count == 1 and half.dims["c_in"] == 256
 
 
 def test_the_bound_only_lowers_and_keeps_the_relative_width() -> None:
+    chains = batch_split.halving_chains([conv(32), conv(64), conv(16)])
     median = np.array([10.0, 10.0, 5.0])
     parts = (median.copy(), median * 0.8, median * 1.3)
-    batch_split.bounded(parts, np.array([0, 2]), np.array([4.0, 3.0]))
-    assert parts[0].tolist() == pytest.approx([8.0, 10.0, 5.0])  # 2 x 4 < 10; 2 x 3 > 5
+    # conv(32): halves 16, 8 at 4.5 and 1.0 ms: its half is bounded to 2 x 1.0, so 4 x 1.0.
+    # conv(64): halves 32, 16, 8 at 9, 9, 9 ms: none binds below 2 x 9 > 10.
+    # conv(16): half 8 at 3 ms: 2 x 3 > 5.
+    pieces = np.array([4.5, 1.0, 9.0, 9.0, 9.0, 3.0])
+    batch_split.bounded(parts, chains, pieces)
+    assert parts[0].tolist() == pytest.approx([4.0, 10.0, 5.0])
     assert (parts[1] / parts[0]).tolist() == pytest.approx([0.8] * 3)
     assert (parts[2] / parts[0]).tolist() == pytest.approx([1.3] * 3)
 
 
 @pytest.mark.parametrize("device", ["h200-sxm-141gb", "t4", "a100-sxm4-80gb"])
 def test_the_shipped_bundle_never_prices_a_batch_above_two_of_its_halves(device: str) -> None:
+    assert batch_split.MIN_HALF_BATCH == 8
     predictor, _ = selection.select_predictor(None)
     spec = devices.load_catalog().resolve(device)
     shapes = [(256, 64, 56, 1), (64, 64, 56, 3), (1024, 256, 14, 1), (3, 64, 224, 7)]
     maths = [("float32", ""), ("float32", "tf32"), ("bfloat16", "")]
     for (c_in, c_out, size, k), (dtype, math) in itertools.product(shapes, maths):
-        batches = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+        batches = [8, 16, 32, 64, 128, 256]  # from MIN_HALF_BATCH up
         items = [conv(b, c_in, c_out, size, k, dtype, math) for b in batches]
         median = predictor.predict(items, spec).median_ms
         assert np.all(median[1:] <= 2 * median[:-1] * (1 + 1e-9)), (c_in, c_out, k, dtype)

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from gpuplan_estimator.core import streams
 from gpuplan_estimator.core.paths import FileStamp, file_stamp
 from gpuplan_estimator.core.vocabulary import SEQUENCE_DIM, WORKLOAD_ID_PATTERN
 from gpuplan_operator.core import benchmarks, errors, gpu_pools, resources
@@ -376,7 +377,7 @@ async def request_plan(
     try:
         async with client.post(url, data=chunks, timeout=timeout, headers=headers,
                                ssl=check) as resp:
-            raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+            raw = await streams.read_capped(resp.content, MAX_RESPONSE_BYTES)
             status = resp.status
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise errors.EstimatorUnavailableError(
@@ -566,7 +567,7 @@ async def _post_outcome(url: str, body: Mapping[str, Any], *, timeout_seconds: f
                 timeout=aiohttp.ClientTimeout(total=timeout_seconds)) as resp:
             status = resp.status
             retry_after = resp.headers.get("Retry-After")
-            raw = await resp.content.read(MAX_RESPONSE_BYTES)
+            raw = (await streams.read_capped(resp.content, MAX_RESPONSE_BYTES))[:MAX_RESPONSE_BYTES]
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise _TransientOutcomeFailure(
             f"estimator at {url} unavailable: {type(exc).__name__}: {exc}") from exc
@@ -629,7 +630,7 @@ async def fetch_coverage(base_url: str, *, timeout_seconds: float, ca_file: str 
     try:
         async with aiohttp.ClientSession() as client, client.get(
                 url, timeout=aiohttp.ClientTimeout(total=timeout_seconds), ssl=check) as resp:
-            raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+            raw = await streams.read_capped(resp.content, MAX_RESPONSE_BYTES)
             status = resp.status
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise errors.EstimatorUnavailableError(

@@ -21,6 +21,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from gpuplan_estimator.core import streams
+
 TOKENREVIEWS_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
 IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 """Where the kubelet mounts a pod's ServiceAccount token and the cluster CA."""
@@ -170,7 +172,7 @@ class TokenReviewer:
             async with self._session.post(
                     url, json=review_body(token, audiences), headers=headers,
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
-                raw = await resp.content.read(MAX_REVIEW_BYTES + 1)
+                raw = await streams.read_capped(resp.content, MAX_REVIEW_BYTES)
                 status = resp.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise ReviewUnavailable(f"TokenReview at {url}: {type(exc).__name__}: {exc}") from exc

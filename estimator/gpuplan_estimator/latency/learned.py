@@ -89,9 +89,9 @@ class LearnedPredictor:
         kernel's model covers: a plan prices one step on several devices, and a LightGBM call
         costs about as much for 40 rows as for 160. Rows are independent, so each device's
         numbers are exactly what pricing it alone gives."""
-        parts, names = self._model_parts(items, devices)
-        self._bound_by_halves(items, devices, parts)
         codes = [self._backend_code(device) for device in devices]
+        parts, names = self._model_parts(items, devices, codes)
+        self._bound_by_halves(items, devices, codes, parts)
         out = []
         gemms = self._stream_fit_gemms(items)
         for i, device in enumerate(devices):
@@ -105,14 +105,14 @@ class LearnedPredictor:
                                          predictor=tuple(names[i])))
         return out
 
-    def _model_parts(self, items: Sequence[WorkItem], devices: Sequence[DeviceSpec]
+    def _model_parts(self, items: Sequence[WorkItem], devices: Sequence[DeviceSpec],
+                     codes: Sequence[int | None]
                      ) -> tuple[list[tuple[FloatArray, FloatArray, FloatArray]], list[list[str]]]:
         """Per device, each item's (median, P10, P90) ms from its kernel's model (or the
         fallback) and the label of what priced it."""
         n = len(items)
         parts = [(np.zeros(n), np.zeros(n), np.zeros(n)) for _ in devices]
         names = [["none"] * n for _ in devices]
-        codes = [self._backend_code(device) for device in devices]
         for group in self._groups(items):
             if group.kernel == "none":
                 continue  # metadata-only work launches no kernel
@@ -124,6 +124,7 @@ class LearnedPredictor:
         return parts, names
 
     def _bound_by_halves(self, items: Sequence[WorkItem], devices: Sequence[DeviceSpec],
+                         codes: Sequence[int | None],
                          parts: list[tuple[FloatArray, FloatArray, FloatArray]]) -> None:
         """On each GPU, a convolution no dearer than two launches of its half batch, each half
         bounded the same way (`batch_split`), in place: every half down to batch 1 priced in
@@ -133,7 +134,8 @@ class LearnedPredictor:
         if not gpus or not chains.pieces:
             return
         grouped = self._cache  # the caller's items, priced again on the next device
-        halves, _ = self._model_parts(chains.pieces, [devices[i] for i in gpus])
+        halves, _ = self._model_parts(chains.pieces, [devices[i] for i in gpus],
+                                      [codes[i] for i in gpus])
         self._cache = grouped
         for i, half in zip(gpus, halves, strict=True):
             batch_split.bounded(parts[i], chains, half[0])

@@ -429,7 +429,8 @@ def tensor_core_gemm(cols: WorkColumns, dev: DeviceColumns
                      ) -> tuple[npt.NDArray[np.str_], FloatArray]:
     """Per gemm row: the class of tensor-core kernel it runs (`tiling.tensor_core_class`: its
     mode, with the alignment when under a 16-byte vector), "" for none; and its tile-and-wave
-    time (ms, no launch floor: what the kernel holds the SMs at their roofline share).
+    time (ms, no launch floor: what the kernel holds the SMs at their roofline share), planned
+    over the tiles a GEMM library runs in that mode (`tiling.library_gemm_plan`).
 
     cuBLAS rasters its tiles so that neighbours share operand panels in L2: each operand
     crosses DRAM once (a GEMM of 12,608 ViT tokens does not re-read its panels, as
@@ -440,12 +441,17 @@ def tensor_core_gemm(cols: WorkColumns, dev: DeviceColumns
                                          f"not {cols.kernel!r}")
     flops, nbytes = work_cost(cols)
     in_l2 = dataclasses.replace(dev, l2_mb=np.full_like(dev.l2_mb, np.inf))
-    plan = structure(cols, in_l2, flops, nbytes)
-    time_ms = np.maximum(plan["time_ms"], nbytes / (dev.bw_gbps * 1e6))
+    modes = tiling.tensor_core_mode(cols.dtype, cols.math)
+    plan_ms = structure(cols, in_l2, flops, nbytes)["time_ms"]
     d = {k: v.astype(np.float64) for k, v in cols.dims.items()}
     width = tiling.dtype_bytes_of(cols.dtype)
+    for mode in set(modes.tolist()) & tiling.LIBRARY_TILES.keys():
+        library = tiling.library_gemm_plan(
+            d["batch"], d["m"], d["n"], d["k"], width, mode, nbytes, in_l2.peak_gflops,
+            in_l2.bw_gbps, np.maximum(in_l2.sm_count, 1.0), in_l2.l2_mb, in_l2.clock_mhz)
+        plan_ms = np.where(modes == mode, library["time_ms"], plan_ms)
+    time_ms = np.maximum(plan_ms, nbytes / (dev.bw_gbps * 1e6))
     elements = tiling.alignment_elements(d["m"], d["k"], d["n"], width)
-    modes = tiling.tensor_core_mode(cols.dtype, cols.math)
     classes = [tiling.tensor_core_class(str(m), int(e), int(b))
                for m, e, b in zip(modes, elements, width, strict=True)]
     return np.array(classes, dtype=np.str_).reshape(len(cols)), time_ms

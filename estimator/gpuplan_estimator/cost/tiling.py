@@ -13,7 +13,8 @@ Everything is vectorised over numpy columns, like `features`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -181,42 +182,98 @@ def gemm_plan(
 
     `unique_bytes`: the bytes of the operands and result (read once each when they fit L2).
     """
+    shape = _GemmShape(batch, m, n, k, dtype_bytes, unique_bytes, peak_gflops, bw_gbps, sms,
+                       l2_mb, l2_gbps(sms, clock_mhz))
+    return _fastest(
+        _tile_plan(shape, np.where(tensor_core, tc[0], simt[0]).astype(np.float64),
+                   np.where(tensor_core, tc[1], simt[1]).astype(np.float64), split)
+        for simt, tc in zip(SIMT_TILES, TENSOR_CORE_TILES, strict=True) for split in SPLIT_K)
+
+
+LIBRARY_TILES: Mapping[str, tuple[tuple[int, int], ...]] = {
+    HALF_MODE: ((256, 128), (128, 128), (128, 64)),
+    "tf32": ((256, 128), (128, 128)),
+}
+"""Per tensor-core mode, the output tiles `library_gemm_plan` picks from. `gemm_plan`'s menu
+prices a 64x64 tile (and, under tf32, a 128x64 one) at the SM's full share and lets a short K
+split; cuBLAS's Hopper kernels do neither for a transformer's GEMMs (issue #30: the profiled
+H200 steps of `docs/gpu-steps/2026-11-27-h200b` ran tf32 layers as 128x128 to 128x256
+`sm90_xmma` tiles, `segment_k_off` in the forward, and bf16 ones as 96-256 wide `nvjet`
+tiles). Held out by model, a class's utilisation then varies less between models: the log
+ratio's spread over the profiled phases fell 0.18 -> 0.08 (tf32) and 0.10 -> 0.06 (half)."""
+
+
+def library_gemm_plan(
+    batch: FloatArray, m: FloatArray, n: FloatArray, k: FloatArray, dtype_bytes: FloatArray,
+    mode: str, unique_bytes: FloatArray, peak_gflops: FloatArray, bw_gbps: FloatArray,
+    sms: FloatArray, l2_mb: FloatArray, clock_mhz: FloatArray,
+) -> dict[str, FloatArray]:
+    """`gemm_plan` of tensor-core GEMMs in `mode` as a GEMM library runs them: the fastest
+    tile of `LIBRARY_TILES[mode]`, K whole (ValueError for a mode without a menu)."""
+    if mode not in LIBRARY_TILES:
+        raise ValueError(f"no library tile menu for tensor-core mode {mode!r}")
+    shape = _GemmShape(batch, m, n, k, dtype_bytes, unique_bytes, peak_gflops, bw_gbps, sms,
+                       l2_mb, l2_gbps(sms, clock_mhz))
+    return _fastest(_tile_plan(shape, np.full_like(m, float(tm)), np.full_like(m, float(tn)), 1)
+                    for tm, tn in LIBRARY_TILES[mode])
+
+
+@dataclass(frozen=True)
+class _GemmShape:
+    """The columns every candidate tile of `gemm_plan` is priced from."""
+    batch: FloatArray
+    m: FloatArray
+    n: FloatArray
+    k: FloatArray
+    dtype_bytes: FloatArray
+    unique_bytes: FloatArray
+    peak_gflops: FloatArray
+    bw_gbps: FloatArray
+    sms: FloatArray
+    l2_mb: FloatArray
+    l2_bw_gbps: FloatArray
+
+
+def _tile_plan(g: _GemmShape, tm: FloatArray, tn: FloatArray, split: int
+               ) -> dict[str, FloatArray]:
+    """One candidate: (tm x tn) output tiles, K split up to `split` ways."""
+    per_sm = np.clip(_TILE_AREA_PER_SM / (tm * tn), 1.0, _MAX_TILES_PER_SM)
+    out_tiles = g.batch * np.ceil(g.m / tm) * np.ceil(g.n / tn)
+    # Split K only while the output tiles leave SMs idle, as cuBLAS does; and keep
+    # at least 128 of K per split.
+    fills = out_tiles >= g.sms * per_sm
+    s = np.where(fills, 1.0, np.minimum(float(split), np.maximum(np.ceil(g.k / 128.0), 1.0)))
+    tiles = out_tiles * s
+    k_tile = np.ceil(g.k / s)
+    flops_tile = 2.0 * tm * tn * k_tile
+    # Panels every tile streams, and split-K's partial results written and re-read.
+    panel_bytes = tiles * (tm + tn) * k_tile * g.dtype_bytes
+    partial_bytes = np.where(s > 1, 2.0 * tiles * tm * tn * 4.0, 0.0)
+    ws = g.unique_bytes + partial_bytes
+    resident = np.clip(g.l2_mb * 1e6 / np.maximum(ws, 1.0), 0.0, 1.0)
+    # Fitting L2, each operand comes from DRAM once; otherwise panels are re-read.
+    dram = g.unique_bytes + partial_bytes + (1.0 - resident) * np.maximum(
+        panel_bytes - g.unique_bytes, 0.0)
+    bw = effective_bw_gbps(ws, g.l2_mb, g.bw_gbps, g.l2_bw_gbps)
+    t, waves = wave_time_ms(tiles, flops_tile, dram / tiles, per_sm, g.peak_gflops, bw, g.sms)
+    return {"time_ms": t, "tiles": tiles, "waves": waves, "slots": g.sms * per_sm,
+            "tile_m": tm, "tile_n": tn, "split_k": s, "ws_bytes": ws,
+            "compute_over_memory": (flops_tile / (g.peak_gflops / g.sms))
+            / np.maximum(dram / tiles / (bw / g.sms), 1e-30)}
+
+
+def _fastest(candidates: Iterable[dict[str, FloatArray]]) -> dict[str, FloatArray]:
+    """Per row, the fastest candidate; strictly faster only, so ties keep the earlier (the
+    bigger tile, the smaller split)."""
     best: dict[str, FloatArray] | None = None
-    l2bw = l2_gbps(sms, clock_mhz)
-    for i in range(len(SIMT_TILES)):
-        tm = np.where(tensor_core, TENSOR_CORE_TILES[i][0], SIMT_TILES[i][0]).astype(np.float64)
-        tn = np.where(tensor_core, TENSOR_CORE_TILES[i][1], SIMT_TILES[i][1]).astype(np.float64)
-        per_sm = np.clip(_TILE_AREA_PER_SM / (tm * tn), 1.0, _MAX_TILES_PER_SM)
-        out_tiles = batch * np.ceil(m / tm) * np.ceil(n / tn)
-        for split in SPLIT_K:
-            # Split K only while the output tiles leave SMs idle, as cuBLAS does; and keep
-            # at least 128 of K per split.
-            fills = out_tiles >= sms * per_sm
-            s = np.where(fills, 1.0, np.minimum(float(split), np.maximum(np.ceil(k / 128.0), 1.0)))
-            tiles = out_tiles * s
-            k_tile = np.ceil(k / s)
-            flops_tile = 2.0 * tm * tn * k_tile
-            # Panels every tile streams, and split-K's partial results written and re-read.
-            panel_bytes = tiles * (tm + tn) * k_tile * dtype_bytes
-            partial_bytes = np.where(s > 1, 2.0 * tiles * tm * tn * 4.0, 0.0)
-            ws = unique_bytes + partial_bytes
-            resident = np.clip(l2_mb * 1e6 / np.maximum(ws, 1.0), 0.0, 1.0)
-            # Fitting L2, each operand comes from DRAM once; otherwise panels are re-read.
-            dram = unique_bytes + partial_bytes + (1.0 - resident) * np.maximum(
-                panel_bytes - unique_bytes, 0.0)
-            bw = effective_bw_gbps(ws, l2_mb, bw_gbps, l2bw)
-            t, waves = wave_time_ms(tiles, flops_tile, dram / tiles, per_sm, peak_gflops, bw, sms)
-            cand = {"time_ms": t, "tiles": tiles, "waves": waves, "slots": sms * per_sm,
-                    "tile_m": tm, "tile_n": tn, "split_k": s, "ws_bytes": ws,
-                    "compute_over_memory": (flops_tile / (peak_gflops / sms))
-                    / np.maximum(dram / tiles / (bw / sms), 1e-30)}
-            if best is None:
-                best = cand
-            else:
-                # Strictly faster only: ties keep the bigger tile and the smaller split.
-                take = cand["time_ms"] < best["time_ms"] * (1.0 - 1e-9)
-                best = {key: np.where(take, cand[key], best[key]) for key in best}
-    assert best is not None
+    for cand in candidates:
+        if best is None:
+            best = cand
+            continue
+        take = cand["time_ms"] < best["time_ms"] * (1.0 - 1e-9)
+        best = {key: np.where(take, cand[key], best[key]) for key in best}
+    if best is None:
+        raise ValueError("no candidate tile to plan a GEMM with")
     return best
 
 

@@ -76,8 +76,9 @@ def _aligned_entries(steps: list[Path], stamp: dict[str, str]) -> dict[str, obje
     return {aligned_gemm.MANIFEST_KEY: stream_fit.fit_for_bundle(aligned).to_json(),
             aligned_gemm.PROVENANCE_KEY: {
                 **stamp, "rows": len(aligned), "models": sorted({r.group for r in aligned}),
-                "method": "median log(tile-and-wave plan / profiled aligned tensor-core GEMM "
-                          "kernels) per mode over profiled phases; log_sigma is the "
+                "method": "median log(tile-and-wave plan over the library's tiles / profiled "
+                          "aligned tensor-core GEMM kernels) per class over profiled phases, "
+                          "and per class and phase (forward, backward); log_sigma is the "
                           "leave-one-model-out spread"}}
 
 

@@ -10,16 +10,17 @@ language model's output projection over its vocabulary: unaligned (GPT-2's 50,25
 far past the benchmarks' 8,192 per dim, where the model's extrapolation is 1.4-2.8x too fast.
 
 Such a GEMM is priced instead as its tile-and-wave plan (`features.tensor_core_gemm`: per-SM
-roofline shares, tile and wave quantization) over the utilisation its kernel class reaches of
-it (`tiling.tensor_core_class`: the mode, and the alignment under a whole vector), fitted on
-the kernels a profiler saw (`training.stream_fit`). The plan carries the GPU's SMs and peaks,
+roofline shares, tile and wave quantization, over the tiles the library runs) over the
+utilisation its kernel class reaches of it (`tiling.tensor_core_class`: the mode, and the
+alignment under a whole vector) in its phase (`phase_key`), fitted on the kernels a profiler
+saw (`training.stream_fit`). The plan carries the GPU's SMs and peaks,
 so the figures carry to an NVIDIA GPU that was not profiled.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,7 @@ import numpy.typing as npt
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.kernels import MIN_KERNEL_MS
 from gpuplan_estimator.core.quantiles import Z90
+from gpuplan_estimator.core.workload import Phase
 from gpuplan_estimator.cost import features
 from gpuplan_estimator.cost.predictors import FloatArray
 from gpuplan_estimator.devices.catalog import DeviceSpec
@@ -45,16 +47,43 @@ projection over a vocabulary (`benchmark-jobs/sweeps/gemm-vocab.yaml` draws n fr
 Smaller unaligned shapes are what the benchmarks' random sweep drew and their model learned."""
 
 
+FORWARD = "forward"
+BACKWARD = "backward"
+"""The step phases a utilisation may be fitted per (`phase_key`): a backward pass's GEMMs (the
+input gradient, NN, and the weight gradient, NT, whose K is the tokens) run other layouts than
+the forward's, and cuBLAS picks other kernels for them (on the H200 under tf32, Ampere CUTLASS
+`s1688gemm` kernels for weight gradients; bf16 vocabulary heads ran 128x128 `sm75` tiles
+forward, 256x128 backward: 1.5x the rate). An inference forward is a forward."""
+
+
+def phase_key(kernel_class: str, phase: str) -> str:
+    """The `AlignedGemmFit.log_util` key of a class's utilisation in one phase."""
+    return f"{kernel_class}/{phase}"
+
+
+def fit_phase(phase: Phase) -> str:
+    """The phase (`FORWARD` or `BACKWARD`) whose utilisation prices an item of `phase`."""
+    return BACKWARD if phase is Phase.BACKWARD else FORWARD
+
+
 @dataclass(frozen=True)
 class AlignedGemmFit:
-    """Per tensor-core kernel class (`tiling.tensor_core_class`): log(plan time / kernel time),
-    the utilisation its kernels reach of their tile-and-wave plan; and the spread of a phase's
-    log ratio around it, which sizes the interval."""
+    """Per tensor-core kernel class (`tiling.tensor_core_class`), and per class and phase
+    (`phase_key`) where profiles held that phase: log(plan time / kernel time), the utilisation
+    its kernels reach of their tile-and-wave plan; and the spread of a phase's log ratio around
+    it, which sizes the interval."""
 
     log_util: Mapping[str, float] = field(default_factory=dict)
     """A plain dict, not a read-only proxy: predictors holding a fit are pickled to the
     service's workers."""
     log_sigma: float = 0.0
+
+    def log_util_of(self, kernel_class: str, phase: str) -> float:
+        """The class's log utilisation in `phase`: its phase's figure, else the class's over
+        every phase (a bundle made before phases were fitted holds only those); NaN when the
+        fit holds neither."""
+        return self.log_util.get(phase_key(kernel_class, phase),
+                                 self.log_util.get(kernel_class, math.nan))
 
     def to_json(self) -> dict[str, object]:
         """The manifest entry."""
@@ -96,19 +125,23 @@ def priced_classes(classes: npt.NDArray[np.str_], cols: features.WorkColumns
     return np.asarray((classes != "") & (aligned | (largest >= VOCABULARY_MIN_DIM)))
 
 
-def price(cols: features.WorkColumns, spec: DeviceSpec, dev: features.DeviceColumns,
-          fit: AlignedGemmFit) -> tuple[np.ndarray, tuple[FloatArray, FloatArray, FloatArray]]:
+def price(cols: features.WorkColumns, phases: Sequence[str], spec: DeviceSpec,
+          dev: features.DeviceColumns, fit: AlignedGemmFit
+          ) -> tuple[np.ndarray, tuple[FloatArray, FloatArray, FloatArray]]:
     """Which gemm rows this module prices (`priced_classes`, a class `fit` holds, on a GPU
     whose spec sheet gives the mode a peak), and their (median, P10, P90) ms: plan time over
-    the class's utilisation, never under `MIN_KERNEL_MS`."""
+    the class's utilisation in the row's phase (`phases`: `fit_phase` of each row), never
+    under `MIN_KERNEL_MS`."""
+    if len(phases) != len(cols):
+        raise ValueError(f"{len(phases)} phases for {len(cols)} gemm rows")
     classes, plan_ms = features.tensor_core_gemm(cols, dev)
     # A float32 row runs in a tensor-core mode only under tf32 (`tiling.tensor_core_mode`).
     has_peak = {d: ("tf32" if d == "float32" else features.PEAK_KEY.get(d, ""))
                 in spec.peak_tflops for d in set(np.asarray(cols.dtype).tolist())}
     wanted = priced_classes(classes, cols)
-    log_util = np.array([fit.log_util.get(str(c), math.nan) if ok and has_peak[str(d)]
-                         else math.nan for c, ok, d in zip(classes, wanted, cols.dtype,
-                                                           strict=True)], dtype=np.float64)
+    log_util = np.array([fit.log_util_of(str(c), p) if ok and has_peak[str(d)] else math.nan
+                         for c, p, ok, d in zip(classes, phases, wanted, cols.dtype,
+                                                strict=True)], dtype=np.float64)
     mask = np.isfinite(log_util)
     median = np.maximum(plan_ms * np.exp(-np.where(mask, log_util, 0.0)), MIN_KERNEL_MS)
     spread = math.exp(Z90 * fit.log_sigma)

@@ -104,14 +104,6 @@ def alignment_elements(m: FloatArray, k: FloatArray, n: FloatArray, dtype_bytes:
     return out
 
 
-def tensor_core_aligned(m: FloatArray, k: FloatArray, n: FloatArray, dtype_bytes: FloatArray
-                        ) -> npt.NDArray[np.bool_]:
-    """Rows whose every GEMM dim holds a whole number of 16-byte vectors
-    (`TENSOR_CORE_ALIGN_BYTES`): the shapes cuBLAS's fast tensor-core kernels take."""
-    per_vector = np.maximum(TENSOR_CORE_ALIGN_BYTES // np.maximum(dtype_bytes, 1.0), 1.0)
-    return np.asarray(alignment_elements(m, k, n, dtype_bytes) == per_vector)
-
-
 def tensor_core_class(mode: str, elements: int, dtype_bytes: int) -> str:
     """The class a tensor-core GEMM's kernel falls in: its mode when aligned to a whole vector,
     else the mode with its alignment in elements ("half-align2"); "" without a mode."""

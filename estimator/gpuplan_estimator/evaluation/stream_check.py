@@ -36,7 +36,7 @@ from gpuplan_estimator.planning import estimates
 from gpuplan_estimator.step.decomposition import build_step
 from gpuplan_estimator.training import stream_fit
 
-PHASES = ("forward", "backward")
+PHASES = (aligned_gemm.FORWARD, aligned_gemm.BACKWARD)
 HOST_SIDE_PREFIXES = ("cuda", "cu", "Activity")
 """Profiler rows of the CUDA runtime and driver (cudaLaunchKernel, cudaDeviceSynchronize,
 cuLaunchKernelEx, the profiler's "Activity Buffer Request"): host calls, not kernels."""
@@ -69,7 +69,7 @@ def profiled_gemm_ms(row: Mapping[str, Any], phase: str, mode: str, dtype: str
     return out
 
 
-_PHASE_OF = {Phase.FORWARD: "forward", Phase.BACKWARD: "backward"}
+_PHASE_OF = {Phase.FORWARD: aligned_gemm.FORWARD, Phase.BACKWARD: aligned_gemm.BACKWARD}
 
 
 def _classified_gemms(items: Sequence[WorkItem], device: devices.DeviceSpec
@@ -156,8 +156,9 @@ def _print_aligned(rows: Sequence[stream_fit.AlignedRow],
     print("|---|---|---|--:|--:|--:|")
     for r in rows:
         fold = folds.get(r.group)
-        ratio = (f"{r.plan_ms * np.exp(-fold.log_util[r.kernel_class]) / r.profiled_ms:.2f}"
-                 if fold is not None and r.kernel_class in fold.log_util else "-")
+        log_util = fold.log_util_of(r.kernel_class, r.phase) if fold is not None else np.nan
+        ratio = (f"{r.plan_ms * np.exp(-log_util) / r.profiled_ms:.2f}"
+                 if np.isfinite(log_util) else "-")
         print(f"| {r.group} | {r.kernel_class} | {r.phase} | {r.plan_ms:.2f} | "
               f"{r.profiled_ms:.2f} | {ratio} |")
 

@@ -208,33 +208,33 @@ class LearnedPredictor:
             values[mask] *= factor
         tags[mask] = ONE_WAVE_LABEL
 
-    def _stream_fit_gemms(self, items: Sequence[WorkItem]
-                          ) -> tuple[npt.NDArray[np.intp], features.WorkColumns] | None:
-        """The rows and columns `_price_aligned` may reprice, built once for every device:
-        GEMMs outside a fused core (those run inside the attention kernel); None without a
-        fit or such a GEMM."""
+    def _stream_fit_gemms(self, items: Sequence[WorkItem]) -> _StreamFitGemms | None:
+        """The rows `_price_aligned` may reprice, built once for every device: GEMMs outside
+        a fused core (those run inside the attention kernel); None without a fit or such a
+        GEMM."""
         if self.aligned_fit is None:
             return None
         idx = [i for i, it in enumerate(items)
                if it.kernel == "gemm" and workload.FUSED_IO_BYTES not in it.attributes]
         if not idx:
             return None
-        return np.asarray(idx), features.columns_from_items("gemm", [items[i] for i in idx])
+        chosen = [items[i] for i in idx]
+        return _StreamFitGemms(np.asarray(idx), features.columns_from_items("gemm", chosen),
+                               [aligned_gemm.fit_phase(it.phase) for it in chosen])
 
     def _price_aligned(
-        self, gemms: tuple[npt.NDArray[np.intp], features.WorkColumns], device: DeviceSpec,
-        backend_code: int | None, parts: tuple[FloatArray, FloatArray, FloatArray],
-        names: list[str],
+        self, gemms: _StreamFitGemms, device: DeviceSpec, backend_code: int | None,
+        parts: tuple[FloatArray, FloatArray, FloatArray], names: list[str],
     ) -> None:
         """The tensor-core GEMMs the benchmarks miss (`cost.aligned_gemm`: aligned ones,
         vocabulary-sized unaligned ones) among `gemms` (`_stream_fit_gemms`) priced by their
-        plan at their class's fitted utilisation, in place."""
+        plan at their class's fitted utilisation in their phase, in place."""
         fit = self.aligned_fit
         if fit is None or not aligned_gemm.prices_device(device):
             return
-        idx, cols = gemms
+        idx, cols = gemms.index, gemms.cols
         dev = features.broadcast_device(device, cols.dtype, backend_code or 0, "gemm", cols.math)
-        mask, priced = aligned_gemm.price(cols, device, dev, fit)
+        mask, priced = aligned_gemm.price(cols, gemms.phases, device, dev, fit)
         rows = idx[mask]
         for values, new in zip(parts, priced, strict=True):
             values[rows] = new[mask]
@@ -322,6 +322,13 @@ class _KernelGroup:
     items: tuple[WorkItem, ...]
     unique: features.WorkColumns | None  # distinct shapes; None when no model prices them
     inverse: npt.NDArray[np.intp]  # row of `unique` for each item
+
+
+@dataclass(frozen=True)
+class _StreamFitGemms:
+    index: npt.NDArray[np.intp]  # positions of the GEMMs in the request
+    cols: features.WorkColumns
+    phases: list[str]  # aligned_gemm.fit_phase of each
 
 
 @dataclass(frozen=True)

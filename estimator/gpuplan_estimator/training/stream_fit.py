@@ -6,8 +6,9 @@ step (`evaluation.model_steps --instrument`) names each kernel it ran; the GEMM 
 class (`kernel_class`: from the name's CUTLASS alignment) took `profiled_ms` of one phase, and
 the same phase's GEMM items of that class that the module prices have plans summing to
 `plan_ms`. Per class, the log utilisation is the median of log(plan_ms / profiled_ms) over the
-phases; `leave_one_group_out` refits without each model in turn, and the spread of the left-out
-model's ratios around its fold is the `log_sigma` a bundle's intervals use.
+phases, and per class and phase (forward, backward) over that phase's; `leave_one_group_out`
+refits without each model in turn, and the spread of the left-out model's ratios around its
+fold is the `log_sigma` a bundle's intervals use.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from gpuplan_estimator.core.layers import DTYPE_BYTES
 from gpuplan_estimator.cost import tiling
-from gpuplan_estimator.cost.aligned_gemm import AlignedGemmFit
+from gpuplan_estimator.cost.aligned_gemm import AlignedGemmFit, phase_key
 
 GEMM_KERNEL = re.compile(r"gemm|nvjet|xmma", re.IGNORECASE)
 """cuBLAS/CUTLASS GEMM kernel names: `nvjet_sm90_*`, `sm90_xmma_gemm_*`, `cutlass_*gemm*`."""
@@ -61,20 +62,24 @@ def kernel_class(name: str, mode: str, dtype: str) -> str | None:
 
 
 def fit(rows: Sequence[AlignedRow]) -> AlignedGemmFit:
-    """Per class, the median log utilisation of `rows` (ValueError without a usable row)."""
+    """Per class, and per class and phase (`aligned_gemm.phase_key`), the median log
+    utilisation of `rows` (ValueError without a usable row)."""
     usable = [r for r in rows if r.plan_ms > 0 and r.profiled_ms > 0]
     if not usable:
         raise ValueError("no profiled phase with aligned tensor-core GEMMs to fit on")
-    by_class: dict[str, list[float]] = {}
+    by_key: dict[str, list[float]] = {}
     for r in usable:
-        by_class.setdefault(r.kernel_class, []).append(r.log_ratio)
-    log_util = {cls: float(np.median(v)) for cls, v in sorted(by_class.items())}
-    return AlignedGemmFit(log_util, _spread(usable, {"": log_util}))
+        by_key.setdefault(r.kernel_class, []).append(r.log_ratio)
+        by_key.setdefault(phase_key(r.kernel_class, r.phase), []).append(r.log_ratio)
+    log_util = {key: float(np.median(v)) for key, v in sorted(by_key.items())}
+    return AlignedGemmFit(log_util, _spread(usable, {"": AlignedGemmFit(log_util)}))
 
 
-def _spread(rows: Sequence[AlignedRow], folds: Mapping[str, Mapping[str, float]]) -> float:
+def _spread(rows: Sequence[AlignedRow], folds: Mapping[str, AlignedGemmFit]) -> float:
     """RMS of each row's log ratio around its fold's (`""`: one fit for every group)."""
-    errors = [r.log_ratio - folds.get(r.group, folds.get("", {})).get(r.kernel_class, math.nan)
+    none = AlignedGemmFit()
+    errors = [r.log_ratio - folds.get(r.group, folds.get("", none)).log_util_of(r.kernel_class,
+                                                                                r.phase)
               for r in rows if r.plan_ms > 0 and r.profiled_ms > 0]
     errors = [e for e in errors if math.isfinite(e)]
     return float(np.sqrt(np.mean(np.square(errors)))) if errors else 0.0
@@ -96,6 +101,5 @@ def leave_one_group_out(rows: Sequence[AlignedRow]) -> dict[str, AlignedGemmFit]
 def fit_for_bundle(rows: Sequence[AlignedRow]) -> AlignedGemmFit:
     """The fit on every row, with the held-out (leave-one-model-out) spread as `log_sigma`."""
     folds = leave_one_group_out(rows)
-    held_out = _spread([r for r in rows if r.group in folds],
-                       {g: f.log_util for g, f in folds.items()})
+    held_out = _spread([r for r in rows if r.group in folds], folds)
     return AlignedGemmFit(fit(rows).log_util, held_out)

@@ -38,6 +38,10 @@ def on(spec: devices.DeviceSpec, cols: features.WorkColumns) -> features.DeviceC
     return features.broadcast_device(spec, cols.dtype, 0, "gemm", cols.math)
 
 
+def forward(cols: features.WorkColumns) -> list[str]:
+    return [aligned_gemm.FORWARD] * len(cols)
+
+
 def test_a_gemms_class_is_its_mode_and_the_alignment_under_a_whole_vector() -> None:
     dims = np.array([[2048, 768, 50257], [2048, 768, 30522], [2048, 768, 3072]], dtype=float)
     elements = tiling.alignment_elements(dims[:, 0], dims[:, 1], dims[:, 2], np.full(3, 2.0))
@@ -54,10 +58,14 @@ def test_a_gemms_class_is_its_mode_and_the_alignment_under_a_whole_vector() -> N
 
 def test_a_tensor_core_gemm_is_aligned_when_every_dim_holds_whole_16_byte_vectors() -> None:
     dims = np.array([[2048, 1024, 4096], [2048, 1024, 50257], [2044, 1024, 4096]], dtype=float)
-    half = tiling.tensor_core_aligned(dims[:, 0], dims[:, 1], dims[:, 2], np.full(3, 2.0))
-    assert half.tolist() == [True, False, False]  # 2044 is no multiple of 8 halves
-    single = tiling.tensor_core_aligned(dims[:, 0], dims[:, 1], dims[:, 2], np.full(3, 4.0))
-    assert single.tolist() == [True, False, True]  # but of 4 floats
+    def classes(mode: str, width: int) -> list[str]:
+        elements = tiling.alignment_elements(dims[:, 0], dims[:, 1], dims[:, 2],
+                                             np.full(3, float(width)))
+        return [tiling.tensor_core_class(mode, int(e), width) for e in elements]
+
+    # 2044 is no multiple of 8 halves
+    assert classes("half", 2) == ["half", "half-align1", "half-align4"]
+    assert classes("tf32", 4) == ["tf32", "tf32-align1", "tf32"]  # but of 4 floats
     modes = tiling.tensor_core_mode(np.array(["bfloat16", "float16", "float32", "float32"]),
                                     np.array(["", "", "tf32", ""]))
     assert modes.tolist() == ["half", "half", "tf32", ""]
@@ -66,7 +74,7 @@ def test_a_tensor_core_gemm_is_aligned_when_every_dim_holds_whole_16_byte_vector
 def test_an_aligned_gemm_costs_its_plan_over_the_utilisation_of_its_mode() -> None:
     cols = gemm_cols([(2048, 1024, 4096), (2048, 1024, 50257)], "bfloat16")
     dev = on(H200, cols)
-    mask, (median, p10, p90) = aligned_gemm.price(cols, H200, dev, FIT)
+    mask, (median, p10, p90) = aligned_gemm.price(cols, forward(cols), H200, dev, FIT)
     assert mask.tolist() == [True, False]  # FIT holds no "half-align1": the learned price
     _, plan_ms = features.tensor_core_gemm(cols, dev)
     assert median[0] == pytest.approx(plan_ms[0] / 0.6)
@@ -78,20 +86,20 @@ def test_an_aligned_gemm_costs_its_plan_over_the_utilisation_of_its_mode() -> No
 
 def test_plain_fp32_and_modes_the_fit_or_the_gpu_lacks_are_left_alone() -> None:
     ieee = gemm_cols([(2048, 1024, 4096)], "float32")
-    assert not aligned_gemm.price(ieee, H200, on(H200, ieee), FIT)[0].any()
+    assert not aligned_gemm.price(ieee, forward(ieee), H200, on(H200, ieee), FIT)[0].any()
     tf32 = gemm_cols([(2048, 1024, 4096)], "float32", "tf32")
-    assert aligned_gemm.price(tf32, H200, on(H200, tf32), FIT)[0].all()
+    assert aligned_gemm.price(tf32, forward(tf32), H200, on(H200, tf32), FIT)[0].all()
     half_only = aligned_gemm.AlignedGemmFit({"half": 0.0}, 0.0)
-    assert not aligned_gemm.price(tf32, H200, on(H200, tf32), half_only)[0].any()
+    assert not aligned_gemm.price(tf32, forward(tf32), H200, on(H200, tf32), half_only)[0].any()
     v100 = devices.resolve_device("v100-sxm2-32gb")  # no tf32 on its spec sheet
-    assert not aligned_gemm.price(tf32, v100, on(v100, tf32), FIT)[0].any()
+    assert not aligned_gemm.price(tf32, forward(tf32), v100, on(v100, tf32), FIT)[0].any()
     assert not aligned_gemm.prices_device(devices.resolve_device("mi300x"))
     assert aligned_gemm.prices_device(H200)
 
 
 def test_a_tiny_aligned_gemm_costs_at_least_the_shortest_stream_kernel() -> None:
     cols = gemm_cols([(8, 8, 8)], "bfloat16")
-    _, (median, _, _) = aligned_gemm.price(cols, H200, on(H200, cols), FIT)
+    _, (median, _, _) = aligned_gemm.price(cols, forward(cols), H200, on(H200, cols), FIT)
     assert median[0] == pytest.approx(aligned_gemm.MIN_KERNEL_MS)
 
 
@@ -150,6 +158,35 @@ def test_the_fit_is_the_median_ratio_per_mode_and_its_spread_is_held_out() -> No
         stream_fit.fit([row("a", "half", 0.0)])
 
 
+def test_a_class_reads_its_phases_own_utilisation_where_profiles_held_that_phase() -> None:
+    """GPT-2's bf16 vocabulary head ran 128x128 tiles forward and 256x128 backward (H200,
+    profiled): 1.5x apart at one class, so each phase gets its own figure and the class's
+    over both phases stands in for a phase no profile held."""
+    backward = [dataclasses.replace(r, phase=aligned_gemm.BACKWARD)
+                for r in (row("a", "half", 0.9), row("b", "half", 0.8))]
+    rows = [row("a", "half", 0.5), row("b", "half", 0.6), *backward, row("a", "tf32", 0.4)]
+    fitted = stream_fit.fit(rows)
+    assert fitted.log_util_of("half", aligned_gemm.FORWARD) == pytest.approx(
+        np.median(np.log([0.5, 0.6])))
+    assert fitted.log_util_of("half", aligned_gemm.BACKWARD) == pytest.approx(
+        np.median(np.log([0.9, 0.8])))
+    assert fitted.log_util_of("half", "other") == pytest.approx(
+        np.median(np.log([0.5, 0.6, 0.9, 0.8])))
+    assert fitted.log_util_of("tf32", aligned_gemm.BACKWARD) == pytest.approx(math.log(0.4))
+    assert math.isnan(fitted.log_util_of("half-align1", aligned_gemm.FORWARD))
+    # priced per phase: the same GEMM backward at its backward utilisation
+    cols = gemm_cols([(2048, 1024, 4096), (2048, 1024, 4096)], "bfloat16")
+    phases = [aligned_gemm.FORWARD, aligned_gemm.BACKWARD]
+    _, (median, _, _) = aligned_gemm.price(cols, phases, H200, on(H200, cols), fitted)
+    assert median[0] / median[1] == pytest.approx(
+        math.exp(fitted.log_util_of("half", aligned_gemm.BACKWARD)
+                 - fitted.log_util_of("half", aligned_gemm.FORWARD)))
+    with pytest.raises(ValueError, match="1 phases for 2 gemm rows"):
+        aligned_gemm.price(cols, phases[:1], H200, on(H200, cols), fitted)
+    assert aligned_gemm.fit_phase(Phase.BACKWARD) == aligned_gemm.BACKWARD
+    assert aligned_gemm.fit_phase(Phase.FORWARD) == aligned_gemm.FORWARD
+
+
 def gemm_item(m: int, k: int, n: int, dtype: str, **attributes: object) -> WorkItem:
     flops = 2 * m * k * n
     return WorkItem(layer=f"l{m}x{k}x{n}", family=OpFamily.MATMUL, kernel="gemm",
@@ -188,7 +225,7 @@ def test_the_predictor_prices_aligned_gemms_by_the_fit_its_manifest_holds(
     before, after = without.predict(items, H200), with_fit.predict(items, H200)
     assert after.predictor[0] == aligned_gemm.LABEL
     cols = features.columns_from_items("gemm", items[:1])
-    _, (expected, _, _) = aligned_gemm.price(cols, H200, on(H200, cols), FIT)
+    _, (expected, _, _) = aligned_gemm.price(cols, forward(cols), H200, on(H200, cols), FIT)
     assert after.median_ms[0] == pytest.approx(expected[0])
     # the unaligned GEMM and the fused core's GEMM keep what the bundle's model says
     assert after.median_ms[1:].tolist() == pytest.approx(before.median_ms[1:].tolist())

@@ -104,14 +104,24 @@ def alignment_elements(m: FloatArray, k: FloatArray, n: FloatArray, dtype_bytes:
     return out
 
 
+KERNEL_ALIGNMENTS: Mapping[str, tuple[int, ...]] = {"tf32": (1, 4)}
+"""Per tensor-core mode, the partial alignments (elements) cuBLAS has kernels for where they
+are fewer than every power of two: BERT's tf32 vocabulary head (30,522, two floats of
+alignment) ran CUTLASS `s1688gemm_..._align1` kernels forward and backward on the H200
+(`docs/gpu-steps/2026-11-27-h200b`), as GPT-2's odd one did; its bf16 head ran `_align2`."""
+
+
 def tensor_core_class(mode: str, elements: int, dtype_bytes: int) -> str:
     """The class a tensor-core GEMM's kernel falls in: its mode when aligned to a whole vector,
-    else the mode with its alignment in elements ("half-align2"); "" without a mode."""
+    else the mode with the alignment in elements of the kernel it runs ("half-align2": the
+    largest of `KERNEL_ALIGNMENTS` its own alignment holds); "" without a mode."""
     if not mode:
         return ""
     if elements * dtype_bytes >= TENSOR_CORE_ALIGN_BYTES:
         return mode
-    return f"{mode}-align{elements}"
+    kernel = max((a for a in KERNEL_ALIGNMENTS.get(mode, (elements,)) if a <= elements),
+                 default=1)
+    return f"{mode}-align{kernel}"
 
 
 def sub_wave(plan: Mapping[str, FloatArray]) -> npt.NDArray[np.bool_]:

@@ -66,6 +66,18 @@ def test_a_tensor_core_gemm_is_aligned_when_every_dim_holds_whole_16_byte_vector
     # 2044 is no multiple of 8 halves
     assert classes("half", 2) == ["half", "half-align1", "half-align4"]
     assert classes("tf32", 4) == ["tf32", "tf32-align1", "tf32"]  # but of 4 floats
+
+
+def test_a_tf32_gemm_of_two_floats_alignment_runs_the_align1_kernels() -> None:
+    """BERT's vocabulary head (30,522 = 2 x 15,261): cuBLAS ran `_align2` kernels in bf16 and
+    `_align1` ones in tf32 (H200 profiles), so the tf32 head is priced as GPT-2's is."""
+    assert tiling.tensor_core_class("tf32", 2, 4) == "tf32-align1"
+    assert tiling.tensor_core_class("tf32", 1, 4) == "tf32-align1"
+    assert tiling.tensor_core_class("half", 2, 2) == "half-align2"
+    cols = gemm_cols([(2048, 768, 30522)], "float32", "tf32")
+    classes, _ = features.tensor_core_gemm(cols, on(H200, cols))
+    assert classes.tolist() == ["tf32-align1"]
+    assert aligned_gemm.priced_classes(classes, cols).tolist() == [True]
     modes = tiling.tensor_core_mode(np.array(["bfloat16", "float16", "float32", "float32"]),
                                     np.array(["", "", "tf32", ""]))
     assert modes.tolist() == ["half", "half", "tf32", ""]

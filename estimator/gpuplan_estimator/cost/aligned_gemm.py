@@ -13,8 +13,8 @@ Such a GEMM is priced instead as its tile-and-wave plan (`features.tensor_core_g
 roofline shares, tile and wave quantization, over the tiles the library runs) over the
 utilisation its kernel class reaches of it (`tiling.tensor_core_class`: the mode, and the
 alignment under a whole vector) in its phase (`phase_key`), fitted on the kernels a profiler
-saw (`training.stream_fit`). The plan carries the GPU's SMs and peaks,
-so the figures carry to an NVIDIA GPU that was not profiled.
+saw (`training.stream_fit`). The plan carries the GPU's SMs and peaks, so the figures carry to
+an NVIDIA GPU that was not profiled.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ BACKWARD = "backward"
 input gradient, NN, and the weight gradient, NT, whose K is the tokens) run other layouts than
 the forward's, and cuBLAS picks other kernels for them (on the H200 under tf32, Ampere CUTLASS
 `s1688gemm` kernels for weight gradients; bf16 vocabulary heads ran 128x128 `sm75` tiles
-forward, 256x128 backward: 1.5x the rate). An inference forward is a forward."""
+forward, 256x128 backward: 1.6x the rate). An inference forward is a forward."""
 
 
 def phase_key(kernel_class: str, phase: str) -> str:

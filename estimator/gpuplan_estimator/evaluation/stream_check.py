@@ -37,22 +37,6 @@ from gpuplan_estimator.step.decomposition import build_step
 from gpuplan_estimator.training import stream_fit
 
 PHASES = (aligned_gemm.FORWARD, aligned_gemm.BACKWARD)
-HOST_SIDE_PREFIXES = ("cuda", "cu", "Activity")
-"""Profiler rows of the CUDA runtime and driver (cudaLaunchKernel, cudaDeviceSynchronize,
-cuLaunchKernelEx, the profiler's "Activity Buffer Request"): host calls, not kernels."""
-
-
-def profiled_kernel_ms(row: Mapping[str, Any], phase: str) -> float | None:
-    """The GPU kernels' time of one profiled phase (ms), if the row was instrumented."""
-    kernels = ((row.get("instrumented") or {}).get(phase) or {}).get("kernels")
-    if not kernels:
-        return None
-    if kernels.get("rest", {}).get("count", 0):
-        return None  # names beyond the top list: their split into kernels and calls is unknown
-    return sum(float(k["us"]) for k in kernels.get("top", [])
-               if not str(k["name"]).startswith(HOST_SIDE_PREFIXES)) / 1000.0
-
-
 def profiled_gemm_ms(row: Mapping[str, Any], phase: str, mode: str, dtype: str
                      ) -> dict[str, float] | None:
     """Per tensor-core kernel class (`stream_fit.kernel_class`), the GEMM kernels' time of one
@@ -179,7 +163,7 @@ def compare(lines: Sequence[Mapping[str, Any]], predictor: Any,
     cache: dict[tuple[str, int], Any] = {}
     out = []
     for row in host_check.ok_rows(lines):
-        measured = [profiled_kernel_ms(row, p) for p in PHASES]
+        measured = [host_check.profiled_kernel_ms(row, p) for p in PHASES]
         if all(m is None for m in measured):
             continue
         g = host_check.case_graph(cases[row["model"]], row, cache)

@@ -102,7 +102,9 @@ def host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.Ho
     train = row["train"]
     measured = tuple(float(train["host"][p]["median_ms"]) for p in _PHASE_NAMES)
     device = [float(train[p]["median_ms"]) for p in _PHASE_NAMES]
-    busy = [_busy_ms(row, p) for p in _PHASE_NAMES]
+    # kernels only, not the profile's `total_us`: that counts the runtime's calls too (GPT-2
+    # small's tf32 backward, 22.2 ms of rows for 13.6 ms of kernels, read as blocked)
+    busy = [profiled_kernel_ms(row, p) for p in _PHASE_NAMES]
     usable = tuple(host_fit.usable_phase(h, d, b)
                    for h, d, b in zip(measured, device, busy, strict=True))
     inference = row["inference"]
@@ -199,13 +201,6 @@ def profiled_kernel_ms(row: Mapping[str, Any], phase: str) -> float | None:
         return None
     return sum(float(k["us"]) for k in kernels.get("top", [])
                if not RUNTIME_CALL.match(str(k["name"]))) / 1000.0
-
-
-def _busy_ms(row: Mapping[str, Any], phase: str) -> float | None:
-    """The instrumented step's kernel time of a phase (ms), if the row has one. Not the
-    profile's `total_us`: that counts the runtime's calls too (GPT-2 small's tf32 backward,
-    22.2 ms of rows for 13.6 ms of kernels, read as a blocked phase)."""
-    return profiled_kernel_ms(row, phase)
 
 
 def measured_rows(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

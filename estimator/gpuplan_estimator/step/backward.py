@@ -195,9 +195,14 @@ def _memcpy(layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str
     table_elements = layer.parameter_count or (layer.inputs[0].elements if layer.inputs else 0)
     items = [replace(fwd, phase=Phase.BACKWARD, role="scatter_add", op="ScatterAdd")]
     if table_elements:
-        zero = _item(fwd, "memcpy", {"elements": table_elements}, "grad_zero", precision,
-                     op="Memset")
-        items.insert(0, replace(zero, bytes_moved=zero.bytes_moved // 2))  # write-only
+        # A fill, written once at the memory's speed: an elementwise kernel with no operand.
+        # Priced as the transposing memcpy benchmark, GPT-2 small's 38.6M-element table read
+        # 1.0 ms on the H200, whose profile shows 0.12 ms for all four of its backward fills.
+        cols = layer.inputs[0].shape[-1] if layer.inputs and layer.inputs[0].shape else 1
+        zero = _item(fwd, "elementwise", {"rows": table_elements // max(cols, 1),
+                                          "cols": cols, "operands": 0},
+                     "grad_zero", precision, op="Memset", family=OpFamily.ELEMENTWISE)
+        items.insert(0, zero)
     return items
 
 

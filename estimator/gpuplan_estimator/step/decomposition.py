@@ -35,6 +35,7 @@ from gpuplan_estimator.step import (
     eager,
     frameworks,
     layout_credits,
+    training_ops,
     views,
 )
 
@@ -228,6 +229,8 @@ def build_step(
     `opcost.kernel_dims`.
     """
     settings.check()
+    if settings.training:  # dropout and the loss: an eval graph has neither
+        graph = training_ops.with_training_ops(graph)
     dims_of = kernel_dims if kernel_dims is not None else _default_kernel_dims()
     needs_grad = gradient_tensors(graph) if settings.training else frozenset()
     forward: list[WorkItem] = []

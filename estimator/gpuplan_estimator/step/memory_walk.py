@@ -20,7 +20,8 @@ the set of live tensors:
 - the loss: cross entropy over the graph's float output, as `F.cross_entropy` and Hugging
   Face's losses run it: an fp32 copy of half-precision logits, the fp32 log-probabilities kept
   for backward; backward allocates the gradient of the log-probabilities and of the logits. An
-  export's key/value cache outputs (`present.*`, `is_cache_output`) are returned, not scored.
+  export's key/value cache outputs (`present.*`, `training_ops.is_cache_output`) are returned,
+  not scored.
 - backward, in reverse graph order: each layer allocates the gradients of its inputs that need
   one (parameter gradients become `.grad` and stay; activation gradients are freed once their
   producer's backward consumed them), then frees the saved tensors only it still needed.
@@ -50,7 +51,7 @@ from gpuplan_estimator.core.precisions import (
     AUTOCAST_INPUT_DTYPE_OPS,
     AUTOCAST_LOWER_OPS,
 )
-from gpuplan_estimator.step import attention, eager, saved
+from gpuplan_estimator.step import attention, eager, saved, training_ops
 
 # c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize = 512, every request is rounded up to a
 # multiple of it and the stat `allocated_bytes` counts the rounded block.
@@ -144,8 +145,8 @@ class _Walk:
         produced = {t.name for la in self.layers for t in la.outputs}
         self.inputs = [n for n, t in self.tensors.items()
                        if n not in produced and n not in self.params and t.shape]
-        self.outputs = _graph_outputs(self.layers)
-        self.loss_outputs = [n for n in self.outputs if not is_cache_output(n)]
+        self.outputs = [t.name for t in training_ops.graph_outputs(self.layers)]
+        self.loss_outputs = [t.name for t in training_ops.loss_outputs(self.layers)]
         # Training's attention reads the cache's copies. An eager core's matmuls would have
         # kept contiguous copies of the strided keys and values instead (as many bytes, which
         # the walk counts); a fused kernel reads them in place. Measured on CPU, a 2-layer
@@ -334,7 +335,7 @@ class _Walk:
     def loss_forward(self, release: Mapping[str, int]) -> None:
         """Cross entropy over each float output: an fp32 copy of half logits (transient) and
         the fp32 log-probabilities (kept for backward). A key/value cache output
-        (`is_cache_output`) is no logit: the model returns it, and it stays live."""
+        (`training_ops.is_cache_output`) is no logit: the model returns it, and it stays live."""
         for name in self.loss_outputs:
             b = self.base(name)
             if not self.s.cross_entropy_loss:
@@ -515,22 +516,6 @@ def _last_uses(layers: list[Layer], storage: Mapping[str, str]) -> dict[str, int
     return last
 
 
-CACHE_OUTPUT_PREFIX = "present"
-"""How Hugging Face's exporters (torch.onnx through `transformers`, Optimum) name a decoder's
-key/value cache outputs: `present.{layer}.key`, `present.{layer}.value`,
-`present_key_values...`. The loss reads the logits alone."""
-
-
-def is_cache_output(name: str) -> bool:
-    """Whether a graph output is a key/value cache (`CACHE_OUTPUT_PREFIX`), not a logit."""
-    return name.lower().startswith(CACHE_OUTPUT_PREFIX)
-
-
-def _graph_outputs(layers: list[Layer]) -> list[str]:
-    """Float tensors made and never read: the model's outputs (the logits)."""
-    read = {t.name for la in layers for t in la.inputs}
-    return [t.name for la in layers for t in la.outputs
-            if t.name not in read and t.dtype in FLOAT_DTYPES and t.shape]
 
 
 def run_widths(layers: Iterable[Layer], params: Mapping[str, int], half: int,

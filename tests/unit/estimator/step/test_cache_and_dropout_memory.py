@@ -13,7 +13,7 @@ import pytest
 from gpuplan_estimator import graph
 from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.graph import exporting
-from gpuplan_estimator.step import memory
+from gpuplan_estimator.step import memory, training_ops
 from gpuplan_estimator.step.decomposition import TrainingSettings
 
 BATCH, SEQ, HIDDEN, LAYERS = 8, 64, 64, 3
@@ -117,8 +117,8 @@ def test_an_exports_cache_outputs_are_returned_not_scored_by_the_loss() -> None:
                                             allocation_round_bytes=1)
         return memory_walk.peak(g, settings)
 
-    assert memory_walk.is_cache_output("present.0.key")
-    assert not memory_walk.is_cache_output("logits")
+    assert training_ops.is_cache_output("present.0.key")
+    assert not training_ops.is_cache_output("logits")
     scored, returned = walk("hidden_out"), walk("present.0.key")
     # Scored as logits, it would add fp32 log-probabilities (512 x 256 x 4 bytes) and their
     # gradients; returned, it is a view of what backward keeps anyway.

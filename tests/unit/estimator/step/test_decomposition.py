@@ -157,7 +157,8 @@ def test_gradient_tensors_follow_parameters_only_through_float_tensors() -> None
     assert (shape_item.kernel, shape_item.flops, shape_item.bytes_moved) == ("none", 0, 0)
     emb = by_layer(step.backward, "emb")
     assert [(i.role, dict(i.dims)) for i in emb] == [
-        ("grad_zero", {"elements": 1600}), ("scatter_add", {"elements": 160})]
+        ("grad_zero", {"rows": 100, "cols": 16, "operands": 0}),
+        ("scatter_add", {"elements": 160})]
     (norm,) = by_layer(step.backward, "norm")
     assert norm.kernel == "layernorm" and norm.count == 2
 
@@ -221,7 +222,9 @@ def test_precision_sets_compute_dtype_and_bytes() -> None:
     fp16 = build_step(mlp(), settings(precision="fp16"))
     tf32 = build_step(mlp(), settings(precision="tf32"))
     fc1_fp16 = next(i for i in fp16.forward if i.layer == "fc1" and i.role == "fwd")
-    assert {i.dtype for i in fp16.forward if i.layer != "softmax"} == {"float16"}
+    # softmax and the loss's LogSoftmax over its output run in fp32 (autocast's fp32 list)
+    assert {i.dtype for i in fp16.forward if i.layer not in ("softmax", "p.loss")} == {
+        "float16"}
     assert fc1_fp16.bytes_moved * 2 == fp32.forward[0].bytes_moved
     assert tf32.forward[0].attributes == {"math": "tf32"}
     assert tf32.forward[1].attributes == {}
@@ -396,3 +399,54 @@ def test_a_stored_resnets_weights_cost_the_host_nothing() -> None:
     items = build_step(g, settings(batch_size=2, mode="inference")).forward
     assert {i.layer for i in items if i.role == CONSTANT_ROLE} == constants
     assert not any(i.role == CONSTANT_ROLE for i in items if i.kernel != "none")
+
+
+def lm(dropped: tuple[str, ...] = ()) -> ModelGraph:
+    """An embedding, a projection to a 1,000-token vocabulary and a cache output."""
+    g = graph(
+        layer("emb", "Gather", [t("table", 1000, 64), t("ids", 4, 8, dtype="int64")],
+              [t("e", 4, 8, 64)], params=["table"]),
+        layer("mlp", "Relu", [t("e", 4, 8, 64)], [t("h", 4, 8, 64)]),
+        layer("head", "MatMul", [t("h", 4, 8, 64), t("w", 64, 1000)], [t("logits", 4, 8, 1000)],
+              params=["w"]),
+        layer("cache", "Relu", [t("e", 4, 8, 64)], [t("present.0.key", 4, 8, 64)]),
+    )
+    return replace(g, dropout_tensors=dropped)
+
+
+def test_a_training_step_runs_the_loss_and_the_dropout_an_eval_graph_leaves_out() -> None:
+    step = build_step(lm(dropped=("e", "h")), settings(batch_size=4))
+    layers = [i.layer for i in step.forward]
+    # Each dropout right after its tensor's producer, the loss last, over the logits alone.
+    assert layers == ["emb", "e.dropout", "mlp", "h.dropout", "head", "cache", "logits.loss"]
+    (loss,) = by_layer(step.forward, "logits.loss")
+    assert (loss.kernel, loss.op, dict(loss.dims), loss.dtype) == (
+        "softmax", "LogSoftmax", {"rows": 32, "cols": 1000}, "float32")
+    (dropout,) = by_layer(step.forward, "h.dropout")
+    assert (dropout.kernel, dropout.op, dropout.dims["rows"] * dropout.dims["cols"]) == (
+        "elementwise", "dropout", 4 * 8 * 64)
+    assert [i.kernel for i in by_layer(step.backward, "logits.loss")] == ["softmax"]
+    assert [i.kernel for i in by_layer(step.backward, "h.dropout")] == ["elementwise"]
+    # Inference runs neither.
+    inference = build_step(lm(dropped=("e", "h")), settings(batch_size=4, mode="inference"))
+    assert [i.layer for i in inference.forward] == ["emb", "mlp", "head", "cache"]
+
+
+def test_half_logits_are_cast_up_for_the_loss_under_autocast() -> None:
+    step = build_step(lm(), settings(batch_size=4, precision="bf16"))
+    casts = [i for i in by_layer(step.forward, "logits.loss") if i.role == "autocast_cast"]
+    assert [(i.dtype, i.dims["rows"] * i.dims["cols"]) for i in casts] == [
+        ("float32", 4 * 8 * 1000)]
+    grads = [i for i in by_layer(step.backward, "logits.loss") if i.role == "autocast_cast_grad"]
+    assert [i.dtype for i in grads] == ["bfloat16"]
+    # fp32 logits need no cast.
+    fp32 = build_step(lm(), settings(batch_size=4))
+    assert not [i for i in fp32.forward if i.role == "autocast_cast"]
+
+
+def test_an_embedding_gradient_is_zeroed_by_a_fill_not_a_copy() -> None:
+    step = build_step(lm(), settings(batch_size=4))
+    (zero,) = [i for i in by_layer(step.backward, "emb") if i.role == "grad_zero"]
+    # One write of the table: an elementwise kernel with no operand to read.
+    assert (zero.kernel, dict(zero.dims), zero.bytes_moved) == (
+        "elementwise", {"rows": 1000, "cols": 64, "operands": 0}, 1000 * 64 * 4)

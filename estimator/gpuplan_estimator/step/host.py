@@ -135,6 +135,11 @@ class HostCoefficients:
     no_grad_forward: float = 1.0
     """Multiplier on forward costs without autograd (inference under `no_grad`: no graph to
     record)."""
+    no_grad_autocast: float | None = None
+    """Multiplier on the `autocast_cast` term without autograd (None: `no_grad_forward`'s, as
+    bundles made before 2026-11-29 priced it). Autocast casts as many tensors under `no_grad`
+    (its weight cache keys on `requires_grad`, not on grad mode), so its share shrinks less
+    than the ops' own, whose autograd nodes are gone."""
     log_sigma: float = 0.0
     """Spread of the host time's log error, left-out models' (sizes the interval)."""
 
@@ -150,12 +155,13 @@ class HostModel:
                      parameter_tensors: int, *, optimizer_impl: str,
                      training: bool = True) -> FloatArray:
         """Issue cost of each item of a step, in microseconds (optimizer items share the
-        per-tensor cost of `optimizer_impl`; a forward without autograd costs
-        `no_grad_forward` times less; a folded constant costs nothing: the exporter computed
-        it, eager PyTorch never issues it)."""
+        per-tensor cost of `optimizer_impl`; a forward without autograd costs `no_grad_forward`
+        times as much, its autocast term `no_grad_autocast` times; a folded constant costs
+        nothing: the exporter computed it, eager PyTorch never issues it)."""
         autocast = precisions.precision(precision).autocast
         p, c = self.probe, self.coefficients
         out = np.zeros(len(items))
+        cast = np.zeros(len(items))  # the autocast term, apart: `no_grad_autocast` scales it
         optimizer_rows = [i for i, item in enumerate(items) if item.phase is Phase.OPTIMIZER]
         for i, item in enumerate(items):
             if item.phase is Phase.OPTIMIZER:
@@ -171,9 +177,11 @@ class HostModel:
                 continue
             out[i] = c.forward_kernel * p.eager_op_us * item.count
             if autocast and _autocast_touches(item):
-                out[i] += c.autocast_cast * p.autocast_extra_us
+                cast[i] = c.autocast_cast * p.autocast_extra_us
         if not training:
             out *= c.no_grad_forward
+            cast *= c.no_grad_forward if c.no_grad_autocast is None else c.no_grad_autocast
+        out += cast
         if optimizer_rows:
             total = (c.optimizer_tensor * p.optimizer_us_per_tensor(optimizer_impl)
                      * parameter_tensors)
@@ -298,7 +306,7 @@ def model_from_json(doc: Mapping[str, object]) -> HostModel:
         made = HostProbe.from_figures(figures, str(probe.get("source", "")))
         coeffs = HostCoefficients(**{f.name: float(coefficients[f.name])
                                      for f in fields(HostCoefficients)
-                                     if f.name in coefficients})
+                                     if coefficients.get(f.name) is not None})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"host_model: {exc}") from exc
     return HostModel(made, coeffs)

@@ -68,7 +68,7 @@ LOWER_BOUNDS = {"forward_kernel": 1.0, "backward_kernel": 1.0}
 """What a coefficient is at least: a forward kernel item is at least one dispatch
 (`eager_op_us`) and a backward item at least one autograd node, so a model whose rows say
 little about one term is not priced as free. Others are at least 0."""
-UPPER_BOUNDS = {"forward_view": 1.0, "no_grad_forward": 1.0}
+UPPER_BOUNDS = {"forward_view": 1.0, "no_grad_forward": 1.0, "no_grad_autocast": 1.0}
 """What a coefficient is at most: a view (Reshape, Transpose: metadata only) costs at most one
 dispatch, so the fit cannot load Python overhead onto the view count of the graphs it saw
 (hand-written HF graphs and exported torchvision ones spell views very differently); a forward
@@ -116,11 +116,28 @@ def fit(rows: Sequence[HostRow]) -> HostCoefficients:
         autocast_backward=autocast_backward, optimizer_tensor=float(optimizer))
     inference = [r for r in rows if r.inference_usable]
     if inference:
-        (no_grad,) = _solve([[predicted_host_ms(r, coefficients)[0] * 1000.0
-                              for r in inference]],
-                            [r.inference_host_ms for r in inference], ("no_grad_forward",))
-        coefficients = dataclasses.replace(coefficients, no_grad_forward=float(no_grad))
+        coefficients = _fit_no_grad(inference, coefficients)
     return dataclasses.replace(coefficients, log_sigma=log_sigma(rows, coefficients))
+
+
+OWN_FORWARD_TERMS = ("forward_kernel", "forward_view")
+"""The forward terms of the ops themselves, which `no_grad_forward` scales; the autocast term
+has `no_grad_autocast`."""
+
+
+def _fit_no_grad(rows: Sequence[HostRow], c: HostCoefficients) -> HostCoefficients:
+    """The multipliers without autograd, on inference forwards' host times: one on the ops'
+    own terms and, where some inference ran under autocast, one on the autocast term."""
+    own = [sum(getattr(c, t) * r.forward_us[t] for t in OWN_FORWARD_TERMS) for r in rows]
+    cast = [c.autocast_cast * r.forward_us["autocast_cast"] for r in rows]
+    target = [r.inference_host_ms for r in rows]
+    if not any(r.autocast for r in rows):
+        (no_grad,) = _solve([[a + b for a, b in zip(own, cast, strict=True)]], target,
+                            ("no_grad_forward",))
+        return dataclasses.replace(c, no_grad_forward=float(no_grad), no_grad_autocast=None)
+    no_grad, no_grad_cast = _solve([own, cast], target, ("no_grad_forward", "no_grad_autocast"))
+    return dataclasses.replace(c, no_grad_forward=float(no_grad),
+                               no_grad_autocast=float(no_grad_cast))
 
 
 def predicted_host_ms(row: HostRow, c: HostCoefficients) -> tuple[float, float, float]:

@@ -45,10 +45,12 @@ def probe_of(doc: Mapping[str, Any]) -> host.HostProbe:
     return host.HostProbe.from_figures(doc["figures_us"], source)
 
 
-def _unit(name: str) -> host.HostCoefficients:
-    """Coefficients with only `name` at 1 (the model is linear in each)."""
+def _unit(name: str | None) -> host.HostCoefficients:
+    """Coefficients with only `name` at 1 (the model is linear in each); None: all at 0,
+    leaving what the probe prices alone (`training_ops.ROLE`)."""
     values = {f.name: 0.0 for f in fields(host.HostCoefficients)}
-    values.update({name: 1.0, "autocast_backward": 1.0})
+    values.update({"autocast_backward": 1.0} if name is None
+                  else {name: 1.0, "autocast_backward": 1.0})
     return host.HostCoefficients(**values)
 
 
@@ -59,6 +61,7 @@ class _Regressors:
     forward_us: dict[str, float]
     backward_us: float
     optimizer_us: float
+    fixed_us: tuple[float, float]
 
 
 def case_graph(case: model_steps.ModelCase, row: Mapping[str, Any],
@@ -81,17 +84,18 @@ def _regressors(g: Any, settings: TrainingSettings, probe: host.HostProbe) -> _R
     items = build_step(g, settings).items
     tensors = g.parameter_tensor_count
 
-    def phase_us(name: str, phase: Phase) -> float:
+    def phase_us(name: str | None, phase: Phase) -> float:
         costs = host.HostModel(probe, _unit(name)).item_host_us(
             items, settings.precision, tensors, optimizer_impl=settings.optimizer_impl)
         return float(sum(c for c, item in zip(costs, items, strict=True)
                          if item.phase is phase))
 
+    fixed = (phase_us(None, Phase.FORWARD), phase_us(None, Phase.BACKWARD))
     return _Regressors(
         autocast=precisions.precision(settings.precision).autocast,
-        forward_us={t: phase_us(t, Phase.FORWARD) for t in host_fit.FORWARD_TERMS},
-        backward_us=phase_us("backward_kernel", Phase.BACKWARD),
-        optimizer_us=phase_us("optimizer_tensor", Phase.OPTIMIZER))
+        forward_us={t: phase_us(t, Phase.FORWARD) - fixed[0] for t in host_fit.FORWARD_TERMS},
+        backward_us=phase_us("backward_kernel", Phase.BACKWARD) - fixed[1],
+        optimizer_us=phase_us("optimizer_tensor", Phase.OPTIMIZER), fixed_us=fixed)
 
 
 def host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.HostProbe,
@@ -111,7 +115,7 @@ def host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.Ho
     inference_host = float((inference.get("forward_host") or {}).get("median_ms", 0.0))
     return host_fit.HostRow(
         group=case.name, autocast=x.autocast, forward_us=x.forward_us,
-        backward_us=x.backward_us, optimizer_us=x.optimizer_us,
+        backward_us=x.backward_us, optimizer_us=x.optimizer_us, fixed_us=x.fixed_us,
         measured_host_ms=(measured[0], measured[1], measured[2]),
         usable=(usable[0], usable[1], usable[2]),
         inference_host_ms=inference_host,
@@ -177,7 +181,7 @@ def event_host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: h
               for phase, busy in zip(EVENT_PHASES, (forward, backward, inference), strict=True)}
     return host_fit.HostRow(
         group=case.name, autocast=x.autocast, forward_us=x.forward_us,
-        backward_us=x.backward_us, optimizer_us=x.optimizer_us,
+        backward_us=x.backward_us, optimizer_us=x.optimizer_us, fixed_us=x.fixed_us,
         measured_host_ms=(event_ms(row, "forward"), event_ms(row, "backward"),
                           float(row["train"]["optimizer"]["median_ms"])),
         usable=(usable["forward"], usable["backward"], False),

@@ -176,7 +176,7 @@ def estimate(
         raise InvalidRequestError("devices", "at least one device is required")
     for device in devices:
         catalog.check_precision(device, settings.precision)
-    plan = _plan(graph, build_step(graph, settings, kernel_dims=kernel_dims))
+    plan = _plan(build_step(graph, settings, kernel_dims=kernel_dims))
     memory = training_memory(graph, settings)
     hosts = _device_host_costs(graph, plan, settings, host_model or bundle_host_model(predictor),
                                devices, host_probes or {})
@@ -213,7 +213,7 @@ def stream_busy_ms(graph: ModelGraph, device: DeviceSpec, settings: TrainingSett
     """Forward, backward and optimizer kernel time on `device`'s stream, the host left out:
     what a profiler's kernel sum of one eager step reads (`host.on_stream`)."""
     settings.check()
-    plan = _plan(graph, build_step(graph, settings))
+    plan = _plan(build_step(graph, settings))
     if not plan.unique:
         return 0.0, 0.0, 0.0
     (pred,) = predict_on_each(predictor, plan.unique, [device])
@@ -265,10 +265,11 @@ def _item_key(item: WorkItem) -> Hashable:
     )
 
 
-def _plan(graph: ModelGraph, step: StepWork) -> _Plan:
-    layer_pos = {layer.name: i for i, layer in enumerate(graph.layers)}
-    op_of = [layer.op_type for layer in graph.layers]
-    family_of = [layer.family for layer in graph.layers]
+def _plan(step: StepWork) -> _Plan:
+    layers = step.layers  # the step's own: training adds dropout and the loss
+    layer_pos = {layer.name: i for i, layer in enumerate(layers)}
+    op_of = [layer.op_type for layer in layers]
+    family_of = [layer.family for layer in layers]
     seen: dict[Hashable, int] = {}
     unique: list[WorkItem] = []
     uidx: list[int] = []
@@ -360,7 +361,7 @@ def _price(
         fits=memory.fits(device),
         predictor=shares,
         uncovered_ops=uncovered,
-        layers=_layers(graph, plan, med, p10, p90, label_names, label_of_item),
+        layers=_layers(plan, med, p10, p90, label_names, label_of_item),
         shape_only_layers=len(plan.step.shape_only),
         data_basis=basis.ROOFLINE, samples_per_step=0, tokens_per_sample=None,
         model_flops_per_step=0.0, peak_flops_per_s=None, price_per_hour_usd=None,
@@ -452,10 +453,11 @@ def _uncovered(
 
 
 def _layers(
-    graph: ModelGraph, plan: _Plan, med: npt.NDArray[np.float64], p10: npt.NDArray[np.float64],
+    plan: _Plan, med: npt.NDArray[np.float64], p10: npt.NDArray[np.float64],
     p90: npt.NDArray[np.float64], label_names: list[str], label_of_item: npt.NDArray[np.intp],
 ) -> tuple[LayerTimeEstimate, ...]:
-    n = len(graph.layers)
+    layers = plan.step.layers
+    n = len(layers)
     mask = plan.layer_index >= 0
     idx = plan.layer_index[mask]
     fwd_mask = plan.phase[mask] == 0
@@ -475,7 +477,7 @@ def _layers(
             forward_ms=float(fwd[i]), backward_ms=float(bwd[i]), p10_ms=float(lo[i]),
             p90_ms=float(hi[i]), predictor=best[i] or "none",
         )
-        for i, layer in enumerate(graph.layers)
+        for i, layer in enumerate(layers)
     )
 
 

@@ -213,6 +213,9 @@ class StepWork:
     no_grad: tuple[str, ...] = ()  # layers skipped in backward: no input needs a gradient
     parameter_count: int = 0
     attributes: Mapping[str, str] = field(default_factory=dict)
+    layers: tuple[Layer, ...] = ()
+    """The layers the items belong to: the graph's and, in training, the dropout and loss an
+    eval graph leaves out (`training_ops`)."""
 
     @property
     def items(self) -> tuple[WorkItem, ...]:
@@ -229,8 +232,11 @@ def build_step(
     `opcost.kernel_dims`.
     """
     settings.check()
+    training_only: frozenset[str] = frozenset()
     if settings.training:  # dropout and the loss: an eval graph has neither
+        eval_layers = {la.name for la in graph.layers}
         graph = training_ops.with_training_ops(graph)
+        training_only = frozenset(la.name for la in graph.layers) - eval_layers
     dims_of = kernel_dims if kernel_dims is not None else _default_kernel_dims()
     needs_grad = gradient_tensors(graph) if settings.training else frozenset()
     forward: list[WorkItem] = []
@@ -283,6 +289,8 @@ def build_step(
         scores_shape = fused_attention.scores_shape.get(layer.name)
         if scores_shape is not None:
             item = attention.without_scores_traffic(item, *scores_shape)
+        if layer.name in training_only:
+            item = replace(item, role=training_ops.ROLE)
         if layer.name in credits:
             item = replace(item, attributes=MappingProxyType(
                 {**item.attributes, layout_credits.LAYOUT_CREDIT: credits[layer.name]}))
@@ -307,6 +315,8 @@ def build_step(
         derived = backward.backward_items(layer, item, grads, settings.precision)
         if scores_shape is not None:
             derived = [attention.without_scores_traffic(b, *scores_shape) for b in derived]
+        if layer.name in training_only:
+            derived = [replace(b, role=training_ops.ROLE) for b in derived]
         backward_items.extend(derived)
         if layer.name in fused_attention.recomputed:
             backward_items.append(replace(item, phase=Phase.BACKWARD, role="recompute"))
@@ -319,6 +329,7 @@ def build_step(
         fused=tuple(fused),
         no_grad=tuple(no_grad),
         parameter_count=graph.parameter_count,
+        layers=graph.layers,
     )
 
 

@@ -31,6 +31,7 @@ from gpuplan_estimator.core import options, precisions
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.kernels import MIN_KERNEL_MS
 from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.step import training_ops
 
 FloatArray = npt.NDArray[np.float64]
 MANIFEST_KEY = "host_model"
@@ -157,7 +158,8 @@ class HostModel:
         """Issue cost of each item of a step, in microseconds (optimizer items share the
         per-tensor cost of `optimizer_impl`; a forward without autograd costs `no_grad_forward`
         times as much, its autocast term `no_grad_autocast` times; a folded constant costs
-        nothing: the exporter computed it, eager PyTorch never issues it)."""
+        nothing: the exporter computed it, eager PyTorch never issues it; a training-only op,
+        dropout or the loss, one module call forward and one autograd node backward)."""
         autocast = precisions.precision(precision).autocast
         p, c = self.probe, self.coefficients
         out = np.zeros(len(items))
@@ -165,6 +167,10 @@ class HostModel:
         optimizer_rows = [i for i, item in enumerate(items) if item.phase is Phase.OPTIMIZER]
         for i, item in enumerate(items):
             if item.phase is Phase.OPTIMIZER:
+                continue
+            if item.role == training_ops.ROLE:  # a dropout or the loss: priced as it is
+                out[i] = (p.backward_node_us if item.phase is Phase.BACKWARD
+                          else p.module_call_us) * item.count
                 continue
             if item.phase is Phase.BACKWARD:
                 out[i] = c.backward_kernel * p.backward_node_us * (

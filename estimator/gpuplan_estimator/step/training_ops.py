@@ -30,6 +30,11 @@ key/value cache outputs: `present.{layer}.key`, `present.{layer}.value`,
 `present_key_values...`. The loss reads the logits alone."""
 DROPOUT_OP = "Dropout"
 LOSS_OP = "LogSoftmax"
+ROLE = "training_op"
+"""The role of these ops' items, forward and backward. The host prices each as what it is, one
+module call forward and one autograd node backward (`step.host`), not as the fitted average of
+a model's own ops, whose Python (attention's reshapes, a block's bookkeeping) a dropout or the
+loss does not run."""
 
 
 def is_cache_output(name: str) -> bool:

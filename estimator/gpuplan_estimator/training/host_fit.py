@@ -52,6 +52,9 @@ class HostRow:
     inference_host_ms: float = 0.0
     """The inference forward's host time (no autograd); usable when `inference_usable`."""
     inference_usable: bool = False
+    fixed_us: tuple[float, float] = (0.0, 0.0)
+    """Forward and backward host cost no coefficient scales: the training-only ops the probe
+    prices as they are (`training_ops.ROLE`)."""
 
 
 def usable_phase(host_ms: float, device_ms: float, busy_ms: float | None) -> bool:
@@ -76,14 +79,16 @@ without autograd costs at most what it costs with it."""
 
 
 def _solve(columns: Sequence[Sequence[float]], target_ms: Sequence[float],
-           terms: Sequence[str]) -> np.ndarray:
-    """Bounded least squares of target on columns (us), each row weighted by 1/target."""
+           terms: Sequence[str], fixed_us: Sequence[float] | None = None) -> np.ndarray:
+    """Bounded least squares of target on columns (us) plus the rows' `fixed_us`, each row
+    weighted by 1/target."""
     a = np.asarray(columns, dtype=float).T / 1000.0  # us -> ms
     b = np.asarray(target_ms, dtype=float)
+    fixed = np.zeros(len(b)) if fixed_us is None else np.asarray(fixed_us, float) / 1000.0
     w = 1.0 / b
     lower = [LOWER_BOUNDS.get(t, 0.0) for t in terms]
     upper = [UPPER_BOUNDS.get(t, np.inf) for t in terms]
-    result = lsq_linear(a * w[:, None], b * w, bounds=(lower, upper))
+    result = lsq_linear(a * w[:, None], (b - fixed) * w, bounds=(lower, upper))
     return np.asarray(result.x)
 
 
@@ -99,14 +104,17 @@ def fit(rows: Sequence[HostRow]) -> HostCoefficients:
         if not chosen:
             raise ValueError(f"no usable {name} phase to fit the host model on")
     forward = _solve([[r.forward_us[t] for r in fwd] for t in FORWARD_TERMS],
-                     [r.measured_host_ms[0] for r in fwd], FORWARD_TERMS)
+                     [r.measured_host_ms[0] for r in fwd], FORWARD_TERMS,
+                     [r.fixed_us[0] for r in fwd])
     backward_rows = bwd_plain or bwd_cast
     (backward,) = _solve([[r.backward_us for r in backward_rows]],
-                         [r.measured_host_ms[1] for r in backward_rows], BACKWARD_TERMS)
+                         [r.measured_host_ms[1] for r in backward_rows], BACKWARD_TERMS,
+                         [r.fixed_us[1] for r in backward_rows])
     autocast_backward = 1.0
     if bwd_plain and bwd_cast:
         (scaled,) = _solve([[r.backward_us * backward for r in bwd_cast]],
-                           [r.measured_host_ms[1] for r in bwd_cast], ("autocast_backward",))
+                           [r.measured_host_ms[1] for r in bwd_cast], ("autocast_backward",),
+                           [r.fixed_us[1] for r in bwd_cast])
         autocast_backward = float(scaled)
     (optimizer,) = _solve([[r.optimizer_us for r in opt]], [r.measured_host_ms[2] for r in opt],
                           OPTIMIZER_TERMS)
@@ -142,9 +150,10 @@ def _fit_no_grad(rows: Sequence[HostRow], c: HostCoefficients) -> HostCoefficien
 
 def predicted_host_ms(row: HostRow, c: HostCoefficients) -> tuple[float, float, float]:
     """A row's host time per phase under coefficients `c`."""
-    forward = sum(getattr(c, t) * row.forward_us[t] for t in FORWARD_TERMS) / 1000.0
+    forward = (sum(getattr(c, t) * row.forward_us[t] for t in FORWARD_TERMS)
+               + row.fixed_us[0]) / 1000.0
     backward = (c.backward_kernel * (c.autocast_backward if row.autocast else 1.0)
-                * row.backward_us / 1000.0)
+                * row.backward_us + row.fixed_us[1]) / 1000.0
     return forward, backward, c.optimizer_tensor * row.optimizer_us / 1000.0
 
 

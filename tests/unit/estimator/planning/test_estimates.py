@@ -75,6 +75,8 @@ def test_phases_add_up_and_layers_sum_to_phases(gpus: list[DeviceSpec]) -> None:
         assert r.step_time_ms == pytest.approx(r.forward_ms + r.backward_ms + r.optimizer_ms)
         assert sum(x.forward_ms for x in r.layers) == pytest.approx(r.forward_ms)
         assert sum(x.backward_ms for x in r.layers) == pytest.approx(r.backward_ms)
+        # the training loss over the last block's output is a layer of the step
+        assert [x.op_type for x in r.layers][-1] == "LogSoftmax"
         assert min(r.forward_ms, r.backward_ms, r.optimizer_ms) > 0
         assert r.interval_ms == pytest.approx((r.step_time_ms, r.step_time_ms))
         assert r.predictor == pytest.approx({"roofline": 1.0})
@@ -100,8 +102,14 @@ def test_identical_items_are_priced_once_with_one_call_per_device(
     distinct = rec.calls[0][0]
     # fc0 has no dgrad (its input is the graph input); later blocks repeat the same items.
     assert distinct < len(build_step(blocks(6), settings()).items) / 3
-    # Blocks 2..6 cost the same, so forward time grows linearly in the blocks.
-    assert many[0].forward_ms == pytest.approx(6 * one[0].forward_ms)
+    # Blocks 2..6 cost the same, so forward time grows linearly in the blocks; the training
+    # loss over the last block's output is there once.
+    def blocks_forward_ms(r: estimates.DeviceStepEstimate) -> float:
+        return sum(x.forward_ms for x in r.layers if x.op_type != "LogSoftmax")
+
+    assert blocks_forward_ms(many[0]) == pytest.approx(6 * blocks_forward_ms(one[0]))
+    assert many[0].forward_ms - blocks_forward_ms(many[0]) == pytest.approx(
+        one[0].forward_ms - blocks_forward_ms(one[0]))
 
 
 def test_epoch_and_total_time(gpus: list[DeviceSpec]) -> None:
@@ -139,11 +147,12 @@ def test_shares_intervals_and_uncovered_ops_of_a_learned_predictor(
     assert set(r.predictor) == {"lightgbm:gemm", "roofline"}
     assert sum(r.predictor.values()) == pytest.approx(1.0)
     assert r.interval_ms == pytest.approx((0.8 * r.step_time_ms, 1.3 * r.step_time_ms))
-    # Relu, the bias-gradient reduce and the optimizer passes fell back to the roofline;
-    # MyCustomOp is OTHER; the Gemm itself is covered.
-    assert r.uncovered_ops == ("MyCustomOp", "ReduceSum", "Relu", "optimizer:add",
-                               "optimizer:addcdiv", "optimizer:addcmul", "optimizer:div",
-                               "optimizer:lerp", "optimizer:mul", "optimizer:sqrt")
+    # Relu, the bias-gradient reduce, the loss and the optimizer passes fell back to the
+    # roofline; MyCustomOp is OTHER; the Gemm itself is covered.
+    assert r.uncovered_ops == ("LogSoftmax", "MyCustomOp", "ReduceSum", "Relu",
+                               "optimizer:add", "optimizer:addcdiv", "optimizer:addcmul",
+                               "optimizer:div", "optimizer:lerp", "optimizer:mul",
+                               "optimizer:sqrt")
     by_name = {x.name: x for x in r.layers}
     assert by_name["fc1"].predictor == "lightgbm:gemm"
     assert by_name["relu1"].predictor == "roofline"
@@ -189,6 +198,6 @@ def test_json_document_is_stable_and_serialisable(gpus: list[DeviceSpec]) -> Non
                         "uncovered_ops", "layers", "epoch_seconds", "total_seconds"}
     assert dev["memory_bytes"] == dev["memory"]["total_bytes"]
     assert set(dev["interval_ms"]) == {"p10", "p90"}
-    assert len(dev["layers"]) == 4
+    assert len(dev["layers"]) == 4 + 1  # two blocks of two layers, and the training loss
     brief = json_documents.estimate_json(blocks(2), results, s, predictor_source="roofline")
     assert "layers" not in brief["devices"][0]

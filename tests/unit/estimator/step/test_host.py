@@ -80,6 +80,23 @@ def test_item_costs_follow_kind_precision_and_count() -> None:
     np.testing.assert_allclose(bf16, [10.0, 5.0, 35.0, 0.0, 48.0, 10.0, 10.0])
 
 
+def test_without_autograd_the_autocast_term_shrinks_by_its_own_multiplier() -> None:
+    items = [item(Phase.FORWARD), item(Phase.FORWARD, kernel="gemm", op="MatMul")]
+
+    def inference_us(coefficients: host.HostCoefficients) -> list[float]:
+        return list(host.HostModel(PROBE, coefficients).item_host_us(
+            items, "bf16", parameter_tensors=0, optimizer_impl="foreach", training=False))
+
+    apart = dataclasses.replace(UNIT, no_grad_forward=0.5, no_grad_autocast=0.8)
+    np.testing.assert_allclose(inference_us(apart), [5.0, 5.0 + 0.8 * 25.0])
+    # A bundle made before it holds none: the autocast term takes the ops' multiplier.
+    older = dataclasses.replace(UNIT, no_grad_forward=0.5)
+    np.testing.assert_allclose(inference_us(older), [5.0, 0.5 * 35.0])
+    doc = host.model_to_json(host.HostModel(PROBE, older))
+    del doc["coefficients"]["no_grad_autocast"]  # type: ignore[attr-defined]
+    assert host.model_from_json(doc).coefficients == older
+
+
 @pytest.mark.parametrize(("impl", "per_tensor_us"), [
     ("foreach", 2.0), ("fused", 0.5), ("for-loop", 11.0)])
 def test_optimizer_host_cost_is_the_probes_figure_for_its_implementation(

@@ -3,6 +3,8 @@ phases."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -61,3 +63,28 @@ def test_blocked_phases_are_not_issue_times() -> None:
     with pytest.raises(ValueError, match="forward"):
         host_fit.fit([host_fit.HostRow("m", False, dict.fromkeys(host_fit.FORWARD_TERMS, 1.0),
                                        1.0, 1.0, (1.0, 1.0, 1.0), (False, True, True))])
+
+
+def with_inference(data: list[host_fit.HostRow], no_grad: float, no_grad_cast: float,
+                   autocast_rows: bool = True) -> list[host_fit.HostRow]:
+    """`data` with each row's inference forward timed as `no_grad` times its ops' own forward
+    terms and `no_grad_cast` times its autocast term."""
+    out = []
+    for r in data:
+        own = sum(getattr(TRUE, t) * r.forward_us[t] for t in host_fit.OWN_FORWARD_TERMS)
+        cast = TRUE.autocast_cast * r.forward_us["autocast_cast"]
+        usable = autocast_rows or not r.autocast
+        out.append(dataclasses.replace(
+            r, inference_host_ms=(no_grad * own + no_grad_cast * cast) / 1000.0,
+            inference_usable=usable))
+    return out
+
+
+def test_without_autograd_the_autocast_term_has_a_multiplier_of_its_own() -> None:
+    got = host_fit.fit(with_inference(rows(), no_grad=0.6, no_grad_cast=0.9))
+    assert got.no_grad_forward == pytest.approx(0.6, rel=1e-6)
+    assert got.no_grad_autocast == pytest.approx(0.9, rel=1e-6)
+    # No inference under autocast to fit it on: the autocast term takes the ops' multiplier.
+    plain = host_fit.fit(with_inference(rows(), 0.6, 0.9, autocast_rows=False))
+    assert plain.no_grad_forward == pytest.approx(0.6, rel=1e-6)
+    assert plain.no_grad_autocast is None

@@ -106,8 +106,9 @@ def test_tiny_model_dims_and_unbound_dim(
     code, out, err = run(["estimate", str(model), "--batch", "2", "--dim", "sequence=16",
                           "--device", "t4", "--json", "--layers"], capsys)
     assert code == 0, err
-    (layer,) = json.loads(out)["devices"][0]["layers"]
+    layer, loss = json.loads(out)["devices"][0]["layers"]  # the training loss is a layer
     assert layer["op_type"] == "MatMul" and layer["backward_ms"] > 0
+    assert loss["op_type"] == "LogSoftmax" and loss["name"].endswith(".loss")
 
 
 def test_onnxruntime_framework_folds_resnet_batchnorms(

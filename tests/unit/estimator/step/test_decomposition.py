@@ -12,7 +12,7 @@ from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import Layer, ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.graph import examples
-from gpuplan_estimator.step import backward, eager, host
+from gpuplan_estimator.step import backward, eager, host, training_ops
 from gpuplan_estimator.step.decomposition import (
     CONSTANT_ROLE,
     TrainingSettings,
@@ -427,6 +427,10 @@ def test_a_training_step_runs_the_loss_and_the_dropout_an_eval_graph_leaves_out(
         "elementwise", "dropout", 4 * 8 * 64)
     assert [i.kernel for i in by_layer(step.backward, "logits.loss")] == ["softmax"]
     assert [i.kernel for i in by_layer(step.backward, "h.dropout")] == ["elementwise"]
+    # The host prices them as what they are (`step.host`), both ways.
+    added = [i for i in step.items if i.layer in ("e.dropout", "h.dropout", "logits.loss")]
+    assert len(added) == 6 and {i.role for i in added} == {training_ops.ROLE}
+    assert [la.name for la in step.layers][-1] == "logits.loss"
     # Inference runs neither.
     inference = build_step(lm(dropped=("e", "h")), settings(batch_size=4, mode="inference"))
     assert [i.layer for i in inference.forward] == ["emb", "mlp", "head", "cache"]

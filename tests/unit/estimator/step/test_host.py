@@ -11,7 +11,7 @@ import pytest
 from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
-from gpuplan_estimator.step import host
+from gpuplan_estimator.step import host, training_ops
 
 PROBE = host.HostProbe(eager_op_us=10.0, module_call_us=30.0, autocast_linear_us=40.0,
                        linear_us=15.0, backward_node_us=8.0,
@@ -78,6 +78,16 @@ def test_item_costs_follow_kind_precision_and_count() -> None:
     bf16 = model.item_host_us(items, "bf16", parameter_tensors=10, optimizer_impl="foreach")
     # the MatMul pays autocast's casts (40 - 15 us); backward doubles under autocast
     np.testing.assert_allclose(bf16, [10.0, 5.0, 35.0, 0.0, 48.0, 10.0, 10.0])
+
+
+def test_a_dropout_or_the_loss_costs_one_module_call_and_one_autograd_node() -> None:
+    items = [item(Phase.FORWARD, op="dropout", role=training_ops.ROLE),
+             item(Phase.BACKWARD, op="dropout", role=training_ops.ROLE, count=2)]
+    for coefficients in (UNIT, dataclasses.replace(UNIT, forward_kernel=7.0,
+                                                   backward_kernel=4.0)):
+        costs = host.HostModel(PROBE, coefficients).item_host_us(
+            items, "bf16", parameter_tensors=0, optimizer_impl="foreach")
+        np.testing.assert_allclose(costs, [PROBE.module_call_us, 2 * PROBE.backward_node_us])
 
 
 def test_without_autograd_the_autocast_term_shrinks_by_its_own_multiplier() -> None:

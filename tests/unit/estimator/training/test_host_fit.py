@@ -88,3 +88,16 @@ def test_without_autograd_the_autocast_term_has_a_multiplier_of_its_own() -> Non
     plain = host_fit.fit(with_inference(rows(), 0.6, 0.9, autocast_rows=False))
     assert plain.no_grad_forward == pytest.approx(0.6, rel=1e-6)
     assert plain.no_grad_autocast is None
+
+
+def test_what_the_probe_prices_alone_is_an_offset_the_coefficients_do_not_scale() -> None:
+    fixed = [dataclasses.replace(r, fixed_us=(500.0 + 100 * i, 300.0))
+             for i, r in enumerate(rows())]
+    timed = [dataclasses.replace(r, measured_host_ms=host_fit.predicted_host_ms(r, TRUE))
+             for r in fixed]
+    assert timed[3].measured_host_ms[0] == pytest.approx(
+        rows()[3].measured_host_ms[0] + 0.8)  # 500 + 300 us on top
+    got = host_fit.fit(timed)
+    for name in ("forward_kernel", "forward_view", "autocast_cast", "backward_kernel",
+                 "autocast_backward"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6)

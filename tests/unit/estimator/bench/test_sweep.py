@@ -188,4 +188,10 @@ def test_the_shipped_model_shaped_sweeps_draw_tensor_core_aligned_shapes() -> No
         heads = sweep.sample_plan([vocab], samples=20, seed=0, device_kind=kind)
         # past the wide sweep's 8,192, where the profile-fitted LM-head classes price them
         assert all(it.dims["n"] >= aligned_gemm.VOCABULARY_MIN_DIM for it in heads)
+    (losses,) = [s for s in sweep.load_specs([SHIPPED]) if Path(s.path).name ==
+                 "softmax-vocab.yaml"]
+    for kind in ("cpu", "cuda"):
+        rows = sweep.sample_plan([losses], samples=20, seed=0, device_kind=kind)
+        # a loss's LogSoftmax over a vocabulary, past the wide softmax sweep's 16,384 columns
+        assert rows and all(it.dims["cols"] >= 16384 for it in rows)
 

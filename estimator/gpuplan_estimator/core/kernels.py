@@ -34,34 +34,52 @@ class KernelFamily:
     """The group its measured backward/forward ratio is fitted in (`training.backward_factors`)."""
     backward_passes: float
     """Forward-kernel passes `step.backward` prices for its backward; elementwise is per op."""
+    backward_measured: bool
+    """A GPU's measured backward factor for its group scales the backward `step.backward`
+    derives (`latency.learned.backward_factors`). True where the derivation prices a backward
+    that runs other kernels (cuDNN's backward-data and backward-filter algorithms, batch norm's
+    backward kernel, pooling's scatter) by forward-kernel stand-ins, and the bench draws
+    shapes on the paths model layers take. Not for GEMMs (their backward is GEMMs the model
+    prices at their own shapes); not for the row kernels: the bench's random widths mostly
+    miss PyTorch's vectorised path, where a layer norm's forward runs 2-3x slower per byte
+    than its backward (H200 rows: factor 0.36-0.8 at odd widths, 1.05-1.20 at widths that
+    are multiples of 4, as model widths are); not for copies, whose autograd backward in the
+    bench is the gradient's layout copy, not a model's."""
 
 
 _GRID = ("kernel_h", "kernel_w", "stride_h", "stride_w")
 
 KERNEL_FAMILIES: Mapping[str, KernelFamily] = {f.name: f for f in (
     KernelFamily("gemm", ("batch", "m", "k", "n", "bias"), OpFamily.MATMUL,
-                 benched=True, matrix=True, backward_group="matmul", backward_passes=2.0),
+                 benched=True, matrix=True, backward_group="matmul", backward_passes=2.0,
+                 backward_measured=False),
     KernelFamily("conv2d", ("batch", "c_in", "c_out", "h", "w", *_GRID, "pad_h", "pad_w",
                             "dilation_h", "dilation_w", "groups"), OpFamily.CONV,
-                 benched=True, matrix=True, backward_group="conv", backward_passes=2.0),
+                 benched=True, matrix=True, backward_group="conv", backward_passes=2.0,
+                 backward_measured=True),
     KernelFamily("pool", ("batch", "channels", "h", "w", *_GRID), OpFamily.POOLING,
-                 benched=True, matrix=False, backward_group="pooling", backward_passes=1.0),
+                 benched=True, matrix=False, backward_group="pooling", backward_passes=1.0,
+                 backward_measured=True),
     KernelFamily("layernorm", ("rows", "cols"), OpFamily.NORMALIZATION,
                  benched=True, matrix=False, backward_group="normalization",
-                 backward_passes=2.0),
+                 backward_passes=2.0, backward_measured=False),
     # Its own backward group: the training-mode forward's statistics pass makes its ratio
     # unlike layernorm's.
     KernelFamily("batchnorm", ("rows", "cols"), OpFamily.NORMALIZATION,
-                 benched=True, matrix=False, backward_group="batchnorm", backward_passes=1.0),
+                 benched=True, matrix=False, backward_group="batchnorm", backward_passes=1.0,
+                 backward_measured=True),
     KernelFamily("softmax", ("rows", "cols"), OpFamily.SOFTMAX,
-                 benched=True, matrix=False, backward_group="softmax", backward_passes=1.0),
+                 benched=True, matrix=False, backward_group="softmax", backward_passes=1.0,
+                 backward_measured=False),
     KernelFamily("reduce", ("rows", "cols"), OpFamily.REDUCTION,
-                 benched=False, matrix=False, backward_group="reduction", backward_passes=1.0),
+                 benched=False, matrix=False, backward_group="reduction", backward_passes=1.0,
+                 backward_measured=False),
     KernelFamily("elementwise", ("rows", "cols", "operands"), OpFamily.ELEMENTWISE,
-                 benched=True, matrix=False, backward_group="elementwise", backward_passes=1.0),
+                 benched=True, matrix=False, backward_group="elementwise", backward_passes=1.0,
+                 backward_measured=False),
     KernelFamily("memcpy", ("elements",), OpFamily.DATA_MOVEMENT,
                  benched=True, matrix=False, backward_group="data_movement",
-                 backward_passes=1.0),
+                 backward_passes=1.0, backward_measured=False),
 )}
 
 KERNEL_NAMES: tuple[str, ...] = tuple(KERNEL_FAMILIES)

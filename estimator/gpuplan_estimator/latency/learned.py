@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpuplan_estimator.core import measurements, workload
+from gpuplan_estimator.core import kernels, measurements, workload
 from gpuplan_estimator.core.workload import WorkItem
 from gpuplan_estimator.cost import aligned_gemm, features, roofline
 from gpuplan_estimator.cost.predictors import FloatArray, LatencyPrediction, LatencyPredictor
@@ -48,6 +48,24 @@ def kernel_timing(predictor: LatencyPredictor, device: DeviceSpec) -> str:
     backend = backend_name(device) if callable(backend_name) else None
     return (host.EAGER_CALL_TIMING if backend in (None, measurements.SHARED_OPS_BACKEND)
             else host.STREAM_TIMING)
+
+
+def backward_factors(predictor: LatencyPredictor, device: DeviceSpec) -> Mapping[str, float]:
+    """Per kernel family, the factor by which `device`'s own bench rows measured its backward
+    above (or below) what `step.backward` derives in forward-kernel passes: the bundle
+    manifest's `backward_factors` (`training.backward_factors`) for the backend that prices
+    `device`, for the families whose derived backward it corrects
+    (`KernelFamily.backward_measured`). Empty on a CPU (there the isolated layer's autograd
+    overhead does not carry over to a whole network: `training.backward_factors`) and for a
+    backend no run timed with autograd (the shared gpu-ops rows)."""
+    manifest = getattr(getattr(predictor, "bundle", None), "manifest", None)
+    backend_name = getattr(predictor, "backend_name", None)
+    if device.vendor == "cpu" or not isinstance(manifest, Mapping) or not callable(backend_name):
+        return {}
+    measured = manifest.get("backward_factors", {}).get(backend_name(device), {})
+    return {kernel: float(measured[family.backward_group])
+            for kernel, family in kernels.KERNEL_FAMILIES.items()
+            if family.backward_measured and family.backward_group in measured}
 
 
 ONE_WAVE_LABEL = f"{LABEL_PREFIX}gemm:transfer:one-wave"

@@ -27,7 +27,7 @@ from gpuplan_estimator.devices import catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
 from gpuplan_estimator.latency import basis, learned
 from gpuplan_estimator.planning import intervals
-from gpuplan_estimator.step import host
+from gpuplan_estimator.step import backward, host
 from gpuplan_estimator.step.decomposition import (
     KernelDimsFn,
     StepWork,
@@ -147,6 +147,9 @@ class _Plan:
     op_types: tuple[str, ...]  # per item: the ONNX op type it prices
     item_row: npt.NDArray[np.intp]
     """Per item of `step.items`: the row it is issued with (a free item's, the next row's)."""
+    derived_kernel: tuple[str, ...]
+    """Per row: its kernel when `step.backward` derived it (`backward.DERIVED_ROLES`), else ""
+    (one representative in `unique` may price a forward row and a derived one alike)."""
 
 
 def estimate(
@@ -219,7 +222,8 @@ def stream_busy_ms(graph: ModelGraph, device: DeviceSpec, settings: TrainingSett
     (pred,) = predict_on_each(predictor, plan.unique, [device])
     (per_run,) = _on_stream(predictor, device, pred.predictor,
                             np.asarray(pred.median_ms, dtype=np.float64))
-    by_phase = np.bincount(plan.phase, weights=per_run[plan.unique_index] * plan.counts,
+    by_phase = np.bincount(plan.phase,
+                           weights=per_run[plan.unique_index] * _row_scale(plan, predictor, device),
                            minlength=3)
     return float(by_phase[0]), float(by_phase[1]), float(by_phase[2])
 
@@ -278,6 +282,7 @@ def _plan(step: StepWork) -> _Plan:
     phase: list[int] = []
     ops: list[str] = []
     item_row: list[int] = []
+    derived: list[str] = []
     for item in step.items:
         item_row.append(len(uidx))
         if item.kernel == kernels.FREE_KERNEL:
@@ -293,6 +298,8 @@ def _plan(step: StepWork) -> _Plan:
         phase.append(_PHASE_CODE[item.phase])
         ops.append(_op_type(item, op_of[pos] if pos >= 0 else None,
                             family_of[pos] if pos >= 0 else None))
+        derived.append(item.kernel if item.phase is Phase.BACKWARD
+                       and item.role in backward.DERIVED_ROLES else "")
     return _Plan(
         step=step,
         unique=tuple(unique),
@@ -302,7 +309,19 @@ def _plan(step: StepWork) -> _Plan:
         phase=np.asarray(phase, dtype=np.intp),
         op_types=tuple(ops),
         item_row=np.minimum(np.asarray(item_row, dtype=np.intp), max(len(uidx) - 1, 0)),
+        derived_kernel=tuple(derived),
     )
+
+
+def _row_scale(plan: _Plan, predictor: LatencyPredictor, device: DeviceSpec
+               ) -> npt.NDArray[np.float64]:
+    """Per row, the count it runs times the backward factor `device` measured for a derived
+    backward kernel (`learned.backward_factors`; 1 elsewhere)."""
+    factors = learned.backward_factors(predictor, device)
+    if not factors:
+        return plan.counts
+    measured = np.array([factors.get(kernel, 1.0) for kernel in plan.derived_kernel])
+    return plan.counts * measured
 
 
 def _op_type(item: WorkItem, layer_op: str | None, layer_family: OpFamily | None) -> str:
@@ -326,9 +345,10 @@ def _price(
         raise ValueError(f"predictor {predictor.name!r} returned {len(labels_u)} labels for {n}")
     if _on_two_clocks(device, hosts):  # the host model prices each call's dispatch
         med_u, p10_u, p90_u = _on_stream(predictor, device, labels_u, med_u, p10_u, p90_u)
-    med = med_u[plan.unique_index] * plan.counts
-    p10 = p10_u[plan.unique_index] * plan.counts
-    p90 = p90_u[plan.unique_index] * plan.counts
+    runs = _row_scale(plan, predictor, device)
+    med = med_u[plan.unique_index] * runs
+    p10 = p10_u[plan.unique_index] * runs
+    p90 = p90_u[plan.unique_index] * runs
     by_phase = np.bincount(plan.phase, weights=med, minlength=3)
     sigmas = _shared_sigmas(predictor, device)
     families = [item.kernel for item in plan.unique]

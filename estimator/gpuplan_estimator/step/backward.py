@@ -37,6 +37,10 @@ from gpuplan_estimator.core.layers import DTYPE_BYTES, Layer, OpFamily
 from gpuplan_estimator.core.workload import GRADIENT_OP_SUFFIX, Phase, WorkItem
 from gpuplan_estimator.step import eager
 
+DGRAD, WGRAD, BGRAD, SCATTER_ADD = "dgrad", "wgrad", "bgrad", "scatter_add"
+DERIVED_ROLES = frozenset({DGRAD, WGRAD, BGRAD, SCATTER_ADD})
+"""The roles of the items `backward_items` derives: a device's measured backward factors
+(`core.kernels.KernelFamily.backward_measured`) scale these and no other backward work."""
 PASS_THROUGH_OPS = frozenset({"Add", "Sum"})
 VIEW_GRADIENT_OPS = frozenset({"Concat"})
 WINDOW_OPS = frozenset({"LRN"})
@@ -129,13 +133,13 @@ def _gemm(layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str) 
         a_param = names[0] in params
         dims = {"batch": 1, "m": m, "k": b * n, "n": k} if a_param and b > 1 else {
             "batch": b, "m": m, "k": n, "n": k}
-        items.append(_item(fwd, "gemm", dims | {"bias": 0}, "wgrad" if a_param else "dgrad",
+        items.append(_item(fwd, "gemm", dims | {"bias": 0}, WGRAD if a_param else DGRAD,
                            precision))
     if len(grads) > 1 and grads[1]:
         b_param = names[1] in params
         dims = {"batch": 1, "m": k, "k": b * m, "n": n} if b_param else {
             "batch": b, "m": k, "k": m, "n": n}
-        items.append(_item(fwd, "gemm", dims | {"bias": 0}, "wgrad" if b_param else "dgrad",
+        items.append(_item(fwd, "gemm", dims | {"bias": 0}, WGRAD if b_param else DGRAD,
                            precision))
     if len(grads) > 2 and grads[2]:
         items.append(_bias_reduce(fwd, rows=n, cols=b * m, precision=precision))
@@ -145,9 +149,9 @@ def _gemm(layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str) 
 def _conv(layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str) -> list[WorkItem]:
     d = dict(fwd.dims)
     if d.get("transposed"):  # ConvTranspose: its dgrad is a plain conv of the same size
-        items = [replace(fwd, phase=Phase.BACKWARD, role="dgrad")] if grads[0] else []
+        items = [replace(fwd, phase=Phase.BACKWARD, role=DGRAD)] if grads[0] else []
         if len(grads) > 1 and grads[1]:
-            items.append(replace(fwd, phase=Phase.BACKWARD, role="wgrad"))
+            items.append(replace(fwd, phase=Phase.BACKWARD, role=WGRAD))
         return items
     oh, ow = conv_output_hw(d)
     items = []
@@ -157,9 +161,9 @@ def _conv(layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str) 
             "stride_w": 1, "pad_h": d["dilation_h"] * (d["kernel_h"] - 1) // 2,
             "pad_w": d["dilation_w"] * (d["kernel_w"] - 1) // 2,
         }
-        items.append(_item(fwd, "conv2d", dgrad, "dgrad", precision))
+        items.append(_item(fwd, "conv2d", dgrad, DGRAD, precision))
     if len(grads) > 1 and grads[1]:
-        items.append(_item(fwd, "conv2d", d, "wgrad", precision))
+        items.append(_item(fwd, "conv2d", d, WGRAD, precision))
     if len(grads) > 2 and grads[2]:
         items.append(_bias_reduce(fwd, rows=d["c_out"], cols=d["batch"] * oh * ow,
                                   precision=precision))
@@ -167,12 +171,12 @@ def _conv(layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str) 
 
 
 def _bias_reduce(fwd: WorkItem, *, rows: int, cols: int, precision: str) -> WorkItem:
-    return _item(fwd, "reduce", {"rows": rows, "cols": cols}, "bgrad", precision,
+    return _item(fwd, "reduce", {"rows": rows, "cols": cols}, BGRAD, precision,
                  op="ReduceSum", family=OpFamily.REDUCTION)
 
 
 def _norm(layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str) -> list[WorkItem]:
-    return [replace(fwd, phase=Phase.BACKWARD, role="dgrad", count=2 * fwd.count)]
+    return [replace(fwd, phase=Phase.BACKWARD, role=DGRAD, count=2 * fwd.count)]
 
 
 def _softmax(
@@ -180,20 +184,20 @@ def _softmax(
 ) -> list[WorkItem]:
     # Reads Y and dY, writes dX: half as much traffic again as the forward pass.
     moved = fwd.bytes_moved * 3 // 2
-    return [replace(fwd, phase=Phase.BACKWARD, role="dgrad", bytes_moved=moved)]
+    return [replace(fwd, phase=Phase.BACKWARD, role=DGRAD, bytes_moved=moved)]
 
 
 def _same_as_forward(
     layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str
 ) -> list[WorkItem]:
-    return [replace(fwd, phase=Phase.BACKWARD, role="dgrad")]
+    return [replace(fwd, phase=Phase.BACKWARD, role=DGRAD)]
 
 
 def _memcpy(layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str) -> list[WorkItem]:
     if layer.family is not OpFamily.EMBEDDING:
         return _same_as_forward(layer, fwd, grads, precision)
     table_elements = layer.parameter_count or (layer.inputs[0].elements if layer.inputs else 0)
-    items = [replace(fwd, phase=Phase.BACKWARD, role="scatter_add", op="ScatterAdd")]
+    items = [replace(fwd, phase=Phase.BACKWARD, role=SCATTER_ADD, op="ScatterAdd")]
     if table_elements:
         # A fill, written once at the memory's speed: an elementwise kernel with no operand.
         # Priced as the transposing memcpy benchmark, GPT-2 small's 38.6M-element table read
@@ -230,16 +234,16 @@ def _elementwise(
             pass  # dY flows through unchanged
         elif layer.op_type in NEGATING_OPS:
             items.append(_item(fwd, "elementwise", {"rows": rows, "cols": cols, "operands": 1},
-                               "dgrad", precision, op="neg"))
+                               DGRAD, precision, op="neg"))
         else:
             items.append(_item(fwd, "elementwise",
                                {"rows": rows, "cols": cols,
                                 "operands": _dgrad_operands(layer, i, out_elements)},
-                               "dgrad", precision, op=f"{fwd.op}{GRADIENT_OP_SUFFIX}"))
+                               DGRAD, precision, op=f"{fwd.op}{GRADIENT_OP_SUFFIX}"))
         if 0 < tensor.elements < out_elements:  # broadcast input: its gradient is summed
             items.append(_item(fwd, "reduce", {"rows": tensor.elements,
                                                "cols": out_elements // tensor.elements},
-                               "bgrad", precision, op="ReduceSum", family=OpFamily.REDUCTION))
+                               BGRAD, precision, op="ReduceSum", family=OpFamily.REDUCTION))
     return items
 
 
@@ -258,7 +262,7 @@ def _dgrad_operands(layer: Layer, i: int, out_elements: int) -> int:
 
 def _reduce(layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str) -> list[WorkItem]:
     dims = {"rows": fwd.dims["rows"], "cols": fwd.dims["cols"], "operands": 1}
-    return [_item(fwd, "elementwise", dims, "dgrad", precision, op="expand",
+    return [_item(fwd, "elementwise", dims, DGRAD, precision, op="expand",
                   family=OpFamily.ELEMENTWISE)]
 
 

@@ -8,11 +8,16 @@ autograd node adds host work. The factor per (backend, family) is the median ove
 rows of  measured backward / (derived passes x forward),  where the derived passes restate
 `backward`'s rules in units of the forward kernel at the same dims.
 
-The factors are a check of the derivation, recorded in the bundle manifest and the latency
-report; predictions do not use them. Applied to every backward item of the light models'
-PyTorch SGD steps they made the whole-step error worse (21.5 % against 19.2 % MAPE over 10
-rows): the isolated layer's autograd overhead does not carry over to a whole network, whose
-forward is the larger miss (ResNet-50 at batch 1: 77.8 ms predicted, 99 ms measured).
+On a GPU whose bench rows were timed this way (a `gpuplan bench` run's backend), the factors
+of the families whose backward the derivation prices by forward-kernel stand-ins scale that
+derived backward (`KernelFamily.backward_measured`: convolutions, batch norm, pooling;
+`latency.learned.backward_factors`; their figures on the H200 run are in
+docs/latency-method.md). The other families' factors, and every CPU backend's, are a check of
+the derivation only. Applied
+to every backward item of the light models' PyTorch CPU SGD steps they made the whole-step
+error worse (21.5 % against 19.2 % MAPE over 10 rows): the isolated layer's autograd overhead
+does not carry over to a whole network, whose forward is the larger miss (ResNet-50 at batch 1:
+77.8 ms predicted, 99 ms measured).
 """
 
 from __future__ import annotations

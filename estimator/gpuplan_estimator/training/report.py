@@ -66,7 +66,9 @@ def report_markdown(manifest: Mapping[str, Any], *, today: str, command: str) ->
         lines += ["", f"## Backward factors, {backend} (`backward_factors`)", "",
                   "Measured backward (forward+backward minus forward, autograd) over the "
                   "backward the estimator derives in forward-kernel passes; median per family. "
-                  "A check of the derivation only: predictions do not use them (see "
+                  "On a GPU priced by this backend, the convolution, batch-norm and pooling "
+                  "factors scale the derived backward (`KernelFamily.backward_measured`); the "
+                  "others, and every CPU backend's, are a check of the derivation only (see "
                   "`backward_factors`).", "",
                   "| family | factor |", "|---|--:|",
                   *[f"| {f} | {v:.3f} |" for f, v in sorted(factors.items())]]

@@ -6,10 +6,23 @@ from collections.abc import Mapping
 
 from gpuplan_estimator.core import errors
 from gpuplan_estimator.core.layers import DTYPE_BYTES
+from gpuplan_estimator.core.vocabulary import CAST_OP
 
 BINARY_OPS = frozenset({"add", "sub", "mul", "div", "pow"})
 SCALAR_OPS = frozenset({"addu", "mulu", "divu", "powu"})
-UNARY_OPS = frozenset({"relu", "gelu", "tanh", "sigmoid", "exp", "sqrt", "erf", "neg"})
+UNARY_OPS = frozenset({"relu", "gelu", "tanh", "sigmoid", "exp", "sqrt", "erf", "neg", CAST_OP})
+# A cast row's dtype is what it writes; it reads the other side of autocast's two casts: a half
+# dtype is cast from fp32 (autocast's weight and activation casts down), fp32 from a half dtype
+# (casts up into fp32 ops, and every gradient cast back to an fp32 weight). On the GPU the two
+# run different kernels: PyTorch vectorises fp32 -> bf16, and casts up through its unrolled
+# dynamic-casting loop (H200 profiles: 2-2.5x the time per byte).
+_CAST_FROM = {"float16": "float32", "bfloat16": "float32"}
+
+
+def cast_source(dtype: str, half: str) -> str:
+    """The dtype a cast row of `dtype` reads: fp32 for a half dtype, else `half` (the half
+    dtype the backend's runtime has: bfloat16 in PyTorch, float16 in onnxruntime)."""
+    return _CAST_FROM.get(dtype, half)
 # Local response normalisation sums `size` squared neighbours per output element; the window
 # takes the place of `operands` (the estimator maps an ONNX LRN layer the same way).
 WINDOW_OPS = frozenset({"lrn"})

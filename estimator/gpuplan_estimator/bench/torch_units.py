@@ -22,6 +22,7 @@ from gpuplan_estimator.bench import shapes, timing
 from gpuplan_estimator.bench.sweep import PlanItem
 from gpuplan_estimator.bench.units import MEMCPY_INNER
 from gpuplan_estimator.core import errors, extras
+from gpuplan_estimator.core.vocabulary import CAST_OP
 
 _DTYPES = ("float32", "float16", "bfloat16", "float64")
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow"}
@@ -190,6 +191,10 @@ def _elementwise(torch: Any, t: _Tensors, op: str, d: Mapping[str, int]) -> Call
     if op == "gelu":
         x = t.new(shape)
         return lambda: torch.nn.functional.gelu(x)
+    if op == CAST_OP:
+        source = shapes.cast_source(str(t.dtype).removeprefix("torch."), "bfloat16")
+        x = t.new(shape, dtype=getattr(torch, source))
+        return lambda: x.to(t.dtype)
     if op in _UNARY:
         x, fn = t.new(shape, positive), getattr(torch, _UNARY[op])
         return lambda: fn(x)

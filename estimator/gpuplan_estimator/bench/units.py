@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from gpuplan_estimator.bench import shapes
 from gpuplan_estimator.bench.sweep import PlanItem
 from gpuplan_estimator.core import errors
+from gpuplan_estimator.core.vocabulary import CAST_OP
 
 OPSET = 20  # Gelu is a standard op from opset 20
 IR_VERSION = 9  # the lowest IR that carries opset 20; onnxruntime 1.20+ loads it
@@ -45,6 +46,7 @@ class _UnitGraphBuilder:
     def __init__(self, dtype: str, rng: np.random.Generator) -> None:
         if dtype not in _ONNX_DTYPES:
             raise errors.GpuplanError(f"bench dtype {dtype!r} unsupported")
+        self.dtype = dtype
         self.elem, self.np_dtype = _ONNX_DTYPES[dtype]
         self.rng = rng
         self.inputs: list[onnx.ValueInfoProto] = []
@@ -57,9 +59,12 @@ class _UnitGraphBuilder:
         values = values + 0.5 if positive else values * 2.0 - 1.0
         return values.astype(self.np_dtype)
 
-    def input(self, name: str, shape: tuple[int, ...], positive: bool = False) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, self.elem, list(shape)))
-        self.feeds[name] = self._values(shape, positive)
+    def input(self, name: str, shape: tuple[int, ...], positive: bool = False,
+              dtype: str | None = None) -> str:
+        """A graph input fed random values, in the unit's dtype unless `dtype` names another."""
+        elem, np_dtype = _ONNX_DTYPES[dtype] if dtype is not None else (self.elem, self.np_dtype)
+        self.inputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
+        self.feeds[name] = self._values(shape, positive).astype(np_dtype)
         return name
 
     def weight(self, name: str, shape: tuple[int, ...], positive: bool = False) -> str:
@@ -171,9 +176,13 @@ def _softmax(b: _UnitGraphBuilder, _op: str, d: Mapping[str, int]) -> Unit:
 def _elementwise(b: _UnitGraphBuilder, op: str, d: Mapping[str, int]) -> Unit:
     if op in shapes.WINDOW_OPS:
         return _lrn(b, d)
-    if op not in _ELEMENTWISE_OPS:
-        raise errors.GpuplanError(f"elementwise op {op!r} not one of {sorted(_ELEMENTWISE_OPS)}")
     shape = (d["rows"], d["cols"])
+    if op == CAST_OP:
+        x = b.input("x", shape, dtype=shapes.cast_source(b.dtype, "float16"))
+        return b.build(helper.make_node("Cast", [x], ["y"], to=b.elem), shape)
+    if op not in _ELEMENTWISE_OPS:
+        raise errors.GpuplanError(
+            f"elementwise op {op!r} not one of {sorted([*_ELEMENTWISE_OPS, CAST_OP])}")
     positive = op in ("pow", "powu", "div", "divu", "sqrt")
     x = b.input("x", shape, positive=positive)
     if d["operands"] == 2:

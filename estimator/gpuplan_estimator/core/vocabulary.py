@@ -17,6 +17,11 @@ SEQUENCE_DIM = "sequence"
 `dims.sequence`, a TrainingJob's `training.sequenceLength`; re-sequencing a fixed export binds
 axis 1 of its integer inputs to it."""
 
+CAST_OP = "cast"
+"""The elementwise op of a dtype conversion: autocast's casts on the step (`step.autocast`),
+the bench's cast rows (`bench.shapes`), one code of the elementwise model's op feature
+(`cost.features.ELEMENTWISE_OPS`)."""
+
 WORKLOAD_ID_CHARS = 64
 """A plan workload's id is a SHA-256 of its content, in hex."""
 WORKLOAD_ID_PATTERN = f"[0-9a-f]{{{WORKLOAD_ID_CHARS}}}"

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from gpuplan_estimator.core import errors, kernels
 from gpuplan_estimator.core.layers import DTYPE_BYTES
+from gpuplan_estimator.core.vocabulary import CAST_OP
 from gpuplan_estimator.core.workload import GRADIENT_OP_SUFFIX, WorkItem
 from gpuplan_estimator.cost import roofline, tiling
 from gpuplan_estimator.devices.catalog import DeviceSpec
@@ -35,7 +36,7 @@ silent 0."""
 # Fixed vocabulary so op codes mean the same thing in every bundle of this schema version.
 ELEMENTWISE_OPS: tuple[str, ...] = (
     "add", "sub", "mul", "div", "pow", "relu", "gelu", "tanh", "sigmoid", "exp", "log",
-    "sqrt", "neg", "abs", "erf", "where", "cast", "clip", "max", "min", "other", "lrn",
+    "sqrt", "neg", "abs", "erf", "where", CAST_OP, "clip", "max", "min", "other", "lrn",
 )
 # Tensor-scalar variants of the shared gpu-ops data (addu = X + r) share the op's code; the
 # `operands` dim tells them apart.

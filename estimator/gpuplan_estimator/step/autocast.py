@@ -33,11 +33,11 @@ from gpuplan_estimator.core.layers import (
     OpFamily,
     TensorInfo,
 )
+from gpuplan_estimator.core.vocabulary import CAST_OP
 from gpuplan_estimator.core.workload import Phase, WorkItem, elementwise_dims
 from gpuplan_estimator.step import eager
 from gpuplan_estimator.step.attention import EAGER, FusedAttention
 
-CAST_OP = "cast"
 FP32 = "float32"
 
 

@@ -194,4 +194,10 @@ def test_the_shipped_model_shaped_sweeps_draw_tensor_core_aligned_shapes() -> No
         rows = sweep.sample_plan([losses], samples=20, seed=0, device_kind=kind)
         # a loss's LogSoftmax over a vocabulary, past the wide softmax sweep's 16,384 columns
         assert rows and all(it.dims["cols"] >= 16384 for it in rows)
+    (casts,) = [s for s in sweep.load_specs([SHIPPED]) if Path(s.path).name ==
+                "elementwise-cast.yaml"]
+    for kind in ("cpu", "cuda"):
+        rows = sweep.sample_plan([casts], samples=20, seed=0, device_kind=kind)
+        # autocast's casts, one operand read in the other dtype (`shapes.cast_source`)
+        assert rows and all(it.op == "cast" and it.dims["operands"] == 1 for it in rows)
 

@@ -92,6 +92,27 @@ def test_a_half_batchnorm_keeps_fp32_parameters_as_autocast_runs_it() -> None:
         assert fn().dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize(("dtype", "torch_source", "onnx_source"), [
+    ("float32", torch.bfloat16, np.float16),  # a cast up: gradients back to fp32 weights
+    ("bfloat16", torch.float32, None),  # autocast's casts down (no bf16 in onnxruntime)
+    ("float16", torch.float32, np.float32),
+])
+def test_a_cast_row_writes_its_dtype_from_the_other_side_of_autocast(
+        dtype: str, torch_source: torch.dtype, onnx_source: type[np.generic] | None) -> None:
+    item = sweep.PlanItem("elementwise", "cast", dtype, {**ROWS, "operands": 1})
+    tensors = torch_units._Tensors(torch, getattr(torch, dtype), "cpu", np.random.default_rng(0))
+    cast = torch_units._elementwise(torch, tensors, "cast", item.dims)
+    (x,) = tensors.leaves
+    assert x.dtype == torch_source and cast().dtype == getattr(torch, dtype)
+    if onnx_source is not None:
+        unit = units.build_unit(item, np.random.default_rng(0))
+        assert unit.feeds["x"].dtype == onnx_source
+        session = ort.InferenceSession(unit.model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        (out,) = session.run(None, dict(unit.feeds))
+        assert out.dtype == np.dtype(dtype) and out.shape == (ROWS["rows"], ROWS["cols"])
+
+
 def test_depthwise_conv_matches_onnx_shapes() -> None:
     item = item_for("conv2d", "conv", c_in=6, c_out=6, groups=6)
     layer = torch_units.build_unit(item, np.random.default_rng(2), "cpu")

@@ -436,6 +436,17 @@ def test_a_training_step_runs_the_loss_and_the_dropout_an_eval_graph_leaves_out(
     assert [i.layer for i in inference.forward] == ["emb", "mlp", "head", "cache"]
 
 
+def test_a_dead_constant_is_no_output_the_loss_scores() -> None:
+    """An export keeps constants whose readers were folded away (ViT-B/16's: 60 float scalars);
+    they are made and never read like the logits, but from nothing: no loss over them."""
+    g = lm()
+    dead = layer("node_Constant_1", "Constant", [], [t("val_1", 1)])
+    g = replace(g, layers=(*g.layers, dead))
+    assert [o.name for o in training_ops.loss_outputs(g.layers)] == ["logits"]
+    step = build_step(g, settings(batch_size=4))
+    assert [la.name for la in step.layers if la.op_type == "LogSoftmax"] == ["logits.loss"]
+
+
 def test_half_logits_are_cast_up_for_the_loss_under_autocast() -> None:
     step = build_step(lm(), settings(batch_size=4, precision="bf16"))
     casts = [i for i in by_layer(step.forward, "logits.loss") if i.role == "autocast_cast"]

@@ -53,18 +53,19 @@ class _UnitGraphBuilder:
         self.inits: list[onnx.TensorProto] = []
         self.feeds: dict[str, Array] = {}
 
-    def _values(self, shape: tuple[int, ...], positive: bool) -> Array:
+    def _values(self, shape: tuple[int, ...], positive: bool,
+                np_dtype: type[np.generic] | None = None) -> Array:
         values = self.rng.random(shape, dtype=np.float32)
         # Keep pow/div/sqrt away from 0 and negatives so no NaN/inf slow paths are timed.
         values = values + 0.5 if positive else values * 2.0 - 1.0
-        return values.astype(self.np_dtype)
+        return values.astype(self.np_dtype if np_dtype is None else np_dtype)
 
     def input(self, name: str, shape: tuple[int, ...], positive: bool = False,
               dtype: str | None = None) -> str:
         """A graph input fed random values, in the unit's dtype unless `dtype` names another."""
         elem, np_dtype = _ONNX_DTYPES[dtype] if dtype is not None else (self.elem, self.np_dtype)
         self.inputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
-        self.feeds[name] = self._values(shape, positive).astype(np_dtype)
+        self.feeds[name] = self._values(shape, positive, np_dtype)
         return name
 
     def weight(self, name: str, shape: tuple[int, ...], positive: bool = False) -> str:

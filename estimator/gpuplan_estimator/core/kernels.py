@@ -40,11 +40,10 @@ class KernelFamily:
     that runs other kernels (cuDNN's backward-data and backward-filter algorithms, batch norm's
     backward kernel, pooling's scatter) by forward-kernel stand-ins, and the bench draws
     shapes on the paths model layers take. Not for GEMMs (their backward is GEMMs the model
-    prices at their own shapes); not for the row kernels: the bench's random widths mostly
-    miss PyTorch's vectorised path, where a layer norm's forward runs 2-3x slower per byte
-    than its backward (H200 rows: factor 0.36-0.8 at odd widths, 1.05-1.20 at widths that
-    are multiples of 4, as model widths are); not for copies, whose autograd backward in the
-    bench is the gradient's layout copy, not a model's."""
+    prices at their own shapes); not for the row kernels, whose random bench widths mostly
+    miss PyTorch's vectorised path that model widths take; not for copies, whose autograd
+    backward in the bench is the gradient's layout copy, not a model's. The measured figures
+    behind each choice are in docs/latency-method.md."""
 
 
 _GRID = ("kernel_h", "kernel_w", "stride_h", "stride_w")

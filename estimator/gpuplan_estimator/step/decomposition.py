@@ -34,6 +34,7 @@ from gpuplan_estimator.step import (
     backward,
     eager,
     frameworks,
+    gradient_sums,
     layout_credits,
     training_ops,
     views,
@@ -233,6 +234,7 @@ def build_step(
     """
     settings.check()
     training_only: frozenset[str] = frozenset()
+    eval_graph = graph
     if settings.training:  # dropout and the loss: an eval graph has neither
         eval_layers = {la.name for la in graph.layers}
         graph = training_ops.with_training_ops(graph)
@@ -254,6 +256,9 @@ def build_step(
                                                         needs_grad, fused_attention)
     cast_before = _by_layer(casts_forward)
     cast_grads = _by_layer(casts_backward)
+    # Counted on the eval graph: dropout and the loss hang off the tensors they read.
+    grad_sums = gradient_sums.gradient_sum_items(
+        eval_graph, needs_grad, settings.compute_dtype, dtypes, fused_attention.members)
     # PyTorch runs a permute as a view; onnxruntime runs every Transpose as a copy.
     in_eager = settings.framework != options.ONNXRUNTIME
     view_transposes = (views.view_transposes(graph, fused_attention) if in_eager
@@ -267,6 +272,7 @@ def build_step(
     for layer in graph.layers:
         forward.extend(cast_before.get(layer.name, ()))
         backward_items.extend(cast_grads.get(layer.name, ()))
+        backward_items.extend(grad_sums.get(layer.name, ()))
         if layer.name in fused_attention.folded:  # inside the fused kernel, both ways
             fused.append(layer.name)
             forward.append(forward_item(layer, (FREE_KERNEL, {}), settings, role="fused"))

@@ -12,7 +12,7 @@ from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import Layer, ModelGraph, OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.graph import examples
-from gpuplan_estimator.step import backward, eager, host, training_ops
+from gpuplan_estimator.step import backward, eager, gradient_sums, host, training_ops
 from gpuplan_estimator.step.decomposition import (
     CONSTANT_ROLE,
     TrainingSettings,
@@ -345,11 +345,14 @@ def test_eager_pytorch_runs_a_linears_bias_in_its_gemm_and_selects_as_views() ->
     assert (fwd["clone"].kernel, fwd["clone"].op, fwd["clone"].dims["operands"]) == (
         "elementwise", eager.COPY_PASS_OP, 1)
     # backward still sums the bias gradient, copies the clone's gradient once and scatters
-    # each select's
-    back = [(i.layer, i.kernel) for i in step.backward if i.role != "autocast_cast_grad"]
+    # each select's, whose three gradients of the clone autograd adds up (two sums)
+    back = [(i.layer, i.kernel) for i in step.backward
+            if i.role not in {"autocast_cast_grad", gradient_sums.ROLE}]
     assert ("linear", "reduce") in back
     assert back.count(("clone", "elementwise")) == 1
     assert {f"select_{i}" for i in range(3)} <= {name for name, _ in back}
+    sums = [(i.layer, i.count) for i in step.backward if i.role == gradient_sums.ROLE]
+    assert sums == [("clone", 2)]
 
 
 def test_onnxruntime_runs_each_node_as_exported() -> None:

@@ -261,8 +261,7 @@ def build_step(
         eval_graph, needs_grad, settings.compute_dtype, dtypes, fused_attention.members)
     # PyTorch runs a permute as a view; onnxruntime runs every Transpose as a copy.
     in_eager = settings.framework != options.ONNXRUNTIME
-    view_transposes = (views.view_transposes(graph, fused_attention) if in_eager
-                       else frozenset())
+    view_layers = views.view_layers(graph, fused_attention) if in_eager else frozenset()
     # Bias Adds inside their linear's GEMM and selects (views): no forward kernel of their
     # own in eager PyTorch, but their backward (the bias gradient's sum, select's scatter).
     no_forward_kernel = frozenset(
@@ -285,8 +284,7 @@ def build_step(
             else:
                 forward.append(unit_item(layer, unit_kernel, settings))
             continue  # overrides exist for inference only (checked by `settings.check`)
-        kernel_and_dims = ((FREE_KERNEL, {}) if layer.name in view_transposes
-                           else dims_of(layer))
+        kernel_and_dims = (FREE_KERNEL, {}) if layer.name in view_layers else dims_of(layer)
         item = forward_item(layer, kernel_and_dims, settings, dtypes=dtypes)
         if not settings.training:
             item = eval_mode_item(layer, item)
@@ -305,6 +303,9 @@ def build_step(
                 item = replace(item, role=CONSTANT_ROLE)
             forward.append(item)
             shape_only.append(layer.name)
+            if (settings.training and layer.op_type == views.SPLIT_OP
+                    and layer.inputs[0].name in needs_grad):
+                backward_items.append(split_gradient_item(layer, settings, dtypes))
             continue
         if layer.name in no_forward_kernel:
             role = "fused" if layer.op_type == "Add" else "shape_only"
@@ -384,6 +385,18 @@ def forward_item(
         role="fwd",
         attributes=backward.math_attributes(kernel, settings.precision),
     )
+
+
+def split_gradient_item(layer: Layer, settings: TrainingSettings,
+                        dtypes: Mapping[str, str]) -> WorkItem:
+    """A Split run as views still has a backward kernel: `cat` of its slices' gradients into
+    its input's, a contiguous read and write of every element (a copy pass)."""
+    source = layer.inputs[0]
+    fwd = forward_item(layer, (FREE_KERNEL, {}), settings, dtypes=dtypes)
+    return replace(fwd, family=OpFamily.ELEMENTWISE, kernel="elementwise", phase=Phase.BACKWARD,
+                   dims=MappingProxyType(elementwise_dims(source, 1)), op=eager.COPY_PASS_OP,
+                   flops=0, bytes_moved=2 * source.elements * DTYPE_BYTES[fwd.dtype],
+                   role=backward.DGRAD)
 
 
 def eval_mode_item(layer: Layer, item: WorkItem) -> WorkItem:

@@ -1,4 +1,4 @@
-"""Pure: which Transposes eager PyTorch runs as views (issue #30).
+"""Pure: which Transposes and Splits eager PyTorch runs as views (issue #30).
 
 An exporter writes `permute`/`transpose` as ONNX Transpose, which onnxruntime runs as a copy.
 Eager PyTorch does not: it returns a view with permuted strides, and a copy happens only where
@@ -21,6 +21,15 @@ What reads a strided view without a copy, as PyTorch 2.x does:
 
 Everything else (softmax, norms, convolutions, gathers, concatenation, a reshape the strides do
 not allow) reads its input contiguously, and the Transpose it came from is priced as the copy.
+
+A fused attention core writes its output as [batch, queries, heads, head dim] and returns it
+as a [batch, heads, queries, head dim] view (flash, memory-efficient and cuDNN attention all
+do), so the exporter's Transpose back to [batch, queries, heads, head dim] is a view and the
+reshape merging the heads too: GPT-2's profiled forward on the H200 has no such copy.
+
+A Split is `torch.split`/`chunk`: slices of its input, views with the input's strides (GPT-2's
+fused Q/K/V projection split three ways along the hidden axis), a copy only where some use
+needs one, by the same rule. Its backward is a `cat` of the slices' gradients either way.
 """
 
 from __future__ import annotations
@@ -106,17 +115,29 @@ def gemm_reads(shape: Sequence[int], strides: Sequence[int]) -> bool:
                in itertools.pairwise(batch))
 
 
-def view_transposes(graph: ModelGraph, fused: FusedAttention) -> frozenset[str]:
-    """The Transpose layers of `graph` that eager PyTorch runs as views: every use of the view,
-    followed through the views made from it, reads it as it is (module docstring)."""
+SPLIT_OP = "Split"
+
+
+def view_layers(graph: ModelGraph, fused: FusedAttention) -> frozenset[str]:
+    """The Transpose and Split layers of `graph` that eager PyTorch runs as views: every use
+    of the view, followed through the views made from it, reads it as it is (module
+    docstring)."""
     strided: dict[str, View] = {}  # non-contiguous views by tensor name
     copies: set[str] = set()
-    transposes: list[str] = []
+    candidates: list[str] = []
     for layer in graph.layers:
         if layer.op_type == "Transpose" and layer.inputs and layer.outputs:
-            transposes.append(layer.name)
-            _permute(layer, strided)
+            candidates.append(layer.name)
+            if not _permute(layer, strided):
+                copies.add(layer.name)
             continue
+        if layer.op_type == SPLIT_OP and layer.inputs and layer.outputs:
+            candidates.append(layer.name)
+            if not _slice(layer, strided):
+                copies.add(layer.name)
+            continue
+        if layer.name in fused.kept:  # a fused core's ·V: its output, heads-major view
+            _heads_major_output(layer, strided)
         for t in layer.inputs:
             view = strided.get(t.name)
             if view is None:
@@ -131,20 +152,49 @@ def view_transposes(graph: ModelGraph, fused: FusedAttention) -> frozenset[str]:
                     strided[out.name] = (tuple(out.shape), new, origin)
             elif not _reads_strided(layer, shape, strides, fused):
                 copies.add(origin)
-    return frozenset(transposes) - copies
+    return frozenset(candidates) - copies
 
 
-def _permute(layer: Layer, strided: dict[str, View]) -> None:
+def _permute(layer: Layer, strided: dict[str, View]) -> bool:
+    """Record the Transpose's output view; False when the graph's annotations contradict it
+    (the Transpose is then left a copy)."""
     source, out = layer.inputs[0], layer.outputs[0]
     shape, strides, origin = strided.get(
         source.name, (tuple(source.shape), contiguous_strides(source.shape), layer.name))
+    origin = origin or layer.name  # a kernel's own output view: this Transpose would copy
     perm = layer.attributes.get("perm") or list(range(len(shape)))[::-1]
     if len(perm) != len(shape):
-        return  # an annotation the graph contradicts: leave the Transpose a copy
+        return False
     new_shape = tuple(shape[p] for p in perm)
     new_strides = tuple(strides[p] for p in perm)
     if not is_contiguous(new_shape, new_strides):
         strided[out.name] = (new_shape, new_strides, origin)
+    return True
+
+
+def _heads_major_output(layer: Layer, strided: dict[str, View]) -> None:
+    """Register a fused core's 4-D output [b, h, s, d] as the view of a [b, s, h, d] buffer
+    it is, with no origin of its own: a copy it needs is the Transpose's that makes it."""
+    if not layer.outputs or len(layer.outputs[0].shape) != 4:
+        return
+    out = layer.outputs[0]
+    b, h, s, d = out.shape
+    sb, ss, sh, sd = contiguous_strides((b, s, h, d))
+    strided[out.name] = (tuple(out.shape), (sb, sh, ss, sd), "")
+
+
+def _slice(layer: Layer, strided: dict[str, View]) -> bool:
+    """Record each slice's view (the input's strides); False when the graph's annotations
+    contradict it (the Split is then left a copy)."""
+    source = layer.inputs[0]
+    _, strides, origin = strided.get(
+        source.name, (tuple(source.shape), contiguous_strides(source.shape), layer.name))
+    if any(len(out.shape) != len(strides) for out in layer.outputs):
+        return False
+    for out in layer.outputs:
+        if not is_contiguous(out.shape, strides):
+            strided[out.name] = (tuple(out.shape), strides, origin)
+    return True
 
 
 def _reads_strided(layer: Layer, shape: Sequence[int], strides: Sequence[int],

@@ -66,7 +66,7 @@ def attention_block() -> ModelGraph:
 
 def test_which_permutes_eager_pytorch_copies() -> None:
     g = attention_block()
-    eager = views.view_transposes(g, attention.EAGER)
+    eager = views.view_layers(g, attention.EAGER)
     # torch.matmul folds (B, H) into one batch: heads split from a [B, S, H, D] tensor do not
     # fold, so q, k and v are copied; the merge is copied by its reshape; the residual's
     # permute pair is read by an elementwise add as it is.
@@ -75,9 +75,40 @@ def test_which_permutes_eager_pytorch_copies() -> None:
                                      recomputed=frozenset({"scores"}),
                                      internal=frozenset({"s", "p"}),
                                      kept={"context": ()})
-    # scaled_dot_product_attention takes Q, K, V by their strides.
-    assert views.view_transposes(g, fused) == {"q.permute", "k.permute", "v.permute", "xt",
-                                               "xt.back"}
+    # scaled_dot_product_attention takes Q, K, V by their strides, and returns its output as
+    # the heads-major view of a [B, S, H, D] buffer: the merge's permute makes it contiguous.
+    assert views.view_layers(g, fused) == {"q.permute", "k.permute", "v.permute",
+                                           "merge.permute", "xt", "xt.back"}
+
+
+def split_block(reader: str) -> ModelGraph:
+    """A fused Q/K/V projection's output split three ways on the hidden axis; q is read by a
+    `reader` (Add reads strides, Softmax needs contiguous memory)."""
+    return ModelGraph("split", (
+        layer("proj", "MatMul", [t("x", B, S, H * D), t("w", H * D, 3 * H * D)],
+              [t("qkv", B, S, 3 * H * D)], params=["w"]),
+        layer("split", "Split", [t("qkv", B, S, 3 * H * D)],
+              [t("q", B, S, H * D), t("k", B, S, H * D), t("v", B, S, H * D)],
+              attrs={"axis": 2}),
+        layer("use_q", reader, [t("q", B, S, H * D), t("k", B, S, H * D)]
+              if reader == "Add" else [t("q", B, S, H * D)], [t("y", B, S, H * D)]),
+        layer("use_v", "Add", [t("y", B, S, H * D), t("v", B, S, H * D)], [t("z", B, S, H * D)]),
+    ), (), {}, 17)
+
+
+def test_a_split_is_a_view_unless_a_use_needs_contiguous_memory() -> None:
+    assert views.view_layers(split_block("Add"), attention.EAGER) == {"split"}
+    assert views.view_layers(split_block("Softmax"), attention.EAGER) == frozenset()
+
+
+def test_a_split_view_costs_no_forward_kernel_and_its_backward_one_cat() -> None:
+    step = build_step(split_block("Add"), TrainingSettings(batch_size=B))
+    (fwd,) = [i for i in step.forward if i.layer == "split"]
+    assert fwd.kernel == "none"
+    (back,) = [i for i in step.backward if i.layer == "split"]
+    elements = B * S * 3 * H * D
+    assert (back.kernel, back.dims["rows"] * back.dims["cols"]) == ("elementwise", elements)
+    assert back.bytes_moved == 2 * elements * 4  # the slices' gradients read, the cat written
 
 
 def test_a_view_costs_no_kernel_in_pytorch_and_a_copy_in_onnxruntime() -> None:

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-from gpuplan_estimator.core.layers import Layer, ModelGraph, OpFamily, TensorInfo
+from gpuplan_estimator.core.layers import ModelGraph
 from gpuplan_estimator.core.workload import Phase
 from gpuplan_estimator.step import autocast, gradient_sums
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step, gradient_tensors
-
-FAMILY = {"MatMul": OpFamily.MATMUL, "Add": OpFamily.ELEMENTWISE, "Mul": OpFamily.ELEMENTWISE,
-          "LayerNormalization": OpFamily.NORMALIZATION, "Shape": OpFamily.OTHER,
-          "Gather": OpFamily.EMBEDDING}
-
-
-def t(name: str, *shape: int, dtype: str = "float32") -> TensorInfo:
-    return TensorInfo(name, tuple(shape), dtype)
-
-
-def layer(name: str, op: str, inputs: list[TensorInfo], outputs: list[TensorInfo],
-          params: tuple[str, ...] = ()) -> Layer:
-    return Layer(name, op, FAMILY[op], tuple(inputs), tuple(outputs), flops=1, bytes_read=1,
-                 bytes_written=1, parameter_count=sum(
-                     x.elements for x in inputs if x.name in params), parameter_inputs=params)
+from gpuplan_testing.layer_builders import layer, t
 
 
 def block() -> ModelGraph:
@@ -30,12 +16,12 @@ def block() -> ModelGraph:
     x, n = t("x", 4, 8, 16), t("n", 4, 8, 16)
     return ModelGraph("block", (
         layer("embed", "Gather", [t("table", 100, 16), t("ids", 4, 8, dtype="int64")], [x],
-              params=("table",)),
-        layer("ln", "LayerNormalization", [x, t("g", 16), t("b", 16)], [n], params=("g", "b")),
+              params=["table"]),
+        layer("ln", "LayerNormalization", [x, t("g", 16), t("b", 16)], [n], params=["g", "b"]),
         layer("size", "Shape", [n], [t("s", 3, dtype="int64")]),
-        layer("q", "MatMul", [n, t("wq", 16, 16)], [t("hq", 4, 8, 16)], params=("wq",)),
-        layer("k", "MatMul", [n, t("w", 16, 16)], [t("hk", 4, 8, 16)], params=("w",)),
-        layer("v", "MatMul", [n, t("w", 16, 16)], [t("hv", 4, 8, 16)], params=("w",)),
+        layer("q", "MatMul", [n, t("wq", 16, 16)], [t("hq", 4, 8, 16)], params=["wq"]),
+        layer("k", "MatMul", [n, t("w", 16, 16)], [t("hk", 4, 8, 16)], params=["w"]),
+        layer("v", "MatMul", [n, t("w", 16, 16)], [t("hv", 4, 8, 16)], params=["w"]),
         layer("sq", "Mul", [n, n], [t("n2", 4, 8, 16)]),
         layer("res", "Add", [x, t("hq", 4, 8, 16)], [t("r", 4, 8, 16)]),
     ), (), {}, 17)

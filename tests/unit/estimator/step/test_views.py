@@ -124,3 +124,12 @@ def test_a_view_costs_no_kernel_in_pytorch_and_a_copy_in_onnxruntime() -> None:
     assert eager["xt"] == eager["xt.back"] == "none"
     assert eager["q.permute"] == eager["merge.permute"] == "memcpy"
     assert set(kernels_of("onnxruntime").values()) == {"memcpy"}
+
+
+def test_a_transpose_its_shapes_contradict_is_left_a_copy() -> None:
+    g = ModelGraph("odd", (
+        layer("odd", "Transpose", [t("x", B, S, H * D)], [t("y", H * D, S, B)],
+              attrs={"perm": [1, 0]}),
+        layer("use", "Relu", [t("y", H * D, S, B)], [t("z", H * D, S, B)]),
+    ), (), {}, 17)
+    assert views.view_layers(g, attention.EAGER) == frozenset()

@@ -393,10 +393,8 @@ def split_gradient_item(layer: Layer, settings: TrainingSettings,
     its input's, a contiguous read and write of every element (a copy pass)."""
     source = layer.inputs[0]
     fwd = forward_item(layer, (FREE_KERNEL, {}), settings, dtypes=dtypes)
-    return replace(fwd, family=OpFamily.ELEMENTWISE, kernel="elementwise", phase=Phase.BACKWARD,
-                   dims=MappingProxyType(elementwise_dims(source, 1)), op=eager.COPY_PASS_OP,
-                   flops=0, bytes_moved=2 * source.elements * DTYPE_BYTES[fwd.dtype],
-                   role=backward.DGRAD)
+    return replace(_copy_pass(source, fwd, flops_per_element=0), phase=Phase.BACKWARD,
+                   bytes_moved=2 * source.elements * DTYPE_BYTES[fwd.dtype], role=backward.DGRAD)
 
 
 def eval_mode_item(layer: Layer, item: WorkItem) -> WorkItem:
@@ -405,20 +403,20 @@ def eval_mode_item(layer: Layer, item: WorkItem) -> WorkItem:
     kernel), where the training kernel reads its input twice (statistics, then normalise)."""
     if layer.op_type != "BatchNormalization" or item.kernel != "batchnorm":
         return item
-    return _copy_pass(layer, item, flops_per_element=2)
+    return _copy_pass(layer.outputs[0], item, flops_per_element=2)
 
 
 def copy_pass_item(layer: Layer, item: WorkItem) -> WorkItem:
     """A clone as eager PyTorch runs it: one elementwise copy (TensorIterator reads any
     strides), not a transpose-shaped memcpy."""
-    return _copy_pass(layer, item, flops_per_element=0)
+    return _copy_pass(layer.outputs[0], item, flops_per_element=0)
 
 
-def _copy_pass(layer: Layer, item: WorkItem, flops_per_element: int) -> WorkItem:
-    out = layer.outputs[0]
+def _copy_pass(tensor: TensorInfo, item: WorkItem, flops_per_element: int) -> WorkItem:
+    """`item` as one elementwise pass reading and writing every element of `tensor`."""
     return replace(item, family=OpFamily.ELEMENTWISE, kernel="elementwise",
-                   dims=MappingProxyType(elementwise_dims(out, 1)), op=eager.COPY_PASS_OP,
-                   flops=flops_per_element * out.elements)
+                   dims=MappingProxyType(elementwise_dims(tensor, 1)), op=eager.COPY_PASS_OP,
+                   flops=flops_per_element * tensor.elements)
 
 
 def unit_item(

@@ -49,6 +49,8 @@ RESHAPING_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 """Ops that make a view when the strides allow the new shape (`view_strides`), else a copy."""
 STRIDED_FAMILIES = frozenset({OpFamily.ELEMENTWISE})
 """Layer families whose kernels read any strides."""
+SPLIT_OP = "Split"
+"""`torch.split`/`chunk` as exported: slices that are views of their input."""
 
 
 def contiguous_strides(shape: Sequence[int]) -> Strides:
@@ -113,9 +115,6 @@ def gemm_reads(shape: Sequence[int], strides: Sequence[int]) -> bool:
              if size != 1]
     return all(outer == inner_stride * inner_size for (_, outer), (inner_size, inner_stride)
                in itertools.pairwise(batch))
-
-
-SPLIT_OP = "Split"
 
 
 def view_layers(graph: ModelGraph, fused: FusedAttention) -> frozenset[str]:

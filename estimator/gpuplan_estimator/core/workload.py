@@ -30,6 +30,10 @@ FUSED_IO_BYTES = "fused_io_bytes"
 """`WorkItem.attributes` key: the bytes the item moves when it runs inside a fused kernel that
 keeps an operand on chip (a fused attention's [queries, keys] scores), below `bytes_moved`.
 Predictors price it at the same efficiency against its own roofline as the unfused kernel."""
+DYNAMIC_CAST = "dynamic_cast"
+"""`WorkItem.attributes` key, set to 1: an elementwise kernel that converts dtypes element by
+element (an upcast, or a binary op over operands of two dtypes under autocast), which PyTorch's
+TensorIterator runs unvectorised (`cost.unrolled`)."""
 
 
 class Phase(str, enum.Enum):

@@ -21,7 +21,7 @@ from gpuplan_estimator.core.errors import InvalidRequestError
 from gpuplan_estimator.core.layers import ModelGraph, OpFamily
 from gpuplan_estimator.core.quantiles import Z90
 from gpuplan_estimator.core.workload import Phase, WorkItem
-from gpuplan_estimator.cost import aligned_gemm, roofline
+from gpuplan_estimator.cost import aligned_gemm, roofline, unrolled
 from gpuplan_estimator.cost.predictors import LatencyPrediction, LatencyPredictor, predict_on_each
 from gpuplan_estimator.devices import catalog
 from gpuplan_estimator.devices.catalog import DeviceSpec
@@ -222,6 +222,7 @@ def stream_busy_ms(graph: ModelGraph, device: DeviceSpec, settings: TrainingSett
     (pred,) = predict_on_each(predictor, plan.unique, [device])
     (per_run,) = _on_stream(predictor, device, pred.predictor,
                             np.asarray(pred.median_ms, dtype=np.float64))
+    (per_run,) = unrolled.floored(plan.unique, device, per_run)
     by_phase = np.bincount(plan.phase,
                            weights=per_run[plan.unique_index] * _row_scale(plan, predictor, device),
                            minlength=3)
@@ -345,6 +346,7 @@ def _price(
         raise ValueError(f"predictor {predictor.name!r} returned {len(labels_u)} labels for {n}")
     if _on_two_clocks(device, hosts):  # the host model prices each call's dispatch
         med_u, p10_u, p90_u = _on_stream(predictor, device, labels_u, med_u, p10_u, p90_u)
+    med_u, p10_u, p90_u = unrolled.floored(plan.unique, device, med_u, p10_u, p90_u)
     runs = _row_scale(plan, predictor, device)
     med = med_u[plan.unique_index] * runs
     p10 = p10_u[plan.unique_index] * runs

@@ -26,12 +26,14 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import zstandard
 
 from gpuplan_estimator.core import kernels, limits
 from gpuplan_estimator.core.errors import GpuplanError
 from gpuplan_estimator.core.layers import OpFamily
 from gpuplan_estimator.core.workload import Phase, WorkItem
+from gpuplan_estimator.cost import unrolled
 from gpuplan_estimator.cost.predictors import LatencyPredictor, predict_on_each
 from gpuplan_estimator.devices.catalog import Catalog, DeviceSpec
 
@@ -132,6 +134,7 @@ def step_ms_many(items_per_workload: Sequence[Sequence[WorkItem]], predictor: La
     if len(median) != len(flat):
         raise ValueError(f"predictor {predictor.name!r} priced {len(median)} of {len(flat)} "
                          f"items")
+    (median,) = unrolled.floored(flat, device, np.asarray(median, dtype=np.float64))
     out, start = [], 0
     for items in items_per_workload:
         stop = start + len(items)

@@ -14,6 +14,11 @@ Under `torch.autocast(bfloat16)` (or float16) over fp32 weights:
   operands do not promote, as in PyTorch), so a transformer's residual stream, fed by fp32
   embeddings and LayerNorm outputs, stays fp32 while its GEMM outputs are half.
 - Backward runs each cast's backward (ToCopyBackward: one more cast of the gradient).
+- An elementwise op over operands of two dtypes (a half GEMM output added to the fp32 residual
+  stream) and every upcast convert dtypes element by element, which TensorIterator runs
+  unvectorised (`unrolled`, priced by `cost.unrolled`); PyTorch's fp32-to-half copies are
+  vectorised. Such an op's gradient for its half operand is computed in fp32 and cast back to
+  half by the autograd engine (`gradient_cast`).
 
 `tensor_dtypes` propagates those rules over the graph; `cast_items` is the cast kernels they
 add. Precisions without autocast run every float tensor at their compute dtype.
@@ -22,6 +27,7 @@ add. Precisions without autocast run every float tensor at their compute dtype.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from gpuplan_estimator.core import precisions
@@ -34,7 +40,7 @@ from gpuplan_estimator.core.layers import (
     TensorInfo,
 )
 from gpuplan_estimator.core.vocabulary import CAST_OP
-from gpuplan_estimator.core.workload import Phase, WorkItem, elementwise_dims
+from gpuplan_estimator.core.workload import DYNAMIC_CAST, Phase, WorkItem, elementwise_dims
 from gpuplan_estimator.step import eager
 from gpuplan_estimator.step.attention import EAGER, FusedAttention
 
@@ -87,6 +93,44 @@ def dtype_of(tensor: TensorInfo, dtypes: Mapping[str, str]) -> str:
     return FP32 if tensor.dtype in FLOAT_DTYPES else tensor.dtype
 
 
+def operand_dtypes(layer: Layer, dtypes: Mapping[str, str], skip: int | None = None
+                   ) -> frozenset[str]:
+    """The run-time dtypes of `layer`'s float operands (scalars and one-element tensors left
+    out, as they do not promote; input `skip` too, when given)."""
+    return frozenset(dtype_of(t, dtypes) for i, t in enumerate(layer.inputs)
+                     if i != skip and t.dtype in FLOAT_DTYPES and t.elements > 1)
+
+
+def promotes(layer: Layer, dtypes: Mapping[str, str]) -> bool:
+    """Whether `layer` runs under autocast at its operands' widest dtype, reading them as they
+    are (an op autocast lists reads its operands' casts: `cast_items`)."""
+    return bool(dtypes) and not (layer.op_type in precisions.AUTOCAST_LOWER_OPS
+                                 or layer.op_type in precisions.AUTOCAST_FP32_OPS
+                                 or layer.op_type in precisions.AUTOCAST_INPUT_DTYPE_OPS)
+
+
+def mixed_operands(layer: Layer, dtypes: Mapping[str, str]) -> bool:
+    """Whether `layer` reads float operands of two run-time dtypes (never without autocast:
+    `dtypes` is then empty)."""
+    return promotes(layer, dtypes) and len(operand_dtypes(layer, dtypes)) > 1
+
+
+def unrolled(item: WorkItem) -> WorkItem:
+    """`item` marked as a kernel converting dtypes element by element (`DYNAMIC_CAST`)."""
+    return replace(item, attributes=MappingProxyType({**item.attributes, DYNAMIC_CAST: 1}))
+
+
+def gradient_cast(layer: Layer, tensor: TensorInfo, gradient_dtype: str,
+                  dtypes: Mapping[str, str]) -> WorkItem | None:
+    """The autograd engine's cast of input `tensor`'s gradient, computed at `gradient_dtype`,
+    to the tensor's own dtype (a gradient takes its input's dtype); None when they agree, or
+    when autocast cast the operand itself (that cast's backward is `cast_items`')."""
+    own = dtype_of(tensor, dtypes)
+    if not promotes(layer, dtypes) or own == gradient_dtype or tensor.dtype not in FLOAT_DTYPES:
+        return None
+    return _cast(layer, tensor, gradient_dtype, own, Phase.BACKWARD)
+
+
 def cast_items(graph: ModelGraph, precision: str, dtypes: Mapping[str, str],
                needs_grad: frozenset[str], fused: FusedAttention = EAGER,
                ) -> tuple[tuple[WorkItem, ...], tuple[WorkItem, ...]]:
@@ -125,9 +169,12 @@ def cast_items(graph: ModelGraph, precision: str, dtypes: Mapping[str, str],
 
 def _cast(layer: Layer, tensor: TensorInfo, source: str, target: str, phase: Phase
           ) -> WorkItem:
-    return WorkItem(
+    # `operands` counts reads in the output's width: a cast to half reads two halves' bytes
+    reads = max(1, DTYPE_BYTES[source] // DTYPE_BYTES[target])
+    item = WorkItem(
         layer=layer.name, family=OpFamily.ELEMENTWISE, kernel="elementwise", phase=phase,
-        dims=MappingProxyType(elementwise_dims(tensor, 1)),
+        dims=MappingProxyType(elementwise_dims(tensor, reads)),
         dtype=target, flops=0,
         bytes_moved=tensor.elements * (DTYPE_BYTES[source] + DTYPE_BYTES[target]),
         op=CAST_OP, role="autocast_cast" if phase is Phase.FORWARD else "autocast_cast_grad")
+    return unrolled(item) if DTYPE_BYTES[target] > DTYPE_BYTES[source] else item

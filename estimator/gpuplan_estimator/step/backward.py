@@ -16,7 +16,9 @@ The rules, per forward kernel (``grads[i]`` says whether input ``i`` needs a gra
 - ``pool``: the pooling kernel again (scatter of dY into the input grid).
 - ``elementwise``: Add passes dY through for free (a reduce when an input was broadcast); Sub
   negates the second operand; Mul/Div and other binaries one pass per operand needing a
-  gradient; unary activations one pass reading dY and X. A Concat's input gradients are
+  gradient; unary activations one pass reading dY and X. Under autocast, a pass reading an
+  operand of another dtype than dY runs unrolled, and a half operand's gradient (computed at
+  the output's fp32) is cast back to half (`autocast.gradient_cast`). A Concat's input gradients are
   slices of dY (views, no kernel). LRN's gradient sums over the same channel window: the LRN
   kernel again (in PyTorch, whose LRN is avg_pool3d plus pointwise ops, the backward measures
   1.0-1.2x the forward: torch bench rows, ZFNet-512's SGD step at batch 8).
@@ -35,7 +37,7 @@ from types import MappingProxyType
 from gpuplan_estimator.core import precisions
 from gpuplan_estimator.core.layers import DTYPE_BYTES, Layer, OpFamily
 from gpuplan_estimator.core.workload import GRADIENT_OP_SUFFIX, Phase, WorkItem
-from gpuplan_estimator.step import eager
+from gpuplan_estimator.step import autocast, eager
 
 DGRAD, WGRAD, BGRAD, SCATTER_ADD = "dgrad", "wgrad", "bgrad", "scatter_add"
 DERIVED_ROLES = frozenset({DGRAD, WGRAD, BGRAD, SCATTER_ADD})
@@ -63,9 +65,14 @@ def math_attributes(kernel: str, precision: str) -> Mapping[str, str]:
 
 
 def backward_items(
-    layer: Layer, fwd: WorkItem, grads: Sequence[bool], precision: str
+    layer: Layer, fwd: WorkItem, grads: Sequence[bool], precision: str,
+    dtypes: Mapping[str, str] = MappingProxyType({}),
 ) -> list[WorkItem]:
-    """Backward work items of one layer whose forward item is `fwd`."""
+    """Backward work items of one layer whose forward item is `fwd`; `dtypes` holds the
+    run-time dtypes under autocast (`autocast.tensor_dtypes`), which an elementwise layer over
+    operands of two dtypes needs (`_elementwise`)."""
+    if fwd.kernel == "elementwise":
+        return _elementwise(layer, fwd, tuple(grads), precision, dtypes)
     derive = _DERIVERS.get(fwd.kernel, _same_as_forward)
     return derive(layer, fwd, tuple(grads), precision)
 
@@ -217,7 +224,8 @@ def _elementwise_shape(fwd: WorkItem, layer: Layer) -> tuple[int, int]:
 
 
 def _elementwise(
-    layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str
+    layer: Layer, fwd: WorkItem, grads: tuple[bool, ...], precision: str,
+    dtypes: Mapping[str, str] = MappingProxyType({}),
 ) -> list[WorkItem]:
     if layer.op_type in VIEW_GRADIENT_OPS:
         return []
@@ -236,10 +244,17 @@ def _elementwise(
             items.append(_item(fwd, "elementwise", {"rows": rows, "cols": cols, "operands": 1},
                                DGRAD, precision, op="neg"))
         else:
-            items.append(_item(fwd, "elementwise",
-                               {"rows": rows, "cols": cols,
-                                "operands": _dgrad_operands(layer, i, out_elements)},
-                               DGRAD, precision, op=f"{fwd.op}{GRADIENT_OP_SUFFIX}"))
+            item = _item(fwd, "elementwise",
+                         {"rows": rows, "cols": cols,
+                          "operands": _dgrad_operands(layer, i, out_elements)},
+                         DGRAD, precision, op=f"{fwd.op}{GRADIENT_OP_SUFFIX}")
+            # dY is at the output's dtype; an other operand at another converts as it loads
+            reads_other = autocast.operand_dtypes(layer, dtypes, skip=i) - {fwd.dtype}
+            promoted = autocast.promotes(layer, dtypes)
+            items.append(autocast.unrolled(item) if promoted and reads_other else item)
+        cast = autocast.gradient_cast(layer, tensor, fwd.dtype, dtypes)
+        if cast is not None:
+            items.append(cast)
         if 0 < tensor.elements < out_elements:  # broadcast input: its gradient is summed
             items.append(_item(fwd, "reduce", {"rows": tensor.elements,
                                                "cols": out_elements // tensor.elements},

@@ -286,6 +286,8 @@ def build_step(
             continue  # overrides exist for inference only (checked by `settings.check`)
         kernel_and_dims = (FREE_KERNEL, {}) if layer.name in view_layers else dims_of(layer)
         item = forward_item(layer, kernel_and_dims, settings, dtypes=dtypes)
+        if item.kernel == "elementwise" and autocast.mixed_operands(layer, dtypes):
+            item = autocast.unrolled(item)
         if not settings.training:
             item = eval_mode_item(layer, item)
         if in_eager and layer.op_type in eager.CLONE_OPS:
@@ -319,7 +321,7 @@ def build_step(
         if not any(grads):
             no_grad.append(layer.name)
             continue
-        derived = backward.backward_items(layer, item, grads, settings.precision)
+        derived = backward.backward_items(layer, item, grads, settings.precision, dtypes)
         if scores_shape is not None:
             derived = [attention.without_scores_traffic(b, *scores_shape) for b in derived]
         if layer.name in training_only:

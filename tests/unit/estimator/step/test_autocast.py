@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from gpuplan_estimator.core.layers import DTYPE_BYTES, Layer, ModelGraph, OpFamily, TensorInfo
-from gpuplan_estimator.core.workload import Phase
+from gpuplan_estimator.core.workload import DYNAMIC_CAST, Phase
 from gpuplan_estimator.step import autocast, eager, memory_walk
 from gpuplan_estimator.step.decomposition import TrainingSettings, build_step, gradient_tensors
 
 FAMILY = {"MatMul": OpFamily.MATMUL, "Gemm": OpFamily.MATMUL, "Add": OpFamily.ELEMENTWISE,
           "LayerNormalization": OpFamily.NORMALIZATION, "Softmax": OpFamily.SOFTMAX,
-          "Relu": OpFamily.ELEMENTWISE, "Gather": OpFamily.EMBEDDING}
+          "Relu": OpFamily.ELEMENTWISE, "Gather": OpFamily.EMBEDDING, "Mul": OpFamily.ELEMENTWISE}
 
 
 def t(name: str, *shape: int, dtype: str = "float32") -> TensorInfo:
@@ -60,6 +60,46 @@ def test_casts_weights_once_and_activations_per_use_with_gradient_casts() -> Non
     assert {i.bytes_moved for i in forward} == {4 * 8 * 16 * 6, 16 * 16 * 6}
     assert [i.phase for i in backward] == [Phase.BACKWARD] * 2
     assert autocast.cast_items(g, "tf32", {}, gradient_tensors(g)) == ((), ())
+
+
+def test_upcasts_run_unrolled_and_a_downcast_reads_two_halves_of_bytes() -> None:
+    g = block()
+    dtypes = autocast.tensor_dtypes(g, "bf16")
+    forward, backward = autocast.cast_items(g, "bf16", dtypes, gradient_tensors(g))
+    down, up = forward[0], backward[0]  # fc1's input to bf16; its gradient back to fp32
+    assert (down.dtype, down.dims["operands"], down.attributes.get(DYNAMIC_CAST)) == (
+        "bfloat16", 2, None)  # PyTorch's fp32-to-half copy is vectorised
+    assert (up.dtype, up.dims["operands"], up.attributes.get(DYNAMIC_CAST)) == ("float32", 1, 1)
+
+
+def test_an_add_over_two_dtypes_runs_unrolled_and_casts_its_half_operands_gradient() -> None:
+    step = build_step(block(), TrainingSettings(batch_size=4, precision="bf16"))
+    forward = {(i.layer, i.role): i for i in step.forward}
+    assert forward[("res", "fwd")].attributes.get(DYNAMIC_CAST) == 1  # fp32 x + bf16 h2
+    assert forward[("soft", "fwd")].attributes.get(DYNAMIC_CAST) is None
+    # dY passes through the add; the engine casts h2's fp32 gradient to bf16, vectorised
+    grads = [(i.op, i.dtype, i.dims["rows"] * i.dims["cols"], i.attributes.get(DYNAMIC_CAST))
+             for i in step.backward if i.layer == "res"]
+    assert grads == [("cast", "bfloat16", 4 * 8 * 16, None)]
+    fp32 = build_step(block(), TrainingSettings(batch_size=4, precision="fp32"))
+    assert not any(i.attributes.get(DYNAMIC_CAST) for i in fp32.items)
+    assert not any(i.layer == "res" for i in fp32.backward)
+
+
+def test_a_mul_over_two_dtypes_reads_the_half_operand_in_one_gradient() -> None:
+    g = ModelGraph("gate", (
+        layer("ln", "LayerNormalization", [t("x", 4, 16), t("g", 16), t("b", 16)],
+              [t("n", 4, 16)], params=("g", "b")),
+        layer("fc", "MatMul", [t("n", 4, 16), t("w", 16, 16)], [t("h", 4, 16)],
+              params=("w",)),
+        layer("gate", "Mul", [t("h", 4, 16), t("n", 4, 16)], [t("y", 4, 16)]),
+    ), (), {}, 16 * 16 + 32)
+    step = build_step(g, TrainingSettings(batch_size=4, precision="bf16"))
+    grads = [(i.op, i.dtype, i.attributes.get(DYNAMIC_CAST))
+             for i in step.backward if i.layer == "gate"]
+    # dh = dY * n (fp32 by fp32, then cast to bf16); dn = dY * h reads bf16 h: unrolled
+    assert grads == [("mul_grad", "float32", None), ("cast", "bfloat16", None),
+                     ("mul_grad", "float32", 1)]
 
 
 def test_build_step_prices_kept_fp32_ops_at_fp32_width_under_bf16() -> None:

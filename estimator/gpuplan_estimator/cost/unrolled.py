@@ -30,6 +30,10 @@ FloatArray = npt.NDArray[np.float64]
 ELEMENTS_PER_SM_CYCLE = 1.0
 """Elements an unrolled dtype-converting kernel moves per SM per cycle: the H200 profiles above
 pooled read 1.03, and 1.00-1.05 with any one of the three models left out."""
+UNROLLED_VENDORS = frozenset({"nvidia"})
+"""Where the floor applies: PyTorch's CUDA build, as profiled. Its ROCm build copies bf16 and
+fp16 up to fp32 with vectorised kernels of their own, and no AMD GPU has been profiled; a CPU
+runs ATen's vectorised loops."""
 
 
 def item_elements(item: WorkItem) -> int:
@@ -41,7 +45,7 @@ def floor_ms(items: Sequence[WorkItem], device: DeviceSpec) -> FloatArray:
     """Per item, the least time (ms) one run of it takes on `device`: its elements at the SMs'
     unrolled rate for a dtype-converting elementwise kernel, 0 for any other item or device."""
     out = np.zeros(len(items))
-    if device.platform != "gpu":  # a CPU's kernels are ATen's vectorised loops
+    if device.vendor not in UNROLLED_VENDORS:
         return out
     per_ms = ELEMENTS_PER_SM_CYCLE * device.sm_count * device.boost_clock_mhz * 1e3
     for i, item in enumerate(items):

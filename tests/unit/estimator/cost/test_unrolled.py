@@ -31,9 +31,11 @@ def test_a_marked_item_costs_its_elements_at_the_sms_rate() -> None:
     assert unrolled.floor_ms([item(4096, 768, True)], h200)[0] == 2 * floor[0]
 
 
-def test_a_cpu_keeps_its_price() -> None:
+def test_a_cpu_and_an_unprofiled_vendors_gpu_keep_their_price() -> None:
     cpu = devices.resolve_device("cpu")
     assert unrolled.floor_ms([item(2048, 768, True)], cpu).tolist() == [0.0]
+    amd = devices.resolve_device("mi250")
+    assert unrolled.floor_ms([item(2048, 768, True)], amd).tolist() == [0.0]
 
 
 def test_floored_raises_a_price_below_the_floor_and_moves_its_interval_with_it() -> None:

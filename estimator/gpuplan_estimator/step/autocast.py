@@ -132,13 +132,14 @@ def gradient_cast(layer: Layer, tensor: TensorInfo, gradient_dtype: str,
 
 
 def cast_items(graph: ModelGraph, precision: str, dtypes: Mapping[str, str],
-               needs_grad: frozenset[str], fused: FusedAttention = EAGER,
-               ) -> tuple[tuple[WorkItem, ...], tuple[WorkItem, ...]]:
+               needs_grad: frozenset[str], fused: FusedAttention = EAGER, *,
+               eager: bool = True) -> tuple[tuple[WorkItem, ...], tuple[WorkItem, ...]]:
     """(forward, backward) cast kernels autocast adds to a step of `graph`: each weight cast
     once per forward, each activation cast at each use, and a gradient cast in backward for
     every cast of a tensor that needs one. Inside a fused attention core (`fused`) there is
     none: the core is one `scaled_dot_product_attention`, which autocast runs in the half dtype
-    as it is, its scores and probabilities never leaving the kernel."""
+    as it is, its scores and probabilities never leaving the kernel. Upcasts are marked
+    `unrolled` when `eager` (TensorIterator's kernels; a compiler's are its own)."""
     entry = precisions.precision(precision)
     if not entry.autocast:
         return (), ()
@@ -161,14 +162,14 @@ def cast_items(graph: ModelGraph, precision: str, dtypes: Mapping[str, str],
                 if t.name in weights_cast:
                     continue  # autocast's cast cache: once per forward
                 weights_cast.add(t.name)
-            forward.append(_cast(layer, t, source, target, Phase.FORWARD))
+            forward.append(_cast(layer, t, source, target, Phase.FORWARD, eager))
             if t.name in needs_grad:
-                backward.append(_cast(layer, t, target, source, Phase.BACKWARD))
+                backward.append(_cast(layer, t, target, source, Phase.BACKWARD, eager))
     return tuple(forward), tuple(backward)
 
 
-def _cast(layer: Layer, tensor: TensorInfo, source: str, target: str, phase: Phase
-          ) -> WorkItem:
+def _cast(layer: Layer, tensor: TensorInfo, source: str, target: str, phase: Phase,
+          eager: bool = True) -> WorkItem:
     # `operands` counts reads in the output's width: a cast to half reads two halves' bytes
     reads = max(1, DTYPE_BYTES[source] // DTYPE_BYTES[target])
     item = WorkItem(
@@ -177,4 +178,4 @@ def _cast(layer: Layer, tensor: TensorInfo, source: str, target: str, phase: Pha
         dtype=target, flops=0,
         bytes_moved=tensor.elements * (DTYPE_BYTES[source] + DTYPE_BYTES[target]),
         op=CAST_OP, role="autocast_cast" if phase is Phase.FORWARD else "autocast_cast_grad")
-    return unrolled(item) if DTYPE_BYTES[target] > DTYPE_BYTES[source] else item
+    return unrolled(item) if eager and DTYPE_BYTES[target] > DTYPE_BYTES[source] else item

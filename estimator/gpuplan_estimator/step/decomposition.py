@@ -252,8 +252,11 @@ def build_step(
     params = eager.parameter_sizes(graph)
     biases = eager.linear_biases(graph.layers, params)
     dtypes = autocast.tensor_dtypes(graph, settings.precision, biases)
+    # TensorIterator's kernels run dtype conversions unrolled; a compiler's are its own
+    eager_kernels = settings.framework == options.PYTORCH_EAGER
     casts_forward, casts_backward = autocast.cast_items(graph, settings.precision, dtypes,
-                                                        needs_grad, fused_attention)
+                                                        needs_grad, fused_attention,
+                                                        eager=eager_kernels)
     cast_before = _by_layer(casts_forward)
     cast_grads = _by_layer(casts_backward)
     # Counted on the eval graph: dropout and the loss hang off the tensors they read.
@@ -286,7 +289,8 @@ def build_step(
             continue  # overrides exist for inference only (checked by `settings.check`)
         kernel_and_dims = (FREE_KERNEL, {}) if layer.name in view_layers else dims_of(layer)
         item = forward_item(layer, kernel_and_dims, settings, dtypes=dtypes)
-        if item.kernel == "elementwise" and autocast.mixed_operands(layer, dtypes):
+        if (eager_kernels and item.kernel == "elementwise"
+                and autocast.mixed_operands(layer, dtypes)):
             item = autocast.unrolled(item)
         if not settings.training:
             item = eval_mode_item(layer, item)

@@ -86,6 +86,16 @@ def test_an_add_over_two_dtypes_runs_unrolled_and_casts_its_half_operands_gradie
     assert not any(i.layer == "res" for i in fp32.backward)
 
 
+def test_only_eager_pytorch_runs_dtype_conversions_unrolled() -> None:
+    def marked(framework: str) -> list[str]:
+        step = build_step(block(), TrainingSettings(batch_size=4, precision="bf16",
+                                                    mode="inference", framework=framework))
+        return sorted(i.layer for i in step.items if i.attributes.get(DYNAMIC_CAST))
+
+    assert marked("pytorch-eager") == ["res"]
+    assert marked("pytorch-compiled") == []  # Inductor's kernels convert as they load
+
+
 def test_a_mul_over_two_dtypes_reads_the_half_operand_in_one_gradient() -> None:
     g = ModelGraph("gate", (
         layer("ln", "LayerNormalization", [t("x", 4, 16), t("g", 16), t("b", 16)],

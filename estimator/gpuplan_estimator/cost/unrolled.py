@@ -13,7 +13,9 @@ clock in each model and phase, from 1.6 M to 103 M elements a kernel, where the 
 kernels beside them came near the memory bandwidth (`docs/host-timeline.md`, "Casting element
 by element"). So a marked item (`workload.DYNAMIC_CAST`) costs at least its elements at
 `ELEMENTS_PER_SM_CYCLE` over the device's SMs; a GPU whose memory is the slower bound keeps its
-learned price.
+learned price. This is PyTorch 2.11's behaviour, the measured runs' version; later sources copy
+bf16 and fp16 up to fp32 with vectorised kernels too, which leaves only the mixed-dtype ops
+unrolled (`step.autocast` marks upcasts as 2.11 runs them).
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ ELEMENTS_PER_SM_CYCLE = 1.0
 """Elements an unrolled dtype-converting kernel moves per SM per cycle: the H200 profiles above
 pooled read 1.03, and 1.00-1.05 with any one of the three models left out."""
 UNROLLED_VENDORS = frozenset({"nvidia"})
-"""Where the floor applies: PyTorch's CUDA build, as profiled. Its ROCm build copies bf16 and
-fp16 up to fp32 with vectorised kernels of their own, and no AMD GPU has been profiled; a CPU
-runs ATen's vectorised loops."""
+"""Where the floor applies: PyTorch's CUDA build, as profiled. Its ROCm build already copied
+bf16 and fp16 up to fp32 with vectorised kernels in 2.11, and no AMD GPU has been profiled; a
+CPU runs ATen's vectorised loops."""
 
 
 def item_elements(item: WorkItem) -> int:

@@ -13,11 +13,16 @@ miss run, aligned ones and vocabulary-sized heads (`cost.aligned_gemm`, `aligned
 by `training.stream_fit`). With ``--folds`` the fit leaving each model out is written per
 model, for `model-step-scoring predict --aligned-folds`, and the check prices each model with
 its own fold; without it nothing is fitted here and the bundle's fit prices every model.
+
+Then each phase again per kernel class (`class_rows`: GEMMs, a fused attention core, the
+elementwise kernels TensorIterator runs unrolled, casts, norms, ...), the plan's kernels and
+time beside the profile's, which is where a phase's miss is found.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +33,7 @@ import numpy as np
 
 from gpuplan_estimator import devices
 from gpuplan_estimator.core import workload
+from gpuplan_estimator.core.vocabulary import CAST_OP
 from gpuplan_estimator.core.workload import Phase, WorkItem
 from gpuplan_estimator.cost import aligned_gemm, features, tiling
 from gpuplan_estimator.evaluation import host_check, model_step_scoring, model_steps
@@ -147,6 +153,75 @@ def _print_aligned(rows: Sequence[stream_fit.AlignedRow],
               f"{r.profiled_ms:.2f} | {ratio} |")
 
 
+PROFILED_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (
+        ("attention", r"fmha|sdpa|flash|attention|cudnn::fusion"),
+        ("conv2d", r"implicit_gemm|conv2d|convolution|winograd"),
+        ("gemm", r"gemm|nvjet|cutlass|xmma|cublas|splitKreduce"),
+        ("layernorm", r"layer_norm|GammaBeta"),
+        ("batchnorm", r"batch_norm|batchnorm|bn_"),
+        ("softmax", r"softmax"),
+        ("pool", r"pool"),
+        ("reduce", r"reduce_kernel"),
+        ("unrolled", r"unrolled_elementwise_kernel"),
+        ("cast", r"bfloat16_copy|float16_copy"),
+        ("memcpy", r"embedding|gather|scatter|index|Memcpy"),
+        ("elementwise", r"elementwise|CatArray|dropout|masked_scale|Fill"),
+    ))
+"""Kernel classes of a profiler's kernel names, first match wins (`profiled_class`): the
+classes `plan_class` puts the plan's items in, so the two can be set side by side."""
+
+
+def profiled_class(name: str) -> str:
+    """The class of a profiled kernel by its name (`PROFILED_CLASSES`; "other" when none)."""
+    return next((cls for cls, pattern in PROFILED_CLASSES if pattern.search(name)), "other")
+
+
+def plan_class(item: WorkItem) -> str:
+    """The class of a planned kernel: its kernel family, a fused attention core's GEMMs apart,
+    and an elementwise item as `unrolled` (`workload.DYNAMIC_CAST`), `cast` or neither."""
+    if item.kernel == "gemm":
+        return "attention" if workload.FUSED_IO_BYTES in item.attributes else "gemm"
+    if item.kernel == "elementwise":
+        if item.attributes.get(workload.DYNAMIC_CAST):
+            return "unrolled"
+        return "cast" if item.op == CAST_OP else "elementwise"
+    return item.kernel
+
+
+def class_rows(lines: Sequence[Mapping[str, Any]], predictor: Any,
+               device: devices.DeviceSpec) -> list[dict[str, Any]]:
+    """Per instrumented row, phase and kernel class: the plan's kernels and time on the
+    stream against the profile's (a phase whose profile is truncated is left out)."""
+    cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
+    out = []
+    for row in host_check.ok_rows(lines):
+        phases = [p for p in PHASES if host_check.profiled_kernel_ms(row, p) is not None]
+        if not phases:
+            continue
+        g = host_check.case_graph(cases[row["model"]], row, {})
+        planned = estimates.stream_rows(g, device, host_check.train_settings(row),
+                                        predictor=predictor)
+        for phase in phases:
+            sums: dict[str, list[float]] = {}
+            for r in planned:
+                if r.phase.value == phase:
+                    entry = sums.setdefault(plan_class(r.item), [0.0, 0.0, 0.0, 0.0])
+                    entry[0] += r.kernels
+                    entry[1] += r.ms
+            for k in row["instrumented"][phase]["kernels"]["top"]:
+                if not host_check.RUNTIME_CALL.match(str(k["name"])):
+                    entry = sums.setdefault(profiled_class(str(k["name"])), [0.0] * 4)
+                    entry[2] += float(k["count"])
+                    entry[3] += float(k["us"]) / 1000.0
+            out += [{"model": row["model"], "precision":
+                     model_step_scoring.estimator_precision(row), "phase": phase,
+                     "class": cls, "plan_kernels": v[0], "plan_ms": v[1],
+                     "profiled_kernels": v[2], "profiled_ms": v[3]}
+                    for cls, v in sorted(sums.items())]
+    return out
+
+
 @dataclass(frozen=True)
 class StreamCheckSettings:
     """`gpuplan eval stream-check`'s flags."""
@@ -196,13 +271,16 @@ def run(settings: StreamCheckSettings) -> int:
                 f"{m} utilisation {np.exp(v):.2f}" for m, v in f.log_util.items()))
         _print_aligned(aligned, folds)
     rows: list[dict[str, Any]] = []
+    classes: list[dict[str, Any]] = []
     for lines, path in runs:
         device = host_check.run_device(lines, path)
         for model in sorted({str(r.get("model")) for r in host_check.ok_rows(lines)}):
             priced = predictor
             if model in folds and hasattr(predictor, "with_aligned_gemm"):
                 priced = predictor.with_aligned_gemm(folds[model])
-            rows += compare([r for r in lines if r.get("model") == model], priced, device)
+            mine = [r for r in lines if r.get("model") == model]
+            rows += compare(mine, priced, device)
+            classes += class_rows(mine, priced, device)
     print(f"predictor: {source}" + (" (aligned GEMMs: each model's held-out fold)"
                                     if settings.folds is not None else ""))
     print("| model | batch | precision | phase | predicted ms | profiled ms | error % |")
@@ -213,4 +291,16 @@ def run(settings: StreamCheckSettings) -> int:
     for precision in sorted({r["precision"] for r in rows}):
         errors = [abs(r["error_pct"]) for r in rows if r["precision"] == precision]
         print(f"{precision}: MAPE {statistics.fmean(errors):.1f} % over {len(errors)} phases")
+    _print_classes(classes)
     return 0 if rows else 1
+
+
+def _print_classes(rows: Sequence[Mapping[str, Any]]) -> None:
+    print("\nPer kernel class (`plan_class`, `profiled_class`), priced as above:")
+    print("| model | precision | phase | class | plan kernels | plan ms | profiled kernels "
+          "| profiled ms |")
+    print("|---|---|---|---|--:|--:|--:|--:|")
+    for r in rows:
+        print(f"| {r['model']} | {r['precision']} | {r['phase']} | {r['class']} | "
+              f"{r['plan_kernels']:.0f} | {r['plan_ms']:.2f} | {r['profiled_kernels']:.0f} | "
+              f"{r['profiled_ms']:.2f} |")

@@ -211,22 +211,43 @@ def _with_step_spread(r: DeviceStepEstimate, device: DeviceSpec, settings: Train
             r.forward_backward_interval_ms, r.forward_ms + r.backward_ms, value))
 
 
-def stream_busy_ms(graph: ModelGraph, device: DeviceSpec, settings: TrainingSettings, *,
-                   predictor: LatencyPredictor) -> tuple[float, float, float]:
-    """Forward, backward and optimizer kernel time on `device`'s stream, the host left out:
-    what a profiler's kernel sum of one eager step reads (`host.on_stream`)."""
+@dataclass(frozen=True)
+class StreamRow:
+    """One row of a step's plan on a device's stream: its representative item (rows of equal
+    items share one), its phase, how many kernels it runs and their time (ms)."""
+
+    item: WorkItem
+    phase: Phase
+    kernels: float
+    ms: float
+
+
+def stream_rows(graph: ModelGraph, device: DeviceSpec, settings: TrainingSettings, *,
+                predictor: LatencyPredictor) -> list[StreamRow]:
+    """Each row of the step's plan as `device`'s stream runs it, the host left out: what a
+    profiler's kernels of one eager step read (`host.on_stream`)."""
     settings.check()
     plan = _plan(build_step(graph, settings))
     if not plan.unique:
-        return 0.0, 0.0, 0.0
+        return []
     (pred,) = predict_on_each(predictor, plan.unique, [device])
     (per_run,) = _on_stream(predictor, device, pred.predictor,
                             np.asarray(pred.median_ms, dtype=np.float64))
     (per_run,) = unrolled.floored(plan.unique, device, per_run)
-    by_phase = np.bincount(plan.phase,
-                           weights=per_run[plan.unique_index] * _row_scale(plan, predictor, device),
-                           minlength=3)
-    return float(by_phase[0]), float(by_phase[1]), float(by_phase[2])
+    per_row = per_run[plan.unique_index] * _row_scale(plan, predictor, device)
+    phases = {code: phase for phase, code in _PHASE_CODE.items()}
+    return [StreamRow(plan.unique[u], phases[int(code)], float(n), float(ms))
+            for u, code, n, ms in zip(plan.unique_index, plan.phase, plan.counts, per_row,
+                                      strict=True)]
+
+
+def stream_busy_ms(graph: ModelGraph, device: DeviceSpec, settings: TrainingSettings, *,
+                   predictor: LatencyPredictor) -> tuple[float, float, float]:
+    """Forward, backward and optimizer kernel time on `device`'s stream (`stream_rows`)."""
+    by_phase = dict.fromkeys(Phase, 0.0)
+    for row in stream_rows(graph, device, settings, predictor=predictor):
+        by_phase[row.phase] += row.ms
+    return by_phase[Phase.FORWARD], by_phase[Phase.BACKWARD], by_phase[Phase.OPTIMIZER]
 
 
 def model_flops_per_step(graph: ModelGraph, settings: TrainingSettings) -> float:

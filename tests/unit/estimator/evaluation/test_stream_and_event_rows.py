@@ -201,3 +201,49 @@ def test_a_host_clocked_phase_is_read_by_its_kernels_not_the_profiles_whole_sum(
                                   {**kernels["top"][1], "us": 16500.0}]}
     row["instrumented"] = {"backward": {"kernels": blocked}}
     assert not host_check.host_row(CASE, row, PROBE, {}).usable[1]
+
+
+def test_profiled_kernels_and_planned_items_fall_in_the_same_classes() -> None:
+    names = {
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26": "attention",
+        "void cudnn::fusion::convert_dq_to_16bits<true>(void const*, void*)": "attention",
+        "fmha_cutlassB_f32_aligned_64x64_k64_dropout_sm80(PyTorchMemEffAttention": "attention",
+        "nvjet_sm90_tst_96x128_64x6_2x1_v_bz_bias_NNN": "gemm",
+        "void cublasLt::splitKreduce_kernel<32, 16, int, float>": "gemm",
+        "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc": "conv2d",
+        "void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>>": (
+            "unrolled"),
+        "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_"
+        "cuda(at::TensorIteratorBase&)::{lambda(float)#1}>": "cast",
+        "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float>>": "reduce",
+        "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate": (
+            "layernorm"),
+        "void at::native::vectorized_elementwise_kernel<4, at::native::tanh_kernel_cuda>": (
+            "elementwise"),
+        "Memset (Device)": "other",
+    }
+    assert {n: stream_check.profiled_class(n) for n in names} == names
+    step = build_step(host_check.case_graph(CASE, measured_row(1.0, 1.0, 1.0), {}),
+                      host_check.train_settings(measured_row(1.0, 1.0, 1.0)))
+    classes = {stream_check.plan_class(i) for i in step.items if i.kernel != "none"}
+    # GPT-2 under bf16: its residual adds run unrolled, its weights are cast down
+    assert {"gemm", "unrolled", "cast", "elementwise", "layernorm"} <= classes
+    assert classes <= {c for c, _ in stream_check.PROFILED_CLASSES}
+
+
+def test_the_check_sets_each_class_of_the_plan_beside_the_profiles(
+        predictor: Any, h200: devices.DeviceSpec) -> None:
+    kernels = {"count": 3, "rest": {"count": 0, "us": 0}, "top": [
+        {"name": "nvjet_sm90_tst_96x128_64x6_2x1_v_bz_bias_NNN", "count": 2, "us": 500.0},
+        {"name": "void at::native::unrolled_elementwise_kernel<add>", "count": 1, "us": 30.0},
+        {"name": "cudaLaunchKernel", "count": 3, "us": 30.0}]}
+    row = measured_row(5.0, 5.0, 5.0, {"forward": {"kernels": kernels}})
+    rows = {r["class"]: r for r in stream_check.class_rows([row], predictor, h200)}
+    assert (rows["gemm"]["profiled_kernels"], rows["gemm"]["profiled_ms"]) == (2.0, 0.5)
+    assert rows["unrolled"]["profiled_ms"] == pytest.approx(0.03)
+    assert all(r["phase"] == "forward" for r in rows.values())  # backward was not profiled
+    planned = estimates.stream_rows(host_check.case_graph(CASE, row, {}), h200,
+                                    host_check.train_settings(row), predictor=predictor)
+    forward = sum(r.ms for r in planned if r.phase is Phase.FORWARD)
+    assert sum(r["plan_ms"] for r in rows.values()) == pytest.approx(forward)
+    assert rows["unrolled"]["plan_kernels"] > 0

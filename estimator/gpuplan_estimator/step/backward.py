@@ -19,9 +19,9 @@ The rules, per forward kernel (``grads[i]`` says whether input ``i`` needs a gra
   gradient; unary activations one pass reading dY and X. Under autocast, a pass reading an
   operand of another dtype than dY runs unrolled, and a half operand's gradient (computed at
   the output's fp32) is cast back to half (`autocast.gradient_cast`). A Concat's input
-  gradients are slices of dY (views, no kernel). LRN's gradient sums over the same channel window: the LRN
-  kernel again (in PyTorch, whose LRN is avg_pool3d plus pointwise ops, the backward measures
-  1.0-1.2x the forward: torch bench rows, ZFNet-512's SGD step at batch 8).
+  gradients are slices of dY (views, no kernel). LRN's gradient sums over the same channel
+  window: the LRN kernel again (in PyTorch, whose LRN is avg_pool3d plus pointwise ops, the
+  backward measures 1.0-1.2x the forward: torch bench rows, ZFNet-512's SGD step at batch 8).
 - ``reduce``: one broadcasting elementwise pass over the input.
 - ``memcpy``: the same copy; an embedding's table gradient is a zeroed table plus a scatter-add
   of the gathered rows (PyTorch's dense `embedding_backward`).

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,36 +190,81 @@ def plan_class(item: WorkItem) -> str:
     return item.kernel
 
 
+@dataclass(frozen=True)
+class Planned:
+    """An instrumented row, its profiled phases, and its step's plan on the stream."""
+
+    row: Mapping[str, Any]
+    phases: tuple[str, ...]
+    """The `PHASES` whose profile holds every kernel (`host_check.profiled_kernel_ms`)."""
+    stream: list[estimates.StreamRow]
+
+
+def planned(lines: Sequence[Mapping[str, Any]], predictor: Any,
+            device: devices.DeviceSpec) -> list[Planned]:
+    """The instrumented rows of `lines` with their plans (each case's graph built once)."""
+    cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
+    cache: dict[tuple[str, int], Any] = {}
+    out = []
+    for row in host_check.ok_rows(lines):
+        phases = tuple(p for p in PHASES if host_check.profiled_kernel_ms(row, p) is not None)
+        if phases:
+            g = host_check.case_graph(cases[row["model"]], row, cache)
+            out.append(Planned(row, phases, estimates.stream_rows(
+                g, device, host_check.train_settings(row), predictor=predictor)))
+    return out
+
+
+def compare(lines: Sequence[Mapping[str, Any]], predictor: Any,
+            device: devices.DeviceSpec) -> list[dict[str, Any]]:
+    """Per instrumented row and phase: predicted stream time against the profiled sum."""
+    return phases_of(planned(lines, predictor, device))
+
+
+def phases_of(rows: Sequence[Planned]) -> list[dict[str, Any]]:
+    """`compare` of rows already planned."""
+    out = []
+    for p in rows:
+        for phase in p.phases:
+            predicted = sum(r.ms for r in p.stream if r.phase.value == phase)
+            profiled = host_check.profiled_kernel_ms(p.row, phase)
+            if profiled:
+                out.append({"model": p.row["model"], "batch": int(p.row["batch"]),
+                            "precision": model_step_scoring.estimator_precision(p.row),
+                            "phase": phase, "predicted_ms": predicted, "profiled_ms": profiled,
+                            "error_pct": 100.0 * (predicted / profiled - 1.0)})
+    return out
+
+
 def class_rows(lines: Sequence[Mapping[str, Any]], predictor: Any,
                device: devices.DeviceSpec) -> list[dict[str, Any]]:
     """Per instrumented row, phase and kernel class: the plan's kernels and time on the
     stream against the profile's (a phase whose profile is truncated is left out)."""
-    cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
+    return classes_of(planned(lines, predictor, device))
+
+
+def classes_of(rows: Sequence[Planned]) -> list[dict[str, Any]]:
+    """`class_rows` of rows already planned."""
     out = []
-    for row in host_check.ok_rows(lines):
-        phases = [p for p in PHASES if host_check.profiled_kernel_ms(row, p) is not None]
-        if not phases:
-            continue
-        g = host_check.case_graph(cases[row["model"]], row, {})
-        planned = estimates.stream_rows(g, device, host_check.train_settings(row),
-                                        predictor=predictor)
-        for phase in phases:
-            sums: dict[str, list[float]] = {}
-            for r in planned:
+    for p in rows:
+        for phase in p.phases:
+            plan_n: defaultdict[str, float] = defaultdict(float)
+            plan_ms: defaultdict[str, float] = defaultdict(float)
+            prof_n: defaultdict[str, float] = defaultdict(float)
+            prof_ms: defaultdict[str, float] = defaultdict(float)
+            for r in p.stream:
                 if r.phase.value == phase:
-                    entry = sums.setdefault(plan_class(r.item), [0.0, 0.0, 0.0, 0.0])
-                    entry[0] += r.kernels
-                    entry[1] += r.ms
-            for k in row["instrumented"][phase]["kernels"]["top"]:
+                    plan_n[plan_class(r.item)] += r.kernels
+                    plan_ms[plan_class(r.item)] += r.ms
+            for k in p.row["instrumented"][phase]["kernels"]["top"]:
                 if not host_check.RUNTIME_CALL.match(str(k["name"])):
-                    entry = sums.setdefault(profiled_class(str(k["name"])), [0.0] * 4)
-                    entry[2] += float(k["count"])
-                    entry[3] += float(k["us"]) / 1000.0
-            out += [{"model": row["model"], "precision":
-                     model_step_scoring.estimator_precision(row), "phase": phase,
-                     "class": cls, "plan_kernels": v[0], "plan_ms": v[1],
-                     "profiled_kernels": v[2], "profiled_ms": v[3]}
-                    for cls, v in sorted(sums.items())]
+                    prof_n[profiled_class(str(k["name"]))] += float(k["count"])
+                    prof_ms[profiled_class(str(k["name"]))] += float(k["us"]) / 1000.0
+            out += [{"model": p.row["model"], "precision":
+                     model_step_scoring.estimator_precision(p.row), "phase": phase,
+                     "class": cls, "plan_kernels": plan_n[cls], "plan_ms": plan_ms[cls],
+                     "profiled_kernels": prof_n[cls], "profiled_ms": prof_ms[cls]}
+                    for cls in sorted({*plan_n, *prof_n})]
     return out
 
 
@@ -229,28 +275,6 @@ class StreamCheckSettings:
     bundle: str | None
     folds: Path | None = None
     """Where to write each model's leave-one-out aligned-GEMM fit (None: nowhere)."""
-
-
-def compare(lines: Sequence[Mapping[str, Any]], predictor: Any,
-            device: devices.DeviceSpec) -> list[dict[str, Any]]:
-    """Per instrumented row and phase: predicted stream time against the profiled sum."""
-    cases = {c.name: c for set_ in model_steps.CASE_SETS.values() for c in set_}
-    cache: dict[tuple[str, int], Any] = {}
-    out = []
-    for row in host_check.ok_rows(lines):
-        measured = [host_check.profiled_kernel_ms(row, p) for p in PHASES]
-        if all(m is None for m in measured):
-            continue
-        g = host_check.case_graph(cases[row["model"]], row, cache)
-        busy = estimates.stream_busy_ms(g, device, host_check.train_settings(row),
-                                        predictor=predictor)
-        for phase, predicted, profiled in zip(PHASES, busy, measured, strict=False):
-            if profiled:
-                out.append({"model": row["model"], "batch": int(row["batch"]),
-                            "precision": model_step_scoring.estimator_precision(row),
-                            "phase": phase, "predicted_ms": predicted, "profiled_ms": profiled,
-                            "error_pct": 100.0 * (predicted / profiled - 1.0)})
-    return out
 
 
 def run(settings: StreamCheckSettings) -> int:
@@ -278,9 +302,9 @@ def run(settings: StreamCheckSettings) -> int:
             priced = predictor
             if model in folds and hasattr(predictor, "with_aligned_gemm"):
                 priced = predictor.with_aligned_gemm(folds[model])
-            mine = [r for r in lines if r.get("model") == model]
-            rows += compare(mine, priced, device)
-            classes += class_rows(mine, priced, device)
+            mine = planned([r for r in lines if r.get("model") == model], priced, device)
+            rows += phases_of(mine)
+            classes += classes_of(mine)
     print(f"predictor: {source}" + (" (aligned GEMMs: each model's held-out fold)"
                                     if settings.folds is not None else ""))
     print("| model | batch | precision | phase | predicted ms | profiled ms | error % |")

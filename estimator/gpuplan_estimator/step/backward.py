@@ -233,6 +233,7 @@ def _elementwise(
         return _same_as_forward(layer, fwd, grads, precision)  # LRN again; a clone's copy
     rows, cols = _elementwise_shape(fwd, layer)
     out_elements = rows * cols
+    promoted = autocast.promotes(layer, dtypes)
     items: list[WorkItem] = []
     for i, needed in enumerate(grads):
         if not needed:
@@ -249,9 +250,8 @@ def _elementwise(
                           "operands": _dgrad_operands(layer, i, out_elements)},
                          DGRAD, precision, op=f"{fwd.op}{GRADIENT_OP_SUFFIX}")
             # dY is at the output's dtype; an other operand at another converts as it loads
-            reads_other = autocast.operand_dtypes(layer, dtypes, skip=i) - {fwd.dtype}
-            promoted = autocast.promotes(layer, dtypes)
-            items.append(autocast.unrolled(item) if promoted and reads_other else item)
+            others = autocast.operand_dtypes(layer, dtypes, skip=i) if promoted else frozenset()
+            items.append(autocast.unrolled(item) if others - {fwd.dtype} else item)
         cast = autocast.gradient_cast(layer, tensor, fwd.dtype, dtypes)
         if cast is not None:
             items.append(cast)
